@@ -1,0 +1,63 @@
+"""The ``gpud`` command line (typer). Thin: it parses, calls the layers below, prints."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import Annotated
+
+import typer
+
+from gpud import __version__
+from gpud.errors import GpudError, InvalidInput
+
+app = typer.Typer(
+    name="gpud",
+    help="Keeps multi-GPU deep-learning workstations fast and healthy.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+_debug = {"on": bool(os.environ.get("GPUD_DEBUG"))}
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"gpud {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool | None, typer.Option("--version", callback=_version, is_eager=True,
+                                                    help="Print the version and exit.")] = None,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+) -> None:
+    if debug:
+        _debug["on"] = True
+
+
+def _register() -> None:
+    from gpud.cli import sim, status, topo
+
+    status.register(app)
+    topo.register(app)
+    sim.register(app)
+
+
+_register()
+
+
+def main() -> None:
+    try:
+        app()
+    except GpudError as err:
+        if _debug["on"]:
+            traceback.print_exc()
+        remedy = f" — remedy: {err.remedy}" if err.remedy else ""
+        print(f"gpud: error: {err}{remedy}", file=sys.stderr)
+        sys.exit(2 if isinstance(err, InvalidInput) else 1)
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,25 @@
+"""Options every command shares, and opening the machine they ask for."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from gpud.hw.machine import Machine, open_machine
+
+Simulate = Annotated[
+    str | None,
+    typer.Option(
+        "--simulate",
+        envvar="GPUD_SIMULATE",
+        metavar="NAME|PATH",
+        help="Run on a simulated workstation (see `gpud sim list`) instead of the real GPUs.",
+        show_envvar=True,
+    ),
+]
+Json = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+
+
+def machine(simulate: str | None) -> Machine:
+    return open_machine(simulate or None)

@@ -1,0 +1,86 @@
+"""``gpud sim``: the simulated workstations (list, reset, inject faults)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, List
+
+import typer
+
+from gpud.cli.common import Json, Simulate
+from gpud.cli.output import emit_json, table
+from gpud.errors import InvalidInput
+
+sim_app = typer.Typer(help="Simulated workstations: try gpud without NVIDIA GPUs, test it.", no_args_is_help=True)
+
+
+def _target(name: str | None, simulate: str | None) -> str:
+    target = name or simulate
+    if not target:
+        raise InvalidInput("gpud sim", "NAME", "name a simulated workstation (or set --simulate / GPUD_SIMULATE)")
+    return target
+
+
+@sim_app.command("list")
+def sim_list(json: Json = False) -> None:
+    """The shipped simulated workstations."""
+    from gpud.sim import shipped
+
+    descs = shipped()
+    if json:
+        emit_json([{"name": d.name, "gpus": len(d.gpus), "summary": d.machine["summary"]} for d in descs])
+        return
+    table(["Name", "GPUs", "Summary"], [[d.name, len(d.gpus), d.machine["summary"]] for d in descs])
+
+
+@sim_app.command("reset")
+def sim_reset(name: Annotated[str | None, typer.Argument(help="Name or path (default: --simulate).")] = None,
+              simulate: Simulate = None) -> None:
+    """Forget what was written to the simulated hardware, and injected faults."""
+    from gpud.sim import reset
+
+    target = _target(name, simulate)
+    removed = reset(target)
+    typer.echo(f"{target}: reset ({len(removed)} item(s) removed)")
+
+
+@sim_app.command("inject")
+def sim_inject(
+    kind: Annotated[str, typer.Argument(help="gpu_lost, unsupported, no_permission, link_degraded, nvlink_down, "
+                                             "p2p, clock_events, xid, fan_stuck")],
+    params: Annotated[List[str] | None, typer.Argument(help='KEY=VALUE, values in TOML: gpu=2 gpus=[2,3] '
+                                                               'call="nvmlDeviceGetTemperature"')] = None,
+    simulate: Simulate = None,
+) -> None:
+    """Inject a fault into a simulated workstation while gpud runs on it."""
+    from gpud.sim import open_simulation
+    from gpud.sim.description import tomllib
+
+    values = {}
+    for p in params or []:
+        key, eq, raw = p.partition("=")
+        if not eq:
+            raise InvalidInput("gpud sim inject", p, "expected KEY=VALUE")
+        try:
+            values[key] = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            values[key] = raw  # a bare word: take it as a string
+    sim = open_simulation(_target(None, simulate))
+    fault = sim.machine.inject(kind, **values)
+    sim.refresh_root()
+    typer.echo(f"{sim.description.name}: injected {fault.kind} {fault.params}")
+
+
+@sim_app.command("clear")
+def sim_clear(simulate: Simulate = None) -> None:
+    """Remove the faults injected at run time (those of the description stay)."""
+    from gpud.sim import open_simulation
+
+    sim = open_simulation(_target(None, simulate))
+    sim.machine.clear_faults()
+    sim.refresh_root()
+    sys.stdout.write(f"{sim.description.name}: injected faults cleared\n")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(sim_app, name="sim")

@@ -1,0 +1,73 @@
+"""``gpud topo``: the ``nvidia-smi topo -m`` matrix, affinities, PCIe links and P2P status."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import typer
+
+from gpud.cli.common import Json, Simulate, machine
+from gpud.cli.output import emit_json, fmt, ranges, table
+
+LEGEND = """Legend:
+  X    = self
+  SYS  = through PCIe and the interconnect between NUMA nodes / CPU sockets
+  NODE = through PCIe and between PCIe host bridges within a NUMA node
+  PHB  = through PCIe and a PCIe host bridge (the CPU's root complex)
+  PXB  = through several PCIe bridges, without a host bridge
+  PIX  = through at most one PCIe bridge (a switch)
+  NV#  = through a bonded set of # NVLinks"""
+
+
+def topo(simulate: Simulate = None, json: Json = False) -> None:
+    """GPU-to-GPU topology: NVLink/PCIe levels, CPU and NUMA affinity, link widths, P2P."""
+    m = machine(simulate)
+    snap = m.snapshot()
+    t = m.topology(snap)
+    infos = {g.index: g for g in snap.gpus}
+    samples = {s.index: s for s in snap.samples}
+    gpus: list[dict[str, Any]] = []
+    for i in t.gpus:
+        g, s = infos.get(i), samples[i]
+        gpus.append({
+            "index": i,
+            "uuid": g.uuid if g else None,
+            "name": g.name if g else None,
+            "pci_bus_id": g.pci_bus_id if g else None,
+            "lost": s.lost,
+            "numa_node": g.numa_node if g else None,
+            "cpu_affinity": ranges(g.cpu_affinity) if g and g.cpu_affinity else None,
+            "pcie": {"generation": s.pcie_generation, "width": s.pcie_width,
+                     "max_generation": g.pcie_max_generation if g else None,
+                     "max_width": g.pcie_max_width if g else None},
+            "nvlinks_up": sum(1 for ln in s.nvlinks if ln.up),
+            "nvlinks": g.nvlink_count if g else None,
+        })
+    if json:
+        emit_json({"host": m.label, "gpus": gpus, "matrix": t.level, "pcie_level": t.pcie_level,
+                   "nvlinks": t.nvlinks, "p2p": {"read": t.p2p_read, "write": t.p2p_write,
+                                                 "nvlink": t.p2p_nvlink}})
+        return
+    names = [f"GPU{i}" for i in t.gpus]
+    rows = [[names[a], *t.level[a], fmt(g["cpu_affinity"]), fmt(g["numa_node"])] for a, g in enumerate(gpus)]
+    table(["", *names, "CPU Affinity", "NUMA Affinity"], rows)
+    sys.stdout.write("\n" + LEGEND + "\n\n")
+    table(["GPU", "Bus id", "PCIe now", "PCIe max", "NVLinks up"],
+          [[f"GPU{g['index']}", fmt(g["pci_bus_id"]),
+            f"Gen{fmt(g['pcie']['generation'])} x{fmt(g['pcie']['width'])}",
+            f"Gen{fmt(g['pcie']['max_generation'])} x{fmt(g['pcie']['max_width'])}",
+            f"{g['nvlinks_up']}/{fmt(g['nvlinks'])}"] for g in gpus], title="Links")
+    sys.stdout.write("\n")
+    short = {"OK": "OK", "not_supported": "NS", "chipset_not_supported": "CNS", "gpu_not_supported": "GNS",
+             "topology_not_supported": "TNS", "disabled_by_regkey": "DIS", "unknown": "U", "X": "X"}
+    rows = [[names[a], *(f"{short.get(t.p2p_read[a][b], '?')}/{short.get(t.p2p_write[a][b], '?')}/"
+                         f"{short.get(t.p2p_nvlink[a][b], '?')}" if a != b else "X" for b in range(len(names)))]
+            for a in range(len(names))]
+    table(["P2P r/w/nvl", *names], rows, title="Peer-to-peer (read/write/NVLink)")
+    sys.stdout.write("  OK = supported, NS = not supported, CNS = chipset, GNS = GPU, TNS = topology, "
+                     "DIS = disabled by registry key, U = unknown\n")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("topo")(topo)

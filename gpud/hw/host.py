@@ -1,0 +1,340 @@
+"""Host facts read from files under a root path (default ``/``).
+
+The simulator lays out a tree with the same files (``/proc``, ``/sys``, ``/etc/X11``, the
+kernel log), so tests read it through exactly this code.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+import re
+from functools import cached_property
+from pathlib import Path
+
+from gpud.model import CpuInfo, PciDevice, XidEvent, XorgOption
+
+PCI_ADDR = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+XID_RE = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\):\s*(\d+),?\s*(.*)")
+OPTION_RE = re.compile(r'^\s*Option\s+"([^"]+)"(?:\s+"([^"]*)")?', re.IGNORECASE)
+SECTION_RE = re.compile(r'^\s*(Sub)?Section\s+"([^"]+)"', re.IGNORECASE)
+END_RE = re.compile(r"^\s*End(Sub)?Section\b", re.IGNORECASE)
+NVIDIA_VENDOR = 0x10DE
+ACS_CAP_ID = 0x000D
+
+
+def parse_size(text: str, total: int | None = None) -> int | None:
+    """tmpfs ``size=`` values: 64m, 65536k, 2g, 50%, or bytes."""
+    m = re.fullmatch(r"(\d+)([kKmMgGtT%]?)", text.strip())
+    if not m:
+        return None
+    n, unit = int(m.group(1)), m.group(2).lower()
+    if unit == "%":
+        return total * n // 100 if total else None
+    return n * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[unit]
+
+
+def acs_control(config: bytes) -> int | None:
+    """The ACS Control register from a PCIe config space dump, or None if absent/unreadable."""
+    if len(config) < 0x104:
+        return None  # extended config space is readable by root only
+    off, seen = 0x100, set()
+    while off and off not in seen and off + 8 <= len(config):
+        seen.add(off)
+        header = int.from_bytes(config[off:off + 4], "little")
+        if header in (0, 0xFFFFFFFF):
+            return None
+        if header & 0xFFFF == ACS_CAP_ID:
+            return int.from_bytes(config[off + 6:off + 8], "little")
+        off = (header >> 20) & 0xFFC
+    return None
+
+
+class Host:
+    """Reads host facts under ``root``. Every reader returns None when the file is absent."""
+
+    def __init__(self, root: str | os.PathLike[str] = "/") -> None:
+        self.root = Path(root)
+
+    def path(self, rel: str) -> Path:
+        return self.root / rel.lstrip("/")
+
+    def read(self, rel: str) -> str | None:
+        try:
+            return self.path(rel).read_text(errors="replace")
+        except OSError:
+            return None
+
+    def _read_int(self, rel: str, base: int = 10) -> int | None:
+        text = self.read(rel)
+        try:
+            return int(text.strip(), base) if text is not None else None
+        except ValueError:
+            return None
+
+    # -- kernel --------------------------------------------------------------------
+    def kernel_cmdline(self) -> str | None:
+        text = self.read("/proc/cmdline")
+        return text.strip() if text is not None else None
+
+    def loaded_modules(self) -> frozenset[str]:
+        text = self.read("/proc/modules") or ""
+        return frozenset(line.split()[0] for line in text.splitlines() if line.strip())
+
+    def kernel_log(self) -> list[tuple[float | None, str]]:
+        """Kernel messages since boot: ``/dev/kmsg`` records, else ``/var/log/kern.log`` lines."""
+        kmsg = self.path("/dev/kmsg")
+        records: list[str] | None = None
+        try:
+            records = _read_kmsg(kmsg)
+        except OSError:
+            records = None
+        if records is not None:
+            out: list[tuple[float | None, str]] = []
+            for rec in records:
+                head, _, msg = rec.partition(";")
+                fields = head.split(",")
+                secs = int(fields[2]) / 1e6 if len(fields) > 2 and fields[2].isdigit() else None
+                out.append((secs, msg.rstrip("\n")))
+            return out
+        for rel in ("/var/log/kern.log", "/var/log/messages"):
+            text = self.read(rel)
+            if text is not None:
+                return [(None, line) for line in text.splitlines()]
+        return []
+
+    def xid_events(self) -> list[XidEvent]:
+        events = []
+        for secs, msg in self.kernel_log():
+            m = XID_RE.search(msg)
+            if m:
+                bus = m.group(1).lower()
+                if bus.count(":") == 1:
+                    bus = "0000:" + bus
+                if "." not in bus:
+                    bus += ".0"
+                events.append(XidEvent(bus, int(m.group(2)), m.group(3).strip(), secs))
+        return events
+
+    # -- X server ------------------------------------------------------------------
+    def xorg_files(self) -> list[Path]:
+        files = [self.path("/etc/X11/xorg.conf")]
+        for d in ("/etc/X11/xorg.conf.d", "/usr/share/X11/xorg.conf.d"):
+            p = self.path(d)
+            if p.is_dir():
+                files.extend(sorted(p.glob("*.conf")))
+        return [f for f in files if f.is_file()]
+
+    def xorg_options(self) -> list[XorgOption]:
+        out = []
+        for f in self.xorg_files():
+            section = None
+            shown = "/" + str(f.relative_to(self.root))
+            for n, raw in enumerate(f.read_text(errors="replace").splitlines(), 1):
+                line = raw.split("#", 1)[0]
+                if m := SECTION_RE.match(line):
+                    if not m.group(1):
+                        section = m.group(2)
+                elif m := END_RE.match(line):
+                    if not m.group(1):
+                        section = None
+                elif m := OPTION_RE.match(line):
+                    out.append(XorgOption(shown, n, section, m.group(1), m.group(2)))
+        return out
+
+    def xorg_log(self) -> list[tuple[str, int, str]]:
+        out = []
+        d = self.path("/var/log")
+        for f in sorted(d.glob("Xorg.*.log")) if d.is_dir() else []:
+            shown = "/" + str(f.relative_to(self.root))
+            for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
+                out.append((shown, n, line))
+        return out
+
+    # -- PCI -----------------------------------------------------------------------
+    def pci_devices(self, vendor: int | None = None) -> list[PciDevice]:
+        base = self.path("/sys/bus/pci/devices")
+        if not base.is_dir():
+            return []
+        out = []
+        for entry in sorted(base.iterdir()):
+            dev = self.pci_device(entry.name)
+            if dev is not None and (vendor is None or dev.vendor == vendor):
+                out.append(dev)
+        return out
+
+    def nvidia_gpus(self) -> list[PciDevice]:
+        """NVIDIA display/3D controllers on the bus (class 0x03xxxx)."""
+        return [d for d in self.pci_devices(NVIDIA_VENDOR) if d.pci_class >> 16 == 0x03]
+
+    def pci_device(self, address: str) -> PciDevice | None:
+        rel = f"/sys/bus/pci/devices/{address}"
+        entry = self.path(rel)
+        vendor = self._read_int(rel + "/vendor", 16)
+        if vendor is None:
+            return None
+        try:
+            target = os.readlink(entry)
+        except OSError:
+            target = ""
+        parents = tuple(p for p in target.split("/") if PCI_ADDR.match(p) and p != address)
+        try:
+            config = (entry / "config").read_bytes()
+        except OSError:
+            config = b""
+        width = self._read_int(rel + "/current_link_width")
+        max_width = self._read_int(rel + "/max_link_width")
+        numa = self._read_int(rel + "/numa_node")
+        drv = entry / "driver"
+        return PciDevice(
+            address=address,
+            vendor=vendor,
+            device=self._read_int(rel + "/device", 16) or 0,
+            pci_class=self._read_int(rel + "/class", 16) or 0,
+            current_link_speed=(self.read(rel + "/current_link_speed") or "").strip() or None,
+            current_link_width=width,
+            max_link_speed=(self.read(rel + "/max_link_speed") or "").strip() or None,
+            max_link_width=max_width,
+            numa_node=numa if numa is not None and numa >= 0 else None,
+            parents=parents,
+            acs_ctrl=acs_control(config),
+            driver=os.path.basename(os.readlink(drv)) if drv.is_symlink() else None,
+        )
+
+    # -- IOMMU ---------------------------------------------------------------------
+    def iommu(self) -> dict[str, object]:
+        """``enabled`` (an IOMMU unit registered), ``domain_types`` of its groups, the cmdline."""
+        units = self.path("/sys/class/iommu")
+        groups = self.path("/sys/kernel/iommu_groups")
+        types = set()
+        if groups.is_dir():
+            for g in groups.iterdir():
+                t = self.read(f"/sys/kernel/iommu_groups/{g.name}/type")
+                if t:
+                    types.add(t.strip())
+        cmdline = self.kernel_cmdline() or ""
+        return {
+            "enabled": units.is_dir() and any(units.iterdir()),
+            "groups": sum(1 for _ in groups.iterdir()) if groups.is_dir() else 0,
+            "domain_types": sorted(types),
+            "passthrough": "iommu=pt" in cmdline.split() or types == {"identity"},
+            "cmdline": [w for w in cmdline.split() if "iommu" in w],
+        }
+
+    # -- CPU, memory, limits -------------------------------------------------------
+    def cpu_governors(self) -> dict[int, str]:
+        base = self.path("/sys/devices/system/cpu")
+        out = {}
+        for d in base.glob("cpu[0-9]*") if base.is_dir() else []:
+            gov = self.read(f"/sys/devices/system/cpu/{d.name}/cpufreq/scaling_governor")
+            if gov:
+                out[int(d.name[3:])] = gov.strip()
+        return dict(sorted(out.items()))
+
+    @cached_property
+    def _meminfo(self) -> dict[str, int]:
+        out = {}
+        for line in (self.read("/proc/meminfo") or "").splitlines():
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                out[key] = int(parts[0]) * (1024 if len(parts) > 1 else 1)
+        return out
+
+    def memory_total_bytes(self) -> int | None:
+        return self._meminfo.get("MemTotal")
+
+    def shm_bytes(self) -> int | None:
+        """Size of the /dev/shm tmpfs: its ``size=`` mount option, else statvfs."""
+        for line in (self.read("/proc/mounts") or "").splitlines():
+            parts = line.split()
+            if len(parts) >= 4 and parts[1] == "/dev/shm":
+                for opt in parts[3].split(","):
+                    if opt.startswith("size="):
+                        return parse_size(opt[5:], self.memory_total_bytes())
+        try:
+            st = os.statvfs(self.path("/dev/shm"))
+        except OSError:
+            return None
+        return st.f_blocks * st.f_frsize
+
+    def memlock_bytes(self) -> float | None:
+        """Soft ``Max locked memory`` of this process (math.inf when unlimited)."""
+        for line in (self.read("/proc/self/limits") or "").splitlines():
+            if line.startswith("Max locked memory"):
+                soft = line[len("Max locked memory"):].split()[0]
+                return math.inf if soft == "unlimited" else float(soft)
+        return None
+
+    def cpu_info(self) -> CpuInfo:
+        model = None
+        sockets, cores, threads = set(), set(), 0
+        phys = "0"
+        for line in (self.read("/proc/cpuinfo") or "").splitlines():
+            key, _, value = (s.strip() for s in line.partition(":"))
+            if key == "processor":
+                threads += 1
+            elif key == "model name" and model is None:
+                model = value
+            elif key == "physical id":
+                phys = value
+                sockets.add(value)
+            elif key == "core id":
+                cores.add((phys, value))
+        nodes = self.path("/sys/devices/system/node")
+        numa = len(list(nodes.glob("node[0-9]*"))) if nodes.is_dir() else 0
+        return CpuInfo(model, max(len(sockets), 1 if threads else 0), len(cores) or threads, threads, numa or 1)
+
+    # -- processes -----------------------------------------------------------------
+    def process(self, pid: int) -> tuple[str | None, str | None]:
+        """(user, command line) of a process, from ``/proc/PID``."""
+        status = self.read(f"/proc/{pid}/status")
+        if status is None:
+            return None, None
+        uid = None
+        for line in status.splitlines():
+            if line.startswith("Uid:"):
+                uid = int(line.split()[1])
+        cmd = (self.read(f"/proc/{pid}/cmdline") or "").replace("\0", " ").strip() or None
+        return (self.user_name(uid) if uid is not None else None), cmd
+
+    def user_name(self, uid: int) -> str:
+        for line in (self.read("/etc/passwd") or "").splitlines():
+            parts = line.split(":")
+            if len(parts) > 2 and parts[2] == str(uid):
+                return parts[0]
+        if str(self.root) == "/":  # NSS (LDAP, sssd) only answers for the real root
+            import pwd
+
+            try:
+                return pwd.getpwuid(uid).pw_name
+            except KeyError:
+                pass
+        return str(uid)
+
+
+def _read_kmsg(path: Path) -> list[str] | None:
+    """All records of /dev/kmsg (a character device, read non-blocking) or of a kmsg-format file."""
+    if not path.exists():
+        return None
+    if path.is_file():
+        return [line for line in path.read_text(errors="replace").splitlines() if line]
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    records = []
+    try:
+        while True:
+            try:
+                data = os.read(fd, 8192)
+            except OSError as err:
+                if err.errno == errno.EAGAIN:
+                    break
+                if err.errno == errno.EPIPE:  # a record was overwritten: go on
+                    continue
+                raise
+            if not data:
+                break
+            records.append(data.decode(errors="replace"))
+    finally:
+        os.close(fd)
+    return records

@@ -1,0 +1,72 @@
+"""The workstation gpud runs on: NVML + host files, and one snapshot per tick.
+
+``open_machine`` is the single place that chooses real hardware or a simulated workstation;
+everything above works on a ``Machine`` and cannot tell which.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpud.errors import GpuLost
+from gpud.hw.host import Host
+from gpud.hw.nvml import Nvml
+from gpud.model import GpuInfo, Snapshot, Topology
+
+
+@dataclass
+class Machine:
+    nvml: Nvml
+    host: Host
+    label: str  # hostname, or the simulated workstation's name
+    simulation: Any = None  # the gpud.sim.Simulation when simulated (tests inject faults through it)
+    _infos: dict[int, GpuInfo] = field(default_factory=dict)
+
+    def snapshot(self) -> Snapshot:
+        """Read every GPU once. Lost GPUs come back as ``lost`` samples, not as errors."""
+        self.nvml.init()
+        versions = self.nvml.versions()
+        samples = []
+        for i in range(self.nvml.device_count()):
+            sample = self.nvml.sample(i)
+            if not sample.lost:
+                self._infos.setdefault(i, self.nvml.info(i))
+                if sample.processes:
+                    sample = dataclasses.replace(sample, processes=tuple(
+                        dataclasses.replace(p, user=u, command=c)
+                        for p in sample.processes
+                        for u, c in [self.host.process(p.pid)]
+                    ))
+            elif i in self._infos:
+                sample = dataclasses.replace(sample, uuid=self._infos[i].uuid)
+            samples.append(sample)
+        return Snapshot(
+            timestamp=time.time(),
+            versions=versions,
+            gpus=tuple(self._infos[s.index] for s in samples if s.index in self._infos),
+            samples=tuple(samples),
+        )
+
+    def topology(self, snap: Snapshot) -> Topology:
+        return self.nvml.topology(snap.samples)
+
+    def info(self, index: int) -> GpuInfo | None:
+        try:
+            return self._infos.get(index) or self.nvml.info(index)
+        except GpuLost:
+            return None
+
+
+def open_machine(simulate: str | None = None) -> Machine:
+    """Real NVML and ``/``, or the simulated workstation ``simulate`` (a name or a path)."""
+    if simulate:
+        from gpud.sim import open_simulation  # the simulator is never imported otherwise
+
+        sim = open_simulation(simulate)
+        return Machine(Nvml(sim.module), Host(sim.root), sim.description.name, simulation=sim)
+    return Machine(Nvml(), Host(os.environ.get("GPUD_ROOT", "/")), socket.gethostname())

@@ -1,0 +1,519 @@
+"""The one choke point for NVML: the only module that touches ``pynvml``.
+
+``Nvml`` takes the NVML module as a parameter — the real ``pynvml`` (nvidia-ml-py) or the
+simulator's stand-in with the same function names, constants and ``NVMLError_*`` classes — so
+the code below is the code that runs on a real workstation. Every call goes through
+``Nvml.call``: lazy ``nvmlInit`` under a lock, a call counter, and translation of
+``NVMLError_*`` into gpud's own errors. Reads of optional fields give ``None`` when NVML cannot
+give them (Unsupported is not zero); a lost GPU is never hidden.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from typing import Any, Callable, TypeVar
+
+from gpud.errors import DriverNotLoaded, GpuLost, NvmlError, PermissionDenied, Unsupported
+from gpud.model import (
+    EccCounts,
+    FanReading,
+    GpuInfo,
+    GpuProcess,
+    GpuSample,
+    NvLinkInfo,
+    Topology,
+    Versions,
+    decode_clock_events,
+)
+
+T = TypeVar("T")
+
+# NVML return codes (nvml.h); fixed by the C API, so spelled out here rather than read from
+# the bindings (some binding releases carry typos, e.g. NVML_P2P_CAPS_INDEX_READ = (0,)).
+_NOT_SUPPORTED = {3, 13}  # NOT_SUPPORTED, FUNCTION_NOT_FOUND
+_NO_PERMISSION = {4}
+_GPU_LOST = {15, 16}  # GPU_IS_LOST, RESET_REQUIRED
+_NO_DRIVER = {9, 12, 18}  # DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, LIB_RM_VERSION_MISMATCH
+_UNINITIALIZED = 1
+
+CLOCK_TYPES = {"graphics": 0, "sm": 1, "memory": 2}  # NVML_CLOCK_*
+TEMPERATURE_GPU = 0  # NVML_TEMPERATURE_GPU
+THRESHOLD_SHUTDOWN, THRESHOLD_SLOWDOWN = 0, 1  # NVML_TEMPERATURE_THRESHOLD_*
+PCIE_TX, PCIE_RX = 0, 1  # NVML_PCIE_UTIL_*_BYTES (KB/s)
+FAN_POLICY = {0: "auto", 1: "manual"}  # NVML_FAN_POLICY_TEMPERATURE_CONTINOUS_SW, _MANUAL
+FAN_POLICY_AUTO = 0
+COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
+ECC_CORRECTED, ECC_UNCORRECTED = 0, 1  # NVML_MEMORY_ERROR_TYPE_*
+ECC_VOLATILE, ECC_AGGREGATE = 0, 1  # NVML_*_ECC
+RETIRE_SBE, RETIRE_DBE = 0, 1  # NVML_PAGE_RETIREMENT_CAUSE_*
+NVLINK_CAP_SLI_BRIDGE = 4
+AFFINITY_SCOPE_NODE = 0
+P2P_READ, P2P_WRITE, P2P_NVLINK = 0, 1, 2
+P2P_STATUS = {
+    0: "OK",
+    1: "chipset_not_supported",
+    2: "gpu_not_supported",
+    3: "topology_not_supported",
+    4: "disabled_by_regkey",
+    5: "not_supported",
+    6: "unknown",
+}
+# nvmlDeviceGetTopologyCommonAncestor → nvidia-smi topo -m legend.
+TOPO_LEVEL = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
+MAX_NVLINKS = 18  # per GPU on every generation up to Hopper
+CPU_SET_WORDS = 16  # 64-bit words: up to 1024 CPUs
+
+
+def normalize_bus_id(raw: str | bytes) -> str:
+    """NVML's ``00000000:17:00.0`` → sysfs's ``0000:17:00.0`` (lower case)."""
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    text = text.strip().lower()
+    parts = text.split(":")
+    if len(parts) == 3:
+        return f"{int(parts[0], 16):04x}:{parts[1]}:{parts[2]}"
+    if len(parts) == 2:  # no domain
+        return f"0000:{parts[0]}:{parts[1]}"
+    return text
+
+
+def _text(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+def _bits(words: Any) -> tuple[int, ...]:
+    out = []
+    for w, word in enumerate(words):
+        word = int(word)
+        for b in range(64):
+            if word >> b & 1:
+                out.append(w * 64 + b)
+    return tuple(out)
+
+
+class Nvml:
+    """NVML behind a lock, with gpud errors, call counting and static caching.
+
+    ``nvidia-smi`` equivalents are given per reading in ``docs/architecture.md``.
+    """
+
+    def __init__(self, module: Any = None) -> None:
+        if module is None:
+            import pynvml  # the one place gpud imports the real bindings
+
+            module = pynvml
+        self._m = module
+        self._lock = threading.RLock()
+        self._initialized = False
+        self._handles: dict[int, Any] = {}
+        self._info: dict[int, GpuInfo] = {}
+        self._sli: dict[int, tuple[bool | None, ...]] = {}
+        self._pairs: dict[tuple[int, int], tuple[str, str, str, str]] = {}
+        self._versions: Versions | None = None
+        self.calls = 0  # NVML calls made (for the benchmarks)
+        self.errors: Counter[str] = Counter()  # NVML errors per function name
+
+    # -- the choke point ---------------------------------------------------------------
+    def _translate(self, err: Exception, call: str, gpu: int | None) -> NvmlError:
+        code = getattr(err, "value", None)
+        where = f"GPU {gpu}: " if gpu is not None else ""
+        msg = f"{where}{call}: {err}"
+        if code in _NOT_SUPPORTED:
+            return Unsupported(msg, call=call, gpu=gpu, code=code)
+        if code in _NO_PERMISSION:
+            return PermissionDenied(msg, call=call, gpu=gpu, code=code)
+        if code in _GPU_LOST:
+            return GpuLost(msg, call=call, gpu=gpu, code=code)
+        if code in _NO_DRIVER or (code == _UNINITIALIZED and call == "nvmlInit"):
+            return DriverNotLoaded(
+                f"NVIDIA driver/NVML not available ({err})", call=call, gpu=gpu, code=code
+            )
+        return NvmlError(msg, call=call, gpu=gpu, code=code)
+
+    def _raw(self, name: str, *args: Any, gpu: int | None = None) -> Any:
+        fn = getattr(self._m, name, None)
+        if fn is None:
+            raise Unsupported(f"{name}: not in these NVML bindings", call=name, gpu=gpu)
+        self.calls += 1
+        try:
+            return fn(*args)
+        except self._m.NVMLError as err:
+            self.errors[name] += 1
+            raise self._translate(err, name, gpu) from err
+
+    def init(self) -> None:
+        """``nvmlInit`` once; raises DriverNotLoaded when there is no driver."""
+        with self._lock:
+            if not self._initialized:
+                self._raw("nvmlInit")
+                self._initialized = True
+
+    def shutdown(self) -> None:
+        with self._lock:
+            if self._initialized:
+                self._initialized = False
+                self._handles.clear()
+                try:
+                    self._raw("nvmlShutdown")
+                except NvmlError:
+                    pass
+
+    def call(self, name: str, *args: Any, gpu: int | None = None) -> Any:
+        """Call an NVML function; gpud errors only."""
+        with self._lock:
+            if not self._initialized:
+                self.init()
+            return self._raw(name, *args, gpu=gpu)
+
+    def get(self, name: str, *args: Any, gpu: int | None = None) -> Any:
+        """Like ``call`` for an optional reading: None when NVML cannot give it here.
+
+        A lost GPU or a missing driver still raise: those are not "unsupported".
+        """
+        try:
+            return self.call(name, *args, gpu=gpu)
+        except (GpuLost, DriverNotLoaded):
+            raise
+        except NvmlError:
+            return None
+
+    # -- system ------------------------------------------------------------------------
+    def versions(self) -> Versions:
+        if self._versions is None:
+            cuda = self.get("nvmlSystemGetCudaDriverVersion_v2")
+            drv = self.get("nvmlSystemGetDriverVersion")
+            nvml = self.get("nvmlSystemGetNVMLVersion")
+            self._versions = Versions(
+                driver=_text(drv) if drv is not None else None,
+                cuda_driver=f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else None,
+                nvml=_text(nvml) if nvml is not None else None,
+            )
+        return self._versions
+
+    def device_count(self) -> int:
+        return int(self.call("nvmlDeviceGetCount"))
+
+    def handle(self, index: int) -> Any:
+        with self._lock:
+            h = self._handles.get(index)
+            if h is None:
+                h = self.call("nvmlDeviceGetHandleByIndex", index, gpu=index)
+                self._handles[index] = h
+            return h
+
+    # -- static facts, read once ------------------------------------------------------
+    def info(self, index: int) -> GpuInfo:
+        cached = self._info.get(index)
+        if cached is not None:
+            return cached
+        h = self.handle(index)
+
+        def get(name: str, *args: Any) -> Any:
+            return self.get(name, h, *args, gpu=index)
+
+        def watts(mw: Any) -> float | None:
+            return mw / 1000.0 if mw is not None else None
+
+        pci = self.call("nvmlDeviceGetPciInfo", h, gpu=index)
+        constraints = get("nvmlDeviceGetPowerManagementLimitConstraints") or (None, None)
+        fan_range = get("nvmlDeviceGetMinMaxFanSpeed") or (None, None)
+        mem = get("nvmlDeviceGetMemoryInfo")
+        serial = get("nvmlDeviceGetSerial")
+        vbios = get("nvmlDeviceGetVbiosVersion")
+        numa = get("nvmlDeviceGetMemoryAffinity", 1, AFFINITY_SCOPE_NODE)
+        numa_nodes = _bits(numa) if numa is not None else ()
+        if not numa_nodes:
+            node = get("nvmlDeviceGetNumaNodeId")
+            numa_nodes = (node,) if node is not None and node >= 0 else ()
+        cpus = get("nvmlDeviceGetCpuAffinity", CPU_SET_WORDS)
+        links: list[bool | None] = []
+        for link in range(MAX_NVLINKS):
+            try:
+                self.call("nvmlDeviceGetNvLinkState", h, link, gpu=index)
+            except (GpuLost, DriverNotLoaded):
+                raise
+            except NvmlError:
+                break
+            cap = get("nvmlDeviceGetNvLinkCapability", link, NVLINK_CAP_SLI_BRIDGE)
+            links.append(bool(cap) if cap is not None else None)
+        self._sli[index] = tuple(links)
+        info = GpuInfo(
+            index=index,
+            uuid=_text(self.call("nvmlDeviceGetUUID", h, gpu=index)),
+            name=_text(self.call("nvmlDeviceGetName", h, gpu=index)),
+            serial=_text(serial) if serial else None,
+            pci_bus_id=normalize_bus_id(pci.busId),
+            pci_device_id=getattr(pci, "pciDeviceId", None),
+            vbios_version=_text(vbios) if vbios is not None else None,
+            memory_total_bytes=mem.total if mem is not None else None,
+            pcie_max_generation=get("nvmlDeviceGetMaxPcieLinkGeneration"),
+            pcie_max_width=get("nvmlDeviceGetMaxPcieLinkWidth"),
+            power_default_limit_watts=watts(get("nvmlDeviceGetPowerManagementDefaultLimit")),
+            power_min_limit_watts=watts(constraints[0]),
+            power_max_limit_watts=watts(constraints[1]),
+            temperature_slowdown_celsius=get("nvmlDeviceGetTemperatureThreshold", THRESHOLD_SLOWDOWN),
+            temperature_shutdown_celsius=get("nvmlDeviceGetTemperatureThreshold", THRESHOLD_SHUTDOWN),
+            max_clocks_mhz={k: get("nvmlDeviceGetMaxClockInfo", v) for k, v in CLOCK_TYPES.items()},
+            fan_count=get("nvmlDeviceGetNumFans"),
+            fan_min_speed_percent=fan_range[0],
+            fan_max_speed_percent=fan_range[1],
+            nvlink_count=len(links),
+            numa_node=numa_nodes[0] if numa_nodes else None,
+            cpu_affinity=_bits(cpus) if cpus is not None else None,
+        )
+        self._info[index] = info
+        return info
+
+    # -- one reading per tick ---------------------------------------------------------
+    def sample(self, index: int) -> GpuSample:
+        """Read one GPU's telemetry. A lost GPU gives a sample with ``lost=True``."""
+        now = time.time()
+        try:
+            info = self.info(index)
+        except GpuLost:
+            return GpuSample(index=index, uuid="", timestamp=now, lost=True)
+        try:
+            return self._sample(index, info, now)
+        except GpuLost:
+            return GpuSample(index=index, uuid=info.uuid, timestamp=now, lost=True)
+
+    def _sample(self, index: int, info: GpuInfo, now: float) -> GpuSample:
+        h = self.handle(index)
+
+        def get(name: str, *args: Any) -> Any:
+            return self.get(name, h, *args, gpu=index)
+
+        def watts(mw: Any) -> float | None:
+            return mw / 1000.0 if mw is not None else None
+
+        fans: list[FanReading] = []
+        if info.fan_count is not None:
+            for fan in range(info.fan_count):
+                policy = get("nvmlDeviceGetFanControlPolicy_v2", fan)
+                fans.append(
+                    FanReading(
+                        fan=fan,
+                        speed_percent=get("nvmlDeviceGetFanSpeed_v2", fan),
+                        target_percent=get("nvmlDeviceGetTargetFanSpeed", fan),
+                        policy=FAN_POLICY.get(policy) if policy is not None else None,
+                    )
+                )
+        else:
+            speed = get("nvmlDeviceGetFanSpeed")
+            if speed is not None:
+                fans.append(FanReading(0, speed, None, None))
+        util = get("nvmlDeviceGetUtilizationRates")
+        mem = get("nvmlDeviceGetMemoryInfo")
+        tx = get("nvmlDeviceGetPcieThroughput", PCIE_TX)
+        rx = get("nvmlDeviceGetPcieThroughput", PCIE_RX)
+        events = get("nvmlDeviceGetCurrentClocksEventReasons")
+        if events is None:
+            events = get("nvmlDeviceGetCurrentClocksThrottleReasons")
+        persistence = get("nvmlDeviceGetPersistenceMode")
+        compute = get("nvmlDeviceGetComputeMode")
+        ecc_mode = get("nvmlDeviceGetEccMode")
+        ecc_on = bool(ecc_mode[0]) if ecc_mode is not None else None
+        ecc = None
+        if ecc_on:
+            ecc = EccCounts(
+                volatile_corrected=get("nvmlDeviceGetTotalEccErrors", ECC_CORRECTED, ECC_VOLATILE),
+                volatile_uncorrected=get("nvmlDeviceGetTotalEccErrors", ECC_UNCORRECTED, ECC_VOLATILE),
+                aggregate_corrected=get("nvmlDeviceGetTotalEccErrors", ECC_CORRECTED, ECC_AGGREGATE),
+                aggregate_uncorrected=get("nvmlDeviceGetTotalEccErrors", ECC_UNCORRECTED, ECC_AGGREGATE),
+            )
+        sbe = get("nvmlDeviceGetRetiredPages", RETIRE_SBE)
+        dbe = get("nvmlDeviceGetRetiredPages", RETIRE_DBE)
+        retired_pending = get("nvmlDeviceGetRetiredPagesPendingStatus")
+        remap = get("nvmlDeviceGetRemappedRows")
+        procs = get("nvmlDeviceGetComputeRunningProcesses")
+        return GpuSample(
+            index=index,
+            uuid=info.uuid,
+            timestamp=now,
+            temperature_celsius=get("nvmlDeviceGetTemperature", TEMPERATURE_GPU),
+            fans=tuple(fans),
+            power_watts=watts(get("nvmlDeviceGetPowerUsage")),
+            power_limit_watts=watts(get("nvmlDeviceGetEnforcedPowerLimit")),
+            power_management_limit_watts=watts(get("nvmlDeviceGetPowerManagementLimit")),
+            energy_joules=watts(get("nvmlDeviceGetTotalEnergyConsumption")),
+            clocks_mhz={k: get("nvmlDeviceGetClockInfo", v) for k, v in CLOCK_TYPES.items()},
+            applications_clocks_mhz={
+                k: get("nvmlDeviceGetApplicationsClock", CLOCK_TYPES[k]) for k in ("graphics", "memory")
+            },
+            utilization_gpu_percent=util.gpu if util is not None else None,
+            utilization_memory_percent=util.memory if util is not None else None,
+            memory_used_bytes=mem.used if mem is not None else None,
+            memory_total_bytes=mem.total if mem is not None else None,
+            pcie_generation=get("nvmlDeviceGetCurrPcieLinkGeneration"),
+            pcie_width=get("nvmlDeviceGetCurrPcieLinkWidth"),
+            pcie_tx_bytes_per_second=tx * 1024 if tx is not None else None,
+            pcie_rx_bytes_per_second=rx * 1024 if rx is not None else None,
+            pcie_replay_errors=get("nvmlDeviceGetPcieReplayCounter"),
+            clock_event_mask=events,
+            clock_events=decode_clock_events(events) if events is not None else None,
+            persistence_mode=bool(persistence) if persistence is not None else None,
+            compute_mode=COMPUTE_MODES.get(compute, str(compute)) if compute is not None else None,
+            ecc_enabled=ecc_on,
+            ecc_pending=bool(ecc_mode[1]) if ecc_mode is not None else None,
+            ecc_errors=ecc,
+            retired_pages_single_bit=len(sbe) if sbe is not None else None,
+            retired_pages_double_bit=len(dbe) if dbe is not None else None,
+            retired_pages_pending=bool(retired_pending) if retired_pending is not None else None,
+            remapped_rows_correctable=remap[0] if remap is not None else None,
+            remapped_rows_uncorrectable=remap[1] if remap is not None else None,
+            remapped_rows_pending=bool(remap[2]) if remap is not None else None,
+            remapped_rows_failure=bool(remap[3]) if remap is not None else None,
+            nvlinks=self._nvlinks(index, h),
+            processes=tuple(
+                GpuProcess(pid=p.pid, used_memory_bytes=p.usedGpuMemory, user=None, command=None)
+                for p in procs
+            )
+            if procs is not None
+            else None,
+        )
+
+    def _nvlinks(self, index: int, h: Any) -> tuple[NvLinkInfo, ...]:
+        out = []
+        for link, sli in enumerate(self._sli.get(index, ())):
+            state = self.get("nvmlDeviceGetNvLinkState", h, link, gpu=index)
+            up = bool(state)
+            remote = None
+            if up:
+                pci = self.get("nvmlDeviceGetNvLinkRemotePciInfo", h, link, gpu=index)
+                remote = normalize_bus_id(pci.busId) if pci is not None else None
+            out.append(NvLinkInfo(link=link, up=up, remote_pci_bus_id=remote, sli_bridge=sli))
+        return tuple(out)
+
+    # -- pairs ------------------------------------------------------------------------
+    def _pair(self, i: int, j: int) -> tuple[str, str, str, str]:
+        """(PCIe level, P2P read, P2P write, P2P NVLink) between GPUs i and j, cached."""
+        key = (min(i, j), max(i, j))
+        cached = self._pairs.get(key)
+        if cached is None:
+            hi, hj = self.handle(key[0]), self.handle(key[1])
+            anc = self.get("nvmlDeviceGetTopologyCommonAncestor", hi, hj, gpu=i)
+
+            def p2p(idx: int) -> str:
+                st = self.get("nvmlDeviceGetP2PStatus", hi, hj, idx, gpu=i)
+                return P2P_STATUS.get(st, "unknown") if st is not None else "unknown"
+
+            cached = (
+                TOPO_LEVEL.get(anc, "SYS") if anc is not None else "?",
+                p2p(P2P_READ),
+                p2p(P2P_WRITE),
+                p2p(P2P_NVLINK),
+            )
+            self._pairs[key] = cached
+        return cached
+
+    def topology(self, samples: list[GpuSample] | tuple[GpuSample, ...]) -> Topology:
+        """Pairwise topology; NV# counts the links up in ``samples`` (one per GPU)."""
+        idx = tuple(s.index for s in samples)
+        bus = {i: self.info(i).pci_bus_id for i in idx if not self._lost(samples, i)}
+        n = len(idx)
+        level, pcie, nvl, rd, wr, nv = ([["X"] * n for _ in range(n)] for _ in range(6))
+        for a in range(n):
+            nvl[a][a] = 0  # type: ignore[call-overload]
+        for a, i in enumerate(idx):
+            for b, j in enumerate(idx):
+                if a == b:
+                    continue
+                if i not in bus or j not in bus:
+                    level[a][b] = pcie[a][b] = "?"
+                    nvl[a][b] = 0  # type: ignore[call-overload]
+                    rd[a][b] = wr[a][b] = nv[a][b] = "unknown"
+                    continue
+                lvl, r, w, v = self._pair(i, j)
+                links = sum(1 for ln in samples[a].nvlinks if ln.up and ln.remote_pci_bus_id == bus[j])
+                pcie[a][b] = lvl
+                level[a][b] = f"NV{links}" if links else lvl
+                nvl[a][b] = links  # type: ignore[call-overload]
+                rd[a][b], wr[a][b], nv[a][b] = r, w, v
+
+        def freeze(m: list[list[Any]]) -> tuple[tuple[Any, ...], ...]:
+            return tuple(tuple(row) for row in m)
+
+        return Topology(
+            gpus=idx,
+            level=freeze(level),
+            pcie_level=freeze(pcie),
+            nvlinks=freeze(nvl),
+            p2p_read=freeze(rd),
+            p2p_write=freeze(wr),
+            p2p_nvlink=freeze(nv),
+        )
+
+    @staticmethod
+    def _lost(samples: Any, index: int) -> bool:
+        return any(s.index == index and s.lost for s in samples)
+
+    # -- setters, each followed by a read-back where NVML has a getter ----------------
+    def _set(self, index: int, setter: str, args: tuple[Any, ...], getter: str | None = None,
+             getter_args: tuple[Any, ...] = (), convert: Callable[[Any], T] | None = None) -> Any:
+        h = self.handle(index)
+        self.call(setter, h, *args, gpu=index)
+        if getter is None:
+            return None
+        value = self.call(getter, h, *getter_args, gpu=index)
+        return convert(value) if convert is not None else value
+
+    def set_power_limit(self, index: int, watts: float) -> float:
+        """``nvidia-smi -i N -pl W``; returns the limit read back (W)."""
+        return self._set(index, "nvmlDeviceSetPowerManagementLimit", (int(round(watts * 1000)),),
+                         "nvmlDeviceGetPowerManagementLimit", convert=lambda mw: mw / 1000.0)
+
+    def set_locked_gpu_clocks(self, index: int, min_mhz: int, max_mhz: int) -> None:
+        """``nvidia-smi -i N -lgc MIN,MAX``. NVML has no getter: nothing to read back."""
+        self._set(index, "nvmlDeviceSetGpuLockedClocks", (min_mhz, max_mhz))
+
+    def reset_locked_gpu_clocks(self, index: int) -> None:
+        """``nvidia-smi -i N -rgc``."""
+        self._set(index, "nvmlDeviceResetGpuLockedClocks", ())
+
+    def set_locked_memory_clocks(self, index: int, min_mhz: int, max_mhz: int) -> None:
+        """``nvidia-smi -i N -lmc MIN,MAX``. No getter."""
+        self._set(index, "nvmlDeviceSetMemoryLockedClocks", (min_mhz, max_mhz))
+
+    def reset_locked_memory_clocks(self, index: int) -> None:
+        """``nvidia-smi -i N -rmc``."""
+        self._set(index, "nvmlDeviceResetMemoryLockedClocks", ())
+
+    def set_applications_clocks(self, index: int, memory_mhz: int, graphics_mhz: int) -> tuple[int, int]:
+        """``nvidia-smi -i N -ac MEM,GFX``; returns (memory, graphics) read back."""
+        self._set(index, "nvmlDeviceSetApplicationsClocks", (memory_mhz, graphics_mhz))
+        h = self.handle(index)
+        return (
+            self.call("nvmlDeviceGetApplicationsClock", h, CLOCK_TYPES["memory"], gpu=index),
+            self.call("nvmlDeviceGetApplicationsClock", h, CLOCK_TYPES["graphics"], gpu=index),
+        )
+
+    def reset_applications_clocks(self, index: int) -> None:
+        """``nvidia-smi -i N -rac``."""
+        self._set(index, "nvmlDeviceResetApplicationsClocks", ())
+
+    def set_persistence_mode(self, index: int, enabled: bool) -> bool:
+        """``nvidia-smi -i N -pm 1|0``; returns the mode read back."""
+        return self._set(index, "nvmlDeviceSetPersistenceMode", (1 if enabled else 0,),
+                         "nvmlDeviceGetPersistenceMode", convert=bool)
+
+    def set_compute_mode(self, index: int, mode: str) -> str:
+        """``nvidia-smi -i N -c MODE``; returns the mode read back."""
+        code = {v: k for k, v in COMPUTE_MODES.items()}[mode]
+        return self._set(index, "nvmlDeviceSetComputeMode", (code,), "nvmlDeviceGetComputeMode",
+                         convert=lambda c: COMPUTE_MODES.get(c, str(c)))
+
+    def set_fan_speed(self, index: int, fan: int, percent: int) -> int:
+        """Manual fan duty (``nvidia-settings -a GPUTargetFanSpeed``); returns the target read back."""
+        return self._set(index, "nvmlDeviceSetFanSpeed_v2", (fan, int(percent)),
+                         "nvmlDeviceGetTargetFanSpeed", (fan,), convert=int)
+
+    def set_fan_auto(self, index: int, fan: int) -> str:
+        """Hand the fan back to the driver's automatic policy; returns the policy read back."""
+        h = self.handle(index)
+        self.call("nvmlDeviceSetDefaultFanSpeed_v2", h, fan, gpu=index)
+        policy = self.get("nvmlDeviceGetFanControlPolicy_v2", h, fan, gpu=index)
+        if policy is not None and policy != FAN_POLICY_AUTO:
+            self.call("nvmlDeviceSetFanControlPolicy", h, fan, FAN_POLICY_AUTO, gpu=index)
+            policy = self.call("nvmlDeviceGetFanControlPolicy_v2", h, fan, gpu=index)
+        return FAN_POLICY.get(policy, "auto") if policy is not None else "auto"

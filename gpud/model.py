@@ -1,0 +1,241 @@
+"""Immutable facts and readings that every layer above ``hw`` works from.
+
+Units are in the field names. ``None`` means "NVML cannot give this here" — never 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+# Clock-event reason bits (NVML's nvmlClocksEventReason*), in bit order.
+CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (
+    (0x001, "gpu_idle"),
+    (0x002, "applications_clocks_setting"),
+    (0x004, "sw_power_cap"),
+    (0x008, "hw_slowdown"),
+    (0x010, "sync_boost"),
+    (0x020, "sw_thermal_slowdown"),
+    (0x040, "hw_thermal_slowdown"),
+    (0x080, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
+)
+
+
+def decode_clock_events(mask: int) -> tuple[str, ...]:
+    """Names of the reasons set in an NVML clock-event bitmask."""
+    return tuple(name for bit, name in CLOCK_EVENT_REASONS if mask & bit)
+
+
+@dataclass(frozen=True)
+class Versions:
+    driver: str | None
+    cuda_driver: str | None  # "12.4" from nvmlSystemGetCudaDriverVersion_v2
+    nvml: str | None
+
+
+@dataclass(frozen=True)
+class NvLinkInfo:
+    """One NVLink of a GPU: state now, and where it goes."""
+
+    link: int
+    up: bool
+    remote_pci_bus_id: str | None
+    sli_bridge: bool | None  # NVML_NVLINK_CAP_SLI_BRIDGE
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """Static facts about one GPU, read once."""
+
+    index: int
+    uuid: str
+    name: str
+    serial: str | None
+    pci_bus_id: str  # sysfs form: 0000:17:00.0
+    pci_device_id: int | None
+    vbios_version: str | None
+    memory_total_bytes: int | None
+    pcie_max_generation: int | None
+    pcie_max_width: int | None
+    power_default_limit_watts: float | None
+    power_min_limit_watts: float | None
+    power_max_limit_watts: float | None
+    temperature_slowdown_celsius: int | None
+    temperature_shutdown_celsius: int | None
+    max_clocks_mhz: dict[str, int | None]  # sm, memory, graphics
+    fan_count: int | None
+    fan_min_speed_percent: int | None
+    fan_max_speed_percent: int | None
+    nvlink_count: int  # links that exist (0: no NVLink)
+    numa_node: int | None
+    cpu_affinity: tuple[int, ...] | None  # CPU ids close to the GPU
+
+
+@dataclass(frozen=True)
+class FanReading:
+    fan: int
+    speed_percent: int | None
+    target_percent: int | None
+    policy: str | None  # "auto" | "manual"
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_memory_bytes: int | None
+    user: str | None
+    command: str | None
+
+
+@dataclass(frozen=True)
+class EccCounts:
+    volatile_corrected: int | None
+    volatile_uncorrected: int | None
+    aggregate_corrected: int | None
+    aggregate_uncorrected: int | None
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One GPU's telemetry at one instant. ``lost`` samples carry no readings."""
+
+    index: int
+    uuid: str
+    timestamp: float
+    lost: bool = False
+    temperature_celsius: int | None = None
+    fans: tuple[FanReading, ...] = ()
+    power_watts: float | None = None
+    power_limit_watts: float | None = None  # enforced
+    power_management_limit_watts: float | None = None  # as set (before other limiters)
+    energy_joules: float | None = None
+    clocks_mhz: dict[str, int | None] = field(default_factory=dict)  # sm, memory, graphics
+    applications_clocks_mhz: dict[str, int | None] = field(default_factory=dict)
+    utilization_gpu_percent: int | None = None
+    utilization_memory_percent: int | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    pcie_generation: int | None = None
+    pcie_width: int | None = None
+    pcie_tx_bytes_per_second: int | None = None
+    pcie_rx_bytes_per_second: int | None = None
+    pcie_replay_errors: int | None = None
+    clock_event_mask: int | None = None
+    clock_events: tuple[str, ...] | None = None
+    persistence_mode: bool | None = None
+    compute_mode: str | None = None  # default | exclusive_process | prohibited
+    ecc_enabled: bool | None = None
+    ecc_pending: bool | None = None
+    ecc_errors: EccCounts | None = None
+    retired_pages_single_bit: int | None = None
+    retired_pages_double_bit: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    nvlinks: tuple[NvLinkInfo, ...] = ()
+    processes: tuple[GpuProcess, ...] | None = None
+
+
+# nvidia-smi topo -m levels, closest first.
+TOPO_LEVELS = ("X", "NV", "PIX", "PXB", "PHB", "NODE", "SYS")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Pairwise facts: ``level[i][j]`` as ``nvidia-smi topo -m`` prints it (X, NV4, PIX, …)."""
+
+    gpus: tuple[int, ...]
+    level: tuple[tuple[str, ...], ...]  # NV# where NVLinks are up, else the PCIe level
+    pcie_level: tuple[tuple[str, ...], ...]  # PIX, PXB, PHB, NODE, SYS: the path without NVLink
+    nvlinks: tuple[tuple[int, ...], ...]  # active NVLinks between i and j
+    p2p_read: tuple[tuple[str, ...], ...]  # "OK", "chipset_not_supported", … ("X" on the diagonal)
+    p2p_write: tuple[tuple[str, ...], ...]
+    p2p_nvlink: tuple[tuple[str, ...], ...]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything read in one tick: static info, one sample per GPU, versions."""
+
+    timestamp: float
+    versions: Versions
+    gpus: tuple[GpuInfo, ...]
+    samples: tuple[GpuSample, ...]
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Dataclasses → dicts, tuples → lists, recursively (for ``--json``)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    return obj
+
+
+# -- host facts (gpud.hw.host) ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PciDevice:
+    """A PCI function from /sys/bus/pci/devices, with the bridges above it (root first)."""
+
+    address: str  # 0000:17:00.0
+    vendor: int
+    device: int
+    pci_class: int
+    current_link_speed: str | None  # "16.0 GT/s PCIe"
+    current_link_width: int | None
+    max_link_speed: str | None
+    max_link_width: int | None
+    numa_node: int | None
+    parents: tuple[str, ...]  # bridge addresses from the root complex down
+    acs_ctrl: int | None  # ACS Control register; None when config space is not readable
+    driver: str | None
+
+
+# ACS Control bits (PCIe spec 7.7.8.3)
+ACS_BITS = (
+    (0x01, "SrcValid"),
+    (0x02, "TransBlk"),
+    (0x04, "ReqRedir"),
+    (0x08, "CmpltRedir"),
+    (0x10, "UpstreamFwd"),
+    (0x20, "EgressCtrl"),
+    (0x40, "DirectTrans"),
+)
+
+
+@dataclass(frozen=True)
+class XorgOption:
+    """One ``Option "Name" "value"`` line of an Xorg configuration file."""
+
+    file: str
+    line: int
+    section: str | None
+    name: str
+    value: str | None
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """One ``NVRM: Xid (PCI:…): N, …`` line of the kernel log."""
+
+    pci_bus_id: str
+    xid: int
+    text: str
+    seconds_since_boot: float | None
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    model: str | None
+    sockets: int
+    cores: int
+    threads: int
+    numa_nodes: int

@@ -1,0 +1,336 @@
+"""Workstation descriptions (TOML) → validated, immutable structures.
+
+The format is documented key by key in ``docs/simulation.md``. Every error names the file, the
+key and the reason (``InvalidInput``), before anything is built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpud.errors import InvalidInput
+from gpud.model import CLOCK_EVENT_REASONS
+from gpud.sim.presets import GPU_MODELS
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+SHIPPED = Path(__file__).parent / "descriptions"
+BUS_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+P2P_STATUSES = (
+    "OK",
+    "chipset_not_supported",
+    "gpu_not_supported",
+    "topology_not_supported",
+    "disabled_by_regkey",
+    "not_supported",
+    "unknown",
+)
+EVENT_NAMES = tuple(name for _, name in CLOCK_EVENT_REASONS)
+_ANY = object()
+
+MACHINE_KEYS: dict[str, tuple[Any, Any]] = {
+    # key: (type or tuple of types / allowed values, default; _ANY = required)
+    "name": (str, _ANY),
+    "summary": (str, ""),
+    "vendor_model": (str, "Workstation"),
+    "cpu_model": (str, "Intel(R) Xeon(R) CPU"),
+    "sockets": (int, 1),
+    "cores_per_socket": (int, 16),
+    "threads_per_core": (int, 2),
+    "numa_nodes_per_socket": (int, 1),
+    "memory_gib": (int, 128),
+    "psu_watts": (int, 1500),
+    "cpu_tdp_watts": (int, 350),
+    "driver_version": (str, "550.54.15"),
+    "cuda_driver_version": (str, "12.4"),
+    "nvml_version": (str, "12.550.54.15"),
+    "driver_loaded": (bool, True),
+    "kernel_cmdline": (str, "BOOT_IMAGE=/boot/vmlinuz root=/dev/nvme0n1p2 ro quiet"),
+    "cpu_governor": (str, "performance"),
+    "shm_mib": (int, None),  # default: half of memory, as tmpfs does
+    "memlock_kib": ((int, str), "unlimited"),
+    "iommu": (("off", "passthrough", "translated"), "off"),
+    "modules": (list, ["nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"]),
+    "ambient_celsius": ((int, float), 25.0),
+}
+
+GPU_KEYS: dict[str, tuple[Any, Any]] = {
+    "model": (str, _ANY),
+    "bus_id": (str, _ANY),
+    "root_port": (str, _ANY),
+    "switch": (str, None),
+    "numa_node": (int, 0),
+    "uuid": (str, None),
+    "serial": (str, None),
+    "temperature_celsius": ((int, float), 32),
+    "power_watts": ((int, float), None),  # draw; default: the model's idle power
+    "utilization_percent": (int, 0),
+    "memory_used_mib": (int, 1),
+    "power_limit_watts": ((int, float), None),  # default: the model's default limit
+    "persistence_mode": (bool, True),
+    "compute_mode": (("default", "exclusive_process", "prohibited"), "default"),
+    "ecc_enabled": (bool, False),
+    "ecc_volatile_corrected": (int, 0),
+    "ecc_volatile_uncorrected": (int, 0),
+    "ecc_aggregate_corrected": (int, 0),
+    "ecc_aggregate_uncorrected": (int, 0),
+    "retired_pages_sbe": (int, 0),
+    "retired_pages_dbe": (int, 0),
+    "retired_pages_pending": (bool, False),
+    "remapped_rows_correctable": (int, 0),
+    "remapped_rows_uncorrectable": (int, 0),
+    "remapped_rows_pending": (bool, False),
+    "remapped_rows_failure": (bool, False),
+    "pcie_replay_errors": (int, 0),
+    "acs": (bool, False),
+    "processes": (list, []),
+}
+# Every preset key can be overridden per GPU.
+MODEL_KEYS: dict[str, tuple[Any, Any]] = {
+    "name": (str, None),
+    "pci_device_id": (int, None),
+    "architecture": (str, None),
+    "memory_mib": (int, None),
+    "power_default_watts": ((int, float), None),
+    "power_min_watts": ((int, float), None),
+    "power_max_watts": ((int, float), None),
+    "idle_power_watts": ((int, float), None),
+    "pcie_max_generation": (int, None),
+    "pcie_max_width": (int, None),
+    "fans": (int, None),
+    "fan_min_percent": (int, None),
+    "fan_max_percent": (int, None),
+    "slowdown_celsius": (int, None),
+    "shutdown_celsius": (int, None),
+    "max_graphics_mhz": (int, None),
+    "max_sm_mhz": (int, None),
+    "max_memory_mhz": (int, None),
+    "nvlinks": (int, None),
+    "vbios": (str, None),
+    "ecc_supported": (bool, None),
+    "retired_pages_supported": (bool, None),
+    "remapped_rows_supported": (bool, None),
+}
+PROCESS_KEYS: dict[str, tuple[Any, Any]] = {
+    "pid": (int, _ANY),
+    "used_mib": (int, 0),
+    "user": (str, "researcher"),
+    "uid": (int, 1000),
+    "command": (str, "python train.py"),
+}
+NVLINK_KEYS: dict[str, tuple[Any, Any]] = {"gpus": (list, _ANY), "links": (int, None)}
+XORG_KEYS: dict[str, tuple[Any, Any]] = {"conf": (str, None), "files": (dict, {}), "log": (str, None)}
+FAULT_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {
+    "gpu_lost": {"gpu": (int, _ANY)},
+    "unsupported": {"gpu": (int, None), "call": (str, _ANY)},
+    "no_permission": {"gpu": (int, None), "call": (str, _ANY)},
+    "link_degraded": {"gpu": (int, _ANY), "width": (int, None), "generation": (int, None)},
+    "nvlink_down": {"gpus": (list, _ANY), "links": (list, None)},
+    "p2p": {"gpus": (list, _ANY), "status": (P2P_STATUSES, _ANY), "caps": (("read", "write", "all"), "all")},
+    "clock_events": {"gpu": (int, _ANY), "reasons": (list, _ANY)},
+    "xid": {"gpu": (int, _ANY), "xid": (int, _ANY), "text": (str, None), "seconds": ((int, float), 5123.4)},
+    "fan_stuck": {"gpu": (int, _ANY), "fan": (int, 0), "percent": (int, 0)},
+}
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Description:
+    source: str  # file path as given (for messages)
+    digest: str  # content hash
+    machine: dict[str, Any]
+    gpus: tuple[dict[str, Any], ...]
+    nvlinks: tuple[dict[str, Any], ...]
+    faults: tuple[Fault, ...]
+    xorg: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return str(self.machine["name"])
+
+
+def _type_ok(value: Any, kind: Any) -> bool:
+    if isinstance(kind, tuple) and kind and isinstance(kind[0], str):
+        return value in kind
+    if kind is int or (isinstance(kind, tuple) and int in kind and float not in kind):
+        if isinstance(value, bool):
+            return False
+    if isinstance(kind, tuple) and float in kind and isinstance(value, bool):
+        return False
+    return isinstance(value, kind)
+
+
+def _kind_name(kind: Any) -> str:
+    if isinstance(kind, tuple) and kind and isinstance(kind[0], str):
+        return "one of " + ", ".join(repr(k) for k in kind)
+    if isinstance(kind, tuple):
+        return " or ".join(k.__name__ for k in kind)
+    return {"str": "a string", "int": "an integer", "bool": "true or false", "list": "a list",
+            "dict": "a table"}.get(kind.__name__, kind.__name__)
+
+
+def take(table: Any, spec: dict[str, tuple[Any, Any]], file: str, where: str) -> dict[str, Any]:
+    """Check ``table`` against ``spec``; fill defaults; raise InvalidInput on the first problem."""
+    if not isinstance(table, dict):
+        raise InvalidInput(file, where, "must be a table")
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        dotted = f"{where}.{key}" if where else key
+        if key not in spec:
+            raise InvalidInput(file, dotted, f"unknown key (known: {', '.join(sorted(spec))})")
+        kind = spec[key][0]
+        if not _type_ok(value, kind):
+            raise InvalidInput(file, dotted, f"must be {_kind_name(kind)}, not {value!r}")
+        out[key] = value
+    for key, (_, default) in spec.items():
+        if key not in out:
+            if default is _ANY:
+                raise InvalidInput(file, f"{where}.{key}" if where else key, "required")
+            out[key] = list(default) if isinstance(default, list) else default
+    return out
+
+
+def _pair(value: Any, n: int, file: str, where: str) -> list[int]:
+    if (not isinstance(value, list) or len(value) != 2 or not all(isinstance(v, int) and not isinstance(v, bool)
+                                                                 for v in value)):
+        raise InvalidInput(file, where, f"must be two GPU indices, not {value!r}")
+    if value[0] == value[1] or not all(0 <= v < n for v in value):
+        raise InvalidInput(file, where, f"GPU indices must differ and be in 0..{n - 1}")
+    return value
+
+
+def validate_fault(raw: Any, n: int, file: str, where: str) -> Fault:
+    if not isinstance(raw, dict):
+        raise InvalidInput(file, where, "must be a table")
+    kind = raw.get("kind")
+    if kind not in FAULT_KEYS:
+        raise InvalidInput(file, f"{where}.kind", f"must be one of {', '.join(FAULT_KEYS)}, not {kind!r}")
+    params = take({k: v for k, v in raw.items() if k != "kind"}, FAULT_KEYS[kind], file, where)
+    gpu = params.get("gpu")
+    if gpu is not None and not 0 <= gpu < n:
+        raise InvalidInput(file, f"{where}.gpu", f"no GPU {gpu} (this machine has {n})")
+    if "gpus" in params:
+        _pair(params["gpus"], n, file, f"{where}.gpus")
+    if kind == "clock_events":
+        for r in params["reasons"]:
+            if r not in EVENT_NAMES:
+                raise InvalidInput(file, f"{where}.reasons", f"unknown reason {r!r} (known: {', '.join(EVENT_NAMES)})")
+    return Fault(kind, params)
+
+
+def load(path: Path, shown: str | None = None) -> Description:
+    """Read and validate a description file."""
+    file = shown or str(path)
+    try:
+        text = path.read_bytes()
+    except OSError as err:
+        raise InvalidInput(file, "", f"cannot read: {err.strerror}") from err
+    try:
+        data = tomllib.loads(text.decode())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise InvalidInput(file, "", f"not valid TOML: {err}") from err
+    return parse(data, file, hashlib.sha256(text).hexdigest()[:16])
+
+
+def parse(data: dict[str, Any], file: str, digest: str = "") -> Description:
+    known = {"machine", "gpu_defaults", "gpu", "nvlink", "fault", "xorg"}
+    for key in data:
+        if key not in known:
+            raise InvalidInput(file, key, f"unknown section (known: {', '.join(sorted(known))})")
+    machine = take(data.get("machine", {}), MACHINE_KEYS, file, "machine")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", machine["name"]):
+        raise InvalidInput(file, "machine.name", "letters, digits, '.', '_' and '-' only")
+    if machine["sockets"] < 1 or machine["numa_nodes_per_socket"] < 1:
+        raise InvalidInput(file, "machine.sockets", "must be at least 1")
+    if isinstance(machine["memlock_kib"], str) and machine["memlock_kib"] != "unlimited":
+        raise InvalidInput(file, "machine.memlock_kib", "must be an integer or \"unlimited\"")
+    if machine["shm_mib"] is None:
+        machine["shm_mib"] = machine["memory_gib"] * 512
+    defaults = data.get("gpu_defaults", {})
+    if not isinstance(defaults, dict):
+        raise InvalidInput(file, "gpu_defaults", "must be a table")
+    raw_gpus = data.get("gpu", [])
+    if not isinstance(raw_gpus, list) or not raw_gpus:
+        raise InvalidInput(file, "gpu", "at least one [[gpu]] is required")
+    gpus = []
+    nodes = machine["sockets"] * machine["numa_nodes_per_socket"]
+    for i, raw in enumerate(raw_gpus):
+        where = f"gpu[{i}]"
+        if not isinstance(raw, dict):
+            raise InvalidInput(file, where, "must be a table")
+        merged = {**defaults, **raw}
+        model = merged.get("model")
+        if model not in GPU_MODELS:
+            raise InvalidInput(file, f"{where}.model", f"unknown GPU model {model!r} (known: {', '.join(GPU_MODELS)})")
+        own = take({k: v for k, v in merged.items() if k not in MODEL_KEYS}, GPU_KEYS, file, where)
+        overrides = take({k: v for k, v in merged.items() if k in MODEL_KEYS}, MODEL_KEYS, file, where)
+        gpu = {**GPU_MODELS[model], **{k: v for k, v in overrides.items() if v is not None}, **own}
+        for key in ("bus_id", "root_port", "switch"):
+            if gpu[key] is not None and not BUS_RE.match(gpu[key]):
+                raise InvalidInput(file, f"{where}.{key}", f"must be a PCI address like 0000:17:00.0, not {gpu[key]!r}")
+        if not 0 <= gpu["numa_node"] < nodes:
+            raise InvalidInput(file, f"{where}.numa_node", f"must be in 0..{nodes - 1}")
+        if gpu["power_watts"] is None:
+            gpu["power_watts"] = gpu["idle_power_watts"]
+        if gpu["power_limit_watts"] is None:
+            gpu["power_limit_watts"] = gpu["power_default_watts"]
+        if not gpu["power_min_watts"] <= gpu["power_limit_watts"] <= gpu["power_max_watts"]:
+            raise InvalidInput(file, f"{where}.power_limit_watts",
+                               f"must be within {gpu['power_min_watts']}..{gpu['power_max_watts']} W")
+        if not 0 <= gpu["utilization_percent"] <= 100:
+            raise InvalidInput(file, f"{where}.utilization_percent", "must be 0..100")
+        gpu["processes"] = [take(p, PROCESS_KEYS, file, f"{where}.processes[{k}]")
+                            for k, p in enumerate(gpu["processes"])]
+        gpu["uuid"] = gpu["uuid"] or _uuid(machine["name"], i)
+        gpu["serial"] = gpu["serial"] or str(1320021000000 + int(_uuid(machine["name"], i)[4:12], 16) % 10**9)
+        gpus.append(gpu)
+    seen = [g["bus_id"] for g in gpus]
+    if len(set(seen)) != len(seen):
+        raise InvalidInput(file, "gpu", "two GPUs share a bus_id")
+    nvlinks = []
+    for k, raw in enumerate(data.get("nvlink", [])):
+        link = take(raw, NVLINK_KEYS, file, f"nvlink[{k}]")
+        a, b = _pair(link["gpus"], len(gpus), file, f"nvlink[{k}].gpus")
+        most = min(gpus[a]["nvlinks"], gpus[b]["nvlinks"])
+        if link["links"] is None:
+            link["links"] = most
+        if not 1 <= link["links"] <= most:
+            raise InvalidInput(file, f"nvlink[{k}].links", f"must be 1..{most} for these GPUs")
+        nvlinks.append(link)
+    faults = tuple(validate_fault(f, len(gpus), file, f"fault[{k}]") for k, f in enumerate(data.get("fault", [])))
+    xorg = take(data.get("xorg", {}), XORG_KEYS, file, "xorg")
+    return Description(file, digest, machine, tuple(gpus), tuple(nvlinks), faults, xorg)
+
+
+def _uuid(name: str, index: int) -> str:
+    h = hashlib.sha256(f"{name}/{index}".encode()).hexdigest()
+    return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def resolve(name_or_path: str) -> tuple[Path, str]:
+    """A shipped name (``z8-fury-4x-a6000``) or a path → (file, how to show it)."""
+    shipped = SHIPPED / f"{name_or_path}.toml"
+    if "/" not in name_or_path and shipped.is_file():
+        return shipped, name_or_path
+    path = Path(name_or_path)
+    if path.is_file() or "/" in name_or_path or name_or_path.endswith(".toml"):
+        return path, name_or_path
+    names = ", ".join(shipped_names())
+    raise InvalidInput(name_or_path, "", f"no such simulated workstation (shipped: {names}) and no such file")
+
+
+def shipped_names() -> list[str]:
+    return sorted(p.stem for p in SHIPPED.glob("*.toml"))

@@ -1,0 +1,253 @@
+"""The simulated workstation's hardware state: settings, faults and a thermal model.
+
+What tuning writes is persisted under the state directory (``sim/<name>.json``) so that it
+survives across CLI invocations, like real hardware does until a reboot. Faults injected while
+running are persisted there too, so that another process (the daemon) sees them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from gpud.paths import atomic_write
+from gpud.sim.description import Description, Fault, validate_fault
+
+# Effective cooling keeps 30 % with the fan stopped (chassis airflow, heatsink).
+PASSIVE_SHARE = 0.3
+TIME_CONSTANT_S = 30.0
+AUTO_FAN_T0, AUTO_FAN_T1 = 40.0, 87.0  # driver curve: minimum duty at T0, 100 % at T1
+
+DEFAULT_XID_TEXT = {
+    13: "Graphics Exception: ESR 0x404600=0x80000002",
+    31: "Ch 00000010, intr 10000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f2a_00000000",
+    43: "pid=4242, name=python, Ch 00000008",
+    45: "pid=4242, name=python, Ch 00000008",
+    48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, "
+    "subpartition 0.",
+    63: "Row Remapper: New row marked for remapping, reset gpu to activate.",
+    64: "Row Remapper: Failed to remap row.",
+    74: "NVLink: fatal error detected on link 2(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)",
+    79: "GPU has fallen off the bus.",
+    92: "High single-bit ECC error rate detected.",
+    94: "Contained ECC error.",
+    95: "Uncontained ECC error.",
+    119: "Timeout after 6s of waiting for RPC response from GPU0 GSP!",
+    120: "GSP task error.",
+}
+
+
+def auto_fan_percent(temp: float, minimum: int) -> int:
+    """The driver's automatic fan policy, as the simulator models it."""
+    frac = (temp - AUTO_FAN_T0) / (AUTO_FAN_T1 - AUTO_FAN_T0)
+    return int(round(min(100.0, max(float(minimum), minimum + frac * (100 - minimum)))))
+
+
+def _cooling(duty: float) -> float:
+    return PASSIVE_SHARE + (1 - PASSIVE_SHARE) * duty / 100.0
+
+
+@dataclass
+class Thermal:
+    temperature: float
+    conductance: float  # W/K at full fan
+    capacity: float  # J/K
+    energy_mj: float
+
+
+class SimMachine:
+    """One simulated workstation. Not thread-safe: the NVML layer serialises calls."""
+
+    def __init__(self, desc: Description, state_file: Path, clock: Callable[[], float] = time.monotonic):
+        self.desc = desc
+        self.state_file = state_file
+        self.clock = clock
+        self.offset = 0.0  # simulated seconds added by advance()
+        self._state_mtime = 0.0
+        self._checked = 0.0
+        self.state: dict[str, Any] = {}
+        self._load_state()
+        self.thermal = [self._calibrate(i) for i in range(len(desc.gpus))]
+        self._last = self.now()
+
+    # -- persisted state ---------------------------------------------------------------
+    def _initial(self) -> dict[str, Any]:
+        gpus = {}
+        for i, g in enumerate(self.desc.gpus):
+            gpus[str(i)] = {
+                "power_limit_mw": int(g["power_limit_watts"] * 1000),
+                "persistence": 1 if g["persistence_mode"] else 0,
+                "compute_mode": {"default": 0, "prohibited": 2, "exclusive_process": 3}[g["compute_mode"]],
+                "locked_gpu": None,
+                "locked_mem": None,
+                "app_clocks": None,
+                "fans": [{"policy": 0, "target": None} for _ in range(g["fans"])],
+                "load": None,
+            }
+        return {"digest": self.desc.digest, "gpus": gpus, "faults": [], "writes": 0}
+
+    def _load_state(self) -> None:
+        try:
+            st = os.stat(self.state_file)
+            data = json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            self.state = self._initial()
+            return
+        if data.get("digest") != self.desc.digest:
+            data = self._initial()  # the description changed: old writes no longer apply
+        self.state = data
+        self._state_mtime = st.st_mtime
+
+    def refresh(self) -> None:
+        """Pick up writes and faults made by another process (checked at most 4× a second)."""
+        t = time.monotonic()
+        if t - self._checked < 0.25:
+            return
+        self._checked = t
+        try:
+            mtime = os.stat(self.state_file).st_mtime
+        except OSError:
+            return
+        if mtime != self._state_mtime:
+            self._load_state()
+
+    def save(self) -> None:
+        atomic_write(self.state_file, json.dumps(self.state, indent=1, sort_keys=True))
+        try:
+            self._state_mtime = os.stat(self.state_file).st_mtime
+        except OSError:
+            pass
+
+    def settings(self, gpu: int) -> dict[str, Any]:
+        return self.state["gpus"][str(gpu)]
+
+    def count_write(self) -> None:
+        self.state["writes"] = int(self.state.get("writes", 0)) + 1
+
+    # -- faults -----------------------------------------------------------------------
+    @property
+    def faults(self) -> list[Fault]:
+        return list(self.desc.faults) + [Fault(f["kind"], f["params"]) for f in self.state.get("faults", [])]
+
+    def inject(self, kind: str, **params: Any) -> Fault:
+        """Add a fault while running (validated like one in the description); persisted."""
+        fault = validate_fault({"kind": kind, **params}, len(self.desc.gpus), "inject", "fault")
+        self.state.setdefault("faults", []).append({"kind": fault.kind, "params": fault.params})
+        self.save()
+        return fault
+
+    def clear_faults(self) -> None:
+        self.state["faults"] = []
+        self.save()
+
+    def faults_of(self, kind: str, gpu: int | None = None) -> list[dict[str, Any]]:
+        out = []
+        for f in self.faults:
+            if f.kind != kind:
+                continue
+            g = f.params.get("gpu")
+            pair = f.params.get("gpus")
+            if gpu is None or g == gpu or (pair is not None and gpu in pair) or ("gpu" in f.params and g is None):
+                out.append(f.params)
+        return out
+
+    def lost(self, gpu: int) -> bool:
+        return bool(self.faults_of("gpu_lost", gpu))
+
+    def refused(self, kind: str, call: str, gpu: int | None) -> bool:
+        return any(p["call"] == call and (p.get("gpu") is None or p.get("gpu") == gpu)
+                   for p in self.faults_of(kind))
+
+    # -- load and thermal model ----------------------------------------------------------
+    def now(self) -> float:
+        return self.clock() + self.offset
+
+    def advance(self, seconds: float) -> None:
+        """Move simulated time forward (tests, closed-loop fan control)."""
+        self.offset += seconds
+        self.step()
+
+    def set_load(self, gpu: int, utilization: int, power_watts: float) -> None:
+        self.step()
+        self.settings(gpu)["load"] = [int(utilization), float(power_watts)]
+        self.save()
+
+    def utilization(self, gpu: int) -> int:
+        load = self.settings(gpu).get("load")
+        return int(load[0]) if load else int(self.desc.gpus[gpu]["utilization_percent"])
+
+    def demand_watts(self, gpu: int) -> float:
+        load = self.settings(gpu).get("load")
+        return float(load[1]) if load else float(self.desc.gpus[gpu]["power_watts"])
+
+    def draw_watts(self, gpu: int) -> float:
+        return min(self.demand_watts(gpu), self.settings(gpu)["power_limit_mw"] / 1000.0)
+
+    def fan_duty(self, gpu: int, fan: int, temp: float | None = None) -> int:
+        """What the fan does: stuck value, manual target, or the driver's curve."""
+        g = self.desc.gpus[gpu]
+        for p in self.faults_of("fan_stuck", gpu):
+            if p["fan"] == fan:
+                return int(p["percent"])
+        f = self.settings(gpu)["fans"][fan]
+        if f["policy"] == 1 and f["target"] is not None:
+            return int(f["target"])
+        t = self.thermal[gpu].temperature if temp is None else temp
+        return auto_fan_percent(t, g["fan_min_percent"] or 0)
+
+    def _mean_duty(self, gpu: int, temp: float | None = None) -> float:
+        n = self.desc.gpus[gpu]["fans"]
+        if not n:
+            return 100.0  # passive card: the chassis fans do the work
+        return sum(self.fan_duty(gpu, f, temp) for f in range(n)) / n
+
+    def _calibrate(self, gpu: int) -> Thermal:
+        """Choose conductance so the described temperature is the equilibrium as described."""
+        g = self.desc.gpus[gpu]
+        amb = float(self.desc.machine["ambient_celsius"])
+        temp = float(g["temperature_celsius"])
+        draw = min(float(g["power_watts"]), float(g["power_limit_watts"]))
+        rise = max(temp - amb, 1.0)
+        # Calibrate against the described state (faults from the description apply; a fan
+        # settings written later change the equilibrium, as they would on real hardware).
+        duty = self._described_duty(gpu, temp)
+        conductance = draw / (rise * _cooling(duty))
+        return Thermal(temp, conductance, conductance * TIME_CONSTANT_S, 3.6e9 + gpu * 1.1e8)
+
+    def _described_duty(self, gpu: int, temp: float) -> float:
+        g = self.desc.gpus[gpu]
+        n = g["fans"]
+        if not n:
+            return 100.0
+        duties = []
+        for fan in range(n):
+            stuck = [f.params for f in self.desc.faults if f.kind == "fan_stuck"
+                     and f.params["gpu"] == gpu and f.params["fan"] == fan]
+            duties.append(stuck[0]["percent"] if stuck else auto_fan_percent(temp, g["fan_min_percent"] or 0))
+        return sum(duties) / n
+
+    def step(self) -> None:
+        """Integrate the thermal model up to now (1 s steps)."""
+        now = self.now()
+        dt_total = now - self._last
+        if dt_total <= 0:
+            return
+        self._last = now
+        amb = float(self.desc.machine["ambient_celsius"])
+        for gpu, th in enumerate(self.thermal):
+            remaining = dt_total
+            while remaining > 1e-9:
+                dt = min(1.0, remaining)
+                draw = self.draw_watts(gpu)
+                loss = (th.temperature - amb) * th.conductance * _cooling(self._mean_duty(gpu))
+                th.temperature += (draw - loss) / th.capacity * dt
+                th.energy_mj += draw * dt * 1000.0
+                remaining -= dt
+
+    def temperature(self, gpu: int) -> float:
+        self.step()
+        return self.thermal[gpu].temperature

@@ -1,0 +1,204 @@
+"""Lay out the simulated workstation's files (``/proc``, ``/sys``, ``/etc/X11``, kernel log).
+
+``gpud.hw.host.Host`` reads this tree exactly as it reads ``/`` on a real machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from gpud.sim.fake_nvml import host_bridge, link_state, node_cpus
+from gpud.sim.machine import DEFAULT_XID_TEXT, SimMachine
+
+ACS_ON = 0x001D  # SrcValid | ReqRedir | CmpltRedir | UpstreamFwd, what BIOSes set when "ACS enabled"
+GT_S = {1: "2.5 GT/s PCIe", 2: "5.0 GT/s PCIe", 3: "8.0 GT/s PCIe", 4: "16.0 GT/s PCIe", 5: "32.0 GT/s PCIe"}
+STAMP = ".gpud-sim-stamp"
+
+
+def _write(root: Path, rel: str, text: str | bytes) -> None:
+    p = root / rel.lstrip("/")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(text, bytes):
+        p.write_bytes(text)
+    else:
+        p.write_text(text)
+
+
+def _config_space(acs_ctrl: int | None) -> bytes:
+    """4 KiB of PCIe config space: a header, and an ACS extended capability at 0x100."""
+    cfg = bytearray(4096)
+    cfg[0:4] = (0x10DE).to_bytes(2, "little") + (0).to_bytes(2, "little")
+    if acs_ctrl is not None:
+        header = 0x000D | (1 << 16)  # ACS, version 1, no next capability
+        cfg[0x100:0x104] = header.to_bytes(4, "little")
+        cfg[0x104:0x106] = (0x5F).to_bytes(2, "little")  # capabilities
+        cfg[0x106:0x108] = acs_ctrl.to_bytes(2, "little")
+    return bytes(cfg)
+
+
+def stamp_of(sim: SimMachine) -> str:
+    faults = [(f.kind, sorted(f.params.items())) for f in sim.faults]
+    return hashlib.sha256(json.dumps([sim.desc.digest, faults], default=str).encode()).hexdigest()[:16]
+
+
+def ensure_root(sim: SimMachine, dest: Path) -> Path:
+    """Build the tree at ``dest`` unless it is already current; swap it in atomically."""
+    stamp = stamp_of(sim)
+    try:
+        if (dest / STAMP).read_text() == stamp:
+            return dest
+    except OSError:
+        pass
+    tmp = dest.with_name(f"{dest.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    build(sim, tmp)
+    _write(tmp, STAMP, stamp)
+    old = dest.with_name(f"{dest.name}.{os.getpid()}.old")
+    if dest.exists():
+        os.rename(dest, old)
+    os.rename(tmp, dest)
+    shutil.rmtree(old, ignore_errors=True)
+    return dest
+
+
+def build(sim: SimMachine, root: Path) -> None:
+    desc = sim.desc
+    m = desc.machine
+    _proc(root, m, desc.gpus)
+    _cpus(root, m)
+    _pci(root, sim)
+    _iommu(root, m, len(desc.gpus))
+    _xorg(root, desc.xorg)
+    _kmsg(root, sim)
+    (root / "dev/shm").mkdir(parents=True, exist_ok=True)
+    users = {0: "root"}
+    for g in desc.gpus:
+        for p in g["processes"]:
+            users[p["uid"]] = p["user"]
+            _write(root, f"/proc/{p['pid']}/status", f"Name:\t{p['command'].split()[0]}\nPid:\t{p['pid']}\n"
+                   f"Uid:\t{p['uid']}\t{p['uid']}\t{p['uid']}\t{p['uid']}\n")
+            _write(root, f"/proc/{p['pid']}/cmdline", p["command"].replace(" ", "\0") + "\0")
+    _write(root, "/etc/passwd", "".join(f"{name}:x:{uid}:{uid}::/home/{name}:/bin/bash\n"
+                                        for uid, name in sorted(users.items())))
+
+
+def _proc(root: Path, m: dict[str, Any], gpus: tuple[dict[str, Any], ...]) -> None:
+    mem_kib = m["memory_gib"] * 1024 * 1024
+    _write(root, "/proc/cmdline", m["kernel_cmdline"] + "\n")
+    _write(root, "/proc/modules", "".join(f"{mod} 1000000 0 - Live 0x0000000000000000\n" for mod in m["modules"]))
+    _write(root, "/proc/meminfo", f"MemTotal:       {mem_kib} kB\nMemFree:        {mem_kib * 9 // 10} kB\n"
+           f"MemAvailable:   {mem_kib * 9 // 10} kB\n")
+    _write(root, "/proc/mounts", "sysfs /sys sysfs rw,nosuid,nodev,noexec,relatime 0 0\n"
+           "proc /proc proc rw,nosuid,nodev,noexec,relatime 0 0\n"
+           f"tmpfs /dev/shm tmpfs rw,nosuid,nodev,size={m['shm_mib'] * 1024}k,inode64 0 0\n")
+    memlock = m["memlock_kib"]
+    value = "unlimited" if memlock == "unlimited" else str(int(memlock) * 1024)
+    _write(root, "/proc/self/limits", "Limit                     Soft Limit           Hard Limit           Units\n"
+           f"{'Max locked memory':<26}{value:<21}{value:<21}bytes\n"
+           f"{'Max open files':<26}{'1048576':<21}{'1048576':<21}files\n")
+    lines = []
+    cores = m["cores_per_socket"]
+    total = cores * m["sockets"]
+    cpu = 0
+    for _ in range(m["threads_per_core"]):
+        for core in range(total):
+            lines.append(f"processor\t: {cpu}\nvendor_id\t: GenuineIntel\nmodel name\t: {m['cpu_model']}\n"
+                         f"physical id\t: {core // cores}\ncore id\t\t: {core % cores}\ncpu cores\t: {cores}\n")
+            cpu += 1
+    _write(root, "/proc/cpuinfo", "\n".join(lines) + "\n")
+
+
+def _cpus(root: Path, m: dict[str, Any]) -> None:
+    threads = m["cores_per_socket"] * m["sockets"] * m["threads_per_core"]
+    for cpu in range(threads):
+        _write(root, f"/sys/devices/system/cpu/cpu{cpu}/cpufreq/scaling_governor", m["cpu_governor"] + "\n")
+    for node in range(m["sockets"] * m["numa_nodes_per_socket"]):
+        cpus = node_cpus(m, node)
+        _write(root, f"/sys/devices/system/node/node{node}/cpulist", ",".join(map(str, cpus)) + "\n")
+
+
+def _pci(root: Path, sim: SimMachine) -> None:
+    """Root port → (switch up/down ports) → GPU, and the /sys/bus/pci/devices links."""
+    links = root / "sys/bus/pci/devices"
+    links.mkdir(parents=True, exist_ok=True)
+
+    def device(path: str, addr: str, vendor: int, dev: int, cls: int, numa: int, gen: int, width: int,
+               max_gen: int, max_width: int, acs: int | None) -> None:
+        rel = f"/sys/devices/{path}"
+        _write(root, f"{rel}/vendor", f"0x{vendor:04x}\n")
+        _write(root, f"{rel}/device", f"0x{dev:04x}\n")
+        _write(root, f"{rel}/class", f"0x{cls:06x}\n")
+        _write(root, f"{rel}/numa_node", f"{numa}\n")
+        _write(root, f"{rel}/current_link_speed", GT_S.get(gen, "Unknown") + "\n")
+        _write(root, f"{rel}/current_link_width", f"{width}\n")
+        _write(root, f"{rel}/max_link_speed", GT_S.get(max_gen, "Unknown") + "\n")
+        _write(root, f"{rel}/max_link_width", f"{max_width}\n")
+        _write(root, f"{rel}/config", _config_space(acs))
+        link = links / addr
+        if not link.is_symlink():
+            os.symlink(f"../../../devices/{path}", link)
+
+    for i, g in enumerate(sim.desc.gpus):
+        gen, width = link_state(sim, i, g)
+        mg, mw = int(g["pcie_max_generation"]), int(g["pcie_max_width"])
+        acs = ACS_ON if g["acs"] else 0
+        chain = [f"pci{host_bridge(g)}", g["root_port"]]
+        device("/".join(chain), g["root_port"], 0x8086, 0x352A, 0x060400, g["numa_node"], mg, mw, mg, mw, acs)
+        if g["switch"]:
+            dom, bus, _ = g["switch"].split(":")
+            down = f"{dom}:{int(bus, 16) + 1:02x}:{i % 32:02x}.0"
+            chain.append(g["switch"])
+            device("/".join(chain), g["switch"], 0x1000, 0xC010, 0x060400, g["numa_node"], mg, mw, mg, mw, acs)
+            chain.append(down)
+            device("/".join(chain), down, 0x1000, 0xC010, 0x060400, g["numa_node"], mg, mw, mg, mw, acs)
+        chain.append(g["bus_id"])
+        dev_id = g["pci_device_id"] >> 16
+        device("/".join(chain), g["bus_id"], 0x10DE, dev_id, 0x030000, g["numa_node"], gen, width, mg, mw, None)
+        os.symlink("../../../../bus/pci/drivers/nvidia", root / f"sys/devices/{'/'.join(chain)}/driver")
+        # the GPU's HDMI audio function, as on real boards
+        audio = g["bus_id"][:-1] + "1"
+        device("/".join(chain[:-1] + [audio]), audio, 0x10DE, 0x1AEF, 0x040300, g["numa_node"], gen, width, mg, mw,
+               None)
+    (root / "sys/bus/pci/drivers/nvidia").mkdir(parents=True, exist_ok=True)
+
+
+def _iommu(root: Path, m: dict[str, Any], n: int) -> None:
+    if m["iommu"] == "off":
+        return
+    (root / "sys/class/iommu/dmar0").mkdir(parents=True, exist_ok=True)
+    kind = "identity" if m["iommu"] == "passthrough" else "DMA-FQ"
+    for g in range(n * 2 + 4):
+        _write(root, f"/sys/kernel/iommu_groups/{g}/type", kind + "\n")
+
+
+def _xorg(root: Path, xorg: dict[str, Any]) -> None:
+    if xorg.get("conf"):
+        _write(root, "/etc/X11/xorg.conf", xorg["conf"])
+    for name, text in (xorg.get("files") or {}).items():
+        _write(root, f"/etc/X11/xorg.conf.d/{name}", str(text))
+    if xorg.get("log"):
+        _write(root, "/var/log/Xorg.0.log", xorg["log"])
+
+
+def _kmsg(root: Path, sim: SimMachine) -> None:
+    """/dev/kmsg records (``prio,seq,usec,flags;message``) as a plain file."""
+    m = sim.desc.machine
+    lines = [
+        (0.0, 5, "Linux version 6.8.0-49-generic (buildd@lcy02-amd64) #49-Ubuntu SMP PREEMPT_DYNAMIC"),
+        (0.0, 6, f"Command line: {m['kernel_cmdline']}"),
+        (4.2, 6, "nvidia: loading out-of-tree module taints kernel."),
+        (4.9, 6, f"NVRM: loading NVIDIA UNIX x86_64 Kernel Module  {m['driver_version']}"),
+    ]
+    for p in sim.faults_of("xid"):
+        g = sim.desc.gpus[p["gpu"]]
+        bus = g["bus_id"].rsplit(".", 1)[0]
+        text = p["text"] or DEFAULT_XID_TEXT.get(p["xid"], "")
+        lines.append((float(p["seconds"]), 4, f"NVRM: Xid (PCI:{bus}): {p['xid']}, pid=4242, name=python, {text}"))
+    lines.sort(key=lambda x: x[0])
+    _write(root, "/dev/kmsg", "".join(f"{prio},{seq},{int(t * 1e6)},-;{msg}\n"
+                                      for seq, (t, prio, msg) in enumerate(lines)))
