@@ -351,10 +351,11 @@ class FakeNvml:
         return int(g["max_memory_mhz"] if clock == E.NVML_CLOCK_MEM else g["max_graphics_mhz"])
 
     def _clock_write(self, h: Handle, key: str, value: list[int] | None, limit_key: str | None = None) -> None:
+        """A locked range (min ≤ max ≤ the model's maximum), application clocks, or None to reset."""
         self.sim.count_write()
-        if value is not None:
+        if value is not None and limit_key is not None:
             g = self._gpu(h)
-            if value[0] > value[1] or value[0] < 0 or (limit_key and value[1] > g[limit_key]):
+            if value[0] > value[1] or value[0] < 0 or value[1] > g[limit_key]:
                 _raise(E.NVML_ERROR_INVALID_ARGUMENT)
         self._set(h)[key] = value
         self.sim.save()

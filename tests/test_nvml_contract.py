@@ -1,0 +1,233 @@
+"""Contract tests for the NVML layer: run over every shipped description (and real NVML if present).
+
+Like psutil's tests over every backend: the same invariants hold whatever is underneath, and
+whatever goes wrong comes out as a gpud error, never a pynvml one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pynvml
+import pytest
+from conftest import SHIPPED
+
+from gpud.errors import DriverNotLoaded, GpudError, GpuLost, PermissionDenied, Unsupported
+from gpud.hw.machine import Machine, open_machine
+from gpud.hw.nvml import Nvml
+from gpud.model import TOPO_LEVELS, GpuSample
+
+
+def _real_machine() -> Machine | None:
+    m = open_machine(None)
+    try:
+        m.nvml.init()
+        if m.nvml.device_count() == 0:
+            return None
+    except GpudError:
+        return None
+    return m
+
+
+BACKENDS = [*SHIPPED, "real"]
+
+
+@pytest.fixture(params=BACKENDS)
+def machine(request: pytest.FixtureRequest) -> Machine:
+    if request.param == "real":
+        m = _real_machine()
+        if m is None:
+            pytest.skip("no NVIDIA driver/GPU on this machine: the real-NVML backend is checked on GPU hosts")
+        return m
+    return open_machine(request.param)
+
+
+def test_static_info_is_complete_and_typed(machine: Machine) -> None:
+    snap = machine.snapshot()
+    assert snap.versions.driver
+    assert len(snap.gpus) == machine.nvml.device_count() == len(snap.samples)
+    for g in snap.gpus:
+        assert g.uuid.startswith("GPU-")
+        assert len(g.pci_bus_id) == 12 and g.pci_bus_id == g.pci_bus_id.lower()
+        assert g.name and isinstance(g.name, str)
+        assert g.pcie_max_width in (1, 2, 4, 8, 16, None)
+        if g.power_min_limit_watts is not None:
+            assert g.power_min_limit_watts <= (g.power_default_limit_watts or 0) <= g.power_max_limit_watts
+        assert g.temperature_slowdown_celsius is None or g.temperature_slowdown_celsius < g.temperature_shutdown_celsius
+        assert g.numa_node is None or g.numa_node >= 0
+        assert g.cpu_affinity is None or len(g.cpu_affinity) > 0
+
+
+def test_samples_are_plausible(machine: Machine) -> None:
+    snap = machine.snapshot()
+    for s in snap.samples:
+        assert not s.lost
+        assert 0 < s.temperature_celsius < 110
+        assert s.power_watts is None or s.power_watts <= s.power_limit_watts + 0.5
+        assert s.memory_used_bytes is None or s.memory_used_bytes <= s.memory_total_bytes
+        assert s.utilization_gpu_percent is None or 0 <= s.utilization_gpu_percent <= 100
+        for f in s.fans:
+            assert f.speed_percent is None or 0 <= f.speed_percent <= 100
+            assert f.policy in ("auto", "manual", None)
+        assert s.clock_events is None or all(isinstance(e, str) for e in s.clock_events)
+        assert s.compute_mode in ("default", "exclusive_process", "prohibited", None)
+        for field in dataclasses.fields(GpuSample):
+            value = getattr(s, field.name)
+            assert not isinstance(value, pynvml.NVMLError)
+
+
+def test_topology_is_symmetric_and_uses_smi_levels(machine: Machine) -> None:
+    snap = machine.snapshot()
+    t = machine.topology(snap)
+    n = len(t.gpus)
+    for a in range(n):
+        assert t.level[a][a] == "X"
+        for b in range(n):
+            assert t.level[a][b] == t.level[b][a]
+            assert t.nvlinks[a][b] == t.nvlinks[b][a]
+            if a != b:
+                lvl = t.level[a][b]
+                assert lvl.startswith("NV") or lvl in TOPO_LEVELS
+                assert t.pcie_level[a][b] in TOPO_LEVELS[2:]
+                assert (t.nvlinks[a][b] > 0) == lvl.startswith("NV")
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_topology_matches_the_description(name: str) -> None:
+    m = open_machine(name)
+    desc = m.simulation.description
+    t = m.topology(m.snapshot())
+    down = {tuple(sorted(f.params["gpus"])) for f in desc.faults if f.kind == "nvlink_down"}
+    for b in desc.nvlinks:
+        i, j = b["gpus"]
+        expect = 0 if tuple(sorted((i, j))) in down else b["links"]
+        assert t.nvlinks[i][j] == expect
+
+
+def test_a_gpu_lost_mid_run_is_a_gpud_error_and_a_lost_sample(open_sim) -> None:
+    m = open_sim("z8-fury-4x-a6000")
+    before = m.snapshot()
+    assert not any(s.lost for s in before.samples)
+    m.simulation.machine.inject("gpu_lost", gpu=2)
+    after = m.snapshot()
+    assert [s.lost for s in after.samples] == [False, False, True, False]
+    assert after.samples[2].uuid == before.samples[2].uuid  # still identifiable
+    with pytest.raises(GpuLost) as exc:
+        m.nvml.set_power_limit(2, 250)
+    assert not isinstance(exc.value, pynvml.NVMLError)
+    assert isinstance(exc.value.__cause__, pynvml.NVMLError_GpuIsLost)
+    # the other GPUs still answer and their topology still reads
+    t = m.topology(after)
+    assert t.level[0][1] == "NV4" and t.level[2][3] == "?"
+
+
+def test_a_gpu_lost_before_first_read(open_sim) -> None:
+    m = open_sim("z8-fury-4x-a6000")
+    m.simulation.machine.inject("gpu_lost", gpu=0)
+    snap = m.snapshot()
+    assert snap.samples[0].lost and len(snap.gpus) == 3
+
+
+def test_not_supported_reads_are_none_not_zero(open_sim) -> None:
+    m = open_sim("z8-fury-4x-a6000")
+    sim = m.simulation.machine
+    sim.inject("unsupported", call="nvmlDeviceGetPowerUsage", gpu=1)
+    sim.inject("unsupported", call="nvmlDeviceGetTemperature")
+    snap = m.snapshot()
+    assert snap.samples[1].power_watts is None
+    assert snap.samples[0].power_watts is not None
+    assert all(s.temperature_celsius is None for s in snap.samples)
+    assert m.nvml.errors["nvmlDeviceGetTemperature"] == 4
+
+
+def test_not_supported_setter_raises_unsupported(open_sim) -> None:
+    m = open_sim("z8-fury-4x-a6000")
+    m.simulation.machine.inject("unsupported", call="nvmlDeviceSetGpuLockedClocks", gpu=0)
+    with pytest.raises(Unsupported) as exc:
+        m.nvml.set_locked_gpu_clocks(0, 1800, 2100)
+    assert exc.value.call == "nvmlDeviceSetGpuLockedClocks" and exc.value.gpu == 0
+    assert not isinstance(exc.value, pynvml.NVMLError)
+
+
+def test_no_permission_comes_out_as_permission_denied(open_sim) -> None:
+    m = open_sim("z8-fury-4x-a6000")
+    m.simulation.machine.inject("no_permission", call="nvmlDeviceSetPowerManagementLimit")
+    m.simulation.machine.inject("no_permission", call="nvmlDeviceGetSerial")
+    with pytest.raises(PermissionDenied) as exc:
+        m.nvml.set_power_limit(1, 250)
+    assert "sudo" in exc.value.remedy
+    assert not isinstance(exc.value, pynvml.NVMLError)
+    assert m.snapshot().gpus[0].serial is None  # an optional read refused: None
+
+
+def test_passive_card_has_no_fans_and_unsupported_fields(tmp_path) -> None:
+    p = tmp_path / "h200.toml"
+    p.write_text('[machine]\nname = "h200-box"\n[[gpu]]\nmodel = "H200"\nbus_id = "0000:19:00.0"\n'
+                 'root_port = "0000:18:01.0"\n')
+    m = open_machine(str(p))
+    snap = m.snapshot()
+    g, s = snap.gpus[0], snap.samples[0]
+    assert g.fan_count == 0 and s.fans == ()
+    assert g.fan_min_speed_percent is None
+    assert s.retired_pages_double_bit is None  # Hopper: row remapping, no page retirement
+    assert s.remapped_rows_pending is False
+
+
+def test_no_driver_is_driver_not_loaded(tmp_path) -> None:
+    p = tmp_path / "nodrv.toml"
+    p.write_text('[machine]\nname = "nodrv"\ndriver_loaded = false\n[[gpu]]\nmodel = "RTX A6000"\n'
+                 'bus_id = "0000:17:00.0"\nroot_port = "0000:16:01.0"\n')
+    m = open_machine(str(p))
+    with pytest.raises(DriverNotLoaded) as exc:
+        m.snapshot()
+    assert "nvidia-smi" in exc.value.remedy
+
+
+def test_setters_read_back(open_sim) -> None:
+    m = open_sim("z8-fury-4x-a6000")
+    n = m.nvml
+    assert n.set_power_limit(0, 250) == 250.0
+    assert n.set_persistence_mode(0, False) is False
+    assert n.set_compute_mode(0, "exclusive_process") == "exclusive_process"
+    assert n.set_applications_clocks(0, 8001, 1800) == (8001, 1800)
+    assert n.set_fan_speed(0, 0, 70) == 70
+    n.set_locked_gpu_clocks(0, 1500, 2000)
+    n.set_locked_memory_clocks(0, 8001, 8001)
+    s = m.snapshot().samples[0]
+    assert s.power_limit_watts == 250 and s.persistence_mode is False
+    assert s.fans[0].policy == "manual" and s.fans[0].target_percent == 70
+    assert n.set_fan_auto(0, 0) == "auto"
+    n.reset_locked_gpu_clocks(0)
+    n.reset_locked_memory_clocks(0)
+    n.reset_applications_clocks(0)
+    assert m.snapshot().samples[0].fans[0].policy == "auto"
+
+
+def test_invalid_setter_arguments_are_gpud_errors(open_sim) -> None:
+    m = open_sim("z8-fury-4x-a6000")
+    with pytest.raises(GpudError) as exc:
+        m.nvml.set_power_limit(0, 900)  # above the 300 W maximum
+    assert not isinstance(exc.value, pynvml.NVMLError)
+    with pytest.raises(GpudError):
+        m.nvml.set_fan_speed(0, 0, 10)  # below the fan's minimum
+
+
+def test_static_facts_are_read_once(open_sim) -> None:
+    m = open_sim("z8-fury-4x-a6000")
+    m.snapshot()
+    first = m.nvml.calls
+    m.snapshot()
+    per_tick = m.nvml.calls - first
+    m.snapshot()
+    assert m.nvml.calls - first == 2 * per_tick  # steady: no static re-reads
+    assert per_tick / 4 < 60, f"{per_tick / 4} NVML calls per GPU per snapshot"
+
+
+def test_nvml_layer_accepts_the_real_bindings_module() -> None:
+    n = Nvml(pynvml)
+    try:
+        n.init()
+    except DriverNotLoaded as err:
+        assert isinstance(err.__cause__, pynvml.NVMLError)
+        return
+    assert n.device_count() >= 0
