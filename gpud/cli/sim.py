@@ -53,18 +53,15 @@ def sim_inject(
     simulate: Simulate = None,
 ) -> None:
     """Inject a fault into a simulated workstation while gpud runs on it."""
+    from gpud.schema import parse_toml_value
     from gpud.sim import open_simulation
-    from gpud.sim.description import tomllib
 
     values = {}
     for p in params or []:
         key, eq, raw = p.partition("=")
         if not eq:
             raise InvalidInput("gpud sim inject", p, "expected KEY=VALUE")
-        try:
-            values[key] = tomllib.loads(f"v = {raw}")["v"]
-        except tomllib.TOMLDecodeError:
-            values[key] = raw  # a bare word: take it as a string
+        values[key] = parse_toml_value(raw)
     sim = open_simulation(_target(None, simulate))
     fault = sim.machine.inject(kind, **values)
     sim.refresh_root()

@@ -8,19 +8,15 @@ from __future__ import annotations
 
 import hashlib
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpud.errors import InvalidInput
 from gpud.model import CLOCK_EVENT_REASONS
+from gpud.schema import REQUIRED as _ANY
+from gpud.schema import load_toml, take
 from gpud.sim.presets import GPU_MODELS
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 SHIPPED = Path(__file__).parent / "descriptions"
 BUS_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -34,7 +30,6 @@ P2P_STATUSES = (
     "unknown",
 )
 EVENT_NAMES = tuple(name for _, name in CLOCK_EVENT_REASONS)
-_ANY = object()
 
 MACHINE_KEYS: dict[str, tuple[Any, Any]] = {
     # key: (type or tuple of types / allowed values, default; _ANY = required)
@@ -162,47 +157,6 @@ class Description:
         return str(self.machine["name"])
 
 
-def _type_ok(value: Any, kind: Any) -> bool:
-    if isinstance(kind, tuple) and kind and isinstance(kind[0], str):
-        return value in kind
-    if kind is int or (isinstance(kind, tuple) and int in kind and float not in kind):
-        if isinstance(value, bool):
-            return False
-    if isinstance(kind, tuple) and float in kind and isinstance(value, bool):
-        return False
-    return isinstance(value, kind)
-
-
-def _kind_name(kind: Any) -> str:
-    if isinstance(kind, tuple) and kind and isinstance(kind[0], str):
-        return "one of " + ", ".join(repr(k) for k in kind)
-    if isinstance(kind, tuple):
-        return " or ".join(k.__name__ for k in kind)
-    return {"str": "a string", "int": "an integer", "bool": "true or false", "list": "a list",
-            "dict": "a table"}.get(kind.__name__, kind.__name__)
-
-
-def take(table: Any, spec: dict[str, tuple[Any, Any]], file: str, where: str) -> dict[str, Any]:
-    """Check ``table`` against ``spec``; fill defaults; raise InvalidInput on the first problem."""
-    if not isinstance(table, dict):
-        raise InvalidInput(file, where, "must be a table")
-    out: dict[str, Any] = {}
-    for key, value in table.items():
-        dotted = f"{where}.{key}" if where else key
-        if key not in spec:
-            raise InvalidInput(file, dotted, f"unknown key (known: {', '.join(sorted(spec))})")
-        kind = spec[key][0]
-        if not _type_ok(value, kind):
-            raise InvalidInput(file, dotted, f"must be {_kind_name(kind)}, not {value!r}")
-        out[key] = value
-    for key, (_, default) in spec.items():
-        if key not in out:
-            if default is _ANY:
-                raise InvalidInput(file, f"{where}.{key}" if where else key, "required")
-            out[key] = list(default) if isinstance(default, list) else default
-    return out
-
-
 def _pair(value: Any, n: int, file: str, where: str) -> list[int]:
     if (not isinstance(value, list) or len(value) != 2 or not all(isinstance(v, int) and not isinstance(v, bool)
                                                                  for v in value)):
@@ -234,14 +188,7 @@ def validate_fault(raw: Any, n: int, file: str, where: str) -> Fault:
 def load(path: Path, shown: str | None = None) -> Description:
     """Read and validate a description file."""
     file = shown or str(path)
-    try:
-        text = path.read_bytes()
-    except OSError as err:
-        raise InvalidInput(file, "", f"cannot read: {err.strerror}") from err
-    try:
-        data = tomllib.loads(text.decode())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise InvalidInput(file, "", f"not valid TOML: {err}") from err
+    data, text = load_toml(path, file)
     return parse(data, file, hashlib.sha256(text).hexdigest()[:16])
 
 

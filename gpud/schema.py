@@ -1,0 +1,81 @@
+"""Checking TOML tables against a small schema: one error, naming file, key and reason."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpud.errors import InvalidInput
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+REQUIRED = object()  # a spec default meaning "this key must be given"
+Spec = dict[str, tuple[Any, Any]]  # key: (type, tuple of types, or tuple of allowed strings; default)
+
+
+def load_toml(path: Path, shown: str | None = None) -> tuple[dict[str, Any], bytes]:
+    """Parse a TOML file; unreadable or malformed → InvalidInput naming the file."""
+    file = shown or str(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise InvalidInput(file, "", f"cannot read: {err.strerror}") from err
+    try:
+        return tomllib.loads(raw.decode()), raw
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise InvalidInput(file, "", f"not valid TOML: {err}") from err
+
+
+def parse_toml_value(raw: str) -> Any:
+    """A command-line value written in TOML (``2``, ``[2, 3]``, ``"x"``); a bare word is a string."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def _type_ok(value: Any, kind: Any) -> bool:
+    if isinstance(kind, tuple) and kind and isinstance(kind[0], str):
+        return value in kind
+    if kind is int or (isinstance(kind, tuple) and int in kind and float not in kind):
+        if isinstance(value, bool):
+            return False
+    if isinstance(kind, tuple) and float in kind and isinstance(value, bool):
+        return False
+    return isinstance(value, kind)
+
+
+def _kind_name(kind: Any) -> str:
+    if isinstance(kind, tuple) and kind and isinstance(kind[0], str):
+        return "one of " + ", ".join(repr(k) for k in kind)
+    if isinstance(kind, tuple):
+        return " or ".join(k.__name__ for k in kind)
+    return {"str": "a string", "int": "an integer", "bool": "true or false", "list": "a list",
+            "dict": "a table"}.get(kind.__name__, kind.__name__)
+
+
+def take(table: Any, spec: dict[str, tuple[Any, Any]], file: str, where: str) -> dict[str, Any]:
+    """Check ``table`` against ``spec``; fill defaults; raise InvalidInput on the first problem."""
+    if not isinstance(table, dict):
+        raise InvalidInput(file, where, "must be a table")
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        dotted = f"{where}.{key}" if where else key
+        if key not in spec:
+            raise InvalidInput(file, dotted, f"unknown key (known: {', '.join(sorted(spec))})")
+        kind = spec[key][0]
+        if not _type_ok(value, kind):
+            raise InvalidInput(file, dotted, f"must be {_kind_name(kind)}, not {value!r}")
+        out[key] = value
+    for key, (_, default) in spec.items():
+        if key not in out:
+            if default is REQUIRED:
+                raise InvalidInput(file, f"{where}.{key}" if where else key, "required")
+            out[key] = list(default) if isinstance(default, list) else default
+    return out
+
+
