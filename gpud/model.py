@@ -239,3 +239,20 @@ class CpuInfo:
     cores: int
     threads: int
     numa_nodes: int
+
+
+# -- checks (gpud.doctor) -----------------------------------------------------------------
+
+STATUSES = ("pass", "warn", "fail", "skip")
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check's verdict, for one GPU (``gpu``) or for the machine (``gpu`` None)."""
+
+    id: str  # stable dotted id: pcie.link_width
+    status: str  # pass | warn | fail | skip
+    summary: str  # one line
+    gpu: int | None = None
+    detail: str = ""
+    remedy: str = ""

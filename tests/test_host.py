@@ -23,7 +23,7 @@ def test_missing_files_give_none_or_empty(tmp_path: Path) -> None:
     assert h.xorg_options() == [] and h.xorg_log() == []
     assert h.pci_devices() == [] and h.cpu_governors() == {}
     assert h.memory_total_bytes() is None and h.memlock_bytes() is None
-    assert h.kernel_log() == [] and h.xid_events() == []
+    assert h.kernel_log() is None and h.xid_events() is None
     assert h.iommu()["enabled"] is False
 
 
@@ -92,6 +92,9 @@ def test_simulated_tree_reads_like_a_real_one() -> None:
     assert [(e.pci_bus_id, e.xid) for e in h.xid_events()] == [("0000:7c:00.0", 48)]
     assert "nvidia" in h.loaded_modules() and "nouveau" not in h.loaded_modules()
     assert h.process(48213) == ("alice", "python train_resnet.py --gpu 1")
+    assert h.product_name() == "HP Z8 Fury G5 Workstation Desktop PC"
+    assert h.cpu_power_limit_watts() == 350
+    assert h.x_displays() == [] and h.nvidia_settings_query("SLIMode") is None
 
 
 def test_switch_and_iommu_in_the_server_tree() -> None:

@@ -39,11 +39,16 @@ def _root(
         _debug["on"] = True
 
 
+def debug_enabled() -> bool:
+    return _debug["on"]
+
+
 def _register() -> None:
-    from gpud.cli import sim, status, topo
+    from gpud.cli import doctor, sim, status, topo
 
     status.register(app)
     topo.register(app)
+    doctor.register(app)
     sim.register(app)
 
 

@@ -8,6 +8,7 @@ import sys
 from typing import Any, Sequence
 
 from gpud.model import to_jsonable
+from gpud.text import ranges  # noqa: F401  (re-exported for the commands)
 
 
 def is_tty() -> bool:
@@ -44,18 +45,3 @@ def fmt(value: Any, unit: str = "", none: str = "n/a") -> str:
     if isinstance(value, float):
         value = f"{value:.0f}"
     return f"{value}{unit}"
-
-
-def ranges(ids: Sequence[int] | None) -> str:
-    """(0,1,2,3,8,9) → "0-3,8-9"."""
-    if not ids:
-        return "n/a"
-    out, start, prev = [], ids[0], ids[0]
-    for i in list(ids[1:]) + [None]:
-        if i is not None and i == prev + 1:
-            prev = i
-            continue
-        out.append(f"{start}-{prev}" if prev != start else str(start))
-        if i is not None:
-            start = prev = i
-    return ",".join(out)

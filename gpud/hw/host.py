@@ -82,8 +82,11 @@ class Host:
         text = self.read("/proc/modules") or ""
         return frozenset(line.split()[0] for line in text.splitlines() if line.strip())
 
-    def kernel_log(self) -> list[tuple[float | None, str]]:
-        """Kernel messages since boot: ``/dev/kmsg`` records, else ``/var/log/kern.log`` lines."""
+    def kernel_log(self) -> list[tuple[float | None, str]] | None:
+        """Kernel messages since boot: ``/dev/kmsg`` records, else ``/var/log/kern.log`` lines.
+
+        None when no kernel log is readable (``/dev/kmsg`` needs root or kernel.dmesg_restrict=0).
+        """
         kmsg = self.path("/dev/kmsg")
         records: list[str] | None = None
         try:
@@ -102,11 +105,15 @@ class Host:
             text = self.read(rel)
             if text is not None:
                 return [(None, line) for line in text.splitlines()]
-        return []
+        return None
 
-    def xid_events(self) -> list[XidEvent]:
+    def xid_events(self) -> list[XidEvent] | None:
+        """``NVRM: Xid`` lines of the kernel log; None when the log cannot be read."""
+        log = self.kernel_log()
+        if log is None:
+            return None
         events = []
-        for secs, msg in self.kernel_log():
+        for secs, msg in log:
             m = XID_RE.search(msg)
             if m:
                 bus = m.group(1).lower()
@@ -285,6 +292,47 @@ class Host:
         nodes = self.path("/sys/devices/system/node")
         numa = len(list(nodes.glob("node[0-9]*"))) if nodes.is_dir() else 0
         return CpuInfo(model, max(len(sockets), 1 if threads else 0), len(cores) or threads, threads, numa or 1)
+
+    def product_name(self) -> str | None:
+        """The system's product name from DMI (``HP Z8 Fury G5 Workstation Desktop PC``)."""
+        text = self.read("/sys/class/dmi/id/product_name")
+        return text.strip() if text and text.strip() else None
+
+    def cpu_power_limit_watts(self) -> float | None:
+        """Sum of the CPU packages' long-term power limit (RAPL PL1, about the TDP)."""
+        base = self.path("/sys/class/powercap")
+        total = 0.0
+        for d in sorted(base.glob("intel-rapl:[0-9]*")) if base.is_dir() else []:
+            if d.name.count(":") != 1:
+                continue  # sub-zones (core, uncore, dram)
+            uw = self._read_int(f"/sys/class/powercap/{d.name}/constraint_0_power_limit_uw")
+            if uw:
+                total += uw / 1e6
+        return total or None
+
+    def x_displays(self) -> list[str]:
+        """X servers running (sockets in /tmp/.X11-unix)."""
+        d = self.path("/tmp/.X11-unix")
+        return sorted(":" + p.name[1:] for p in d.glob("X*")) if d.is_dir() else []
+
+    def nvidia_settings_query(self, attribute: str) -> str | None:
+        """``nvidia-settings -q ATTR -t`` on a running X server; None when that cannot be asked.
+
+        Only on the real root: a program under another root cannot be run.
+        """
+        import shutil
+        import subprocess
+
+        exe = shutil.which("nvidia-settings")
+        displays = self.x_displays()
+        if str(self.root) != "/" or exe is None or not displays:
+            return None
+        try:
+            r = subprocess.run([exe, "-c", displays[0], "-q", attribute, "-t"], capture_output=True, text=True,
+                               timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else None
 
     # -- processes -----------------------------------------------------------------
     def process(self, pid: int) -> tuple[str | None, str | None]:

@@ -73,6 +73,7 @@ GPU_KEYS: dict[str, tuple[Any, Any]] = {
     "persistence_mode": (bool, True),
     "compute_mode": (("default", "exclusive_process", "prohibited"), "default"),
     "ecc_enabled": (bool, False),
+    "ecc_pending_enabled": (bool, None),  # default: the same as ecc_enabled
     "ecc_volatile_corrected": (int, 0),
     "ecc_volatile_uncorrected": (int, 0),
     "ecc_aggregate_corrected": (int, 0),
@@ -125,6 +126,7 @@ NVLINK_KEYS: dict[str, tuple[Any, Any]] = {"gpus": (list, _ANY), "links": (int, 
 XORG_KEYS: dict[str, tuple[Any, Any]] = {"conf": (str, None), "files": (dict, {}), "log": (str, None)}
 FAULT_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {
     "gpu_lost": {"gpu": (int, _ANY)},
+    "off_bus": {"gpu": (int, _ANY)},
     "unsupported": {"gpu": (int, None), "call": (str, _ANY)},
     "no_permission": {"gpu": (int, None), "call": (str, _ANY)},
     "link_degraded": {"gpu": (int, _ANY), "width": (int, None), "generation": (int, None)},

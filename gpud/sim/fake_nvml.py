@@ -108,17 +108,23 @@ class FakeNvml:
         major, _, minor = str(self.sim.desc.machine["cuda_driver_version"]).partition(".")
         return int(major) * 1000 + int(minor or 0) * 10
 
+    def _visible(self) -> list[int]:
+        """Description indices NVML enumerates: a GPU off the bus stays on PCI but not here."""
+        gone = {p["gpu"] for p in self.sim.faults_of("off_bus")}
+        return [i for i in range(len(self.sim.desc.gpus)) if i not in gone]
+
     @nvml_function
     def nvmlDeviceGetCount(self) -> int:
-        return len(self.sim.desc.gpus)
+        return len(self._visible())
 
     @nvml_function
     def nvmlDeviceGetHandleByIndex(self, index: int) -> Handle:
-        if not 0 <= index < len(self.sim.desc.gpus):
+        visible = self._visible()
+        if not 0 <= index < len(visible):
             _raise(E.NVML_ERROR_INVALID_ARGUMENT)
-        if self.sim.lost(index):
+        if self.sim.lost(visible[index]):
             _raise(E.NVML_ERROR_GPU_IS_LOST)
-        return Handle(index)
+        return Handle(visible[index])
 
     # -- identity ---------------------------------------------------------------------
     @nvml_function
@@ -465,8 +471,8 @@ class FakeNvml:
         g = self._gpu(h)
         if not g["ecc_supported"]:
             _raise(E.NVML_ERROR_NOT_SUPPORTED)
-        on = 1 if g["ecc_enabled"] else 0
-        return [on, on]
+        pending = g["ecc_enabled"] if g["ecc_pending_enabled"] is None else g["ecc_pending_enabled"]
+        return [1 if g["ecc_enabled"] else 0, 1 if pending else 0]
 
     @nvml_function
     def nvmlDeviceGetTotalEccErrors(self, h: Handle, error_type: int, counter_type: int) -> int:

@@ -111,6 +111,10 @@ def _proc(root: Path, m: dict[str, Any], gpus: tuple[dict[str, Any], ...]) -> No
                          f"physical id\t: {core // cores}\ncore id\t\t: {core % cores}\ncpu cores\t: {cores}\n")
             cpu += 1
     _write(root, "/proc/cpuinfo", "\n".join(lines) + "\n")
+    _write(root, "/sys/class/dmi/id/product_name", m["vendor_model"] + "\n")
+    for s in range(m["sockets"]):
+        uw = int(m["cpu_tdp_watts"] / m["sockets"] * 1e6)
+        _write(root, f"/sys/class/powercap/intel-rapl:{s}/constraint_0_power_limit_uw", f"{uw}\n")
 
 
 def _cpus(root: Path, m: dict[str, Any]) -> None:

@@ -1,0 +1,113 @@
+"""``gpud doctor``: pre-flight checks, grouped by area, remedies under each warn and fail."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated, List
+
+import typer
+
+from gpud import __version__
+from gpud.cli.common import Json, Simulate, machine
+from gpud.cli.output import emit_json, is_tty
+from gpud.model import CheckResult
+from gpud.text import ranges
+
+MARK = {"pass": ("ok", "32"), "warn": ("WARN", "33"), "fail": ("FAIL", "31"), "skip": ("skip", "2")}
+
+
+def _color(text: str, code: str) -> str:
+    if not is_tty() or os.environ.get("NO_COLOR"):
+        return text
+    return f"\033[{code}m{text}\033[0m"
+
+
+def _collapse(rows: list[CheckResult]) -> list[tuple[CheckResult, list[int]]]:
+    """Consecutive per-GPU results that say the same thing become one line: GPU0-3."""
+    out: list[tuple[CheckResult, list[int]]] = []
+    for r in rows:
+        prev = out[-1][0] if out else None
+        if (prev is not None and r.gpu is not None and prev.gpu is not None and out[-1][1]
+                and (prev.id, prev.status, prev.summary, prev.detail, prev.remedy)
+                == (r.id, r.status, r.summary, r.detail, r.remedy)):
+            out[-1][1].append(r.gpu)
+        else:
+            out.append((r, [r.gpu] if r.gpu is not None else []))
+    return out
+
+
+def render(report, verbose: bool = False) -> None:  # type: ignore[no-untyped-def]
+    from gpud.doctor import AREAS, area_of
+
+    h = report.host
+    head = f"gpud doctor — {h['name']}"
+    if "driver_version" in h:
+        head += f" (driver {h['driver_version']}, CUDA {h['cuda_driver_version']}, {h['gpus']} GPU(s))"
+    out = [head]
+    width = max((len(r.id) for r in report.checks), default=10)
+    for area in AREAS:
+        rows = [r for r in report.checks if area_of(r.id) == area]
+        if not rows:
+            continue
+        out.append("")
+        out.append(_color(area, "1"))
+        for r, gpus in _collapse(rows):
+            word, code = MARK[r.status]
+            gpu = f"GPU{ranges(gpus)}" if gpus else ""
+            out.append(f"  {_color(f'[{word:>4}]', code)} {r.id:<{width}} {gpu:<7} {r.summary}")
+            if r.status in ("warn", "fail") or verbose:
+                for line in r.detail.splitlines() if r.detail and (verbose or r.status == "fail") else []:
+                    out.append(f"{'':>{width + 18}}{line}")
+                if r.remedy and r.status != "pass":
+                    out.append(f"{'':>{width + 18}}→ {r.remedy}")
+    n = report.counts
+    out += ["", f"{n['pass']} passed, {n['warn']} warnings, {n['fail']} failed, {n['skip']} skipped"]
+    sys.stdout.write("\n".join(out) + "\n")
+
+
+def doctor(
+    simulate: Simulate = None,
+    json: Json = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Warnings fail too (exit 1).")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only failures (to stderr); "
+                                                              "for job scripts: `gpud doctor -q || exit 1`.")] = False,
+    only: Annotated[List[str] | None, typer.Option("--check", metavar="GLOB",
+                                                      help="Run only checks matching (repeatable).")] = None,
+    skip: Annotated[List[str] | None, typer.Option("--skip", metavar="GLOB",
+                                                      help="Leave out checks matching (repeatable).")] = None,
+    expect_gpus: Annotated[int | None, typer.Option("--expect-gpus", min=0, help="GPUs this machine must "
+                                                                                    "have.")] = None,
+    config: Annotated[str | None, typer.Option("--config", metavar="PATH", help="gpud.toml (default "
+                                                  "/etc/gpud/gpud.toml if present).")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Details of every check.")] = False,
+) -> None:
+    """Pre-flight checks: driver, SLI, PCIe/NVLink topology, P2P, configuration, health, host, environment.
+
+    Exit 0 when nothing fails (warnings allowed unless --strict), 1 when a check fails, 2 on bad
+    usage or an invalid configuration file.
+    """
+    from gpud import config as cfg
+    from gpud.cli import debug_enabled
+    from gpud.doctor import diagnose
+
+    conf = cfg.load(config)  # an invalid file stops here: exit 2, nothing else runs
+    report = diagnose(machine(simulate), conf, only=only, skip=skip, expect_gpus=expect_gpus,
+                      debug=debug_enabled())
+    code = report.exit_code(strict)
+    if json:
+        emit_json({"gpud_version": __version__, "host": report.host, "checks": [
+            {"id": r.id, "status": r.status, "gpu": r.gpu, "summary": r.summary, "detail": r.detail,
+             "remedy": r.remedy} for r in report.checks], "counts": report.counts})
+    elif quiet:
+        for r in report.checks:
+            if r.status == "fail" or (strict and r.status == "warn"):
+                gpu = f" GPU{r.gpu}" if r.gpu is not None else ""
+                print(f"gpud doctor: {r.status}: {r.id}{gpu}: {r.summary}", file=sys.stderr)
+    else:
+        render(report, verbose)
+    raise typer.Exit(code)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("doctor")(doctor)

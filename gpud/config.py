@@ -1,0 +1,88 @@
+"""``gpud.toml``: what the lab expects of a workstation, and doctor's thresholds.
+
+Read from ``--config PATH``, ``GPUD_CONFIG``, or ``/etc/gpud/gpud.toml`` when present.
+Every key is documented in ``docs/configuration.md``; an invalid file is rejected as a whole
+(``file: key: reason``, exit 2) before anything else runs.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpud.errors import InvalidInput
+from gpud.paths import CONFIG_DIR
+from gpud.schema import Spec, load_toml, take
+
+DEFAULT_PATH = CONFIG_DIR / "gpud.toml"
+NUM = (int, float)
+
+MACHINE: Spec = {
+    "expect_gpus": (int, None),
+    "nvlink_pairs": (list, None),
+    "psu_watts": (NUM, None),
+    "cpu_tdp_watts": (NUM, None),
+}
+DOCTOR: Spec = {
+    "python": (str, None),
+    "skip": (list, []),
+    "thermal_margin_warn_celsius": (NUM, 10),
+    "thermal_margin_fail_celsius": (NUM, 3),
+    "idle_temperature_warn_celsius": (NUM, 60),
+    "load_utilization_percent": (int, 50),
+    "fan_check_min_celsius": (NUM, 60),
+    "fan_lag_percent": (int, 25),
+    "shm_min_gib_per_gpu": (NUM, 1),
+    "memlock_min_mib": (int, 64),
+    "psu_load_warn_ratio": (NUM, 0.9),
+    "pcie_replay_warn": (int, 100),
+}
+SECTIONS: dict[str, Spec] = {"machine": MACHINE, "doctor": DOCTOR}
+
+
+@dataclass(frozen=True)
+class Config:
+    path: str | None = None
+    machine: dict[str, Any] = field(default_factory=lambda: take({}, MACHINE, "", "machine"))
+    doctor: dict[str, Any] = field(default_factory=lambda: take({}, DOCTOR, "", "doctor"))
+
+
+def parse(data: dict[str, Any], file: str) -> Config:
+    for key in data:
+        if key not in SECTIONS:
+            raise InvalidInput(file, key, f"unknown section (known: {', '.join(SECTIONS)})")
+    machine = take(data.get("machine", {}), MACHINE, file, "machine")
+    doctor = take(data.get("doctor", {}), DOCTOR, file, "doctor")
+    if machine["expect_gpus"] is not None and not 0 <= machine["expect_gpus"] <= 64:
+        raise InvalidInput(file, "machine.expect_gpus", "must be 0..64")
+    pairs = machine["nvlink_pairs"]
+    if pairs is not None:
+        for k, p in enumerate(pairs):
+            if (not isinstance(p, list) or len(p) != 2 or not all(isinstance(x, int) and not isinstance(x, bool)
+                                                                  and x >= 0 for x in p) or p[0] == p[1]):
+                raise InvalidInput(file, f"machine.nvlink_pairs[{k}]", f"must be two different GPU indices, not {p!r}")
+    for key in ("psu_watts", "cpu_tdp_watts"):
+        if machine[key] is not None and machine[key] <= 0:
+            raise InvalidInput(file, f"machine.{key}", "must be positive")
+    if not all(isinstance(s, str) for s in doctor["skip"]):
+        raise InvalidInput(file, "doctor.skip", "must be a list of check ids or globs")
+    if not 0 < doctor["psu_load_warn_ratio"] <= 1:
+        raise InvalidInput(file, "doctor.psu_load_warn_ratio", "must be in (0, 1]")
+    if not 0 <= doctor["thermal_margin_fail_celsius"] < doctor["thermal_margin_warn_celsius"]:
+        raise InvalidInput(file, "doctor.thermal_margin_fail_celsius",
+                           "must be at least 0 and below thermal_margin_warn_celsius")
+    if not 0 < doctor["load_utilization_percent"] <= 100:
+        raise InvalidInput(file, "doctor.load_utilization_percent", "must be 1..100")
+    return Config(file, machine, doctor)
+
+
+def load(path: str | None = None) -> Config:
+    """The configuration: an explicit path must exist; the default one may be absent."""
+    explicit = path or os.environ.get("GPUD_CONFIG")
+    p = Path(explicit) if explicit else DEFAULT_PATH
+    if not explicit and not p.is_file():
+        return Config()
+    data, _ = load_toml(p, str(p))
+    return parse(data, str(p))

@@ -1,0 +1,74 @@
+"""``gpud doctor``: pre-flight checks that find the real problem and say how to fix it.
+
+Each check has a stable dotted id, a status (pass/warn/fail/skip), a one-line summary and a
+remedy a person can act on. All checks read one snapshot and the host's files once.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections import Counter
+from dataclasses import dataclass
+
+from gpud.config import Config
+from gpud.doctor import checks_env, checks_gpu, checks_host, checks_pcie, checks_system  # noqa: F401 (register)
+from gpud.doctor.registry import AREAS, CHECKS, Check, Context, run, selected
+from gpud.errors import DriverNotLoaded, NvmlError
+from gpud.hw.machine import Machine
+from gpud.model import CheckResult
+
+__all__ = ["AREAS", "CHECKS", "Report", "area_of", "diagnose", "daemon_running"]
+
+
+@dataclass(frozen=True)
+class Report:
+    host: dict[str, object]
+    checks: tuple[CheckResult, ...]
+
+    @property
+    def counts(self) -> dict[str, int]:
+        c = Counter(r.status for r in self.checks)
+        return {k: c.get(k, 0) for k in ("pass", "warn", "fail", "skip")}
+
+    def exit_code(self, strict: bool = False) -> int:
+        n = self.counts
+        return 1 if n["fail"] or (strict and n["warn"]) else 0
+
+
+def area_of(check_id: str) -> str:
+    return next((c.area for c in CHECKS if c.id == check_id), AREAS[-1])
+
+
+def daemon_running(path: str | None = None) -> bool:
+    """Whether a gpud daemon answers on its control socket."""
+    sock_path = path or os.environ.get("GPUD_SOCKET", "/run/gpud/gpud.sock")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(0.2)
+    try:
+        s.connect(sock_path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def diagnose(machine: Machine, config: Config, *, only: list[str] | None = None, skip: list[str] | None = None,
+             expect_gpus: int | None = None, env: dict[str, str] | None = None, debug: bool = False) -> Report:
+    """Read the machine once and run the selected checks."""
+    ctx = Context(machine=machine, config=config, env=dict(os.environ if env is None else env),
+                  expect_gpus=expect_gpus, daemon_running=daemon_running())
+    try:
+        ctx.snapshot = machine.snapshot()
+    except (DriverNotLoaded, NvmlError) as err:
+        ctx.error = err
+    checks: list[Check] = selected(CHECKS, only or [], [*(skip or []), *config.doctor["skip"]])
+    results = run(ctx, checks, debug=debug)
+    host: dict[str, object] = {"name": machine.label}
+    if ctx.snapshot is not None:
+        v = ctx.snapshot.versions
+        host |= {"driver_version": v.driver, "cuda_driver_version": v.cuda_driver, "gpus": len(ctx.snapshot.samples)}
+    cpu = machine.host.cpu_info()
+    host |= {"cpu": cpu.model, "sockets": cpu.sockets, "memory_bytes": machine.host.memory_total_bytes()}
+    return Report(host, tuple(results))

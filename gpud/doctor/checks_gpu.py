@@ -1,0 +1,265 @@
+"""Per-GPU configuration and health: persistence, power limit, compute mode, ECC, Xids, clock
+events, temperature, fans, PCIe replays, processes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from gpud.doctor.registry import Context, check, fail, ok, skip, warn
+from gpud.doctor.xid import describe
+from gpud.model import CheckResult
+
+HW_EVENTS = {"hw_slowdown": "HW slowdown", "hw_thermal_slowdown": "HW thermal slowdown",
+             "hw_power_brake_slowdown": "HW power brake"}
+
+
+@check("config.persistence_mode", "Configuration")
+def persistence(ctx: Context) -> Iterator[CheckResult]:
+    for s in ctx.samples:
+        if s.persistence_mode is None:
+            yield skip("config.persistence_mode", "persistence mode not reported", gpu=s.index)
+        elif s.persistence_mode:
+            yield ok("config.persistence_mode", "persistence mode on", gpu=s.index)
+        else:
+            yield warn("config.persistence_mode", "persistence mode off: the driver unloads between jobs "
+                       "(slow start, settings lost)", gpu=s.index,
+                       remedy="`sudo systemctl enable --now nvidia-persistenced` (or `sudo nvidia-smi -pm 1`, "
+                              "or a gpud profile); confirm with "
+                              "`nvidia-smi --query-gpu=persistence_mode --format=csv`")
+
+
+@check("config.power_limit", "Configuration")
+def power_limit(ctx: Context) -> Iterator[CheckResult]:
+    for s in ctx.samples:
+        g = ctx.infos[s.index]
+        limit = s.power_management_limit_watts or s.power_limit_watts
+        default = g.power_default_limit_watts
+        if limit is None or default is None:
+            yield skip("config.power_limit", "power limit not reported", gpu=s.index)
+            continue
+        asked = ctx.profile_settings.get(s.index, {}).get("power_limit_watts")
+        if limit < default - 1 and (asked is None or abs(asked - limit) > 1):
+            yield warn("config.power_limit", f"power limit {limit:.0f} W, below the default {default:.0f} W, and no "
+                       "active gpud profile asks for it", gpu=s.index,
+                       remedy=f"`sudo nvidia-smi -i {s.index} -pl {default:.0f}` (or apply a gpud profile); "
+                              "confirm with `nvidia-smi -q -d POWER`")
+        elif s.power_limit_watts is not None and s.power_limit_watts < limit - 1:
+            yield warn("config.power_limit", f"enforced limit {s.power_limit_watts:.0f} W below the set "
+                       f"{limit:.0f} W: another limiter is active", gpu=s.index,
+                       remedy="check `nvidia-smi -q -d POWER` (Enforced vs Requested) and the supply")
+        else:
+            note = " (asked by the active profile)" if asked is not None and limit < default - 1 else ""
+            yield ok("config.power_limit", f"power limit {limit:.0f} W (default {default:.0f} W){note}", gpu=s.index)
+
+
+@check("config.compute_mode", "Configuration")
+def compute_mode(ctx: Context) -> Iterator[CheckResult]:
+    for s in ctx.samples:
+        if s.compute_mode is None:
+            yield skip("config.compute_mode", "compute mode not reported", gpu=s.index)
+        elif s.compute_mode != "default":
+            yield warn("config.compute_mode", f"compute mode {s.compute_mode}: DDP and other multi-process jobs "
+                       "may fail to open the GPU", gpu=s.index,
+                       remedy=f"`sudo nvidia-smi -i {s.index} -c DEFAULT`")
+        else:
+            yield ok("config.compute_mode", "compute mode Default", gpu=s.index)
+
+
+@check("config.ecc", "Configuration")
+def ecc_config(ctx: Context) -> Iterator[CheckResult]:
+    pending = [s.index for s in ctx.samples if s.ecc_enabled is not None and s.ecc_pending is not None
+               and s.ecc_pending != s.ecc_enabled]
+    if pending:
+        yield warn("config.ecc", f"ECC mode change pending on GPU {', '.join(map(str, pending))}: applies at the "
+                   "next reboot or GPU reset", remedy="reboot (or `sudo nvidia-smi -r -i N`)")
+    modes: dict[str, set[bool]] = {}
+    for s in ctx.samples:
+        if s.ecc_enabled is not None:
+            modes.setdefault(ctx.infos[s.index].name, set()).add(s.ecc_enabled)
+    mixed = [name for name, m in modes.items() if len(m) > 1]
+    if mixed:
+        yield warn("config.ecc", f"ECC on for some {mixed[0]} GPUs and off for others: memory and speed differ "
+                   "between ranks", remedy="`sudo nvidia-smi -e 0|1` on all, then reboot")
+    if not pending and not mixed:
+        if not modes:
+            yield skip("config.ecc", "ECC not supported on these GPUs")
+        else:
+            state = {"on" if True in m else "off" for m in modes.values()}
+            yield ok("config.ecc", f"ECC {'/'.join(sorted(state))} on all GPUs, nothing pending")
+
+
+@check("health.xid", "Health", needs_nvml=False)
+def xid(ctx: Context) -> Iterator[CheckResult]:
+    events = ctx.host.xid_events()
+    if events is None:
+        yield skip("health.xid", "kernel log not readable",
+                   remedy="run as root, or `sudo sysctl kernel.dmesg_restrict=0`")
+        return
+    if not events:
+        yield ok("health.xid", "no Xid in the kernel log since boot")
+        return
+    bus = ctx.by_bus()
+    by_gpu: dict[int | None, list] = {}
+    for e in events:
+        by_gpu.setdefault(bus.get(e.pci_bus_id), []).append(e)
+    for gpu, evs in sorted(by_gpu.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
+        kinds = {describe(e.xid).kind for e in evs}
+        worst = max(evs, key=lambda e: (describe(e.xid).kind == "hardware", e.seconds_since_boot or 0))
+        d = describe(worst.xid)
+        counts: dict[int, int] = {}
+        for e in evs:
+            counts[e.xid] = counts.get(e.xid, 0) + 1
+        listed = ", ".join(f"Xid {x}" + (f" ×{n}" if n > 1 else "") for x, n in sorted(counts.items()))
+        where = "" if gpu is not None else f" (PCI {worst.pci_bus_id}, not an NVML GPU)"
+        detail = "\n".join(f"Xid {e.xid} at {e.seconds_since_boot or 0:.0f} s after boot: {describe(e.xid).meaning}"
+                           f" — {e.text}" for e in evs[-10:])
+        make = fail if "hardware" in kinds else warn
+        yield make("health.xid", f"{listed} since boot{where}: {d.meaning}", gpu=gpu, detail=detail,
+                   remedy=f"{d.action.replace('-i N', f'-i {gpu}' if gpu is not None else '-i N')}; read them with "
+                          "`sudo dmesg -T | grep -i xid`")
+
+
+@check("health.ecc", "Health")
+def ecc_health(ctx: Context) -> Iterator[CheckResult]:
+    for s in ctx.samples:
+        problems = []
+        if s.ecc_errors and (s.ecc_errors.volatile_uncorrected or 0) > 0:
+            problems.append(f"{s.ecc_errors.volatile_uncorrected} double-bit (uncorrectable) ECC error(s) since boot")
+        retired = (s.retired_pages_single_bit or 0) + (s.retired_pages_double_bit or 0)
+        if retired >= 63:
+            problems.append(f"{retired} retired pages (limit 63)")
+        if s.retired_pages_pending:
+            problems.append("page retirement pending")
+        if s.remapped_rows_failure:
+            problems.append("row remapping failed")
+        if s.remapped_rows_pending:
+            problems.append("row remapping pending")
+        known = [s.ecc_enabled, s.retired_pages_pending, s.remapped_rows_pending]
+        if problems:
+            yield fail("health.ecc", "; ".join(problems), gpu=s.index,
+                       remedy=f"drain the GPU and reset it (`sudo nvidia-smi -r -i {s.index}`) or reboot; a failed "
+                              "remapping or retired pages at the limit mean RMA; confirm with "
+                              f"`nvidia-smi -i {s.index} -q -d ECC,ROW_REMAPPER,PAGE_RETIREMENT`")
+        elif all(k is None for k in known):
+            yield skip("health.ecc", "no ECC or memory-repair data on this GPU", gpu=s.index)
+        else:
+            ecc = {True: "ECC on, no uncorrectable error", False: "ECC off", None: "ECC n/a"}[s.ecc_enabled]
+            yield ok("health.ecc", f"{ecc}; nothing pending", gpu=s.index)
+
+
+@check("health.clock_events", "Health")
+def clock_events(ctx: Context) -> Iterator[CheckResult]:
+    for s in ctx.samples:
+        if s.clock_events is None:
+            yield skip("health.clock_events", "clock events not reported", gpu=s.index)
+            continue
+        ev = set(s.clock_events)
+        hw = [label for key, label in HW_EVENTS.items() if key in ev]
+        if hw:
+            remedy = ("the board is throttling: check cooling (fans, airflow, dust, health.thermal) and the power "
+                      "cables and supply" + (" (power brake: the supply or a cable asserted it)"
+                                             if "hw_power_brake_slowdown" in ev else "")
+                      + f"; confirm with `nvidia-smi -i {s.index} -q -d PERFORMANCE`")
+            yield fail("health.clock_events", f"{', '.join(hw)} active: clocks cut", gpu=s.index, remedy=remedy)
+        elif "sw_thermal_slowdown" in ev:
+            yield warn("health.clock_events", "SW thermal slowdown active: the driver lowers clocks to stay cool",
+                       gpu=s.index, remedy="improve cooling or a steeper fan curve (`gpud apply training`)")
+        elif "sw_power_cap" in ev and ctx.loaded(s):
+            yield ok("health.clock_events", "at its power limit under load (SW power cap): expected", gpu=s.index)
+        elif "sw_power_cap" in ev:
+            yield warn("health.clock_events", "SW power cap active at low load", gpu=s.index,
+                       remedy="check the power limit (config.power_limit)")
+        else:
+            yield ok("health.clock_events", "no throttling" + (" (idle)" if "gpu_idle" in ev else ""), gpu=s.index)
+
+
+@check("health.thermal", "Health")
+def thermal(ctx: Context) -> Iterator[CheckResult]:
+    warn_margin = ctx.threshold("thermal_margin_warn_celsius")
+    fail_margin = ctx.threshold("thermal_margin_fail_celsius")
+    idle_max = ctx.threshold("idle_temperature_warn_celsius")
+    for s in ctx.samples:
+        g = ctx.infos[s.index]
+        t, slow = s.temperature_celsius, g.temperature_slowdown_celsius
+        if t is None:
+            yield skip("health.thermal", "temperature not reported", gpu=s.index)
+            continue
+        remedy = ("improve airflow (clear intakes, dust, spacing between cards), check the fans (health.fans), or "
+                  "apply a steeper fan curve; confirm with `nvidia-smi -q -d TEMPERATURE`")
+        margin = slow - t if slow is not None else None
+        if margin is not None and margin < fail_margin:
+            yield fail("health.thermal", f"{t} °C, {margin} °C below slowdown ({slow} °C)", gpu=s.index, remedy=remedy)
+        elif margin is not None and margin < warn_margin:
+            yield warn("health.thermal", f"{t} °C, only {margin} °C below slowdown ({slow} °C)", gpu=s.index,
+                       remedy=remedy)
+        elif ctx.idle(s) and t > idle_max:
+            yield warn("health.thermal", f"{t} °C at idle (above {idle_max} °C)", gpu=s.index, remedy=remedy)
+        else:
+            rest = f", {margin} °C below slowdown" if margin is not None else ""
+            yield ok("health.thermal", f"{t} °C{rest}", gpu=s.index)
+
+
+@check("health.fans", "Health")
+def fans(ctx: Context) -> Iterator[CheckResult]:
+    hot = ctx.threshold("fan_check_min_celsius")
+    lag = ctx.threshold("fan_lag_percent")
+    for s in ctx.samples:
+        if not s.fans:
+            yield skip("health.fans", "no fan reported (passive card cooled by the chassis)", gpu=s.index)
+            continue
+        t = s.temperature_celsius
+        bad, manual = [], []
+        for f in s.fans:
+            if f.speed_percent is None:
+                continue
+            if t is not None and t >= hot and (f.speed_percent == 0 or
+                                               (f.target_percent is not None and
+                                                f.target_percent - f.speed_percent >= lag)):
+                target = f" (target {f.target_percent} %)" if f.target_percent is not None else ""
+                bad.append(f"fan {f.fan} at {f.speed_percent} %{target} at {t} °C")
+            if f.policy == "manual" and not ctx.daemon_running:
+                manual.append(f"fan {f.fan} at {f.speed_percent} %")
+        if bad:
+            yield fail("health.fans", "; ".join(bad), gpu=s.index,
+                       remedy="the fan is stalled or blocked: check it and its cable; until then keep the GPU "
+                              "idle; confirm with `nvidia-smi --query-gpu=fan.speed,temperature.gpu --format=csv`")
+        elif manual:
+            yield warn("health.fans", f"{', '.join(manual)} in manual mode while no gpud daemon runs", gpu=s.index,
+                       remedy="`gpud restore --fans-only` hands the fans back to the driver's automatic policy")
+        else:
+            speeds = "/".join(f"{f.speed_percent} %" for f in s.fans if f.speed_percent is not None)
+            yield ok("health.fans", f"fan {speeds or 'n/a'} at {t} °C", gpu=s.index)
+
+
+@check("health.pcie_replay", "Health")
+def pcie_replay(ctx: Context) -> Iterator[CheckResult]:
+    limit = ctx.threshold("pcie_replay_warn")
+    for s in ctx.samples:
+        if s.pcie_replay_errors is None:
+            yield skip("health.pcie_replay", "PCIe replay counter not reported", gpu=s.index)
+        elif s.pcie_replay_errors > limit:
+            yield warn("health.pcie_replay", f"{s.pcie_replay_errors} PCIe replays since boot: a marginal link",
+                       gpu=s.index, remedy="reseat the card and riser; check the slot; watch "
+                       f"`nvidia-smi -i {s.index} -q -d PCIE` (Replays)")
+        else:
+            yield ok("health.pcie_replay", f"{s.pcie_replay_errors} PCIe replays", gpu=s.index)
+
+
+@check("gpu.processes", "Health")
+def processes(ctx: Context) -> Iterator[CheckResult]:
+    if all(s.processes is None for s in ctx.samples):
+        yield skip("gpu.processes", "process list not reported")
+        return
+    rows = []
+    for s in ctx.samples:
+        for p in s.processes or ():
+            mem = f"{p.used_memory_bytes / 2**30:.1f} GiB" if p.used_memory_bytes is not None else "? GiB"
+            rows.append(f"GPU{s.index}: pid {p.pid} {p.user or '?'} {mem} {p.command or ''}".rstrip())
+    if rows:
+        gpus = sorted({int(r[3:r.index(':')]) for r in rows})
+        yield warn("gpu.processes", f"{len(rows)} process(es) on GPU {', '.join(map(str, gpus))}: {rows[0]}",
+                   detail="\n".join(rows),
+                   remedy="wait for them or stop them before a benchmark or a job that needs whole GPUs; see "
+                          "`nvidia-smi --query-compute-apps=pid,used_memory --format=csv`")
+    else:
+        yield ok("gpu.processes", "no compute process on the GPUs")

@@ -1,0 +1,105 @@
+"""The host around the GPUs: CPU governor, /dev/shm, memlock, RAM, power supply."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterator
+
+from gpud.doctor.registry import Context, check, ok, skip, warn
+from gpud.model import CheckResult
+
+# Supplies of workstations that ship with one rating only (DMI product name prefix → watts).
+KNOWN_SUPPLIES = {
+    "HP Z8 Fury G5": 2250,
+}
+
+
+def _gpu_count(ctx: Context) -> int:
+    return len(ctx.snapshot.samples) if ctx.snapshot else len(ctx.host.nvidia_gpus())
+
+
+@check("host.cpu_governor", "Host", needs_nvml=False)
+def cpu_governor(ctx: Context) -> Iterator[CheckResult]:
+    govs = ctx.host.cpu_governors()
+    if not govs:
+        yield skip("host.cpu_governor", "no cpufreq governor (a VM, or no frequency driver)")
+        return
+    counts = Counter(govs.values())
+    others = {g: n for g, n in counts.items() if g != "performance"}
+    if others:
+        desc = ", ".join(f"{n}/{len(govs)} CPUs on {g}" for g, n in sorted(others.items()))
+        yield warn("host.cpu_governor", f"{desc}: data loading and kernel launches run slower",
+                   remedy="`sudo cpupower frequency-set -g performance` (persist it with a gpud profile's "
+                          "[host] cpu_governor); confirm with `cat /sys/devices/system/cpu/cpu*/cpufreq/"
+                          "scaling_governor | sort | uniq -c`")
+    else:
+        yield ok("host.cpu_governor", f"all {len(govs)} CPUs on performance")
+
+
+@check("host.shm", "Host", needs_nvml=False)
+def shm(ctx: Context) -> Iterator[CheckResult]:
+    size = ctx.host.shm_bytes()
+    n = _gpu_count(ctx)
+    want = ctx.threshold("shm_min_gib_per_gpu") * n * 2**30
+    if size is None:
+        yield skip("host.shm", "/dev/shm not found")
+    elif size < want:
+        yield warn("host.shm", f"/dev/shm is {size / 2**20:.0f} MiB for {n} GPU(s) (want ≥ {want / 2**30:.0f} GiB): "
+                   "DataLoader workers and NCCL's shared-memory transport fail or fall back",
+                   remedy="`sudo mount -o remount,size=32G /dev/shm` (and in /etc/fstab); in containers "
+                          "`--shm-size=32g` or `--ipc=host`; confirm with `df -h /dev/shm`")
+    else:
+        yield ok("host.shm", f"/dev/shm is {size / 2**30:.0f} GiB")
+
+
+@check("host.memlock", "Host", needs_nvml=False)
+def memlock(ctx: Context) -> Iterator[CheckResult]:
+    limit = ctx.host.memlock_bytes()
+    want = ctx.threshold("memlock_min_mib") * 2**20
+    if limit is None:
+        yield skip("host.memlock", "locked-memory limit not readable")
+    elif limit < want:
+        yield warn("host.memlock", f"locked-memory limit {limit / 2**20:.0f} MiB: pinned buffers and NCCL's "
+                   "network transports need more", remedy="`ulimit -l unlimited` for the job (limits.conf: "
+                   "`* - memlock unlimited`; systemd: LimitMEMLOCK=infinity); confirm with `ulimit -l`")
+    else:
+        yield ok("host.memlock", "locked-memory limit " + ("unlimited" if math.isinf(limit)
+                                                           else f"{limit / 2**30:.1f} GiB"))
+
+
+@check("host.memory", "Host")
+def memory(ctx: Context) -> Iterator[CheckResult]:
+    ram = ctx.host.memory_total_bytes()
+    vram = sum(g.memory_total_bytes or 0 for g in ctx.infos.values())
+    if ram is None:
+        yield skip("host.memory", "/proc/meminfo not readable")
+    elif ram < vram:
+        yield warn("host.memory", f"{ram / 2**30:.0f} GiB of RAM for {vram / 2**30:.0f} GiB of GPU memory: "
+                   "checkpoints, pinned buffers and data loading will swap",
+                   remedy="add RAM (at least the GPUs' total memory), or use fewer DataLoader workers")
+    else:
+        yield ok("host.memory", f"{ram / 2**30:.0f} GiB of RAM for {vram / 2**30:.0f} GiB of GPU memory")
+
+
+@check("host.psu", "Host")
+def psu(ctx: Context) -> Iterator[CheckResult]:
+    product = ctx.host.product_name() or ""
+    supply = ctx.config.machine["psu_watts"]
+    if supply is None:
+        supply = next((w for prefix, w in KNOWN_SUPPLIES.items() if product.startswith(prefix)), None)
+    cpu = ctx.config.machine["cpu_tdp_watts"] or ctx.host.cpu_power_limit_watts()
+    if supply is None or cpu is None:
+        missing = " and ".join(k for k, v in (("psu_watts", supply), ("cpu_tdp_watts", cpu)) if v is None)
+        yield skip("host.psu", f"power budget unknown ({missing})",
+                   remedy=f"set [machine] {missing} in /etc/gpud/gpud.toml")
+        return
+    gpus = sum(s.power_limit_watts or 0 for s in ctx.samples)
+    total = gpus + cpu
+    ratio = ctx.threshold("psu_load_warn_ratio")
+    text = f"GPU limits {gpus:.0f} W + CPU {cpu:.0f} W = {total:.0f} W of a {supply:.0f} W supply"
+    if total > ratio * supply:
+        yield warn("host.psu", f"{text} (over {ratio:.0%}): a full load can trip the supply or brake the GPUs",
+                   remedy="lower the GPUs' power limits (`gpud apply quiet`, or `sudo nvidia-smi -pl W`)")
+    else:
+        yield ok("host.psu", f"{text} ({total / supply:.0%})")

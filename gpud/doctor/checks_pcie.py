@@ -1,0 +1,191 @@
+"""PCIe and topology: link width and generation, ACS, IOMMU, P2P, NVLink, NUMA."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from gpud.doctor.registry import Context, check, fail, ok, skip, warn
+from gpud.model import ACS_BITS, CheckResult
+from gpud.text import ranges
+
+ACS_P2P_BITS = 0x01 | 0x04 | 0x08  # SrcValid, ReqRedir, CmpltRedir: what breaks or detours P2P
+
+
+def _lspci(ctx: Context, gpu: int) -> str:
+    bus = ctx.infos[gpu].pci_bus_id
+    return f"`nvidia-smi -i {gpu} -q -d PCIE`, `sudo lspci -vv -s {bus} | grep -E 'LnkCap|LnkSta'`"
+
+
+@check("pcie.link_width", "PCIe and topology")
+def link_width(ctx: Context) -> Iterator[CheckResult]:
+    for s in ctx.samples:
+        g = ctx.infos[s.index]
+        if s.pcie_width is None or g.pcie_max_width is None:
+            yield skip("pcie.link_width", "link width not reported", gpu=s.index)
+        elif s.pcie_width < g.pcie_max_width:
+            yield fail("pcie.link_width", f"link x{s.pcie_width}, max x{g.pcie_max_width}", gpu=s.index,
+                       detail="a narrower link halves host↔GPU and P2P-over-PCIe bandwidth",
+                       remedy="power off; reseat the card (and its riser) in a full x16 slot, check the slot's "
+                              f"BIOS bifurcation; confirm with {_lspci(ctx, s.index)}")
+        else:
+            yield ok("pcie.link_width", f"x{s.pcie_width} of x{g.pcie_max_width}", gpu=s.index)
+
+
+@check("pcie.link_gen", "PCIe and topology")
+def link_gen(ctx: Context) -> Iterator[CheckResult]:
+    for s in ctx.samples:
+        g = ctx.infos[s.index]
+        if s.pcie_generation is None or g.pcie_max_generation is None:
+            yield skip("pcie.link_gen", "link generation not reported", gpu=s.index)
+        elif s.pcie_generation >= g.pcie_max_generation:
+            yield ok("pcie.link_gen", f"Gen{s.pcie_generation} of Gen{g.pcie_max_generation}", gpu=s.index)
+        elif ctx.loaded(s):
+            yield fail("pcie.link_gen", f"Gen{s.pcie_generation} under load ({s.utilization_gpu_percent} %), "
+                       f"max Gen{g.pcie_max_generation}", gpu=s.index,
+                       remedy="set the slot to Gen4/Auto in the BIOS, check the riser; confirm with "
+                              + _lspci(ctx, s.index))
+        else:
+            yield ok("pcie.link_gen", f"Gen{s.pcie_generation} at idle (power saving), max "
+                     f"Gen{g.pcie_max_generation}; re-checked under load by the probe", gpu=s.index)
+
+
+@check("pcie.acs", "PCIe and topology", needs_nvml=False)
+def acs(ctx: Context) -> Iterator[CheckResult]:
+    flagged, unreadable, bridges = {}, set(), set()
+    for gpu in ctx.host.nvidia_gpus():
+        for addr in gpu.parents:
+            bridges.add(addr)
+            dev = ctx.host.pci_device(addr)
+            if dev is None or dev.acs_ctrl is None:
+                unreadable.add(addr)
+            elif dev.acs_ctrl & ACS_P2P_BITS:
+                flagged[addr] = ", ".join(name for bit, name in ACS_BITS if dev.acs_ctrl & bit)
+    if flagged:
+        detail = "\n".join(f"{a}: {flags}" for a, flags in sorted(flagged.items()))
+        yield warn("pcie.acs", f"ACS enabled on {len(flagged)} bridge(s) above the GPUs: peer-to-peer traffic is "
+                   "redirected through the root complex (slow, or hangs NCCL)", detail=detail,
+                   remedy="disable ACS in the BIOS (or per bridge, as NCCL's documentation shows: "
+                          "`sudo setpci -s BRIDGE ECAP_ACS+0x6.w=0000`); confirm with "
+                          "`sudo lspci -vvv | grep ACSCtl`")
+    elif not bridges:
+        yield ok("pcie.acs", "no PCIe bridge above the GPUs" if ctx.host.nvidia_gpus() else "no GPU on the PCI bus")
+    elif unreadable == bridges:
+        yield skip("pcie.acs", "PCIe config space not readable", remedy="run gpud doctor as root to check ACS")
+    else:
+        yield ok("pcie.acs", f"ACS off on the {len(bridges) - len(unreadable)} bridge(s) above the GPUs")
+
+
+@check("host.iommu", "PCIe and topology", needs_nvml=False)
+def iommu(ctx: Context) -> Iterator[CheckResult]:
+    io = ctx.host.iommu()
+    if not io["enabled"]:
+        yield ok("host.iommu", "IOMMU off")
+    elif io["passthrough"]:
+        yield ok("host.iommu", "IOMMU in passthrough (iommu=pt)")
+    else:
+        types = ", ".join(io["domain_types"]) or "translated"
+        yield warn("host.iommu", f"IOMMU translating DMA ({types}): peer-to-peer may fail or slow down",
+                   remedy="add `iommu=pt` to GRUB_CMDLINE_LINUX (then `sudo update-grub` and reboot); confirm with "
+                          "`cat /sys/kernel/iommu_groups/*/type` (identity)")
+
+
+@check("gpu.p2p", "PCIe and topology")
+def p2p(ctx: Context) -> Iterator[CheckResult]:
+    t = ctx.topology
+    assert t is not None
+    n = len(t.gpus)
+    if n < 2:
+        yield skip("gpu.p2p", "one GPU: no pair to check")
+        return
+    bad = []
+    for a in range(n):
+        for b in range(a + 1, n):
+            r, w = t.p2p_read[a][b], t.p2p_write[a][b]
+            if r != "OK" or w != "OK":
+                bad.append(f"GPU{t.gpus[a]}↔GPU{t.gpus[b]}: read {r}, write {w}")
+    if bad:
+        yield warn("gpu.p2p", f"P2P not available for {len(bad)} of {n * (n - 1) // 2} pairs: NCCL will fall back "
+                   "to host memory for them", detail="\n".join(bad),
+                   remedy="check ACS and IOMMU (pcie.acs, host.iommu), the BIOS (Above 4G decoding, "
+                          "Resizable BAR); confirm with `nvidia-smi topo -p2p rw`")
+    else:
+        yield ok("gpu.p2p", f"P2P read/write OK for all {n * (n - 1) // 2} pairs")
+
+
+def _expected_pairs(ctx: Context, up: dict[tuple[int, int], int]) -> set[tuple[int, int]]:
+    """Bridged pairs the machine should have: from gpud.toml, else seen, else inferred."""
+    configured = ctx.config.machine["nvlink_pairs"]
+    if configured is not None:
+        return {(min(p), max(p)) for p in configured}
+    pairs = set(up)
+    bridged = {i for p in pairs for i in p}
+    # Lab layout: bridges in pairs. Same-model GPUs with NVLinks but none up, on a machine where
+    # that model is bridged elsewhere, are expected to be bridged too, in index order.
+    by_model: dict[str, list[int]] = {}
+    for i, g in sorted(ctx.infos.items()):
+        if g.nvlink_count:
+            by_model.setdefault(g.name, []).append(i)
+    for gpus in by_model.values():
+        if not any(i in bridged for i in gpus):
+            continue
+        lone = [i for i in gpus if i not in bridged]
+        pairs |= {(lone[k], lone[k + 1]) for k in range(0, len(lone) - 1, 2)}
+    return pairs
+
+
+@check("nvlink.links", "PCIe and topology")
+def nvlink_links(ctx: Context) -> Iterator[CheckResult]:
+    bus = ctx.by_bus()
+    links_up: dict[tuple[int, int], int] = {}
+    for s in ctx.samples:
+        for ln in s.nvlinks:
+            j = bus.get(ln.remote_pci_bus_id or "")
+            if ln.up and j is not None:
+                key = (min(s.index, j), max(s.index, j))
+                links_up[key] = max(links_up.get(key, 0), sum(
+                    1 for x in s.nvlinks if x.up and x.remote_pci_bus_id == ln.remote_pci_bus_id))
+    capable = [s for s in ctx.samples if ctx.infos[s.index].nvlink_count]
+    if not capable:
+        yield skip("nvlink.links", "no NVLink on these GPUs")
+        return
+    expected = _expected_pairs(ctx, links_up)
+    source = "gpud.toml" if ctx.config.machine["nvlink_pairs"] is not None else "seen"
+    for s in capable:
+        total = ctx.infos[s.index].nvlink_count
+        partners = [b if a == s.index else a for a, b in expected if s.index in (a, b)]
+        up = [ln for ln in s.nvlinks if ln.up]
+        if not partners:
+            yield ok("nvlink.links", f"no bridge expected ({len(up)}/{total} links up)", gpu=s.index)
+            continue
+        j = partners[0]
+        to_j = [ln.link for ln in up if bus.get(ln.remote_pci_bus_id or "") == j]
+        down = [ln.link for ln in s.nvlinks if not ln.up]
+        remedy = (f"power off and reseat the NVLink bridge GPU{min(s.index, j)}↔GPU{max(s.index, j)} (the cards must "
+                  "sit in the slots the bridge spans); confirm with `nvidia-smi nvlink -s` and `nvidia-smi topo -m`")
+        if not to_j:
+            yield fail("nvlink.links", f"0/{total} NVLinks up: the bridge to GPU{j} is down or missing", gpu=s.index,
+                       detail=f"bridge expected ({source}); all-reduce between GPU{s.index} and GPU{j} goes over PCIe",
+                       remedy=remedy)
+        elif down:
+            yield fail("nvlink.links", f"{len(to_j)}/{total} NVLinks up to GPU{j}; link(s) "
+                       f"{', '.join(map(str, down))} down", gpu=s.index, remedy=remedy)
+        else:
+            yield ok("nvlink.links", f"{len(to_j)}/{total} NVLinks up to GPU{j} (NV{len(to_j)})", gpu=s.index)
+
+
+@check("topo.numa", "PCIe and topology")
+def numa(ctx: Context) -> Iterator[CheckResult]:
+    nodes: dict[int | None, list[int]] = {}
+    for i, g in sorted(ctx.infos.items()):
+        nodes.setdefault(g.numa_node, []).append(i)
+    known = {n for n in nodes if n is not None}
+    if len(known) <= 1:
+        where = f"NUMA node {known.pop()}" if known else "one NUMA domain"
+        yield ok("topo.numa", f"all GPUs on {where}")
+        return
+    detail = "\n".join(f"GPU{i}: NUMA node {ctx.infos[i].numa_node}, CPUs {ranges(ctx.infos[i].cpu_affinity)}"
+                       for i in sorted(ctx.infos))
+    yield warn("topo.numa", f"GPUs span {len(known)} NUMA nodes: traffic between them crosses the CPU interconnect",
+               detail=detail,
+               remedy="pin each rank to its GPU's node (`numactl --cpunodebind=N --membind=N`, or torchrun with "
+                      "per-rank affinity); keep each job's GPUs on one node; see `nvidia-smi topo -m`")

@@ -1,0 +1,122 @@
+"""The check registry and the context every check reads (one snapshot, cached host facts)."""
+
+from __future__ import annotations
+
+import fnmatch
+import traceback
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from gpud.config import Config
+from gpud.errors import GpudError
+from gpud.hw.machine import Machine
+from gpud.model import CheckResult, GpuInfo, GpuSample, Snapshot, Topology
+
+AREAS = ("Driver", "Display", "PCIe and topology", "Configuration", "Health", "Host", "Environment")
+CheckFn = Callable[["Context"], Iterable[CheckResult]]
+
+
+@dataclass(frozen=True)
+class Check:
+    id: str
+    area: str
+    fn: CheckFn
+    needs_nvml: bool
+
+
+CHECKS: list[Check] = []
+
+
+def check(check_id: str, area: str, needs_nvml: bool = True) -> Callable[[CheckFn], CheckFn]:
+    """Register a check. ``needs_nvml`` checks are skipped (with the reason) when NVML is down."""
+
+    def deco(fn: CheckFn) -> CheckFn:
+        assert area in AREAS and all(c.id != check_id for c in CHECKS), check_id
+        CHECKS.append(Check(check_id, area, fn, needs_nvml))
+        return fn
+
+    return deco
+
+
+def result(status: str) -> Callable[..., CheckResult]:
+    def make(check_id: str, summary: str, gpu: int | None = None, detail: str = "", remedy: str = "") -> CheckResult:
+        return CheckResult(check_id, status, summary, gpu, detail, remedy)
+
+    return make
+
+
+ok, warn, fail, skip = result("pass"), result("warn"), result("fail"), result("skip")
+
+
+@dataclass
+class Context:
+    """What the checks look at. Everything hardware is read once, here."""
+
+    machine: Machine
+    config: Config
+    env: Mapping[str, str]
+    expect_gpus: int | None = None
+    snapshot: Snapshot | None = None
+    error: GpudError | None = None  # why NVML could not be read
+    daemon_running: bool = False
+    # Settings the active tuning profile asks for, per GPU (e.g. {"power_limit_watts": 240}):
+    # a lowered power limit asked for by a profile is not a misconfiguration.
+    profile_settings: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def host(self):  # type: ignore[no-untyped-def]
+        return self.machine.host
+
+    def threshold(self, name: str) -> Any:
+        return self.config.doctor[name]
+
+    @cached_property
+    def infos(self) -> dict[int, GpuInfo]:
+        return {g.index: g for g in self.snapshot.gpus} if self.snapshot else {}
+
+    @cached_property
+    def samples(self) -> list[GpuSample]:
+        """Samples of the GPUs that answered (lost ones are gpu.count's business)."""
+        return [s for s in self.snapshot.samples if not s.lost] if self.snapshot else []
+
+    @cached_property
+    def topology(self) -> Topology | None:
+        return self.machine.topology(self.snapshot) if self.snapshot else None
+
+    def loaded(self, s: GpuSample) -> bool:
+        return (s.utilization_gpu_percent or 0) >= self.threshold("load_utilization_percent")
+
+    def idle(self, s: GpuSample) -> bool:
+        return (s.utilization_gpu_percent or 0) < 10 and not s.processes
+
+    def by_bus(self) -> dict[str, int]:
+        return {g.pci_bus_id: i for i, g in self.infos.items()}
+
+
+def selected(checks: Iterable[Check], only: list[str], skip_globs: list[str]) -> list[Check]:
+    out = []
+    for c in checks:
+        if only and not any(fnmatch.fnmatchcase(c.id, g) for g in only):
+            continue
+        if any(fnmatch.fnmatchcase(c.id, g) for g in skip_globs):
+            continue
+        out.append(c)
+    return out
+
+
+def run(ctx: Context, checks: list[Check], debug: bool = False) -> list[CheckResult]:
+    """Run the checks in order; one check's crash is reported, never the end of the run."""
+    results: list[CheckResult] = []
+    for c in checks:
+        if c.needs_nvml and ctx.snapshot is None:
+            results.append(skip(c.id, "NVML not available (see nvml.available)"))
+            continue
+        try:
+            results.extend(c.fn(ctx))
+        except Exception as err:  # noqa: BLE001 - a broken check must not hide the others
+            if debug:
+                traceback.print_exc()
+            results.append(skip(c.id, f"could not run: {err}", remedy="run with --debug and report it"))
+    return results
