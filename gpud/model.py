@@ -55,6 +55,7 @@ class GpuInfo:
     serial: str | None
     pci_bus_id: str  # sysfs form: 0000:17:00.0
     pci_device_id: int | None
+    architecture: str | None  # kepler … ampere, ada, hopper, blackwell
     vbios_version: str | None
     memory_total_bytes: int | None
     pcie_max_generation: int | None

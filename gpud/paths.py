@@ -6,6 +6,27 @@ import os
 from pathlib import Path
 
 CONFIG_DIR = Path("/etc/gpud")
+DEFAULT_SOCKET = "/run/gpud/gpud.sock"
+
+
+def control_socket() -> Path:
+    """The daemon's control socket: ``GPUD_SOCKET``, else /run/gpud/gpud.sock."""
+    return Path(os.environ.get("GPUD_SOCKET", DEFAULT_SOCKET))
+
+
+def daemon_running() -> bool:
+    """Whether a gpud daemon answers on its control socket."""
+    import socket
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(0.2)
+    try:
+        s.connect(str(control_socket()))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
 
 
 def state_dir() -> Path:

@@ -13,7 +13,8 @@ from conftest import REPO, run_gpud
 from gpud.errors import GpudError
 from gpud.hw.nvml import Nvml
 
-STATUS_INFO_FIELDS = {"index", "uuid", "name", "serial", "pci_bus_id", "vbios_version", "memory_total_bytes",
+STATUS_INFO_FIELDS = {"index", "uuid", "name", "serial", "architecture", "pci_bus_id", "vbios_version",
+                      "memory_total_bytes",
                       "pcie_max_generation", "pcie_max_width", "power_default_limit_watts", "power_min_limit_watts",
                       "power_max_limit_watts", "temperature_slowdown_celsius", "temperature_shutdown_celsius",
                       "max_clocks_mhz", "fan_count", "fan_min_speed_percent", "fan_max_speed_percent",

@@ -44,20 +44,22 @@ def debug_enabled() -> bool:
 
 
 def _register() -> None:
-    from gpud.cli import doctor, sim, status, topo
+    from gpud.cli import doctor, sim, status, topo, tune
 
     status.register(app)
     topo.register(app)
     doctor.register(app)
+    tune.register(app)
     sim.register(app)
 
 
 _register()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """The console script; ``argv`` for tests that run the CLI in-process."""
     try:
-        app()
+        app(args=argv, prog_name="gpud")
     except GpudError as err:
         if _debug["on"]:
             traceback.print_exc()

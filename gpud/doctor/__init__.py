@@ -7,7 +7,6 @@ remedy a person can act on. All checks read one snapshot and the host's files on
 from __future__ import annotations
 
 import os
-import socket
 from collections import Counter
 from dataclasses import dataclass
 
@@ -17,8 +16,10 @@ from gpud.doctor.registry import AREAS, CHECKS, Check, Context, run, selected
 from gpud.errors import DriverNotLoaded, NvmlError
 from gpud.hw.machine import Machine
 from gpud.model import CheckResult
+from gpud.paths import daemon_running
+from gpud.tuning import state as tuning_state
 
-__all__ = ["AREAS", "CHECKS", "Report", "area_of", "diagnose", "daemon_running"]
+__all__ = ["AREAS", "CHECKS", "Report", "area_of", "diagnose"]
 
 
 @dataclass(frozen=True)
@@ -40,25 +41,12 @@ def area_of(check_id: str) -> str:
     return next((c.area for c in CHECKS if c.id == check_id), AREAS[-1])
 
 
-def daemon_running(path: str | None = None) -> bool:
-    """Whether a gpud daemon answers on its control socket."""
-    sock_path = path or os.environ.get("GPUD_SOCKET", "/run/gpud/gpud.sock")
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(0.2)
-    try:
-        s.connect(sock_path)
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
-
-
 def diagnose(machine: Machine, config: Config, *, only: list[str] | None = None, skip: list[str] | None = None,
              expect_gpus: int | None = None, env: dict[str, str] | None = None, debug: bool = False) -> Report:
     """Read the machine once and run the selected checks."""
     ctx = Context(machine=machine, config=config, env=dict(os.environ if env is None else env),
-                  expect_gpus=expect_gpus, daemon_running=daemon_running())
+                  expect_gpus=expect_gpus, daemon_running=daemon_running(),
+                  profile_settings=tuning_state.profile_settings(tuning_state.load()))
     try:
         ctx.snapshot = machine.snapshot()
     except (DriverNotLoaded, NvmlError) as err:

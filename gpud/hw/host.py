@@ -239,6 +239,17 @@ class Host:
                 out[int(d.name[3:])] = gov.strip()
         return dict(sorted(out.items()))
 
+    def set_cpu_governor(self, governor: str, cpus: list[int] | None = None) -> dict[int, str]:
+        """Write ``scaling_governor`` (all CPUs, or ``cpus``); returns the governors read back."""
+        for cpu in cpus if cpus is not None else list(self.cpu_governors()):
+            path = self.path(f"/sys/devices/system/cpu/cpu{cpu}/cpufreq/scaling_governor")
+            path.write_text(governor + "\n")
+        return self.cpu_governors()
+
+    def cpu_governors_available(self) -> set[str]:
+        text = self.read("/sys/devices/system/cpu/cpu0/cpufreq/scaling_available_governors")
+        return set(text.split()) if text else set()
+
     @cached_property
     def _meminfo(self) -> dict[str, int]:
         out = {}

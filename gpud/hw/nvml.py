@@ -62,6 +62,9 @@ P2P_STATUS = {
 }
 # nvmlDeviceGetTopologyCommonAncestor → nvidia-smi topo -m legend.
 TOPO_LEVEL = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
+ARCHITECTURES = {2: "kepler", 3: "maxwell", 4: "pascal", 5: "volta", 6: "turing", 7: "ampere", 8: "ada",
+                 9: "hopper", 10: "blackwell"}
+LOCKED_CLOCKS_FROM = "volta"  # nvmlDeviceSetGpuLockedClocks needs Volta or newer
 MAX_NVLINKS = 18  # per GPU on every generation up to Hopper
 CPU_SET_WORDS = 16  # 64-bit words: up to 1024 CPUs
 
@@ -245,6 +248,8 @@ class Nvml:
             serial=_text(serial) if serial else None,
             pci_bus_id=normalize_bus_id(pci.busId),
             pci_device_id=getattr(pci, "pciDeviceId", None),
+            architecture=ARCHITECTURES.get(arch, str(arch)) if (arch := get("nvmlDeviceGetArchitecture")) is not None
+            else None,
             vbios_version=_text(vbios) if vbios is not None else None,
             memory_total_bytes=mem.total if mem is not None else None,
             pcie_max_generation=get("nvmlDeviceGetMaxPcieLinkGeneration"),

@@ -125,10 +125,11 @@ PROCESS_KEYS: dict[str, tuple[Any, Any]] = {
 NVLINK_KEYS: dict[str, tuple[Any, Any]] = {"gpus": (list, _ANY), "links": (int, None)}
 XORG_KEYS: dict[str, tuple[Any, Any]] = {"conf": (str, None), "files": (dict, {}), "log": (str, None)}
 FAULT_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {
-    "gpu_lost": {"gpu": (int, _ANY)},
+    "gpu_lost": {"gpu": (int, _ANY), "at_write": (int, None)},
     "off_bus": {"gpu": (int, _ANY)},
     "unsupported": {"gpu": (int, None), "call": (str, _ANY)},
-    "no_permission": {"gpu": (int, None), "call": (str, _ANY)},
+    "no_permission": {"gpu": (int, None), "call": (str, None), "at_write": (int, None)},
+    "crash": {"at_write": (int, _ANY)},
     "link_degraded": {"gpu": (int, _ANY), "width": (int, None), "generation": (int, None)},
     "nvlink_down": {"gpus": (list, _ANY), "links": (list, None)},
     "p2p": {"gpus": (list, _ANY), "status": (P2P_STATUSES, _ANY), "caps": (("read", "write", "all"), "all")},
@@ -180,6 +181,8 @@ def validate_fault(raw: Any, n: int, file: str, where: str) -> Fault:
         raise InvalidInput(file, f"{where}.gpu", f"no GPU {gpu} (this machine has {n})")
     if "gpus" in params:
         _pair(params["gpus"], n, file, f"{where}.gpus")
+    if kind == "no_permission" and params["call"] is None and params["at_write"] is None:
+        raise InvalidInput(file, f"{where}.call", "required (or at_write)")
     if kind == "clock_events":
         for r in params["reasons"]:
             if r not in EVENT_NAMES:

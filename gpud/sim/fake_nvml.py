@@ -8,6 +8,8 @@ Same function names, argument order, units and return shapes as nvidia-ml-py, th
 from __future__ import annotations
 
 import functools
+import os
+import signal
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -78,6 +80,16 @@ class FakeNvml:
         if self.sim.refused("no_permission", call, gpu):
             _raise(E.NVML_ERROR_NO_PERMISSION)
 
+    def _write(self, h: Handle) -> None:
+        """Every setter starts here: count the write, fire a fault armed for this write number."""
+        kind = self.sim.write_fault(self.sim.count_write())
+        if kind == "crash":
+            os.kill(os.getpid(), signal.SIGKILL)  # the process dies between two writes
+        if kind == "gpu_lost":
+            _raise(E.NVML_ERROR_GPU_IS_LOST)
+        if kind == "no_permission":
+            _raise(E.NVML_ERROR_NO_PERMISSION)
+
     def _gpu(self, h: Handle) -> dict[str, Any]:
         return self.sim.desc.gpus[h.index]
 
@@ -138,6 +150,12 @@ class FakeNvml:
     @nvml_function
     def nvmlDeviceGetSerial(self, h: Handle) -> str:
         return str(self._gpu(h)["serial"])
+
+    @nvml_function
+    def nvmlDeviceGetArchitecture(self, h: Handle) -> int:
+        names = {"kepler": 2, "maxwell": 3, "pascal": 4, "volta": 5, "turing": 6, "ampere": 7, "ada": 8,
+                 "hopper": 9, "blackwell": 10}
+        return names.get(str(self._gpu(h)["architecture"]), 0xFFFFFFFF)
 
     @nvml_function
     def nvmlDeviceGetVbiosVersion(self, h: Handle) -> str:
@@ -234,7 +252,7 @@ class FakeNvml:
 
     @nvml_function
     def nvmlDeviceSetFanSpeed_v2(self, h: Handle, fan: int, speed: int) -> int:
-        self.sim.count_write()
+        self._write(h)
         f = self._fan(h, fan)
         g = self._gpu(h)
         if not g["fan_min_percent"] <= speed <= g["fan_max_percent"]:
@@ -246,7 +264,7 @@ class FakeNvml:
 
     @nvml_function
     def nvmlDeviceSetDefaultFanSpeed_v2(self, h: Handle, fan: int) -> int:
-        self.sim.count_write()
+        self._write(h)
         f = self._fan(h, fan)
         self.sim.step()
         f["policy"], f["target"] = 0, None
@@ -255,7 +273,7 @@ class FakeNvml:
 
     @nvml_function
     def nvmlDeviceSetFanControlPolicy(self, h: Handle, fan: int, policy: int) -> int:
-        self.sim.count_write()
+        self._write(h)
         f = self._fan(h, fan)
         if policy not in (0, 1):
             _raise(E.NVML_ERROR_INVALID_ARGUMENT)
@@ -295,7 +313,7 @@ class FakeNvml:
 
     @nvml_function
     def nvmlDeviceSetPowerManagementLimit(self, h: Handle, limit_mw: int) -> None:
-        self.sim.count_write()
+        self._write(h)
         g = self._gpu(h)
         if not g["power_min_watts"] * 1000 <= limit_mw <= g["power_max_watts"] * 1000:
             _raise(E.NVML_ERROR_INVALID_ARGUMENT)
@@ -337,7 +355,7 @@ class FakeNvml:
         i, g, s = h.index, self._gpu(h), self._set(h)
         if clock == E.NVML_CLOCK_MEM:
             if self.sim.utilization(i) == 0:
-                return _IDLE_MEM_MHZ
+                return _IDLE_MEM_MHZ if not s["locked_mem"] else int(s["locked_mem"][0])
             return int(s["locked_mem"][1] if s["locked_mem"] else g["max_memory_mhz"])
         if self.sim.utilization(i) == 0:
             return _IDLE_SM_MHZ if not s["locked_gpu"] else int(s["locked_gpu"][0])
@@ -358,7 +376,7 @@ class FakeNvml:
 
     def _clock_write(self, h: Handle, key: str, value: list[int] | None, limit_key: str | None = None) -> None:
         """A locked range (min ≤ max ≤ the model's maximum), application clocks, or None to reset."""
-        self.sim.count_write()
+        self._write(h)
         if value is not None and limit_key is not None:
             g = self._gpu(h)
             if value[0] > value[1] or value[0] < 0 or value[1] > g[limit_key]:
@@ -386,7 +404,7 @@ class FakeNvml:
     def nvmlDeviceSetApplicationsClocks(self, h: Handle, mem_mhz: int, gfx_mhz: int) -> None:
         g = self._gpu(h)
         if mem_mhz > g["max_memory_mhz"] or gfx_mhz > g["max_graphics_mhz"]:
-            self.sim.count_write()
+            self._write(h)
             _raise(E.NVML_ERROR_INVALID_ARGUMENT)
         self._clock_write(h, "app_clocks", [int(mem_mhz), int(gfx_mhz)])
 
@@ -401,7 +419,7 @@ class FakeNvml:
 
     @nvml_function
     def nvmlDeviceSetPersistenceMode(self, h: Handle, mode: int) -> None:
-        self.sim.count_write()
+        self._write(h)
         self._set(h)["persistence"] = 1 if mode else 0
         self.sim.save()
 
@@ -411,7 +429,7 @@ class FakeNvml:
 
     @nvml_function
     def nvmlDeviceSetComputeMode(self, h: Handle, mode: int) -> None:
-        self.sim.count_write()
+        self._write(h)
         if mode not in (0, 2, 3):
             _raise(E.NVML_ERROR_INVALID_ARGUMENT)
         self._set(h)["compute_mode"] = int(mode)

@@ -125,8 +125,18 @@ class SimMachine:
     def settings(self, gpu: int) -> dict[str, Any]:
         return self.state["gpus"][str(gpu)]
 
-    def count_write(self) -> None:
+    def count_write(self) -> int:
+        """Count a hardware write (kept in the state file); returns its number, from 1."""
         self.state["writes"] = int(self.state.get("writes", 0)) + 1
+        self.save()
+        return int(self.state["writes"])
+
+    def write_fault(self, number: int) -> str | None:
+        """The one-shot fault armed for write number ``number``: crash, gpu_lost or no_permission."""
+        for f in self.faults:
+            if f.params.get("at_write") == number:
+                return f.kind
+        return None
 
     # -- faults -----------------------------------------------------------------------
     @property
@@ -156,10 +166,10 @@ class SimMachine:
         return out
 
     def lost(self, gpu: int) -> bool:
-        return bool(self.faults_of("gpu_lost", gpu))
+        return any(p.get("at_write") is None for p in self.faults_of("gpu_lost", gpu))
 
     def refused(self, kind: str, call: str, gpu: int | None) -> bool:
-        return any(p["call"] == call and (p.get("gpu") is None or p.get("gpu") == gpu)
+        return any(p["call"] == call and p.get("at_write") is None and (p.get("gpu") is None or p.get("gpu") == gpu)
                    for p in self.faults_of(kind))
 
     # -- load and thermal model ----------------------------------------------------------

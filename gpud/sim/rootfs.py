@@ -121,6 +121,8 @@ def _cpus(root: Path, m: dict[str, Any]) -> None:
     threads = m["cores_per_socket"] * m["sockets"] * m["threads_per_core"]
     for cpu in range(threads):
         _write(root, f"/sys/devices/system/cpu/cpu{cpu}/cpufreq/scaling_governor", m["cpu_governor"] + "\n")
+        _write(root, f"/sys/devices/system/cpu/cpu{cpu}/cpufreq/scaling_available_governors",
+               "performance powersave schedutil ondemand\n")
     for node in range(m["sockets"] * m["numa_nodes_per_socket"]):
         cpus = node_cpus(m, node)
         _write(root, f"/sys/devices/system/node/node{node}/cpulist", ",".join(map(str, cpus)) + "\n")

@@ -1,0 +1,393 @@
+"""Plan, apply, verify, restore — each tunable a get/set pair (after TuneD's plugins).
+
+*Plan* = desired − current. *Apply* = save the originals (state file first), write, read back;
+on any failure roll back what this apply wrote, in reverse order. *Verify* = current against
+desired, per GPU and setting. *Restore* = originals back: fans to the automatic policy, clocks
+reset, power to the saved limit, persistence and compute mode as saved, CPU governor as saved.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpud.errors import GpudError, GpuLost, InvalidInput
+from gpud.hw.machine import Machine
+from gpud.hw.nvml import ARCHITECTURES
+from gpud.model import GpuInfo, GpuSample
+from gpud.tuning import state as st
+from gpud.tuning.profile import Profile, resolve
+
+ORDER = ("persistence_mode", "compute_mode", "power_limit_watts", "applications_clocks", "gpu_clocks",
+         "memory_clocks", "fan")
+RESET = "reset"
+UNKNOWN = "unknown"  # NVML has no getter (locked clocks)
+_ARCH_RANK = {name: code for code, name in ARCHITECTURES.items()}
+
+
+@dataclass(frozen=True)
+class Change:
+    gpu: int | None  # None: the host
+    setting: str
+    current: Any
+    desired: Any
+    action: str  # set | none | skip | daemon
+    note: str = ""
+    required: bool = False
+
+
+@dataclass
+class Outcome:
+    plan: list[Change]
+    written: list[Change] = field(default_factory=list)
+    error: str | None = None
+    rolled_back: list[str] = field(default_factory=list)
+    not_restored: list[str] = field(default_factory=list)
+    messages: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+# -- reading current values ------------------------------------------------------------------
+
+def current_value(setting: str, s: GpuSample, tuned: dict[str, Any] | None) -> Any:
+    if setting == "persistence_mode":
+        return s.persistence_mode
+    if setting == "compute_mode":
+        return s.compute_mode
+    if setting == "power_limit_watts":
+        return s.power_management_limit_watts
+    if setting == "applications_clocks":
+        mem, gfx = s.applications_clocks_mhz.get("memory"), s.applications_clocks_mhz.get("graphics")
+        return [mem, gfx] if mem is not None and gfx is not None else None
+    if setting in ("gpu_clocks", "memory_clocks"):
+        # No NVML getter: what gpud itself set, if it did; else unknown.
+        return (tuned or {}).get(setting, UNKNOWN)
+    if setting == "fan":
+        return [f.policy for f in s.fans]
+    raise KeyError(setting)
+
+
+def _same(setting: str, current: Any, desired: Any) -> bool:
+    if setting == "power_limit_watts":
+        return current is not None and abs(float(current) - float(desired)) <= 1.0
+    return bool(current == desired)
+
+
+def _fan_plan(g: GpuInfo, s: GpuSample, fan: dict[str, Any], daemon: bool) -> tuple[str, str]:
+    if not s.fans or not g.fan_count:
+        return "skip", "no fan control on this GPU (passive card cooled by the chassis)"
+    policies = [f.policy for f in s.fans]
+    if fan["mode"] == "auto":
+        return ("none", "") if all(p == "auto" for p in policies) else ("set", "")
+    if not daemon:
+        return "daemon", "needs the gpud daemon to drive it: fans stay on the automatic policy"
+    return "daemon", "handed to the running gpud daemon's fan controller"
+
+
+def plan(machine: Machine, profile: Profile, daemon: bool = False) -> tuple[list[Change], dict[int, dict[str, Any]]]:
+    """What applying ``profile`` would change, per GPU; validates against the machine first."""
+    snap = machine.snapshot()
+    infos = {g.index: g for g in snap.gpus}
+    desired = resolve(profile, [infos[i] for i in sorted(infos)])
+    tuned = st.profile_settings(st.load())
+    changes: list[Change] = []
+    for s in snap.samples:
+        if s.lost:
+            raise GpuLost(f"GPU {s.index} is lost: cannot tune it", gpu=s.index)
+        g = infos[s.index]
+        want = desired[s.index]
+        required = set(want.get("required", []))
+        for setting in ORDER:
+            if setting not in want:
+                continue
+            value = want[setting]
+            name = "power_limit" if setting == "power_limit_watts" else setting
+            req = name in required
+            if setting == "fan":
+                action, note = _fan_plan(g, s, value, daemon)
+                changes.append(Change(s.index, setting, current_value(setting, s, None), value["mode"], action, note,
+                                      req))
+                continue
+            cur = current_value(setting, s, tuned.get(s.index))
+            skip = _unsupported(setting, g, value, cur)
+            if skip:
+                changes.append(Change(s.index, setting, cur, value, "skip", skip, req))
+            elif _same(setting, cur, value):
+                changes.append(Change(s.index, setting, cur, value, "none", "", req))
+            else:
+                changes.append(Change(s.index, setting, cur, value, "set", "", req))
+    gov = profile.host.get("cpu_governor")
+    if gov is not None:
+        avail = machine.host.cpu_governors_available()
+        govs = machine.host.cpu_governors()
+        if avail and gov not in avail:
+            raise InvalidInput(profile.source, "host.cpu_governor",
+                               f"{gov!r} not available here (available: {', '.join(sorted(avail))})")
+        now = sorted(set(govs.values()))
+        if not govs:
+            changes.append(Change(None, "cpu_governor", None, gov, "skip", "no cpufreq on this host"))
+        else:
+            changes.append(Change(None, "cpu_governor", "/".join(now), gov, "none" if now == [gov] else "set"))
+    return changes, desired
+
+
+def _unsupported(setting: str, g: GpuInfo, value: Any, cur: Any) -> str:
+    if value is None or value == "unsupported":
+        return "not supported by this GPU"
+    if setting in ("gpu_clocks", "memory_clocks") and g.architecture in _ARCH_RANK and \
+            _ARCH_RANK[g.architecture] < _ARCH_RANK["volta"]:
+        return "locked clocks need Volta or newer"
+    if setting in ("persistence_mode", "compute_mode", "applications_clocks", "power_limit_watts") and cur is None:
+        return "not reported by this GPU"
+    return ""
+
+
+# -- writing ------------------------------------------------------------------------------
+
+def write(machine: Machine, gpu: int | None, setting: str, value: Any) -> Any:
+    """Write one setting and return what was read back (None where NVML has no getter)."""
+    n = machine.nvml
+    if gpu is None:
+        return machine.host.set_cpu_governor(value) if isinstance(value, str) else _governors_back(machine, value)
+    if setting == "persistence_mode":
+        return n.set_persistence_mode(gpu, bool(value))
+    if setting == "compute_mode":
+        return n.set_compute_mode(gpu, value)
+    if setting == "power_limit_watts":
+        return n.set_power_limit(gpu, float(value))
+    if setting == "applications_clocks":
+        if value in (RESET, UNKNOWN, None):
+            n.reset_applications_clocks(gpu)
+            return None
+        return list(n.set_applications_clocks(gpu, value[0], value[1]))
+    if setting in ("gpu_clocks", "memory_clocks"):
+        lock, reset = ((n.set_locked_gpu_clocks, n.reset_locked_gpu_clocks) if setting == "gpu_clocks"
+                       else (n.set_locked_memory_clocks, n.reset_locked_memory_clocks))
+        if value in (RESET, UNKNOWN, None):
+            reset(gpu)
+        else:
+            lock(gpu, value[0], value[1])
+        return None
+    if setting == "fan":
+        info = machine.info(gpu)
+        return [n.set_fan_auto(gpu, f) for f in range(info.fan_count or 0)] if info else None
+    raise KeyError(setting)
+
+
+def _governors_back(machine: Machine, per_cpu: dict[str, str]) -> dict[int, str]:
+    for cpu, gov in per_cpu.items():
+        machine.host.set_cpu_governor(gov, [int(cpu)])
+    return machine.host.cpu_governors()
+
+
+def _read_back_ok(setting: str, wanted: Any, got: Any) -> bool:
+    if got is None or setting in ("gpu_clocks", "memory_clocks", "fan"):
+        return True  # nothing to compare (no getter) — recorded, not verified
+    if setting == "cpu_governor":
+        return set(got.values()) == {wanted} if isinstance(wanted, str) else True
+    return _same(setting, got, wanted)
+
+
+def _original(change: Change) -> Any:
+    """What restore writes back for this setting."""
+    if change.setting in ("gpu_clocks", "memory_clocks", "applications_clocks"):
+        return RESET  # clocks → reset (the driver's defaults)
+    if change.setting == "fan":
+        return "auto"
+    return change.current
+
+
+def apply(machine: Machine, profile: Profile, changes: list[Change], desired: dict[int, dict[str, Any]],
+          host_before: dict[int, str] | None = None) -> Outcome:
+    """Save originals, write, read back; roll back this apply's writes on any failure."""
+    out = Outcome(plan=changes)
+    missing = [c for c in changes if c.action == "skip" and c.required]
+    if missing:
+        c = missing[0]
+        out.error = f"GPU {c.gpu}: required setting {c.setting} cannot be applied ({c.note}); nothing was written"
+        return out
+    todo = [c for c in changes if c.action == "set"]
+    previous = st.load()
+    originals: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (previous or {}).get("originals", {}).items()}
+    for c in todo:
+        key = "host" if c.gpu is None else str(c.gpu)
+        if c.gpu is None:
+            originals.setdefault(key, {}).setdefault(c.setting, {str(k): v for k, v in
+                                                                 (host_before or {}).items()})
+        else:
+            originals.setdefault(key, {}).setdefault(c.setting, _original(c))
+    wanted: dict[str, dict[str, Any]] = {str(i): {k: v for k, v in d.items() if k != "required"}
+                                         for i, d in desired.items()}
+    if profile.host:
+        wanted["host"] = dict(profile.host)
+    record = {"profile": profile.name, "source": profile.source, "chain": list(profile.chain),
+              "desired": wanted, "originals": originals, "pending": True, "started_at": time.time()}
+    st.save(record)  # before the first write: a crash from here on is undone by `gpud restore`
+    for c in todo:
+        try:
+            got = write(machine, c.gpu, c.setting, c.desired)
+            if not _read_back_ok(c.setting, c.desired, got):
+                raise GpudError(f"read back {got!r}, wanted {c.desired!r}")
+        except GpudError as err:
+            where = "host" if c.gpu is None else f"GPU {c.gpu}"
+            out.error = f"{where}: {c.setting}: {err}"
+            _rollback(machine, out, host_before)
+            if previous is None:
+                st.clear()
+            else:
+                st.save(previous)
+            return out
+        out.written.append(c)
+    record["pending"] = False
+    record["applied_at"] = time.time()
+    st.save(record)
+    return out
+
+
+def _rollback(machine: Machine, out: Outcome, host_before: dict[int, str] | None) -> None:
+    for c in reversed(out.written):
+        where = "host" if c.gpu is None else f"GPU {c.gpu}"
+        back = c.current if c.setting not in ("gpu_clocks", "memory_clocks") or c.current != UNKNOWN else RESET
+        if c.setting == "cpu_governor":
+            back = {str(k): v for k, v in (host_before or {}).items()}
+        try:
+            write(machine, c.gpu, c.setting, back)
+            out.rolled_back.append(f"{where}: {c.setting} → {_show(back)}")
+        except GpudError as err:
+            out.not_restored.append(f"{where}: {c.setting}: {err}")
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, dict):
+        return "/".join(sorted(set(map(str, v.values()))))
+    if isinstance(v, list):
+        return ",".join(map(str, v))
+    return str(v)
+
+
+# -- verify ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Drift:
+    gpu: int | None
+    setting: str
+    current: Any
+    desired: Any
+    status: str  # drift | ok | unverifiable | daemon
+
+
+def verify(machine: Machine, daemon: bool = False) -> tuple[dict[str, Any] | None, list[Drift]]:
+    data = st.load()
+    if not data:
+        return None, []
+    snap = machine.snapshot()
+    samples = {s.index: s for s in snap.samples}
+    out: list[Drift] = []
+    for key, want in sorted(data.get("desired", {}).items()):
+        if key == "host":
+            gov = want.get("cpu_governor")
+            if gov is not None:
+                now = sorted(set(machine.host.cpu_governors().values()))
+                out.append(Drift(None, "cpu_governor", "/".join(now), gov, "ok" if now == [gov] else "drift"))
+            continue
+        gpu = int(key)
+        s = samples.get(gpu)
+        if s is None or s.lost:
+            out.append(Drift(gpu, "gpu", "lost" if s else "absent", "present", "drift"))
+            continue
+        for setting in ORDER:
+            if setting not in want or want[setting] in (None, "unsupported"):
+                continue
+            value = want[setting]
+            if setting in ("gpu_clocks", "memory_clocks"):
+                out.append(Drift(gpu, setting, UNKNOWN, value, "unverifiable"))
+                continue
+            if setting == "fan":
+                out.append(_fan_drift(gpu, s, value, daemon))
+                continue
+            cur = current_value(setting, s, None)
+            if value == RESET:
+                out.append(Drift(gpu, setting, cur, value, "unverifiable"))
+                continue
+            out.append(Drift(gpu, setting, cur, value, "ok" if _same(setting, cur, value) else "drift"))
+    return data, out
+
+
+def _fan_drift(gpu: int, s: GpuSample, fan: dict[str, Any], daemon: bool) -> Drift:
+    policies = [f.policy for f in s.fans]
+    if not s.fans:
+        return Drift(gpu, "fan", None, fan["mode"], "unverifiable")
+    if fan["mode"] == "auto":
+        return Drift(gpu, "fan", policies, "auto", "ok" if all(p == "auto" for p in policies) else "drift")
+    if not daemon:
+        return Drift(gpu, "fan", policies, fan["mode"], "daemon")  # needs the daemon: not drift
+    if fan["mode"] == "fixed":
+        targets = [f.target_percent for f in s.fans]
+        good = all(p == "manual" for p in policies) and all(t == fan["percent"] for t in targets)
+        return Drift(gpu, "fan", targets, fan["percent"], "ok" if good else "drift")
+    return Drift(gpu, "fan", policies, "curve", "ok" if all(p == "manual" for p in policies) else "drift")
+
+
+# -- restore ---------------------------------------------------------------------------------
+
+def restore(machine: Machine, fans_only: bool = False) -> tuple[list[str], list[str]]:
+    """Write the originals back (reverse order). Returns (done, failed). Safe to run twice."""
+    data = st.load()
+    done: list[str] = []
+    failed: list[str] = []
+    originals = (data or {}).get("originals", {})
+    # Fans first, whatever the state says: no fan stays manual when gpud is not driving it.
+    try:
+        machine.nvml.init()
+        count = machine.nvml.device_count()
+    except GpudError as err:
+        return done, [f"NVML: {err}"]
+    for gpu in range(count):
+        try:
+            s = machine.nvml.sample(gpu)
+            if s.lost:
+                if str(gpu) in originals:
+                    failed.append(f"GPU {gpu}: lost: cannot restore it (a reset returns it to driver defaults)")
+                continue
+            for f in s.fans:
+                if f.policy == "manual" or "fan" in originals.get(str(gpu), {}):
+                    machine.nvml.set_fan_auto(gpu, f.fan)
+                    done.append(f"GPU {gpu}: fan {f.fan} → auto")
+        except GpudError as err:
+            failed.append(f"GPU {gpu}: fan: {err}")
+    if data is None:
+        return done, failed
+    if fans_only:
+        for key in list(originals):
+            originals[key].pop("fan", None)
+        for key in list(data.get("desired", {})):
+            data["desired"][key].pop("fan", None)
+        st.save(data)
+        return done, failed
+    keep: dict[str, dict[str, Any]] = {}
+    for key, settings in sorted(originals.items()):
+        target = None if key == "host" else int(key)
+        for setting in reversed(ORDER + ("cpu_governor",)):
+            if setting not in settings or setting == "fan":
+                continue
+            value = settings[setting]
+            where = "host" if target is None else f"GPU {target}"
+            try:
+                write(machine, target, setting, value)
+                done.append(f"{where}: {setting} → {_show(value)}")
+            except GpudError as err:
+                failed.append(f"{where}: {setting}: {err}")
+                keep.setdefault(key, {})[setting] = value
+    if keep:
+        data["originals"] = keep
+        st.save(data)
+    else:
+        st.clear()
+    return done, failed
+
+
+__all__ = ["Change", "Drift", "Outcome", "apply", "plan", "restore", "verify"]

@@ -1,0 +1,107 @@
+"""Drive fan curves on real (or simulated) GPUs, one step per daemon tick.
+
+For each GPU whose profile asks for a fan curve (or a fixed duty), a ``FanController`` turns the
+tick's temperature into a duty, written only when it changes. Failsafe: an unreadable
+temperature, a failed write or a lost GPU hands that GPU's fans back to the driver's automatic
+policy at once; the event is logged and counted (``failsafes``), and control resumes on the next
+good reading.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpud.errors import GpudError
+from gpud.hw.machine import Machine
+from gpud.model import GpuSample
+from gpud.tuning.fancurve import FAILSAFE, FanController, FanCurve
+
+log = logging.getLogger("gpud.fans")
+
+
+@dataclass
+class FanEvent:
+    gpu: int
+    kind: str  # duty | failsafe
+    detail: str
+
+
+@dataclass
+class FanControl:
+    machine: Machine
+    controllers: dict[int, FanController] = field(default_factory=dict)
+    commanded: dict[int, int] = field(default_factory=dict)  # last duty written per GPU
+    failsafes: int = 0
+    in_failsafe: set[int] = field(default_factory=set)
+
+    @classmethod
+    def from_profile(cls, machine: Machine, desired: dict[int, dict[str, Any]]) -> FanControl:
+        fc = cls(machine)
+        fc.configure(desired)
+        return fc
+
+    def configure(self, desired: dict[int, dict[str, Any]]) -> None:
+        """(Re)build the controllers from a profile's per-GPU settings; fans no longer asked for go auto."""
+        wanted = {gpu: s["fan"] for gpu, s in desired.items() if s.get("fan") and s["fan"]["mode"] != "auto"}
+        for gpu in set(self.controllers) - set(wanted):
+            self._to_auto(gpu, "no longer controlled")
+            self.controllers.pop(gpu, None)
+            self.commanded.pop(gpu, None)
+        for gpu, fan in wanted.items():
+            info = self.machine.info(gpu)
+            if info is None or not info.fan_count:
+                continue
+            self.controllers[gpu] = FanController(FanCurve.from_profile(fan), float(info.fan_min_speed_percent or 0),
+                                                  float(info.fan_max_speed_percent or 100))
+            self.commanded.pop(gpu, None)
+
+    def step(self, samples: tuple[GpuSample, ...] | list[GpuSample], now: float) -> list[FanEvent]:
+        events: list[FanEvent] = []
+        by_index = {s.index: s for s in samples}
+        for gpu, ctl in self.controllers.items():
+            s = by_index.get(gpu)
+            if s is None or s.lost:
+                events.append(self._failsafe(gpu, ctl, "GPU lost"))
+                continue
+            duty = ctl.update(None if s.temperature_celsius is None else float(s.temperature_celsius), now)
+            if duty == FAILSAFE:
+                events.append(self._failsafe(gpu, ctl, "temperature unreadable"))
+                continue
+            if self.commanded.get(gpu) == duty and gpu not in self.in_failsafe:
+                continue
+            try:
+                for fan in range(len(s.fans)):
+                    self.machine.nvml.set_fan_speed(gpu, fan, duty)
+            except GpudError as err:
+                events.append(self._failsafe(gpu, ctl, f"fan write failed: {err}"))
+                continue
+            self.commanded[gpu] = duty
+            self.in_failsafe.discard(gpu)
+            events.append(FanEvent(gpu, "duty", f"{duty} % at {s.temperature_celsius} °C"))
+        return events
+
+    def _failsafe(self, gpu: int, ctl: FanController, why: str) -> FanEvent:
+        ctl.reset()
+        self.commanded.pop(gpu, None)
+        if gpu not in self.in_failsafe:
+            self.failsafes += 1
+            self.in_failsafe.add(gpu)
+            log.warning("GPU %d: fan failsafe (%s): fans handed back to the driver's automatic policy", gpu, why)
+        self._to_auto(gpu, why)
+        return FanEvent(gpu, "failsafe", why)
+
+    def _to_auto(self, gpu: int, why: str) -> None:
+        info = self.machine.info(gpu)
+        for fan in range(info.fan_count or 0 if info else 0):
+            try:
+                self.machine.nvml.set_fan_auto(gpu, fan)
+            except GpudError as err:
+                log.error("GPU %d: fan %d could not be handed back (%s): %s", gpu, fan, why, err)
+
+    def release(self) -> None:
+        """Every controlled fan back to the automatic policy (shutdown)."""
+        for gpu in list(self.controllers):
+            self._to_auto(gpu, "gpud stopping")
+        self.commanded.clear()
