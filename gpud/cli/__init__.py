@@ -44,12 +44,13 @@ def debug_enabled() -> bool:
 
 
 def _register() -> None:
-    from gpud.cli import doctor, sim, status, topo, tune
+    from gpud.cli import doctor, metrics, sim, status, topo, tune
 
     status.register(app)
     topo.register(app)
     doctor.register(app)
     tune.register(app)
+    metrics.register(app)
     sim.register(app)
 
 

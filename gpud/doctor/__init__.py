@@ -15,7 +15,7 @@ from gpud.doctor import checks_env, checks_gpu, checks_host, checks_pcie, checks
 from gpud.doctor.registry import AREAS, CHECKS, Check, Context, run, selected
 from gpud.errors import DriverNotLoaded, NvmlError
 from gpud.hw.machine import Machine
-from gpud.model import CheckResult
+from gpud.model import CheckResult, Snapshot
 from gpud.paths import daemon_running
 from gpud.tuning import state as tuning_state
 
@@ -41,16 +41,26 @@ def area_of(check_id: str) -> str:
     return next((c.area for c in CHECKS if c.id == check_id), AREAS[-1])
 
 
+# Checks that say nothing in the daemon: its environment and Python are not the users' jobs'.
+NOT_IN_DAEMON = ["env.cuda", "torch.cuda"]
+
+
 def diagnose(machine: Machine, config: Config, *, only: list[str] | None = None, skip: list[str] | None = None,
-             expect_gpus: int | None = None, env: dict[str, str] | None = None, debug: bool = False) -> Report:
-    """Read the machine once and run the selected checks."""
+             expect_gpus: int | None = None, env: dict[str, str] | None = None, debug: bool = False,
+             snapshot: Snapshot | None = None, in_daemon: bool = False) -> Report:
+    """Read the machine once (or use ``snapshot``) and run the selected checks."""
     ctx = Context(machine=machine, config=config, env=dict(os.environ if env is None else env),
-                  expect_gpus=expect_gpus, daemon_running=daemon_running(),
+                  expect_gpus=expect_gpus, daemon_running=in_daemon or daemon_running(),
                   profile_settings=tuning_state.profile_settings(tuning_state.load()))
-    try:
-        ctx.snapshot = machine.snapshot()
-    except (DriverNotLoaded, NvmlError) as err:
-        ctx.error = err
+    if snapshot is not None:
+        ctx.snapshot = snapshot
+    else:
+        try:
+            ctx.snapshot = machine.snapshot()
+        except (DriverNotLoaded, NvmlError) as err:
+            ctx.error = err
+    if in_daemon:
+        skip = [*(skip or []), *NOT_IN_DAEMON]
     checks: list[Check] = selected(CHECKS, only or [], [*(skip or []), *config.doctor["skip"]])
     results = run(ctx, checks, debug=debug)
     host: dict[str, object] = {"name": machine.label}

@@ -1,0 +1,292 @@
+"""The Prometheus exporter: a custom collector over the latest observation.
+
+A scrape never touches the hardware and never waits for the daemon's loop: the loop replaces
+one immutable ``Observation`` per tick, and ``collect`` reads whichever is current. Metric names
+follow Prometheus conventions (``gpud_`` prefix, base units in names, counters ``_total``,
+identity in ``gpud_gpu_info``); per-GPU series carry ``gpu`` (index) and ``uuid``; a reading
+NVML cannot give is absent, never 0.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpud import __version__
+from gpud.model import CLOCK_EVENT_REASONS, STATUSES, CheckResult, GpuInfo, Snapshot, XidEvent
+
+TICK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+@dataclass
+class TickStats:
+    """Tick durations as a cumulative histogram (the daemon adds one per tick)."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * len(TICK_BUCKETS))
+    total: int = 0
+    sum: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        for i, bound in enumerate(TICK_BUCKETS):
+            if seconds <= bound:
+                self.counts[i] += 1
+        self.total += 1
+        self.sum += seconds
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Everything one scrape exposes; replaced whole, never mutated."""
+
+    snapshot: Snapshot | None
+    xids: tuple[XidEvent, ...] = ()
+    checks: tuple[CheckResult, ...] = ()
+    profile: str | None = None
+    drift: tuple[tuple[int | None, str, bool], ...] = ()  # (gpu, setting, drifted)
+    reapply_total: int = 0
+    fan_failsafe_total: int = 0
+    probe: dict[str, Any] | None = None
+    nvml_errors: dict[str, int] = field(default_factory=dict)
+    tick: TickStats | None = None
+    last_tick: float | None = None
+
+
+def _gpu_labels(i: int, uuid: str) -> list[str]:
+    return [str(i), uuid]
+
+
+class GpudCollector(Collector):
+    def __init__(self, source: Callable[[], Observation]) -> None:
+        self.source = source
+
+    def collect(self) -> Iterator[Metric]:  # noqa: C901 - one place lists every metric
+        obs = self.source()
+        yield from self._build(obs)
+        yield from self._gpus(obs)
+        yield from self._checks_and_tuning(obs)
+        yield from self._probe(obs)
+
+    @staticmethod
+    def _build(obs: Observation) -> Iterator[Metric]:
+        m = GaugeMetricFamily("gpud_build_info", "gpud's version and Python", labels=["version", "python"])
+        m.add_metric([__version__, platform.python_version()], 1)
+        yield m
+        errs = CounterMetricFamily("gpud_nvml_errors", "NVML calls that failed, by function", labels=["call"])
+        for call, n in sorted(obs.nvml_errors.items()):
+            errs.add_metric([call], n)
+        yield errs
+        if obs.tick is not None:
+            t = obs.tick
+            h = HistogramMetricFamily("gpud_tick_duration_seconds", "Time one daemon tick took")
+            buckets = [(str(b), c) for b, c in zip(TICK_BUCKETS, t.counts, strict=True)] + [("+Inf", t.total)]
+            h.add_metric([], buckets, t.sum)
+            yield h
+        if obs.last_tick is not None:
+            last = GaugeMetricFamily("gpud_last_tick_timestamp_seconds", "When the daemon last read the GPUs")
+            last.add_metric([], obs.last_tick)
+            yield last
+
+    @staticmethod
+    def _gpus(obs: Observation) -> Iterator[Metric]:  # noqa: C901
+        snap = obs.snapshot
+        if snap is None:
+            return
+        infos: dict[int, GpuInfo] = {g.index: g for g in snap.gpus}
+        L = ["gpu", "uuid"]
+
+        def g(name: str, doc: str, extra: list[str] | None = None) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=L + (extra or []))
+
+        info = g("gpud_gpu_info", "GPU identity", ["name", "pci_bus_id", "driver_version"])
+        up = g("gpud_gpu_up", "1 if the GPU answers NVML, 0 if it is lost")
+        temp = g("gpud_gpu_temperature_celsius", "GPU temperature")
+        slow = g("gpud_gpu_slowdown_temperature_celsius", "Temperature at which the GPU slows down")
+        shut = g("gpud_gpu_shutdown_temperature_celsius", "Temperature at which the GPU shuts down")
+        fan = g("gpud_gpu_fan_speed_ratio", "Fan speed (0-1)", ["fan"])
+        fan_target = g("gpud_gpu_fan_target_ratio", "Fan target speed (0-1)", ["fan"])
+        fan_manual = g("gpud_gpu_fan_manual", "1 if the fan is in manual mode (gpud or another tool drives it)",
+                       ["fan"])
+        power = g("gpud_gpu_power_watts", "Power draw")
+        limit = g("gpud_gpu_power_limit_watts", "Enforced power limit")
+        default = g("gpud_gpu_power_default_limit_watts", "Default power limit")
+        pmin = g("gpud_gpu_power_min_limit_watts", "Lowest settable power limit")
+        pmax = g("gpud_gpu_power_max_limit_watts", "Highest settable power limit")
+        energy = CounterMetricFamily("gpud_gpu_energy_joules", "Energy used since the driver loaded", labels=L)
+        clock = g("gpud_gpu_clock_hertz", "Current clock", ["clock"])
+        max_clock = g("gpud_gpu_max_clock_hertz", "Maximum clock", ["clock"])
+        util = g("gpud_gpu_utilization_ratio", "GPU utilisation (0-1)")
+        mem_util = g("gpud_gpu_memory_utilization_ratio", "Memory controller utilisation (0-1)")
+        used = g("gpud_gpu_memory_used_bytes", "GPU memory used")
+        total = g("gpud_gpu_memory_total_bytes", "GPU memory total")
+        gen = g("gpud_gpu_pcie_link_generation", "PCIe link generation", ["kind"])
+        width = g("gpud_gpu_pcie_link_width", "PCIe link width (lanes)", ["kind"])
+        thr = g("gpud_gpu_pcie_throughput_bytes_per_second", "PCIe throughput", ["direction"])
+        replay = CounterMetricFamily("gpud_gpu_pcie_replay_errors", "PCIe replays since boot", labels=L)
+        nvl = g("gpud_gpu_nvlink_link_up", "1 if the NVLink is active", ["link"])
+        events = g("gpud_gpu_clock_event_active", "1 while the clock-event reason is active", ["reason"])
+        persistence = g("gpud_gpu_persistence_mode", "1 if persistence mode is on")
+        ecc = CounterMetricFamily("gpud_gpu_ecc_errors", "ECC errors since boot (volatile)", labels=L + ["type"])
+        rows = g("gpud_gpu_remapped_rows", "Rows remapped", ["type"])
+        rows_pending = g("gpud_gpu_remapped_rows_pending", "1 if a row remapping waits for a GPU reset")
+        rows_failed = g("gpud_gpu_remapped_rows_failure", "1 if a row remapping failed")
+        xid = CounterMetricFamily("gpud_gpu_xid_errors", "Xid errors in the kernel log since boot",
+                                  labels=L + ["xid"])
+        procs = g("gpud_gpu_processes", "Compute processes on the GPU")
+        driver = snap.versions.driver or ""
+        by_bus = {gi.pci_bus_id: gi for gi in infos.values()}
+        for s in snap.samples:
+            gi = infos.get(s.index)
+            uuid = s.uuid or (gi.uuid if gi else "")
+            lab = _gpu_labels(s.index, uuid)
+            up.add_metric(lab, 0 if s.lost else 1)
+            if gi is not None:
+                info.add_metric(lab + [gi.name, gi.pci_bus_id, driver], 1)
+            if s.lost:
+                continue
+            _opt(temp, lab, s.temperature_celsius)
+            if gi is not None:
+                _opt(slow, lab, gi.temperature_slowdown_celsius)
+                _opt(shut, lab, gi.temperature_shutdown_celsius)
+                _opt(default, lab, gi.power_default_limit_watts)
+                _opt(pmin, lab, gi.power_min_limit_watts)
+                _opt(pmax, lab, gi.power_max_limit_watts)
+                for k, v in gi.max_clocks_mhz.items():
+                    _opt(max_clock, lab + [k], v * 1e6 if v is not None else None)
+                _opt(gen, lab + ["max"], gi.pcie_max_generation)
+                _opt(width, lab + ["max"], gi.pcie_max_width)
+            for f in s.fans:
+                _opt(fan, lab + [str(f.fan)], f.speed_percent / 100 if f.speed_percent is not None else None)
+                _opt(fan_target, lab + [str(f.fan)], f.target_percent / 100 if f.target_percent is not None else None)
+                if f.policy is not None:
+                    fan_manual.add_metric(lab + [str(f.fan)], 1 if f.policy == "manual" else 0)
+            _opt(power, lab, s.power_watts)
+            _opt(limit, lab, s.power_limit_watts)
+            if s.energy_joules is not None:
+                energy.add_metric(lab, s.energy_joules)
+            for k, v in s.clocks_mhz.items():
+                _opt(clock, lab + [k], v * 1e6 if v is not None else None)
+            _opt(util, lab, s.utilization_gpu_percent / 100 if s.utilization_gpu_percent is not None else None)
+            _opt(mem_util, lab, s.utilization_memory_percent / 100 if s.utilization_memory_percent is not None
+                 else None)
+            _opt(used, lab, s.memory_used_bytes)
+            _opt(total, lab, s.memory_total_bytes)
+            _opt(gen, lab + ["current"], s.pcie_generation)
+            _opt(width, lab + ["current"], s.pcie_width)
+            _opt(thr, lab + ["tx"], s.pcie_tx_bytes_per_second)
+            _opt(thr, lab + ["rx"], s.pcie_rx_bytes_per_second)
+            if s.pcie_replay_errors is not None:
+                replay.add_metric(lab, s.pcie_replay_errors)
+            for ln in s.nvlinks:
+                nvl.add_metric(lab + [str(ln.link)], 1 if ln.up else 0)
+            if s.clock_events is not None:
+                active = set(s.clock_events)
+                for _, reason in CLOCK_EVENT_REASONS:
+                    events.add_metric(lab + [reason], 1 if reason in active else 0)
+            if s.persistence_mode is not None:
+                persistence.add_metric(lab, 1 if s.persistence_mode else 0)
+            if s.ecc_errors is not None:
+                for kind, v in (("corrected", s.ecc_errors.volatile_corrected),
+                                ("uncorrected", s.ecc_errors.volatile_uncorrected)):
+                    if v is not None:
+                        ecc.add_metric(lab + [kind], v)
+            _opt(rows, lab + ["correctable"], s.remapped_rows_correctable)
+            _opt(rows, lab + ["uncorrectable"], s.remapped_rows_uncorrectable)
+            if s.remapped_rows_pending is not None:
+                rows_pending.add_metric(lab, 1 if s.remapped_rows_pending else 0)
+            if s.remapped_rows_failure is not None:
+                rows_failed.add_metric(lab, 1 if s.remapped_rows_failure else 0)
+            if s.processes is not None:
+                procs.add_metric(lab, len(s.processes))
+        counts: Counter[tuple[int, str, int]] = Counter()
+        for e in obs.xids:
+            gi = by_bus.get(e.pci_bus_id)
+            if gi is not None:
+                counts[(gi.index, gi.uuid, e.xid)] += 1
+        for (i, uuid, x), n in sorted(counts.items()):
+            xid.add_metric(_gpu_labels(i, uuid) + [str(x)], n)
+        yield from (info, up, temp, slow, shut, fan, fan_target, fan_manual, power, limit, default, pmin, pmax,
+                    energy, clock, max_clock, util, mem_util, used, total, gen, width, thr, replay, nvl, events,
+                    persistence, ecc, rows, rows_pending, rows_failed, xid, procs)
+
+    @staticmethod
+    def _checks_and_tuning(obs: Observation) -> Iterator[Metric]:
+        checks = GaugeMetricFamily("gpud_check_status", "Doctor check status: 1 on the current status",
+                                   labels=["check", "gpu", "status"])
+        worst: dict[tuple[str, str], str] = {}
+        rank = {s: i for i, s in enumerate(("skip", "pass", "warn", "fail"))}
+        for r in obs.checks:
+            key = (r.id, "" if r.gpu is None else str(r.gpu))
+            if key not in worst or rank[r.status] > rank[worst[key]]:
+                worst[key] = r.status
+        for (cid, gpu), status in sorted(worst.items()):
+            for st in STATUSES:
+                checks.add_metric([cid, gpu, st], 1 if st == status else 0)
+        yield checks
+        prof = GaugeMetricFamily("gpud_profile_info", "The applied tuning profile (none: nothing applied)",
+                                 labels=["profile"])
+        prof.add_metric([obs.profile or "none"], 1)
+        yield prof
+        drift = GaugeMetricFamily("gpud_profile_drift", "1 if the setting differs from the applied profile",
+                                  labels=["gpu", "setting"])
+        for gpu, setting, drifted in obs.drift:
+            drift.add_metric(["" if gpu is None else str(gpu), setting], 1 if drifted else 0)
+        yield drift
+        re = CounterMetricFamily("gpud_profile_reapply", "Settings re-applied after a driver reload, reboot or "
+                                                         "change behind gpud's back")
+        re.add_metric([], obs.reapply_total)
+        yield re
+        fs = CounterMetricFamily("gpud_fan_failsafe", "Fans handed back to the driver by the failsafe")
+        fs.add_metric([], obs.fan_failsafe_total)
+        yield fs
+
+    @staticmethod
+    def _probe(obs: Observation) -> Iterator[Metric]:
+        p = obs.probe
+        last = GaugeMetricFamily("gpud_probe_last_run_timestamp_seconds", "When the last training probe finished")
+        ok = GaugeMetricFamily("gpud_probe_success", "1 if the last probe ran and passed its thresholds")
+        sps = GaugeMetricFamily("gpud_probe_ddp_samples_per_second", "DDP training throughput", labels=["world_size"])
+        eff = GaugeMetricFamily("gpud_probe_ddp_efficiency_ratio", "DDP scaling efficiency against one GPU",
+                                labels=["world_size"])
+        busbw = GaugeMetricFamily("gpud_probe_allreduce_busbw_bytes_per_second", "All-reduce bus bandwidth (peak, "
+                                  "nccl-tests' definition)", labels=["world_size"])
+        p2p = GaugeMetricFamily("gpud_probe_p2p_bandwidth_bytes_per_second", "Device-to-device copy bandwidth",
+                                labels=["src", "dst"])
+        pipe = GaugeMetricFamily("gpud_probe_pipeline_speedup_ratio", "Pipeline-parallel throughput against one "
+                                 "device", labels=["stages"])
+        if p:
+            last.add_metric([], p.get("finished_at", 0))
+            ok.add_metric([], 1 if p.get("ok") else 0)
+            for ws, r in sorted((p.get("ddp") or {}).get("by_world_size", {}).items(), key=lambda kv: int(kv[0])):
+                sps.add_metric([str(ws)], r["samples_per_second"])
+                eff.add_metric([str(ws)], r["efficiency"])
+            for ws, r in sorted((p.get("allreduce") or {}).get("by_world_size", {}).items(),
+                                key=lambda kv: int(kv[0])):
+                busbw.add_metric([str(ws)], r["peak_busbw_bytes_per_second"])
+            for pair in (p.get("p2p") or {}).get("pairs", []):
+                p2p.add_metric([str(pair["src"]), str(pair["dst"])], pair["bandwidth_bytes_per_second"])
+            for stages, r in sorted((p.get("pipeline") or {}).get("by_stages", {}).items()):
+                pipe.add_metric([str(stages)], r["speedup"])
+        yield from (last, ok, sps, eff, busbw, p2p, pipe)
+
+
+def _opt(family: GaugeMetricFamily, labels: list[str], value: float | int | None) -> None:
+    """Unsupported is not zero: a None reading is simply absent."""
+    if value is not None:
+        family.add_metric(labels, float(value))
+
+
+def registry(source: Callable[[], Observation]) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(GpudCollector(source))
+    return reg
+
+
+def exposition(obs: Observation) -> bytes:
+    return generate_latest(registry(lambda: obs))
