@@ -235,8 +235,8 @@ class GpudCollector(Collector):
         yield prof
         drift = GaugeMetricFamily("gpud_profile_drift", "1 if the setting differs from the applied profile",
                                   labels=["gpu", "setting"])
-        for gpu, setting, drifted in obs.drift:
-            drift.add_metric(["" if gpu is None else str(gpu), setting], 1 if drifted else 0)
+        for index, setting, drifted in obs.drift:
+            drift.add_metric(["" if index is None else str(index), setting], 1 if drifted else 0)
         yield drift
         re = CounterMetricFamily("gpud_profile_reapply", "Settings re-applied after a driver reload, reboot or "
                                                          "change behind gpud's back")
