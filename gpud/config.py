@@ -39,7 +39,21 @@ DOCTOR: Spec = {
     "psu_load_warn_ratio": (NUM, 0.9),
     "pcie_replay_warn": (int, 100),
 }
-SECTIONS: dict[str, Spec] = {"machine": MACHINE, "doctor": DOCTOR}
+DEFAULT_PORT = 10909  # outside 9100-9999, the range Prometheus' default port allocations hand out
+DAEMON: Spec = {
+    "interval_seconds": (NUM, 1.0),
+    "listen": (str, f":{DEFAULT_PORT}"),
+    "web_config": (str, None),
+    "socket": (str, "/run/gpud/gpud.sock"),
+    "socket_group": (str, "gpud"),
+    "doctor_interval_seconds": (NUM, 300),
+    "profile": (str, None),
+    "restore_on_stop": (bool, False),
+    "probe_interval_hours": (NUM, 0),
+    "probe_idle_minutes": (NUM, 10),
+    "probe_world_sizes": (list, None),
+}
+SECTIONS: dict[str, Spec] = {"machine": MACHINE, "doctor": DOCTOR, "daemon": DAEMON}
 
 
 @dataclass(frozen=True)
@@ -47,6 +61,7 @@ class Config:
     path: str | None = None
     machine: dict[str, Any] = field(default_factory=lambda: take({}, MACHINE, "", "machine"))
     doctor: dict[str, Any] = field(default_factory=lambda: take({}, DOCTOR, "", "doctor"))
+    daemon: dict[str, Any] = field(default_factory=lambda: take({}, DAEMON, "", "daemon"))
 
 
 def parse(data: dict[str, Any], file: str) -> Config:
@@ -75,7 +90,27 @@ def parse(data: dict[str, Any], file: str) -> Config:
                            "must be at least 0 and below thermal_margin_warn_celsius")
     if not 0 < doctor["load_utilization_percent"] <= 100:
         raise InvalidInput(file, "doctor.load_utilization_percent", "must be 1..100")
-    return Config(file, machine, doctor)
+    daemon = take(data.get("daemon", {}), DAEMON, file, "daemon")
+    if not 0.05 <= daemon["interval_seconds"] <= 60:
+        raise InvalidInput(file, "daemon.interval_seconds", "must be 0.05..60 s")
+    try:
+        parse_listen(daemon["listen"])
+    except ValueError as err:
+        raise InvalidInput(file, "daemon.listen", str(err)) from err
+    if daemon["doctor_interval_seconds"] < 10:
+        raise InvalidInput(file, "daemon.doctor_interval_seconds", "must be at least 10 s")
+    if daemon["probe_interval_hours"] < 0 or daemon["probe_idle_minutes"] < 0:
+        raise InvalidInput(file, "daemon.probe_interval_hours", "must not be negative")
+    return Config(file, machine, doctor, daemon)
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``host:port``, ``:port`` (all interfaces) or ``[v6]:port`` → (host, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"must be HOST:PORT, :PORT or [V6]:PORT, not {text!r}")
+    host = host.strip("[]")
+    return host or "0.0.0.0", int(port)
 
 
 def load(path: str | None = None) -> Config:

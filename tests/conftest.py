@@ -20,7 +20,9 @@ SHIPPED = shipped_names()
 def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     d = tmp_path / "state"
     monkeypatch.setenv("GPUD_STATE_DIR", str(d))
+    monkeypatch.setenv("GPUD_SOCKET", str(tmp_path / "no-daemon.sock"))  # never a real daemon's socket
     monkeypatch.delenv("GPUD_SIMULATE", raising=False)
+    monkeypatch.delenv("GPUD_CONFIG", raising=False)
     return d
 
 

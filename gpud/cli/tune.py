@@ -89,13 +89,45 @@ def _describe(key: str, v: Any) -> str:
     return _show(v)
 
 
-def _plan_rows(changes: list[Any]) -> list[list[str]]:
+def _plan_rows(plan: list[dict[str, Any]]) -> list[list[str]]:
     rows = []
-    for c in changes:
-        action = {"set": "change", "none": "ok", "skip": "skip", "daemon": "daemon"}[c.action]
-        rows.append(["host" if c.gpu is None else f"GPU{c.gpu}", c.setting, _show(c.current), _show(c.desired),
-                     action + (f": {c.note}" if c.note else "")])
+    for c in plan:
+        action = {"set": "change", "none": "ok", "skip": "skip", "daemon": "daemon"}[c["action"]]
+        rows.append(["host" if c["gpu"] is None else f"GPU{c['gpu']}", c["setting"], _show(c["current"]),
+                     _show(c["desired"]), action + (f": {c['note']}" if c["note"] else "")])
     return rows
+
+
+def _daemon(cmd: str, **args: Any) -> dict[str, Any] | None:
+    """The running daemon's answer, or None when no daemon runs (then the CLI acts itself)."""
+    from gpud.daemon.control import request
+    from gpud.errors import InvalidInput
+    from gpud.paths import control_socket
+
+    reply = request(control_socket(), cmd, **args)
+    if reply is not None and reply.get("invalid"):
+        file, _, rest = str(reply["error"]).partition(": ")
+        key, _, reason = rest.partition(": ")
+        raise InvalidInput(file, key if reason else "", reason or key)
+    return reply
+
+
+def _local_apply(profile: str, dry_run: bool, simulate: str | None) -> dict[str, Any]:
+    from gpud.tuning import engine
+    from gpud.tuning.profile import load
+
+    p = load(profile)  # invalid → exit 2 before anything is read or written
+    m = machine(simulate)
+    changes, desired = engine.plan(m, p, daemon=False)
+    result: dict[str, Any] = {"ok": True, "profile": p.name, "chain": list(p.chain), "source": p.source,
+                              "dry_run": dry_run, "daemon": False,
+                              "plan": [{"gpu": c.gpu, "setting": c.setting, "current": c.current,
+                                        "desired": c.desired, "action": c.action, "note": c.note} for c in changes]}
+    if dry_run:
+        return result
+    out = engine.apply(m, p, changes, desired, m.host.cpu_governors())
+    return result | {"ok": out.ok, "applied": out.ok, "error": out.error, "rolled_back": out.rolled_back,
+                     "not_restored": out.not_restored, "written": len(out.written)}
 
 
 def apply(
@@ -104,64 +136,72 @@ def apply(
     json: Json = False,
     simulate: Simulate = None,
 ) -> None:
-    """Apply a tuning profile: plan, save originals, write, read back; roll back on any failure."""
-    from gpud.paths import daemon_running
-    from gpud.tuning import engine
-    from gpud.tuning.profile import load
+    """Apply a tuning profile: plan, save originals, write, read back; roll back on any failure.
 
-    p = load(profile)  # invalid → exit 2 before anything is read or written
-    m = machine(simulate)
-    daemon = daemon_running()
-    changes, desired = engine.plan(m, p, daemon=daemon)
-    todo = [c for c in changes if c.action == "set"]
-    result: dict[str, Any] = {"profile": p.name, "source": p.source, "dry_run": dry_run, "plan": [
-        {"gpu": c.gpu, "setting": c.setting, "current": c.current, "desired": c.desired, "action": c.action,
-         "note": c.note} for c in changes]}
-    if not json:
-        table(["GPU", "Setting", "Current", "Desired", "Action"], _plan_rows(changes),
-              title=f"Profile {p.name} ({' → '.join(p.chain)}): {len(todo)} change(s)")
-        if any(c.action == "daemon" and c.setting == "fan" for c in changes) and not daemon:
-            sys.stdout.write("Fan curves need the gpud daemon (`systemctl start gpud`): the fans stay on the "
-                             "driver's automatic policy until it runs.\n")
-    if dry_run:
-        if json:
-            emit_json(result)
-        return
-    host_before = m.host.cpu_governors()
-    out = engine.apply(m, p, changes, desired, host_before)
-    result |= {"applied": out.ok, "error": out.error, "rolled_back": out.rolled_back,
-               "not_restored": out.not_restored, "written": len(out.written)}
+    With the daemon running, the daemon applies it (and drives the fan curves).
+    """
+    import os
+
+    result = _daemon("apply", profile=os.path.abspath(profile) if "/" in profile else profile, dry_run=dry_run)
+    if result is not None:
+        result["daemon"] = True
+        if "plan" not in result:  # refused before planning
+            raise typer.Exit(_fail(result, json))
+    else:
+        result = _local_apply(profile, dry_run, simulate)
+    plan = result["plan"]
+    todo = sum(1 for c in plan if c["action"] == "set")
     if json:
         emit_json(result)
-    elif out.ok:
-        sys.stdout.write(f"applied {p.name}: {len(out.written)} setting(s) written and read back\n")
     else:
-        lines = [f"gpud: apply failed: {out.error}"]
-        lines += [f"  rolled back: {r}" for r in out.rolled_back]
-        lines += [f"  NOT restored: {r}" for r in out.not_restored]
+        table(["GPU", "Setting", "Current", "Desired", "Action"], _plan_rows(plan),
+              title=f"Profile {result['profile']} ({' → '.join(result['chain'])}): {todo} change(s)")
+        if any(c["action"] == "daemon" and c["setting"] == "fan" for c in plan) and not result["daemon"]:
+            sys.stdout.write("Fan curves need the gpud daemon (`systemctl start gpud`): the fans stay on the "
+                             "driver's automatic policy until it runs.\n")
+        if not dry_run and result["ok"]:
+            via = " by the gpud daemon" if result["daemon"] else ""
+            sys.stdout.write(f"applied {result['profile']}{via}: {result['written']} setting(s) written and read "
+                             "back\n")
+    if not result["ok"]:
+        raise typer.Exit(_fail(result, json))
+
+
+def _fail(result: dict[str, Any], json: bool) -> int:
+    if not json:
+        lines = [f"gpud: apply failed: {result.get('error')}"]
+        lines += [f"  rolled back: {r}" for r in result.get("rolled_back", [])]
+        lines += [f"  NOT restored: {r}" for r in result.get("not_restored", [])]
         sys.stderr.write("\n".join(lines) + "\n")
-    if not out.ok:
-        raise typer.Exit(1)
+    elif "plan" not in result:
+        emit_json(result)
+    return 1
 
 
 def verify(json: Json = False, simulate: Simulate = None) -> None:
     """Compare the GPUs with the applied profile; exit 1 on drift."""
-    from gpud.paths import daemon_running
-    from gpud.tuning import engine
+    reply = _daemon("verify")
+    if reply is not None:
+        profile, rows = reply.get("profile"), reply.get("settings", [])
+        applied = reply.get("applied", False)
+    else:
+        from gpud.tuning import engine
 
-    data, drifts = engine.verify(machine(simulate), daemon=daemon_running())
-    bad = [d for d in drifts if d.status == "drift"]
+        data, drifts = engine.verify(machine(simulate), daemon=False)
+        profile, applied = (data.get("profile") if data else None), data is not None
+        rows = [{"gpu": d.gpu, "setting": d.setting, "current": d.current, "desired": d.desired, "status": d.status}
+                for d in drifts]
+    bad = [d for d in rows if d["status"] == "drift"]
     if json:
-        emit_json({"profile": data.get("profile") if data else None, "drift": len(bad), "settings": [
-            {"gpu": d.gpu, "setting": d.setting, "current": d.current, "desired": d.desired, "status": d.status}
-            for d in drifts]})
-    elif data is None:
+        emit_json({"profile": profile, "drift": len(bad), "settings": rows})
+    elif not applied:
         sys.stdout.write("no profile applied\n")
     else:
         table(["GPU", "Setting", "Current", "Desired", "Status"],
-              [["host" if d.gpu is None else f"GPU{d.gpu}", d.setting, _show(d.current), _describe(d.setting, d.desired)
-                if isinstance(d.desired, dict) else _show(d.desired), d.status] for d in drifts],
-              title=f"Profile {data.get('profile')}: {len(bad)} drifted setting(s)")
+              [["host" if d["gpu"] is None else f"GPU{d['gpu']}", d["setting"], _show(d["current"]),
+                _describe(d["setting"], d["desired"]) if isinstance(d["desired"], dict) else _show(d["desired"]),
+                d["status"]] for d in rows],
+              title=f"Profile {profile}: {len(bad)} drifted setting(s)")
     if bad:
         raise typer.Exit(1)
 
@@ -172,9 +212,15 @@ def restore(
     simulate: Simulate = None,
 ) -> None:
     """Put back what gpud changed: fans automatic, clocks reset, power, persistence, governor."""
-    from gpud.tuning import engine
+    reply = _daemon("restore", fans_only=fans_only)
+    if reply is not None:
+        done, failed = reply.get("restored", []), reply.get("failed", [])
+        if "error" in reply and not reply.get("ok"):
+            failed = [*failed, reply["error"]]
+    else:
+        from gpud.tuning import engine
 
-    done, failed = engine.restore(machine(simulate), fans_only=fans_only)
+        done, failed = engine.restore(machine(simulate), fans_only=fans_only)
     if json:
         emit_json({"restored": done, "failed": failed})
     else:

@@ -147,6 +147,11 @@ class SimMachine:
         """Add a fault while running (validated like one in the description); persisted."""
         fault = validate_fault({"kind": kind, **params}, len(self.desc.gpus), "inject", "fault")
         self.state.setdefault("faults", []).append({"kind": fault.kind, "params": fault.params})
+        if kind in ("gpu_lost", "off_bus") and fault.params.get("at_write") is None:
+            # A GPU that falls off the bus stops listening to the driver: its board firmware runs
+            # the fans on their own automatic curve again.
+            for f in self.settings(fault.params["gpu"])["fans"]:
+                f["policy"], f["target"] = 0, None
         self.save()
         return fault
 
