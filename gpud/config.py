@@ -53,7 +53,8 @@ DAEMON: Spec = {
     "probe_idle_minutes": (NUM, 10),
     "probe_world_sizes": (list, None),
 }
-SECTIONS: dict[str, Spec] = {"machine": MACHINE, "doctor": DOCTOR, "daemon": DAEMON}
+PROBE: Spec = {"min_efficiency": (dict, {"2": 0.85, "4": 0.875, "8": 0.775})}
+SECTIONS: dict[str, Spec] = {"machine": MACHINE, "doctor": DOCTOR, "daemon": DAEMON, "probe": PROBE}
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,10 @@ class Config:
     machine: dict[str, Any] = field(default_factory=lambda: take({}, MACHINE, "", "machine"))
     doctor: dict[str, Any] = field(default_factory=lambda: take({}, DOCTOR, "", "doctor"))
     daemon: dict[str, Any] = field(default_factory=lambda: take({}, DAEMON, "", "daemon"))
+    probe: dict[str, Any] = field(default_factory=lambda: take({}, PROBE, "", "probe"))
+
+    def efficiency_thresholds(self) -> dict[int, float]:
+        return {int(k): float(v) for k, v in self.probe["min_efficiency"].items()}
 
 
 def parse(data: dict[str, Any], file: str) -> Config:
@@ -101,7 +106,13 @@ def parse(data: dict[str, Any], file: str) -> Config:
         raise InvalidInput(file, "daemon.doctor_interval_seconds", "must be at least 10 s")
     if daemon["probe_interval_hours"] < 0 or daemon["probe_idle_minutes"] < 0:
         raise InvalidInput(file, "daemon.probe_interval_hours", "must not be negative")
-    return Config(file, machine, doctor, daemon)
+    probe = take(data.get("probe", {}), PROBE, file, "probe")
+    for k, v in probe["min_efficiency"].items():
+        if not k.isdigit() or int(k) < 2:
+            raise InvalidInput(file, f"probe.min_efficiency.{k}", "keys are world sizes of 2 or more")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+            raise InvalidInput(file, f"probe.min_efficiency.{k}", f"must be a ratio in (0, 1], not {v!r}")
+    return Config(file, machine, doctor, daemon, probe)
 
 
 def parse_listen(text: str) -> tuple[str, int]:

@@ -44,13 +44,14 @@ def debug_enabled() -> bool:
 
 
 def _register() -> None:
-    from gpud.cli import daemon, doctor, metrics, sim, status, topo, tune
+    from gpud.cli import daemon, doctor, metrics, probe, sim, status, topo, tune
 
     status.register(app)
     topo.register(app)
     doctor.register(app)
     tune.register(app)
     metrics.register(app)
+    probe.register(app)
     daemon.register(app)
     sim.register(app)
 

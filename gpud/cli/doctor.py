@@ -81,6 +81,8 @@ def doctor(
     config: Annotated[str | None, typer.Option("--config", metavar="PATH", help="gpud.toml (default "
                                                   "/etc/gpud/gpud.toml if present).")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Details of every check.")] = False,
+    probe: Annotated[bool, typer.Option("--probe", help="Also run the quick training probe (DDP, pipeline, "
+                                                         "all-reduce, P2P) and re-check PCIe under load.")] = False,
 ) -> None:
     """Pre-flight checks: driver, SLI, PCIe/NVLink topology, P2P, configuration, health, host, environment.
 
@@ -92,8 +94,15 @@ def doctor(
     from gpud.doctor import diagnose
 
     conf = cfg.load(config)  # an invalid file stops here: exit 2, nothing else runs
-    report = diagnose(machine(simulate), conf, only=only, skip=skip, expect_gpus=expect_gpus,
-                      debug=debug_enabled())
+    m = machine(simulate)
+    result = None
+    if probe:
+        from gpud.probe import runner
+
+        have = runner.torch_gpus() if runner.torch_available() else 0
+        result = runner.run_probe(device="cuda" if have else "cpu", gpus=have, quick=True, machine=m, host=m.label,
+                                  thresholds=conf.efficiency_thresholds())
+    report = diagnose(m, conf, only=only, skip=skip, expect_gpus=expect_gpus, debug=debug_enabled(), probe=result)
     code = report.exit_code(strict)
     if json:
         emit_json({"gpud_version": __version__, "host": report.host, "checks": [

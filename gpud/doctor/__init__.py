@@ -11,7 +11,14 @@ from collections import Counter
 from dataclasses import dataclass
 
 from gpud.config import Config
-from gpud.doctor import checks_env, checks_gpu, checks_host, checks_pcie, checks_system  # noqa: F401 (register)
+from gpud.doctor import (  # noqa: F401 (they register their checks)
+    checks_env,
+    checks_gpu,
+    checks_host,
+    checks_pcie,
+    checks_probe,
+    checks_system,
+)
 from gpud.doctor.registry import AREAS, CHECKS, Check, Context, run, selected
 from gpud.errors import DriverNotLoaded, NvmlError
 from gpud.hw.machine import Machine
@@ -47,11 +54,12 @@ NOT_IN_DAEMON = ["env.cuda", "torch.cuda"]
 
 def diagnose(machine: Machine, config: Config, *, only: list[str] | None = None, skip: list[str] | None = None,
              expect_gpus: int | None = None, env: dict[str, str] | None = None, debug: bool = False,
-             snapshot: Snapshot | None = None, in_daemon: bool = False) -> Report:
+             snapshot: Snapshot | None = None, in_daemon: bool = False,
+             probe: dict[str, object] | None = None) -> Report:
     """Read the machine once (or use ``snapshot``) and run the selected checks."""
     ctx = Context(machine=machine, config=config, env=dict(os.environ if env is None else env),
                   expect_gpus=expect_gpus, daemon_running=in_daemon or daemon_running(),
-                  profile_settings=tuning_state.profile_settings(tuning_state.load()))
+                  profile_settings=tuning_state.profile_settings(tuning_state.load()), probe=probe)
     if snapshot is not None:
         ctx.snapshot = snapshot
     else:
@@ -61,7 +69,7 @@ def diagnose(machine: Machine, config: Config, *, only: list[str] | None = None,
             ctx.error = err
     if in_daemon:
         skip = [*(skip or []), *NOT_IN_DAEMON]
-    checks: list[Check] = selected(CHECKS, only or [], [*(skip or []), *config.doctor["skip"]])
+    checks: list[Check] = selected(CHECKS, only or [], [*(skip or []), *config.doctor["skip"]], probe is not None)
     results = run(ctx, checks, debug=debug)
     host: dict[str, object] = {"name": machine.label}
     if ctx.snapshot is not None:

@@ -14,7 +14,7 @@ from gpud.errors import GpudError
 from gpud.hw.machine import Machine
 from gpud.model import CheckResult, GpuInfo, GpuSample, Snapshot, Topology
 
-AREAS = ("Driver", "Display", "PCIe and topology", "Configuration", "Health", "Host", "Environment")
+AREAS = ("Driver", "Display", "PCIe and topology", "Configuration", "Health", "Host", "Environment", "Probe")
 CheckFn = Callable[["Context"], Iterable[CheckResult]]
 
 
@@ -24,17 +24,18 @@ class Check:
     area: str
     fn: CheckFn
     needs_nvml: bool
+    probe: bool = False  # runs only with `gpud doctor --probe`
 
 
 CHECKS: list[Check] = []
 
 
-def check(check_id: str, area: str, needs_nvml: bool = True) -> Callable[[CheckFn], CheckFn]:
+def check(check_id: str, area: str, needs_nvml: bool = True, probe: bool = False) -> Callable[[CheckFn], CheckFn]:
     """Register a check. ``needs_nvml`` checks are skipped (with the reason) when NVML is down."""
 
     def deco(fn: CheckFn) -> CheckFn:
-        assert area in AREAS and all(c.id != check_id for c in CHECKS), check_id
-        CHECKS.append(Check(check_id, area, fn, needs_nvml))
+        assert area in AREAS and all(c.id != check_id or c.probe != probe for c in CHECKS), check_id
+        CHECKS.append(Check(check_id, area, fn, needs_nvml, probe))
         return fn
 
     return deco
@@ -64,6 +65,7 @@ class Context:
     # Settings the active tuning profile asks for, per GPU (e.g. {"power_limit_watts": 240}):
     # a lowered power limit asked for by a profile is not a misconfiguration.
     profile_settings: dict[int, dict[str, Any]] = field(default_factory=dict)
+    probe: dict[str, Any] | None = None  # the probe's result, with --probe
 
     @property
     def host(self):  # type: ignore[no-untyped-def]
@@ -95,9 +97,11 @@ class Context:
         return {g.pci_bus_id: i for i, g in self.infos.items()}
 
 
-def selected(checks: Iterable[Check], only: list[str], skip_globs: list[str]) -> list[Check]:
+def selected(checks: Iterable[Check], only: list[str], skip_globs: list[str], probe: bool = False) -> list[Check]:
     out = []
     for c in checks:
+        if c.probe and not probe:
+            continue
         if only and not any(fnmatch.fnmatchcase(c.id, g) for g in only):
             continue
         if any(fnmatch.fnmatchcase(c.id, g) for g in skip_globs):

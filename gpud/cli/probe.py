@@ -1,0 +1,147 @@
+"""``gpud probe``: a short training run that measures scaling and says why it falls short."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from gpud.cli.common import Json, Simulate, machine
+from gpud.cli.output import emit_json, is_tty, table
+
+GB = 1e9
+
+
+def _progress(json: bool) -> Any:
+    if json:
+        return None
+    if is_tty():
+        from rich.progress import Progress
+
+        bar = Progress(transient=True)
+        bar.start()
+        task = bar.add_task("probe", total=1)
+
+        def update(msg: str, k: int, n: int) -> None:
+            bar.update(task, total=n, completed=k, description=msg)
+            if msg == "done":
+                bar.stop()
+
+        return update
+
+    def plain(msg: str, k: int, n: int) -> None:
+        print(f"gpud probe: [{k}/{n}] {msg}", file=sys.stderr)
+
+    return plain
+
+
+def render(r: dict[str, Any]) -> None:
+    out = sys.stdout
+    dev = r.get("gpu_name") or "CPU"
+    out.write(f"gpud probe — {r.get('host') or 'this machine'} ({dev}, torch {r.get('torch')})"
+              + (" — quick" if r.get("quick") else "") + "\n")
+    if r.get("note"):
+        out.write(f"  {r['note']}\n")
+    ddp = r["ddp"]["by_world_size"]
+    if ddp:
+        any_r = next(iter(ddp.values()))
+        m = any_r["model"]
+        verdicts = r["diagnosis"]["verdicts"]
+        table(["world size", "samples/s", "speedup", "efficiency", "verdict"],
+              [[n, f"{x['samples_per_second']:.1f}", f"{x.get('speedup', 0):.2f}×", f"{x.get('efficiency', 0):.0%}",
+                verdicts.get(n, "")] for n, x in sorted(ddp.items(), key=lambda kv: int(kv[0]))],
+              title=f"\nDDP scaling (transformer: {m['layers']} blocks × {m['dim']}, sequence {m['seq']}, "
+                    f"batch {any_r['batch_per_rank']} per rank, {any_r['steps']} timed steps)")
+    ar = r["allreduce"]["by_world_size"]
+    if ar:
+        rows = []
+        for n, x in sorted(ar.items(), key=lambda kv: int(kv[0])):
+            for s in x["sizes"]:
+                rows.append([n, f"{s['bytes'] / 2**20:.2f} MiB", f"{s['algbw_bytes_per_second'] / GB:.2f}",
+                             f"{s['busbw_bytes_per_second'] / GB:.2f}"])
+        table(["ranks", "size", "algbw GB/s", "busbw GB/s"], rows,
+              title="\nAll-reduce (algbw = S/t, busbw = algbw·2(n−1)/n)")
+    for k, p in sorted(r["pipeline"]["by_stages"].items()):
+        out.write(f"\nPipeline, {k} stages, {p['micro_batches']} micro-batches: unsplit "
+                  f"{p['single_samples_per_second']:.1f} samples/s; naive split {p['naive_samples_per_second']:.1f} "
+                  f"({p['naive_speedup']:.2f}×); GPipe "
+                  f"{p['pipeline_samples_per_second']:.1f} ({p['speedup']:.2f}×); activations "
+                  f"{p['activation_bytes_per_second'] / 1e6:.1f} MB/s between stages; output vs unsplit: max "
+                  f"difference {p['output_max_abs_diff']:.2g}\n")
+    pairs = r["p2p"].get("pairs", [])
+    if pairs:
+        table(["pair", "bandwidth GB/s", "latency µs"],
+              [[f"{p['src']}→{p['dst']}", f"{p['bandwidth_bytes_per_second'] / GB:.2f}",
+                f"{p['latency_seconds'] * 1e6:.1f}"] for p in pairs], title=f"\nP2P ({r['p2p'].get('how', '')})")
+    names = {"params_identical_across_ranks": "parameters identical on every rank",
+             "ddp_matches_one_process": "DDP step = one-process step on the global batch",
+             "pipeline_matches_unsplit": "pipeline output = unsplit model output"}
+    out.write("\nCorrectness: " + "; ".join(f"{names.get(k, k)}: {'yes' if v else 'NO'}"
+                                             for k, v in r["correctness"].items()) + "\n")
+    for s in r["diagnosis"]["sentences"]:
+        out.write(f"  → {s}\n")
+    for s in r.get("regressions", []):
+        out.write(f"  REGRESSION: {s}\n")
+    out.write(f"\n{'OK' if r['ok'] else 'FAILED'}\n")
+
+
+def probe(
+    json: Json = False,
+    gpus: Annotated[int | None, typer.Option("--gpus", min=1, help="Use the first N GPUs.")] = None,
+    device: Annotated[str | None, typer.Option("--device", help="cuda or cpu (default: cuda when torch sees "
+                                                                   "a GPU)")] = None,
+    suite: Annotated[str, typer.Option("--suite", help="Comma-separated: ddp, pipeline, allreduce, p2p.")
+                     ] = "ddp,pipeline,allreduce,p2p",
+    world_sizes: Annotated[str | None, typer.Option("--world-sizes", help="e.g. 1,2,4 (default: 1, 2, 4 … up "
+                                                                             "to the GPU count)")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="Fewer steps and sizes (about a minute on 4 GPUs).")] = False,
+    simulate: Simulate = None,
+    config: Annotated[str | None, typer.Option("--config", metavar="PATH", help="gpud.toml")] = None,
+) -> None:
+    """DDP scaling, pipeline parallelism, all-reduce and P2P bandwidth — and why scaling falls short.
+
+    Each measurement runs in child processes with a timeout. Under torchrun (several machines),
+    every rank runs it and rank 0 reports.
+    """
+    from gpud import config as cfg
+    from gpud.errors import InvalidInput
+    from gpud.probe import runner
+
+    conf = cfg.load(config)
+    suites = [s.strip() for s in suite.split(",") if s.strip()]
+    for s in suites:
+        if s not in runner.SUITES:
+            raise InvalidInput("--suite", s, f"unknown suite (known: {', '.join(runner.SUITES)})")
+    try:
+        sizes = [int(x) for x in world_sizes.split(",")] if world_sizes else None
+    except ValueError as err:
+        raise InvalidInput("--world-sizes", world_sizes or "", "must be integers separated by commas") from err
+    if device not in (None, "cuda", "cpu"):
+        raise InvalidInput("--device", device, "must be cuda or cpu")
+    if runner.under_torchrun():
+        import socket
+
+        res = runner.run_distributed(quick=quick, suites=suites, host=socket.gethostname(),
+                                     thresholds=conf.efficiency_thresholds())
+        if res is None:
+            return
+    else:
+        m = machine(simulate)
+        have = runner.torch_gpus() if runner.torch_available() else 0
+        dev = device or ("cuda" if have else "cpu")
+        if dev == "cuda" and not have:
+            raise InvalidInput("--device", "cuda", "torch sees no GPU here (a CPU build, or no driver)")
+        n = min(have, gpus) if gpus and dev == "cuda" else have
+        res = runner.run_probe(device=dev, gpus=n, world_sizes=sizes, suites=suites, quick=quick, machine=m,
+                               host=m.label, thresholds=conf.efficiency_thresholds(), progress=_progress(json))
+    if json:
+        emit_json(res)
+    else:
+        render(res)
+    if not res["ok"]:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("probe")(probe)

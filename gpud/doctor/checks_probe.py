@@ -1,0 +1,111 @@
+"""`gpud doctor --probe`: the training probe's verdicts, and PCIe generation re-checked under load."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from gpud.doctor.registry import Context, check, fail, ok, skip, warn
+from gpud.model import CheckResult
+from gpud.probe.diagnose import threshold
+
+GB = 1e9
+REMEDY = "run `gpud probe` for the full report; check the links it names (`gpud topo`, `nvidia-smi topo -m`)"
+
+
+def _cpu(ctx: Context) -> bool:
+    return (ctx.probe or {}).get("device") != "cuda"
+
+
+@check("probe.ddp_scaling", "Probe", needs_nvml=False, probe=True)
+def ddp_scaling(ctx: Context) -> Iterator[CheckResult]:
+    r = ctx.probe or {}
+    by = (r.get("ddp") or {}).get("by_world_size", {})
+    corr = r.get("correctness", {})
+    if not by:
+        yield skip("probe.ddp_scaling", "DDP not measured")
+        return
+    if not corr.get("params_identical_across_ranks", True) or not corr.get("ddp_matches_one_process", True):
+        yield fail("probe.ddp_scaling", "DDP is wrong: ranks disagree, or a DDP step differs from one process's",
+                   remedy="check the NCCL/gloo set-up and the environment (env.cuda); " + REMEDY)
+        return
+    thresholds = ctx.config.efficiency_thresholds()
+    sentences = (r.get("diagnosis") or {}).get("sentences", [])
+    for n, x in sorted(by.items(), key=lambda kv: int(kv[0])):
+        if int(n) < 2:
+            continue
+        want = threshold(thresholds, int(n))
+        unit = "CPU ranks" if _cpu(ctx) else "GPUs"
+        text = (f"{n} {unit}: {x['efficiency']:.0%} efficiency ({x['speedup']:.2f}×), "
+                f"{x['samples_per_second']:.0f} samples/s")
+        if _cpu(ctx):
+            yield ok("probe.ddp_scaling", f"{text} on CPU: DDP works (CPU figures check function, not hardware)")
+        elif x["efficiency"] >= want:
+            yield ok("probe.ddp_scaling", f"{text} (≥ {want:.1%})")
+        else:
+            why = next((s for s in sentences if s.startswith(f"{n}-GPU")), "")
+            yield fail("probe.ddp_scaling", f"{text}, below {want:.1%}", detail=why, remedy=REMEDY)
+
+
+@check("probe.pipeline", "Probe", needs_nvml=False, probe=True)
+def pipeline(ctx: Context) -> Iterator[CheckResult]:
+    by = ((ctx.probe or {}).get("pipeline") or {}).get("by_stages", {})
+    if not by:
+        yield skip("probe.pipeline", "pipeline not measured (needs 2 GPUs, or 2 CPU ranks)")
+        return
+    for k, p in sorted(by.items()):
+        if not (ctx.probe or {}).get("correctness", {}).get("pipeline_matches_unsplit", True):
+            yield fail("probe.pipeline", f"{k}-stage pipeline output differs from the unsplit model's "
+                       f"(max difference {p['output_max_abs_diff']:.3g})", remedy=REMEDY)
+        else:
+            yield ok("probe.pipeline", f"{k} stages: GPipe {p['speedup']:.2f}× one device, naive split "
+                     f"{p['naive_speedup']:.2f}×; activations {p['activation_bytes_per_second'] / GB:.2f} GB/s; "
+                     "output matches the unsplit model")
+
+
+@check("probe.allreduce", "Probe", needs_nvml=False, probe=True)
+def allreduce(ctx: Context) -> Iterator[CheckResult]:
+    by = ((ctx.probe or {}).get("allreduce") or {}).get("by_world_size", {})
+    if not by:
+        yield skip("probe.allreduce", "all-reduce not measured (one GPU)")
+        return
+    unit = "CPU ranks" if _cpu(ctx) else "GPUs"
+    peaks = ", ".join(f"{n} {unit} {x['peak_busbw_bytes_per_second'] / GB:.1f} GB/s"
+                      for n, x in sorted(by.items(), key=lambda kv: int(kv[0])))
+    yield ok("probe.allreduce", f"peak busbw: {peaks}" + (" (CPU: function only)" if _cpu(ctx) else ""))
+
+
+@check("probe.p2p", "Probe", needs_nvml=False, probe=True)
+def p2p(ctx: Context) -> Iterator[CheckResult]:
+    r = ctx.probe or {}
+    pairs = (r.get("p2p") or {}).get("pairs", [])
+    if not pairs:
+        yield skip("probe.p2p", "P2P not measured")
+        return
+    slow = [x for x in (r.get("diagnosis") or {}).get("links", []) if x["ratio"] < 0.5]
+    if slow:
+        detail = "\n".join(f"GPU{x['src']}→GPU{x['dst']}: {x['measured_bytes_per_second'] / GB:.1f} GB/s of "
+                           f"{x['expected_bytes_per_second'] / GB:.1f} ({x['link']}) {'; '.join(x['notes'])}"
+                           for x in slow)
+        yield warn("probe.p2p", f"{len(slow)} pair(s) below half of what their link allows", detail=detail,
+                   remedy=REMEDY)
+    else:
+        best = max(x["bandwidth_bytes_per_second"] for x in pairs)
+        yield ok("probe.p2p", f"{len(pairs)} pair(s), up to {best / GB:.1f} GB/s" +
+                 (" (CPU: function only)" if _cpu(ctx) else ""))
+
+
+@check("pcie.link_gen", "PCIe and topology", needs_nvml=True, probe=True)
+def link_gen_under_load(ctx: Context) -> Iterator[CheckResult]:
+    seen = ((ctx.probe or {}).get("load") or {}).get("pcie_max_generation_under_load", {})
+    if not seen:
+        yield skip("pcie.link_gen", "not re-checked under load (no GPU load seen during the probe)")
+        return
+    for gpu, gen in sorted(seen.items()):
+        g = ctx.infos.get(int(gpu))
+        top = g.pcie_max_generation if g else None
+        if top and gen < top:
+            yield fail("pcie.link_gen", f"Gen{gen} under the probe's load, max Gen{top}", gpu=int(gpu),
+                       remedy="set the slot to its full generation (or Auto) in the BIOS, check the riser; confirm "
+                              f"with `nvidia-smi -i {gpu} -q -d PCIE` under load")
+        else:
+            yield ok("pcie.link_gen", f"Gen{gen} under load (max Gen{top})", gpu=int(gpu))
