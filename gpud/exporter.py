@@ -22,6 +22,8 @@ from prometheus_client.registry import Collector
 from gpud import __version__
 from gpud.model import CLOCK_EVENT_REASONS, STATUSES, CheckResult, GpuInfo, Snapshot, XidEvent
 
+# Xids exported at 0 until they happen (the ones doctor knows; others appear when they occur).
+WATCHED_XIDS = (13, 31, 43, 45, 48, 61, 62, 63, 64, 69, 74, 79, 92, 94, 95, 119, 120, 140)
 TICK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
@@ -205,6 +207,9 @@ class GpudCollector(Collector):
             if s.processes is not None:
                 procs.add_metric(lab, len(s.processes))
         counts: Counter[tuple[int, str, int]] = Counter()
+        for gi in infos.values():  # known Xids start at 0, so that the first one shows as an increase
+            for x in WATCHED_XIDS:
+                counts[(gi.index, gi.uuid, x)] += 0
         for e in obs.xids:
             gi = by_bus.get(e.pci_bus_id)
             if gi is not None:

@@ -67,7 +67,8 @@ def test_check_both_ways(tmp_path: Path, check: str, good: str, bad: str, status
 
 
 def test_every_check_has_a_both_ways_test() -> None:
-    covered = {c[0] for c in CASES} | {"nvml.available", "env.cuda", "torch.cuda"}
+    covered = {c[0] for c in CASES} | {"nvml.available", "env.cuda", "torch.cuda", "probe.ddp_scaling",
+                                       "probe.pipeline", "probe.p2p", "probe.allreduce"}
     assert {c.id for c in CHECKS} <= covered
 
 
@@ -230,3 +231,48 @@ def test_a_crashing_check_is_reported_not_fatal(tmp_path: Path, monkeypatch: pyt
     ctx = reg.Context(open_machine(str(p)), Config(), {})
     [r] = reg.run(ctx, reg.CHECKS)
     assert r.status == "skip" and "kaput" in r.summary and check.id == r.id
+
+
+def _probe_result(eff: float = 0.95, pipeline_ok: bool = True, p2p_bw: float = 40e9, gen: int = 4) -> dict:
+    return {
+        "device": "cuda",
+        "ddp": {"by_world_size": {"1": {"efficiency": 1.0, "speedup": 1.0, "samples_per_second": 100.0},
+                                  "2": {"efficiency": eff, "speedup": 2 * eff, "samples_per_second": 200 * eff}}},
+        "allreduce": {"by_world_size": {"2": {"peak_busbw_bytes_per_second": 20e9}}},
+        "pipeline": {"by_stages": {"2": {"speedup": 1.6, "naive_speedup": 0.9, "activation_bytes_per_second": 3e9,
+                                         "output_max_abs_diff": 0.0 if pipeline_ok else 0.5}}},
+        "p2p": {"pairs": [{"src": 0, "dst": 1, "bandwidth_bytes_per_second": p2p_bw}]},
+        "correctness": {"params_identical_across_ranks": True, "ddp_matches_one_process": True,
+                        "pipeline_matches_unsplit": pipeline_ok},
+        "diagnosis": {"sentences": [f"2-GPU efficiency {eff:.0%} (below 85.0%): all-reduce limited by …"],
+                      "links": [{"src": 0, "dst": 1, "link": "NVLink ×4", "expected_bytes_per_second": 56.25e9,
+                                 "measured_bytes_per_second": p2p_bw, "ratio": p2p_bw / 56.25e9, "notes": []}]},
+        "load": {"pcie_max_generation_under_load": {"0": gen, "1": 4}},
+    }
+
+
+@pytest.mark.parametrize(("check", "bad", "status"), [
+    ("probe.ddp_scaling", {"eff": 0.7}, "fail"),
+    ("probe.pipeline", {"pipeline_ok": False}, "fail"),
+    ("probe.p2p", {"p2p_bw": 10e9}, "warn"),
+    ("pcie.link_gen", {"gen": 2}, "fail"),
+    ("probe.allreduce", None, None),
+])
+def test_probe_checks_both_ways(tmp_path: Path, check: str, bad: dict | None, status: str | None) -> None:
+    from gpud.config import Config
+    from gpud.doctor import diagnose
+    from gpud.hw.machine import open_machine
+
+    p = tmp_path / "two.toml"
+    p.write_text(d(2, extra=TWO_BRIDGED))
+    m = open_machine(str(p))
+    good = diagnose(m, Config(), only=[check], env={}, probe=_probe_result())
+    assert good.checks and all(r.status == "pass" for r in good.checks), good.checks
+    if bad is None:
+        none = diagnose(m, Config(), only=[check], env={}, probe={"device": "cuda"})
+        assert [r.status for r in none.checks] == ["skip"]
+        return
+    worse = diagnose(m, Config(), only=[check], env={}, probe=_probe_result(**bad))
+    hit = [r for r in worse.checks if r.status == status]
+    assert hit and hit[0].remedy, worse.checks
+    assert not diagnose(m, Config(), only=[check], env={}).checks or check == "pcie.link_gen"

@@ -55,11 +55,8 @@ def trusted(path: str, what: str) -> None:
 
 def load_trusted_profile(name: str) -> Profile:
     p = load(name)
-    from gpud.tuning.profile import find
-
-    for link in p.chain:
-        trusted(str(find(link) if "/" not in link else link), "profile")
-    trusted(p.source, "profile")
+    for file in p.files:
+        trusted(file, "profile")
     return p
 
 

@@ -42,6 +42,18 @@ def _raise(code: int) -> None:
     raise E.NVMLError(code)
 
 
+def nvml_setter(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A write: guarded like any call, then run under the state lock on the freshest state."""
+
+    @functools.wraps(fn)
+    def wrapper(self: FakeNvml, *args: Any) -> Any:
+        self._guard(fn.__name__, args)
+        with self.sim.mutate():
+            return fn(self, *args)
+
+    return wrapper
+
+
 def nvml_function(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Guard every call: initialised, GPU not lost, and the declared NotSupported/NoPermission."""
 
@@ -250,7 +262,7 @@ class FakeNvml:
     def nvmlDeviceGetFanControlPolicy_v2(self, h: Handle, fan: int) -> int:
         return int(self._fan(h, fan)["policy"])
 
-    @nvml_function
+    @nvml_setter
     def nvmlDeviceSetFanSpeed_v2(self, h: Handle, fan: int, speed: int) -> int:
         self._write(h)
         f = self._fan(h, fan)
@@ -259,19 +271,17 @@ class FakeNvml:
             _raise(E.NVML_ERROR_INVALID_ARGUMENT)
         self.sim.step()
         f["policy"], f["target"] = 1, int(speed)
-        self.sim.save()
         return 0
 
-    @nvml_function
+    @nvml_setter
     def nvmlDeviceSetDefaultFanSpeed_v2(self, h: Handle, fan: int) -> int:
         self._write(h)
         f = self._fan(h, fan)
         self.sim.step()
         f["policy"], f["target"] = 0, None
-        self.sim.save()
         return 0
 
-    @nvml_function
+    @nvml_setter
     def nvmlDeviceSetFanControlPolicy(self, h: Handle, fan: int, policy: int) -> int:
         self._write(h)
         f = self._fan(h, fan)
@@ -281,7 +291,6 @@ class FakeNvml:
         f["policy"] = int(policy)
         if policy == 0:
             f["target"] = None
-        self.sim.save()
         return 0
 
     # -- power --------------------------------------------------------------------------
@@ -311,7 +320,7 @@ class FakeNvml:
         self.sim.step()
         return int(self.sim.thermal[h.index].energy_mj)
 
-    @nvml_function
+    @nvml_setter
     def nvmlDeviceSetPowerManagementLimit(self, h: Handle, limit_mw: int) -> None:
         self._write(h)
         g = self._gpu(h)
@@ -319,7 +328,6 @@ class FakeNvml:
             _raise(E.NVML_ERROR_INVALID_ARGUMENT)
         self.sim.step()
         self._set(h)["power_limit_mw"] = int(limit_mw)
-        self.sim.save()
 
     # -- clocks ---------------------------------------------------------------------------
     def _events(self, h: Handle) -> int:
@@ -382,25 +390,24 @@ class FakeNvml:
             if value[0] > value[1] or value[0] < 0 or value[1] > g[limit_key]:
                 _raise(E.NVML_ERROR_INVALID_ARGUMENT)
         self._set(h)[key] = value
-        self.sim.save()
 
-    @nvml_function
+    @nvml_setter
     def nvmlDeviceSetGpuLockedClocks(self, h: Handle, min_mhz: int, max_mhz: int) -> None:
         self._clock_write(h, "locked_gpu", [int(min_mhz), int(max_mhz)], "max_sm_mhz")
 
-    @nvml_function
+    @nvml_setter
     def nvmlDeviceResetGpuLockedClocks(self, h: Handle) -> None:
         self._clock_write(h, "locked_gpu", None)
 
-    @nvml_function
+    @nvml_setter
     def nvmlDeviceSetMemoryLockedClocks(self, h: Handle, min_mhz: int, max_mhz: int) -> None:
         self._clock_write(h, "locked_mem", [int(min_mhz), int(max_mhz)], "max_memory_mhz")
 
-    @nvml_function
+    @nvml_setter
     def nvmlDeviceResetMemoryLockedClocks(self, h: Handle) -> None:
         self._clock_write(h, "locked_mem", None)
 
-    @nvml_function
+    @nvml_setter
     def nvmlDeviceSetApplicationsClocks(self, h: Handle, mem_mhz: int, gfx_mhz: int) -> None:
         g = self._gpu(h)
         if mem_mhz > g["max_memory_mhz"] or gfx_mhz > g["max_graphics_mhz"]:
@@ -408,7 +415,7 @@ class FakeNvml:
             _raise(E.NVML_ERROR_INVALID_ARGUMENT)
         self._clock_write(h, "app_clocks", [int(mem_mhz), int(gfx_mhz)])
 
-    @nvml_function
+    @nvml_setter
     def nvmlDeviceResetApplicationsClocks(self, h: Handle) -> None:
         self._clock_write(h, "app_clocks", None)
 
@@ -417,23 +424,21 @@ class FakeNvml:
     def nvmlDeviceGetPersistenceMode(self, h: Handle) -> int:
         return int(self._set(h)["persistence"])
 
-    @nvml_function
+    @nvml_setter
     def nvmlDeviceSetPersistenceMode(self, h: Handle, mode: int) -> None:
         self._write(h)
         self._set(h)["persistence"] = 1 if mode else 0
-        self.sim.save()
 
     @nvml_function
     def nvmlDeviceGetComputeMode(self, h: Handle) -> int:
         return int(self._set(h)["compute_mode"])
 
-    @nvml_function
+    @nvml_setter
     def nvmlDeviceSetComputeMode(self, h: Handle, mode: int) -> None:
         self._write(h)
         if mode not in (0, 2, 3):
             _raise(E.NVML_ERROR_INVALID_ARGUMENT)
         self._set(h)["compute_mode"] = int(mode)
-        self.sim.save()
 
     # -- utilisation, memory, processes ------------------------------------------------
     @nvml_function

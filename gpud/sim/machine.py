@@ -7,9 +7,12 @@ running are persisted there too, so that another process (the daemon) sees them.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -115,6 +118,25 @@ class SimMachine:
         if mtime != self._state_mtime:
             self._load_state()
 
+    @contextmanager
+    def mutate(self) -> Iterator[None]:
+        """Change the hardware state under an exclusive lock, from the freshest copy on disk.
+
+        Several processes (the daemon, a CLI, a test) may write to the same simulated GPUs, as
+        they may to real ones; without this, one process's stale copy would undo another's write.
+        """
+        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.state_file.with_suffix(".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                self._load_state()
+                try:
+                    yield
+                finally:
+                    self.save()
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
     def save(self) -> None:
         atomic_write(self.state_file, json.dumps(self.state, indent=1, sort_keys=True))
         try:
@@ -126,9 +148,8 @@ class SimMachine:
         return self.state["gpus"][str(gpu)]
 
     def count_write(self) -> int:
-        """Count a hardware write (kept in the state file); returns its number, from 1."""
+        """Count a hardware write (kept in the state file, under ``mutate``); returns its number, from 1."""
         self.state["writes"] = int(self.state.get("writes", 0)) + 1
-        self.save()
         return int(self.state["writes"])
 
     def write_fault(self, number: int) -> str | None:
@@ -146,18 +167,18 @@ class SimMachine:
     def inject(self, kind: str, **params: Any) -> Fault:
         """Add a fault while running (validated like one in the description); persisted."""
         fault = validate_fault({"kind": kind, **params}, len(self.desc.gpus), "inject", "fault")
-        self.state.setdefault("faults", []).append({"kind": fault.kind, "params": fault.params})
-        if kind in ("gpu_lost", "off_bus") and fault.params.get("at_write") is None:
-            # A GPU that falls off the bus stops listening to the driver: its board firmware runs
-            # the fans on their own automatic curve again.
-            for f in self.settings(fault.params["gpu"])["fans"]:
-                f["policy"], f["target"] = 0, None
-        self.save()
+        with self.mutate():
+            self.state.setdefault("faults", []).append({"kind": fault.kind, "params": fault.params})
+            if kind in ("gpu_lost", "off_bus") and fault.params.get("at_write") is None:
+                # A GPU that falls off the bus stops listening to the driver: its board firmware runs
+                # the fans on their own automatic curve again.
+                for f in self.settings(fault.params["gpu"])["fans"]:
+                    f["policy"], f["target"] = 0, None
         return fault
 
     def clear_faults(self) -> None:
-        self.state["faults"] = []
-        self.save()
+        with self.mutate():
+            self.state["faults"] = []
 
     def faults_of(self, kind: str, gpu: int | None = None) -> list[dict[str, Any]]:
         out = []
@@ -188,8 +209,8 @@ class SimMachine:
 
     def set_load(self, gpu: int, utilization: int, power_watts: float) -> None:
         self.step()
-        self.settings(gpu)["load"] = [int(utilization), float(power_watts)]
-        self.save()
+        with self.mutate():
+            self.settings(gpu)["load"] = [int(utilization), float(power_watts)]
 
     def utilization(self, gpu: int) -> int:
         load = self.settings(gpu).get("load")

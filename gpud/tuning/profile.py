@@ -65,6 +65,7 @@ class Profile:
     gpus: tuple[dict[str, Any], ...]
     host: dict[str, Any]
     chain: tuple[str, ...] = field(default=())
+    files: tuple[str, ...] = field(default=())  # every file of the chain
 
 
 def profile_dirs() -> list[Path]:
@@ -217,7 +218,8 @@ def load(name_or_path: str) -> Profile:
     first_path, first = chain[0]
     return Profile(name=first_path.stem, source=str(first_path), description=first["description"] or next(
         (own["description"] for _, own in chain if own["description"]), ""), all=merged["all"],
-        gpus=tuple(merged["gpus"]), host=merged["host"], chain=tuple(p.stem for p, _ in chain))
+        gpus=tuple(merged["gpus"]), host=merged["host"], chain=tuple(p.stem for p, _ in chain),
+        files=tuple(str(p) for p, _ in chain))
 
 
 # -- against the machine --------------------------------------------------------------------

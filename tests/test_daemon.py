@@ -1,0 +1,323 @@
+"""The daemon as it runs under systemd: exporter, fan control, enforcement, signals, control socket."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run_gpud
+from daemon_helpers import METRICS, RunningDaemon
+
+from gpud.daemon.control import request
+from gpud.hw.machine import open_machine
+from gpud.probe.runner import torch_available
+
+
+def promtool() -> str | None:
+    path = shutil.which("promtool")
+    if path is None and os.environ.get("CI") == "true":
+        pytest.fail("promtool is missing (Debian's prometheus package)")
+    return path
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, state_dir):
+    d = RunningDaemon(tmp_path, config='profile = "training"\n')
+    yield d
+    d.stop(signal.SIGKILL)
+
+
+def _sim():
+    return open_machine("z8-fury-4x-a6000").simulation.machine
+
+
+def test_metrics_carry_every_metric_for_four_gpus_and_pass_promtool(daemon: RunningDaemon) -> None:
+    if torch_available():  # the probe's metrics come from a real probe run, started over the socket
+        reply = request(daemon.sock, "probe-now")
+        assert reply and reply["ok"], reply
+        daemon.wait_for(lambda: daemon.value("gpud_probe_success") is not None, 120, "the probe's metrics")
+    daemon.wait_for(lambda: "gpud_check_status{" in daemon.metrics(), 15, "doctor's checks")
+    body = daemon.metrics()
+    names = {line.split("{")[0].split(" ")[0] for line in body.splitlines() if line and not line.startswith("#")}
+    expected = [m for m in METRICS if torch_available() or not m.startswith("gpud_probe_")]
+    missing = [m for m in expected if m not in names]
+    assert not missing, missing
+    for gpu in range(4):
+        assert daemon.value("gpud_gpu_up", gpu=str(gpu)) == 1
+        assert daemon.value("gpud_gpu_fan_manual", gpu=str(gpu)) == 1  # the training curve drives the fans
+    assert daemon.value("gpud_profile_info", profile="training") == 1
+    tool = promtool()
+    if tool:
+        r = subprocess.run([tool, "check", "metrics"], input=body, capture_output=True, text=True)
+        assert r.returncode == 0 and r.stdout == "" and r.stderr == "", r.stdout + r.stderr
+    code, text = daemon.get("/healthz")
+    assert code == 200 and text.startswith("ok")
+    code, text = daemon.get("/status")
+    status = json.loads(text)
+    assert status["profile"] == "training" and len(status["snapshot"]["samples"]) == 4
+    assert daemon.get("/nope")[0] == 404
+
+
+def test_gpu_lost_mid_run(daemon: RunningDaemon) -> None:
+    daemon.wait_for(lambda: daemon.value("gpud_gpu_fan_manual", gpu="2") == 1, 5, "GPU2's fan under control")
+    r = run_gpud("sim", "inject", "gpu_lost", "gpu=2", env={"GPUD_SIMULATE": "z8-fury-4x-a6000"})
+    assert r.returncode == 0, r.stderr
+    daemon.wait_for(lambda: daemon.value("gpud_gpu_up", gpu="2") == 0, 5, "gpud_gpu_up{gpu=2} 0")
+    assert daemon.get("/healthz")[0] == 200  # still serving
+    for gpu in (0, 1, 3):
+        assert daemon.value("gpud_gpu_fan_manual", gpu=str(gpu)) == 1  # the others stay under control
+    assert _sim().settings(2)["fans"][0]["policy"] == 0  # GPU2's fan is automatic again
+    assert daemon.value("gpud_fan_failsafe_total") >= 1
+
+
+def test_temperature_read_failure_triggers_the_failsafe(daemon: RunningDaemon) -> None:
+    daemon.wait_for(lambda: _sim().settings(1)["fans"][0]["policy"] == 1, 5, "GPU1's fan manual")
+    sim = _sim()
+    sim.inject("unsupported", call="nvmlDeviceGetTemperature", gpu=1)
+    t0 = time.monotonic()
+    daemon.wait_for(lambda: _sim().settings(1)["fans"][0]["policy"] == 0, 5, "GPU1's fan automatic")
+    # the simulator's state reaches the daemon within 0.25 s, then the failsafe acts in that tick (0.2 s)
+    assert time.monotonic() - t0 < 1.0
+    assert _sim().settings(0)["fans"][0]["policy"] == 1
+    daemon.wait_for(lambda: (daemon.value("gpud_fan_failsafe_total") or 0) >= 1, 3, "the failsafe counted")
+
+
+def test_sigterm_exits_0_fast_with_fans_automatic(daemon: RunningDaemon) -> None:
+    daemon.wait_for(lambda: all(_sim().settings(i)["fans"][0]["policy"] == 1 for i in range(4)), 5, "fans manual")
+    code, seconds = daemon.stop(signal.SIGTERM)
+    assert code == 0 and seconds < 2.0, (code, seconds, daemon.logs())
+    assert all(_sim().settings(i)["fans"][0]["policy"] == 0 for i in range(4))
+    assert not os.path.exists(daemon.sock)
+
+
+def test_sigkill_then_restore_fans_only(daemon: RunningDaemon) -> None:
+    daemon.wait_for(lambda: all(_sim().settings(i)["fans"][0]["policy"] == 1 for i in range(4)), 5, "fans manual")
+    code, _ = daemon.stop(signal.SIGKILL)
+    assert code == -signal.SIGKILL
+    assert all(_sim().settings(i)["fans"][0]["policy"] == 1 for i in range(4))  # left manual by the crash
+    r = run_gpud("restore", "--fans-only", env={"GPUD_SIMULATE": "z8-fury-4x-a6000", "GPUD_SOCKET": daemon.sock})
+    assert r.returncode == 0, r.stderr
+    assert all(_sim().settings(i)["fans"][0]["policy"] == 0 for i in range(4))
+
+
+def test_apply_through_the_socket_switches_profile_without_restart(daemon: RunningDaemon) -> None:
+    env = {"GPUD_SOCKET": daemon.sock, "GPUD_SIMULATE": "z8-fury-4x-a6000"}
+    pid = daemon.proc.pid
+    r = run_gpud("apply", "quiet", env=env)
+    assert r.returncode == 0, r.stderr
+    assert "applied quiet by the gpud daemon" in r.stdout
+    daemon.wait_for(lambda: daemon.value("gpud_profile_info", profile="quiet") == 1, 5, "profile quiet")
+    assert daemon.proc.pid == pid and daemon.proc.poll() is None
+    assert _sim().settings(0)["power_limit_mw"] == 240000
+    r = run_gpud("verify", "--json", env=env)
+    assert r.returncode == 0 and json.loads(r.stdout)["profile"] == "quiet"
+
+
+def test_drift_is_reapplied_and_counted(daemon: RunningDaemon) -> None:
+    run_gpud("apply", "quiet", env={"GPUD_SOCKET": daemon.sock, "GPUD_SIMULATE": "z8-fury-4x-a6000"})
+    before = daemon.value("gpud_profile_reapply_total") or 0
+    m = open_machine("z8-fury-4x-a6000")
+    m.nvml.set_power_limit(3, 300)  # behind gpud's back, as a driver reload would
+    daemon.wait_for(lambda: _sim().settings(3)["power_limit_mw"] == 240000, 5, "power limit re-applied")
+    daemon.wait_for(lambda: (daemon.value("gpud_profile_reapply_total") or 0) > before, 3, "re-apply counted")
+
+
+def test_sighup_refuses_an_invalid_configuration(daemon: RunningDaemon) -> None:
+    good = daemon.config.read_text()
+    daemon.config.write_text(good + "interval_seconds_typo = 3\n")
+    daemon.proc.send_signal(signal.SIGHUP)
+    daemon.wait_for(lambda: "reload refused, old configuration kept" in daemon.logs(), 5, "the refusal logged")
+    assert "daemon.interval_seconds_typo: unknown key" in daemon.logs()
+    assert daemon.get("/healthz")[0] == 200
+    daemon.config.write_text(good.replace("doctor_interval_seconds = 10", "doctor_interval_seconds = 20"))
+    daemon.proc.send_signal(signal.SIGHUP)
+    daemon.wait_for(lambda: "configuration reloaded" in daemon.logs(), 5, "the reload logged")
+
+
+def _as_nobody(path: str) -> str:
+    """Ask the daemon for a ping from a forked child that became uid/gid 65534 (no exec needed)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop to nobody, talk, report through the pipe
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            from gpud.daemon.control import ControlError
+
+            try:
+                msg = json.dumps(request(path, "ping"))
+            except ControlError as err:
+                msg = str(err)
+        except BaseException as err:  # noqa: BLE001
+            msg = f"child failed: {err!r}"
+        os.write(w, msg.encode())
+        os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    with os.fdopen(r) as f:
+        return f.read()
+
+
+def test_control_socket_refuses_a_peer_outside_the_group(tmp_path: Path, state_dir) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act as another user")
+    import tempfile
+
+    open_dir = Path(tempfile.mkdtemp(prefix="gpud-sock-", dir="/tmp"))
+    open_dir.chmod(0o755)  # like /run/gpud: the stranger can reach the socket's directory
+    daemon = RunningDaemon(tmp_path, sock_dir=open_dir)
+    os.chmod(daemon.sock, 0o666)  # let the stranger reach the socket: the daemon itself must refuse
+    got = _as_nobody(daemon.sock)
+    assert got.startswith("refused: nobody (uid 65534) is ") and "root" in got, got
+    os.chmod(daemon.sock, 0o660)  # as installed: the file mode refuses first
+    got = _as_nobody(daemon.sock)
+    assert "refuses this user" in got, got
+    assert request(daemon.sock, "ping")["ok"]  # root is served
+    daemon.stop(signal.SIGKILL)
+    shutil.rmtree(open_dir, ignore_errors=True)
+
+
+def test_root_refuses_a_writable_profile(daemon: RunningDaemon, tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the ownership rule applies when the daemon runs as root")
+    p = tmp_path / "mine.toml"
+    p.write_text('[all]\npower_limit = 250\n')
+    p.chmod(0o666)
+    r = run_gpud("apply", str(p), env={"GPUD_SOCKET": daemon.sock})
+    assert r.returncode == 2 and "writable by group or others (mode 666)" in r.stderr
+
+
+def test_scrapers_do_not_disturb_the_ticks(daemon: RunningDaemon) -> None:
+    errors: list[str] = []
+    stop = time.monotonic() + 3.0
+
+    def scrape() -> None:
+        while time.monotonic() < stop:
+            try:
+                with urllib.request.urlopen(daemon.url + "/metrics", timeout=10) as r:
+                    if r.status != 200:
+                        errors.append(str(r.status))
+            except OSError as err:
+                errors.append(str(err))
+
+    threads = [threading.Thread(target=scrape) for _ in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    status = json.loads(daemon.get("/status")[1])
+    assert status["tick"]["periods"] > 10
+
+
+def test_tls_and_basic_auth(tmp_path: Path, state_dir) -> None:
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl not installed")
+    import bcrypt
+
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "2", "-subj", "/CN=127.0.0.1"], check=True, capture_output=True)
+    web = tmp_path / "web.yml"
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+    web.write_text(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n"
+                   f"basic_auth_users:\n  prom: '{hashed}'\n")
+    d = RunningDaemon.__new__(RunningDaemon)
+    try:
+        RunningDaemon.__init__(d, tmp_path, config=f'web_config = "{web}"\n')
+    except RuntimeError:
+        pass  # /healthz needs credentials and TLS: probe it ourselves below
+    import base64
+    import ssl
+
+    ctx = ssl.create_default_context(cafile=str(cert))
+    ctx.check_hostname = False
+    url = f"https://127.0.0.1:{d.port}/metrics"
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            urllib.request.urlopen(urllib.request.Request(url), context=ctx, timeout=5)
+            raise AssertionError("served without credentials")
+        except urllib.error.HTTPError as err:
+            assert err.code == 401
+            break
+        except urllib.error.URLError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    auth = {"Authorization": "Basic " + base64.b64encode(b"prom:s3cret").decode()}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=auth), context=ctx, timeout=5) as r:
+        assert r.status == 200 and b"gpud_gpu_up" in r.read()
+    bad = {"Authorization": "Basic " + base64.b64encode(b"prom:wrong").decode()}
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(urllib.request.Request(url, headers=bad), context=ctx, timeout=5)
+    assert exc.value.code == 401
+    d.stop(signal.SIGKILL)
+
+
+def test_systemd_unit_is_hardened_and_verifies(tmp_path: Path) -> None:
+    tool = shutil.which("systemd-analyze")
+    if tool is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("systemd-analyze is missing")
+        pytest.skip("systemd-analyze not installed")
+    unit = (REPO / "systemd" / "gpud.service").read_text()
+    gpud = shutil.which("gpud", path=os.path.dirname(sys.executable)) or shutil.which("gpud")
+    assert gpud, "the gpud console script is not installed"
+    local = tmp_path / "gpud.service"
+    local.write_text(unit.replace("/usr/local/bin/gpud", gpud))  # where this checkout installed it
+    r = subprocess.run([tool, "security", "--offline=true", str(local)], capture_output=True, text=True)
+    line = next(x for x in (r.stdout + r.stderr).splitlines() if "Overall exposure level" in x)
+    score = float(line.split(":")[1].split()[0])
+    print(f"systemd-analyze security: {line.strip()}")
+    assert score <= 3.0, line
+    r = subprocess.run([tool, "verify", str(local)], capture_output=True, text=True)
+    print(f"systemd-analyze verify: rc={r.returncode} {r.stdout + r.stderr!r}")
+    assert r.returncode == 0 and (r.stdout + r.stderr).strip() == "", r.stdout + r.stderr
+    assert "ExecStopPost=/usr/local/bin/gpud restore --fans-only" in unit and "Type=notify" in unit
+    assert "Restart=on-failure" in unit and "WatchdogSec=" in unit
+
+
+def test_gpud_metrics_prints_one_exposition(state_dir) -> None:
+    r = run_gpud("metrics", "--simulate", "z8-fury-4x-a6000-degraded")
+    assert r.returncode == 0
+    assert 'gpud_check_status{check="pcie.link_width",gpu="2",status="fail"} 1.0' in r.stdout
+    assert 'gpud_gpu_xid_errors_total{gpu="3"' in r.stdout
+    assert 'gpud_gpu_pcie_link_width{gpu="2"' in r.stdout
+    tool = promtool()
+    if tool:
+        p = subprocess.run([tool, "check", "metrics"], input=r.stdout, capture_output=True, text=True)
+        assert p.returncode == 0 and p.stdout + p.stderr == ""
+
+
+def test_sd_notify_ready_and_watchdog(tmp_path: Path, state_dir) -> None:
+    sock_path = str(tmp_path / "notify.sock")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.bind(sock_path)
+    s.settimeout(20)
+    os.environ["NOTIFY_SOCKET"] = sock_path
+    os.environ["WATCHDOG_USEC"] = "2000000"
+    try:
+        d = RunningDaemon(tmp_path)
+    finally:
+        del os.environ["NOTIFY_SOCKET"], os.environ["WATCHDOG_USEC"]
+    got = []
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not any("WATCHDOG=1" in g for g in got):
+        got.append(s.recv(4096).decode())
+    d.stop()
+    s.close()
+    assert got[0].startswith("READY=1\nSTATUS=4 GPU(s)"), got
+    assert any("WATCHDOG=1" in g for g in got)
