@@ -108,6 +108,7 @@ def launch(spec: dict[str, Any], world: int, timeout: float, workdir: Path, gpus
                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
     deadline = time.monotonic() + timeout
     failed = None
+    culprit = 0
     try:
         while any(p.poll() is None for p in procs):
             if time.monotonic() > deadline:
@@ -115,13 +116,17 @@ def launch(spec: dict[str, Any], world: int, timeout: float, workdir: Path, gpus
                 break
             bad = [p for p in procs if p.poll() not in (None, 0)]
             if bad:
-                failed = f"rank {procs.index(bad[0])} exited with {bad[0].returncode}"
+                time.sleep(0.2)  # let the other ranks notice, so the first failure is the one reported
+                bad = sorted((p for p in procs if p.poll() not in (None, 0)), key=lambda p: -p.returncode)
+                culprit = procs.index(bad[0])
+                failed = f"rank {culprit} exited with {bad[0].returncode}"
                 break
             time.sleep(0.05)
         if failed is None:
             bad = [p for p in procs if p.returncode != 0]
             if bad:
-                failed = f"rank {procs.index(bad[0])} exited with {bad[0].returncode}"
+                culprit = procs.index(bad[0])
+                failed = f"rank {culprit} exited with {bad[0].returncode}"
     finally:
         for p in procs:
             if p.poll() is None:
@@ -133,7 +138,7 @@ def launch(spec: dict[str, Any], world: int, timeout: float, workdir: Path, gpus
         for log in logs:
             log.close()
     if failed is not None or not out.is_file():
-        tail = (workdir / f"ws{world}-rank0.log").read_text(errors="replace")[-2000:]
+        tail = (workdir / f"ws{world}-rank{culprit}.log").read_text(errors="replace")[-2000:]
         raise ProbeError(f"world size {world} ({', '.join(spec['tasks'])}): {failed or 'no result written'}"
                          + (f"\n{tail}" if tail.strip() else ""))
     data: dict[str, Any] = json.loads(out.read_text())
