@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Read-only smoke run of gpud on a real NVIDIA machine (one GPU is enough).
+#   scripts/gpu-smoke.sh OUTDIR
+# It installs gpud (and the probe's torch if missing) into a throw-away venv, then runs doctor,
+# status, topo, metrics, a one-GPU probe and an apply --dry-run, saving each output in OUTDIR.
+# It changes NO GPU setting: no apply, no restore, no daemon; clocks, power, fans, persistence
+# and compute mode stay exactly as they are.
+set -uo pipefail
+out="${1:?usage: $0 OUTDIR}"
+mkdir -p "$out"
+cd "$(dirname "$0")/.."
+export GPUD_STATE_DIR="$(mktemp -d)" PYTHONUNBUFFERED=1 NO_COLOR=1
+venv="${GPUD_SMOKE_VENV:-$(mktemp -d)/venv}"
+log() { printf '== %s\n' "$*" | tee -a "$out/summary.txt"; }
+
+python3 -m venv --system-site-packages "$venv" >/dev/null 2>&1 || python3 -m venv "$venv"
+"$venv/bin/pip" install -q -e . >"$out/install.txt" 2>&1 || { log "install failed"; exit 1; }
+"$venv/bin/python" -c "import torch" 2>/dev/null || "$venv/bin/pip" install -q torch numpy >>"$out/install.txt" 2>&1
+gpud="$venv/bin/gpud"
+nvidia-smi >"$out/nvidia-smi.txt" 2>&1
+nvidia-smi topo -m >"$out/nvidia-smi-topo.txt" 2>&1
+nvidia-smi -q >"$out/nvidia-smi-q.txt" 2>&1
+
+run() {  # name, then the command; records exit code and wall time
+  local name="$1"; shift
+  local t0=$EPOCHREALTIME
+  "$@" >"$out/$name" 2>"$out/$name.err"
+  local rc=$?
+  log "$name: exit $rc, $(awk "BEGIN { printf \"%.2f\", $EPOCHREALTIME - $t0 }") s"
+}
+run doctor.json "$gpud" doctor --json
+run doctor.txt "$gpud" doctor
+run status.json "$gpud" status --json
+run status.txt "$gpud" status
+run topo.txt "$gpud" topo
+run metrics.txt "$gpud" metrics
+command -v promtool >/dev/null && promtool check metrics <"$out/metrics.txt" >"$out/promtool.txt" 2>&1
+run apply-dry-run.txt "$gpud" apply training --dry-run
+run probe.json "$gpud" probe --gpus 1 --quick --json
+run probe.txt "$gpud" probe --gpus 1 --quick
+log "done: $(ls "$out" | wc -l) files in $out"
