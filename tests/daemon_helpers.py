@@ -39,13 +39,13 @@ def free_port() -> int:
 
 class RunningDaemon:
     def __init__(self, tmp: Path, sim: str = "z8-fury-4x-a6000", config: str = "", interval: float = 0.2,
-                 sock_dir: Path | None = None) -> None:
+                 sock_dir: Path | None = None, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.sock = str((sock_dir or tmp) / "gpud.sock")
         self.config = tmp / "gpud.toml"
         self.config.write_text(f'[daemon]\nlisten = "127.0.0.1:{self.port}"\ninterval_seconds = {interval}\n'
                                f"doctor_interval_seconds = 10\n{config}")
-        self.env = {**os.environ, "GPUD_SOCKET": self.sock, "GPUD_SIMULATE": sim}
+        self.env = {**os.environ, "GPUD_SOCKET": self.sock, "GPUD_SIMULATE": sim, **(env or {})}
         self.log = open(tmp / "daemon.log", "w+")
         self.proc = subprocess.Popen([sys.executable, "-m", "gpud", "daemon", "--config", str(self.config)],
                                      env=self.env, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO)
