@@ -1,26 +1,45 @@
-"""gpud's benchmarks: what it costs and how fast it answers. Prints a table and writes JSON.
+"""gpud's benchmarks: what it costs and how fast it answers, beside a peer. Prints a table
+(figure, target, verdict) and writes the same as JSON.
 
-    python benchmarks/bench.py [--json PATH] [--runs N]
+    python benchmarks/bench.py [--json PATH] [--quick]
 
-Wall times are medians of N runs in child processes, as a user would see them; CPU costs are
-measured in-process with time.process_time over many snapshots. Everything runs on simulated
-workstations in a private state directory.
+Everything runs here, in one run, on simulated workstations (private state directory):
+tick cost in-process; the daemon as a child process for footprint, scrape latency and tick
+jitter; Debian's prometheus-node-exporter on loopback as the peer for scrape latency; the probe's
+per-step overhead against a plain DDP loop (two gloo ranks). docs/performance.md explains each.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
+import shutil
+import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pct(values: list[float], q: float) -> float:
+    v = sorted(values)
+    return v[min(len(v) - 1, int(q * len(v)))] if v else float("nan")
 
 
 def wall(cmd: list[str], env: dict[str, str], runs: int) -> float:
@@ -32,54 +51,245 @@ def wall(cmd: list[str], env: dict[str, str], runs: int) -> float:
     return statistics.median(times)
 
 
-def snapshot_cost(name: str, n: int = 200) -> tuple[float, float]:
-    """(CPU seconds per snapshot, NVML calls per GPU per snapshot) on a simulated workstation."""
+def tick_cost(name: str, ticks: int = 300) -> tuple[float, float]:
+    """(CPU seconds per daemon tick, NVML calls per GPU per tick), in-process, doctor excluded."""
+    from gpud import config as cfg
+    from gpud.daemon.service import Daemon
     from gpud.hw.machine import open_machine
 
     m = open_machine(name)
-    m.snapshot()  # static facts are read once, not per tick
+    d = Daemon(m, cfg.Config())
+    d.checks_at = time.time() + 3600  # doctor's own cost is not a tick's
+    d.tick()
+    d.tick()
     calls = m.nvml.calls
     t = time.process_time()
-    for _ in range(n):
-        snap = m.snapshot()
-    cpu = (time.process_time() - t) / n
-    return cpu, (m.nvml.calls - calls) / n / len(snap.samples)
+    for _ in range(ticks):
+        d.tick()
+    cpu = (time.process_time() - t) / ticks
+    return cpu, (m.nvml.calls - calls) / ticks / len(d.snapshot.samples if d.snapshot else [1])
 
 
-def main() -> int:
+def scrape(port: int, clients: int, seconds: float | None = None, requests: int | None = None
+           ) -> tuple[list[float], int]:
+    """Latencies of GET /metrics from ``clients`` threads (keep-alive connections); (latencies, errors)."""
+    lat: list[float] = []
+    errors = [0]
+    stop = time.monotonic() + (seconds or 1e9)
+    lock = threading.Lock()
+
+    def client() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        n = 0
+        while time.monotonic() < stop and (requests is None or n < requests):
+            t = time.perf_counter()
+            try:
+                conn.request("GET", "/metrics")
+                r = conn.getresponse()
+                r.read()
+                ok = r.status == 200
+            except OSError:
+                ok = False
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            with lock:
+                if ok:
+                    lat.append(time.perf_counter() - t)
+                else:
+                    errors[0] += 1
+            n += 1
+        conn.close()
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return lat, errors[0]
+
+
+def wait_http(port: int, path: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            c.request("GET", path)
+            if c.getresponse().status == 200:
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"nothing answers on {port}{path}")
+
+
+def status(port: int) -> dict[str, Any]:
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c.request("GET", "/status")
+    data: dict[str, Any] = json.loads(c.getresponse().read())
+    return data
+
+
+def probe_overhead(env: dict[str, str], mode: str = "") -> dict[str, Any] | None:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return None
+    port = free_port()
+    procs = []
+    for rank in range(2):
+        e = {**env, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+             "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
+        procs.append(subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "ddp_overhead.py"), "20", "31", mode],
+                                      env=e, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))
+    out = procs[0].communicate(timeout=300)[0]
+    procs[1].wait(timeout=60)
+    return json.loads(out.decode().strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def main() -> int:  # noqa: C901 - one benchmark run, step by step
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", default=str(REPO / "benchmarks" / "results.json"), help="where to write the results")
-    ap.add_argument("--runs", type=int, default=7, help="runs per wall-time figure (median)")
+    ap.add_argument("--quick", action="store_true", help="shorter phases (for a smoke run; figures are noisier)")
     args = ap.parse_args()
+    q = args.quick
     state = tempfile.mkdtemp(prefix="gpud-bench-")
     os.environ["GPUD_STATE_DIR"] = state
-    env = {**os.environ, "GPUD_STATE_DIR": state}
+    env = {**os.environ, "GPUD_STATE_DIR": state, "GPUD_SOCKET": str(Path(state) / "gpud.sock")}
     gpud = [sys.executable, "-m", "gpud"]
-    rows = []
+    rows: list[dict[str, Any]] = []
+    t_start = time.monotonic()
 
-    def row(figure: str, value: float, unit: str, target: float | None, how: str) -> None:
-        verdict = "n/a" if target is None else ("ok" if value <= target else "MISSED")
-        rows.append({"figure": figure, "value": round(value, 4), "unit": unit, "target": target,
-                     "verdict": verdict, "how": how})
+    def row(figure: str, value: float | None, unit: str, target: str, ok: bool | None, how: str) -> None:
+        verdict = "n/a" if ok is None else ("ok" if ok else "MISSED")
+        rows.append({"figure": figure, "value": value, "unit": unit, "target": target, "verdict": verdict,
+                     "how": how})
+        shown = "-" if value is None else f"{value:.4g}"
+        print(f"  {figure}: {shown} {unit} (target {target}): {verdict}", file=sys.stderr, flush=True)
 
-    row("gpud --help wall", wall([*gpud, "--help"], env, args.runs), "s", 0.3, f"median of {args.runs}")
+    runs = 3 if q else 7
+    # -- CLI ------------------------------------------------------------------------------------
+    t = wall([*gpud, "--help"], env, runs)
+    row("gpud --help wall", t, "s", "≤ 0.3", t <= 0.3, f"median of {runs} runs")
     for name in ("z8-fury-4x-a6000", "z8-fury-4x-a6000-degraded", "z8-fury-4x-rtx6000ada"):
-        subprocess.run([*gpud, "doctor", "--simulate", name], env=env, capture_output=True, check=False)  # warm
-        row(f"gpud doctor wall ({name})", wall([*gpud, "doctor", "--simulate", name], env, args.runs), "s", 1.0,
-            f"median of {args.runs}, all checks, no --probe")
-    for name, gpus in (("z8-fury-4x-a6000", 4), ("2s-8x-a6000", 8)):
-        cpu, calls = snapshot_cost(name)
-        row(f"snapshot CPU time ({gpus} GPUs, simulated NVML)", cpu * 1000, "ms", None,
-            "process_time over 200 snapshots; the simulator's own cost included")
-        row(f"NVML calls per GPU per snapshot ({gpus} GPUs)", calls, "calls", None, "counted at the choke point")
+        subprocess.run([*gpud, "doctor", "--simulate", name], env=env, capture_output=True, check=False)
+        t = wall([*gpud, "doctor", "--simulate", name], env, runs)
+        row(f"gpud doctor wall ({name})", t, "s", "≤ 1", t <= 1.0, f"median of {runs} runs, all checks, no --probe")
+    # -- tick cost ------------------------------------------------------------------------------
+    for name, n in (("z8-fury-4x-a6000", 4), ("2s-8x-a6000", 8)):
+        cpu, calls = tick_cost(name)
+        row(f"tick CPU time, {n} GPUs", cpu * 1000, "ms", "≤ 2 (8 GPUs)", cpu <= 0.002 if n == 8 else None,
+            "process_time over 300 ticks, simulated NVML's own cost included")
+        row(f"NVML calls per GPU per tick, {n} GPUs", calls, "calls", "-", None, "counted at the choke point")
+    # -- the daemon: footprint, scrapes, jitter --------------------------------------------------
+    port = free_port()
+    conf = Path(state) / "gpud.toml"
+    conf.write_text(f'[daemon]\nlisten = "127.0.0.1:{port}"\ninterval_seconds = 1.0\n')
+    daemon = subprocess.Popen([*gpud, "daemon", "--simulate", "2s-8x-a6000", "--config", str(conf)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    node = None
+    try:
+        import psutil
+
+        wait_http(port, "/healthz")
+        proc = psutil.Process(daemon.pid)
+        time.sleep(3)  # start-up and the first doctor run are not the steady state
+        span = 15 if q else 60
+        cpu0 = proc.cpu_times()
+        rss = []
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < span:
+            rss.append(proc.memory_info().rss)
+            time.sleep(1)
+        cpu1 = proc.cpu_times()
+        used = (cpu1.user - cpu0.user + cpu1.system - cpu0.system) / (time.monotonic() - t0)
+        row("daemon CPU, 8 GPUs, 1 s ticks", used * 100, "% of a core", "≤ 1", used <= 0.01,
+            f"psutil over {span} s, no scraper")
+        row("daemon RSS, 8 GPUs", max(rss) / 2**20, "MiB", "≤ 60", max(rss) <= 60 * 2**20, f"max over {span} s")
+        exe = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+        nport = free_port()
+        if exe:
+            node = subprocess.Popen([exe, f"--web.listen-address=127.0.0.1:{nport}"], stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL)
+            wait_http(nport, "/metrics")
+        # One client scraping once per tick, as Prometheus does: every scrape renders a new observation.
+        n1 = 10 if q else 30
+        lat_g: list[float] = []
+        err_g = 0
+        for _ in range(n1):
+            time.sleep(1.02)
+            got, err = scrape(port, 1, requests=1)
+            lat_g += got
+            err_g += err
+        row("/metrics p50, 1 client, one scrape per tick", pct(lat_g, 0.5) * 1000, "ms", "≤ node_exporter's", None,
+            f"{n1} scrapes, each of a new observation (rendered)")
+        row("/metrics p99, 1 client, one scrape per tick", pct(lat_g, 0.99) * 1000, "ms", "-", None, f"{n1} scrapes")
+        lat_b, err_b = scrape(port, 1, requests=10 * n1)
+        err_g += err_b
+        row("/metrics p50, 1 client, back to back", pct(lat_b, 0.5) * 1000, "ms", "-", None,
+            "repeat scrapes within a tick are served from the rendered bytes")
+        if node is not None:
+            lat_n: list[float] = []
+            for _ in range(n1):
+                time.sleep(0.2)
+                lat_n += scrape(nport, 1, requests=1)[0]
+            row("node_exporter /metrics p50, 1 client", pct(lat_n, 0.5) * 1000, "ms", "-", None,
+                "Debian's prometheus-node-exporter, same run, loopback, one scrape at a time")
+            row("node_exporter /metrics p99, 1 client", pct(lat_n, 0.99) * 1000, "ms", "-", None, f"{n1} scrapes")
+            ratio = pct(lat_g, 0.5) / pct(lat_n, 0.5)
+            rows[-5]["verdict"] = "ok" if ratio <= 1 else "MISSED"
+            row("/metrics p50 ratio gpud / node_exporter, 1 client", ratio, "×", "≤ 1", ratio <= 1,
+                "same run; gpud's scrapes each render a new observation")
+        seconds = 10 if q else 30
+        before = len(status(port)["tick"]["recent_periods"])
+        t0 = time.monotonic()
+        lat50, err50 = scrape(port, 50, seconds=seconds)
+        took = time.monotonic() - t0
+        periods = status(port)["tick"]["recent_periods"]
+        window = periods[-max(1, int(took) - 1):] if len(periods) > before else periods
+        jitter = [abs(p - 1.0) for p in window]
+        row("/metrics p50, 50 clients", pct(lat50, 0.5) * 1000, "ms", "-", None,
+            f"{len(lat50)} requests in {seconds} s")
+        row("/metrics p99, 50 clients", pct(lat50, 0.99) * 1000, "ms", "-", None, f"{len(lat50)} requests")
+        row("/metrics errors, 50 clients", err50 + err_g, "errors", "0", err50 + err_g == 0, f"{seconds} s")
+        row("tick period error p99, 50 scrapers", pct(jitter, 0.99) * 1000, "ms", "≤ 100", pct(jitter, 0.99) <= 0.1,
+            f"{len(jitter)} ticks of 1 s while 50 clients scraped")
+        if node is not None:
+            lat50n, _ = scrape(nport, 50, seconds=5 if q else 10)
+            row("node_exporter /metrics p50, 50 clients", pct(lat50n, 0.5) * 1000, "ms", "-", None, "same run")
+            row("node_exporter /metrics p99, 50 clients", pct(lat50n, 0.99) * 1000, "ms", "-", None, "same run")
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=10)
+        if node is not None:
+            node.kill()
+            node.wait()
+    # -- the probe --------------------------------------------------------------------------------
+    over = probe_overhead(env)
+    if over is not None:
+        r = over["median_ratio"] - 1
+        row("probe per-step overhead against a plain DDP loop", r * 100, "%", "≤ 3", r <= 0.03,
+            f"2 gloo ranks, median of the ratios of {over['rounds']} alternating rounds of {over['steps']} steps, "
+            "same model and DDP options")
+        aa = probe_overhead(env, "aa")
+        if aa is not None:
+            row("noise floor: the plain loop against itself (A/A)", (aa["median_ratio"] - 1) * 100, "%", "-", None,
+                "the same measurement with the plain loop on both sides")
+        t0 = time.perf_counter()
+        p = subprocess.run([*gpud, "probe", "--device", "cpu", "--quick", "--json"], env=env, capture_output=True,
+                           text=True, check=False)
+        t = time.perf_counter() - t0
+        row("quick CPU probe wall (world sizes 1, 2)", t, "s", "-", p.returncode == 0 or None, "gpud probe --quick")
+    else:
+        row("probe per-step overhead against a plain DDP loop", None, "%", "≤ 3", None, "torch not installed")
+    shutil.rmtree(state, ignore_errors=True)
 
     width = max(len(r["figure"]) for r in rows)
-    print(f"{'figure':<{width}}  {'value':>10}  {'target':>8}  verdict")
+    print(f"\n{'figure':<{width}}  {'value':>10}  {'unit':<11} {'target':<18} verdict")
     for r in rows:
-        target = f"≤ {r['target']}" if r["target"] is not None else "-"
-        print(f"{r['figure']:<{width}}  {r['value']:>8.3f} {r['unit']:<2} {target:>8}  {r['verdict']}")
-    Path(args.json).write_text(json.dumps({"time": time.time(), "rows": rows}, indent=2) + "\n")
-    print(f"\nwritten to {args.json}")
+        v = "-" if r["value"] is None else f"{r['value']:.3f}"
+        print(f"{r['figure']:<{width}}  {v:>10}  {r['unit']:<11} {r['target']:<18} {r['verdict']}")
+    total = time.monotonic() - t_start
+    print(f"\n{len(rows)} figures in {total:.0f} s; written to {args.json}")
+    Path(args.json).write_text(json.dumps({"time": time.time(), "seconds": total, "rows": rows}, indent=2) + "\n")
     return 0
 
 

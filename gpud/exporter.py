@@ -64,16 +64,30 @@ def _gpu_labels(i: int, uuid: str) -> list[str]:
     return [str(i), uuid]
 
 
-class GpudCollector(Collector):
-    def __init__(self, source: Callable[[], Observation]) -> None:
-        self.source = source
+# Families that change at most every few seconds (identity, limits, checks, Xids, profile, probe):
+# the daemon renders them once per change, not once per scrape (see Renderer).
+SLOW_FAMILIES = {
+    "gpud_build_info", "gpud_gpu_info", "gpud_gpu_slowdown_temperature_celsius",
+    "gpud_gpu_shutdown_temperature_celsius", "gpud_gpu_power_default_limit_watts", "gpud_gpu_power_min_limit_watts",
+    "gpud_gpu_power_max_limit_watts", "gpud_gpu_max_clock_hertz", "gpud_gpu_xid_errors", "gpud_check_status",
+    "gpud_profile_info",
+}
 
-    def collect(self) -> Iterator[Metric]:  # noqa: C901 - one place lists every metric
+
+def _slow(name: str) -> bool:
+    return name in SLOW_FAMILIES or name.startswith("gpud_probe_")
+
+
+class GpudCollector(Collector):
+    def __init__(self, source: Callable[[], Observation], part: str | None = None) -> None:
+        self.source = source
+        self.part = part  # None: every family; "slow" or "fast": that share of them
+
+    def collect(self) -> Iterator[Metric]:
         obs = self.source()
-        yield from self._build(obs)
-        yield from self._gpus(obs)
-        yield from self._checks_and_tuning(obs)
-        yield from self._probe(obs)
+        for family in (*self._build(obs), *self._gpus(obs), *self._checks_and_tuning(obs), *self._probe(obs)):
+            if self.part is None or _slow(family.name) == (self.part == "slow"):
+                yield family
 
     @staticmethod
     def _build(obs: Observation) -> Iterator[Metric]:
@@ -287,11 +301,30 @@ def _opt(family: GaugeMetricFamily, labels: list[str], value: float | int | None
         family.add_metric(labels, float(value))
 
 
-def registry(source: Callable[[], Observation]) -> CollectorRegistry:
+def registry(source: Callable[[], Observation], part: str | None = None) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(GpudCollector(source))
+    reg.register(GpudCollector(source, part))
     return reg
 
 
 def exposition(obs: Observation) -> bytes:
     return generate_latest(registry(lambda: obs))
+
+
+class Renderer:
+    """Renders expositions for the daemon: the slow families are formatted again only when their
+    inputs changed (a doctor run, new Xids, a profile switch, a probe result), the rest each time.
+    Formatting is most of a scrape's cost (prometheus_client escapes every label of every sample)."""
+
+    def __init__(self) -> None:
+        self._key: tuple[Any, ...] | None = None
+        self._slow = b""
+
+    def render(self, obs: Observation) -> bytes:
+        snap = obs.snapshot
+        key = (tuple(id(g) for g in snap.gpus) if snap else (), snap.versions if snap else None, id(obs.checks),
+               obs.xids, id(obs.probe), obs.profile)
+        if key != self._key:
+            self._slow = generate_latest(registry(lambda: obs, "slow"))
+            self._key = key
+        return self._slow + generate_latest(registry(lambda: obs, "fast"))

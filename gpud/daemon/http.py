@@ -103,7 +103,9 @@ class Endpoints:
 def make_handler(ep: Endpoints) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "gpud"
-        protocol_version = "HTTP/1.1"
+        # One request per connection: a keep-alive connection would hold one of the few handler
+        # slots while its scraper sleeps between scrapes.
+        protocol_version = "HTTP/1.0"
 
         def log_message(self, fmt: str, *args: Any) -> None:  # scrapes are not worth a log line
             log.debug("%s " + fmt, self.address_string(), *args)
@@ -149,10 +151,34 @@ def make_handler(ep: Endpoints) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+MAX_HANDLERS = 8
+
+
 class Server(ThreadingHTTPServer):
+    """One thread per connection, but never more than MAX_HANDLERS at once: fifty scrapers must
+    not turn into fifty threads fighting the daemon's loop for the interpreter."""
+
     daemon_threads = True
     allow_reuse_address = True
-    request_queue_size = 128
+    request_queue_size = 256
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._slots = threading.BoundedSemaphore(MAX_HANDLERS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self._slots.acquire()  # waits in the accept thread; the kernel's backlog holds the rest
+        try:
+            super().process_request(request, client_address)
+        except Exception:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 def serve(host: str, port: int, ep: Endpoints, tls: dict[str, Any] | None = None) -> tuple[Server, threading.Thread]:

@@ -24,7 +24,7 @@ from gpud.daemon import control, http
 from gpud.daemon.systemd import notify, watchdog_seconds
 from gpud.doctor import diagnose
 from gpud.errors import GpudError, InvalidInput
-from gpud.exporter import Observation, TickStats, exposition
+from gpud.exporter import Observation, Renderer, TickStats
 from gpud.hw.machine import Machine
 from gpud.model import CheckResult, Snapshot, XidEvent, to_jsonable
 from gpud.probe import history
@@ -81,6 +81,9 @@ class Daemon:
         self.idle_since: float | None = None
         self.last_probe_start = 0.0
         self.observation = Observation(snapshot=None)
+        self._rendered: tuple[Observation, bytes] | None = None
+        self._render_lock = threading.Lock()
+        self.renderer = Renderer()
         self.desired: dict[int, dict[str, Any]] = {}
         self.profile: str | None = None
         self.http_server: http.Server | None = None
@@ -364,7 +367,18 @@ class Daemon:
 
     # -- what HTTP serves ------------------------------------------------------------------
     def metrics(self) -> bytes:
-        return exposition(self.observation)
+        """The exposition of the latest observation, rendered once per observation however many
+        scrapers ask (rendering ~1000 series costs milliseconds; the observation changes once a tick)."""
+        obs = self.observation
+        cached = self._rendered
+        if cached is not None and cached[0] is obs:
+            return cached[1]
+        with self._render_lock:
+            cached = self._rendered
+            if cached is None or cached[0] is not obs:
+                cached = (obs, self.renderer.render(obs))
+                self._rendered = cached
+        return cached[1]
 
     def healthy(self) -> tuple[bool, str]:
         if self.last_tick is None:
@@ -384,7 +398,7 @@ class Daemon:
                 "reapply_total": self.reapply_total, "fan_failsafe_total": self.fans.failsafes,
                 "probe": history.latest(), "probe_running": self.probe_running(), "tick": self.tick_summary()}
 
-    def tick_summary(self) -> dict[str, float]:
+    def tick_summary(self) -> dict[str, Any]:
         """Tick period error (actual start-to-start minus the interval): the jitter scrapers cause."""
         interval = float(self.config.daemon["interval_seconds"])
         errors = sorted(abs(p - interval) for p in self.tick_periods)
@@ -394,7 +408,8 @@ class Daemon:
         def pct(q: float) -> float:
             return errors[min(len(errors) - 1, int(q * len(errors)))]
 
-        return {"periods": len(errors), "interval_seconds": interval, "period_error_p50_seconds": pct(0.5),
+        return {"periods": len(errors), "interval_seconds": interval, "recent_periods": self.tick_periods[-300:],
+                "period_error_p50_seconds": pct(0.5),
                 "period_error_p99_seconds": pct(0.99), "period_error_max_seconds": errors[-1],
                 "duration_mean_seconds": self.tick_stats.sum / max(1, self.tick_stats.total)}
 

@@ -66,6 +66,9 @@ ARCHITECTURES = {2: "kepler", 3: "maxwell", 4: "pascal", 5: "volta", 6: "turing"
                  9: "hopper", 10: "blackwell"}
 LOCKED_CLOCKS_FROM = "volta"  # nvmlDeviceSetGpuLockedClocks needs Volta or newer
 MAX_NVLINKS = 18  # per GPU on every generation up to Hopper
+SLOW_EVERY_S = 10.0  # ECC, page retirement, row remapping, PCIe replays: read this often
+# Answers that depend on the moment, not on the GPU's capability: asked again every time.
+CHANGING_SUPPORT = {"nvmlDeviceGetNvLinkRemotePciInfo", "nvmlDeviceGetNvLinkState"}
 CPU_SET_WORDS = 16  # 64-bit words: up to 1024 CPUs
 
 
@@ -114,6 +117,9 @@ class Nvml:
         self._sli: dict[int, tuple[bool | None, ...]] = {}
         self._pairs: dict[tuple[int, int], tuple[str, str, str, str]] = {}
         self._versions: Versions | None = None
+        self._slow: dict[int, tuple[float, dict[str, Any]]] = {}
+        self._remotes: dict[int, dict[int, str]] = {}
+        self._unsupported: set[tuple[Any, ...]] = set()  # (function, GPU, arguments) that said NotSupported
         self.calls = 0  # NVML calls made (for the benchmarks)
         self.errors: Counter[str] = Counter()  # NVML errors per function name
 
@@ -172,12 +178,21 @@ class Nvml:
     def get(self, name: str, *args: Any, gpu: int | None = None) -> Any:
         """Like ``call`` for an optional reading: None when NVML cannot give it here.
 
-        A lost GPU or a missing driver still raise: those are not "unsupported".
+        A lost GPU or a missing driver still raise: those are not "unsupported". What a GPU said
+        it does not support is not asked again (a capability does not come back by itself): no
+        wasted call and no error counted every tick for, say, page retirement on an Ampere card.
         """
+        key = (name, gpu, args[1:]) if gpu is not None else (name, gpu, args)  # args[0]: the GPU's handle
+        if key in self._unsupported:
+            return None
         try:
             return self.call(name, *args, gpu=gpu)
         except (GpuLost, DriverNotLoaded):
             raise
+        except Unsupported:
+            if name not in CHANGING_SUPPORT:
+                self._unsupported.add(key)
+            return None
         except NvmlError:
             return None
 
@@ -273,6 +288,10 @@ class Nvml:
     # -- one reading per tick ---------------------------------------------------------
     def sample(self, index: int) -> GpuSample:
         """Read one GPU's telemetry. A lost GPU gives a sample with ``lost=True``."""
+        with self._lock:  # once for the whole sample: the calls inside re-enter it cheaply
+            return self._sample_locked(index)
+
+    def _sample_locked(self, index: int) -> GpuSample:
         now = time.time()
         try:
             info = self.info(index)
@@ -317,20 +336,11 @@ class Nvml:
             events = get("nvmlDeviceGetCurrentClocksThrottleReasons")
         persistence = get("nvmlDeviceGetPersistenceMode")
         compute = get("nvmlDeviceGetComputeMode")
-        ecc_mode = get("nvmlDeviceGetEccMode")
+        slow = self._slow_fields(index, get, now)
+        ecc_mode, ecc, sbe, dbe, retired_pending, remap, replay = (
+            slow["ecc_mode"], slow["ecc"], slow["sbe"], slow["dbe"], slow["retired_pending"], slow["remap"],
+            slow["replay"])
         ecc_on = bool(ecc_mode[0]) if ecc_mode is not None else None
-        ecc = None
-        if ecc_on:
-            ecc = EccCounts(
-                volatile_corrected=get("nvmlDeviceGetTotalEccErrors", ECC_CORRECTED, ECC_VOLATILE),
-                volatile_uncorrected=get("nvmlDeviceGetTotalEccErrors", ECC_UNCORRECTED, ECC_VOLATILE),
-                aggregate_corrected=get("nvmlDeviceGetTotalEccErrors", ECC_CORRECTED, ECC_AGGREGATE),
-                aggregate_uncorrected=get("nvmlDeviceGetTotalEccErrors", ECC_UNCORRECTED, ECC_AGGREGATE),
-            )
-        sbe = get("nvmlDeviceGetRetiredPages", RETIRE_SBE)
-        dbe = get("nvmlDeviceGetRetiredPages", RETIRE_DBE)
-        retired_pending = get("nvmlDeviceGetRetiredPagesPendingStatus")
-        remap = get("nvmlDeviceGetRemappedRows")
         procs = get("nvmlDeviceGetComputeRunningProcesses")
         return GpuSample(
             index=index,
@@ -354,7 +364,7 @@ class Nvml:
             pcie_width=get("nvmlDeviceGetCurrPcieLinkWidth"),
             pcie_tx_bytes_per_second=tx * 1024 if tx is not None else None,
             pcie_rx_bytes_per_second=rx * 1024 if rx is not None else None,
-            pcie_replay_errors=get("nvmlDeviceGetPcieReplayCounter"),
+            pcie_replay_errors=replay,
             clock_event_mask=events,
             clock_events=decode_clock_events(events) if events is not None else None,
             persistence_mode=bool(persistence) if persistence is not None else None,
@@ -378,15 +388,45 @@ class Nvml:
             else None,
         )
 
+    def _slow_fields(self, index: int, get: Callable[..., Any], now: float) -> dict[str, Any]:
+        """Health counters that change slowly (ECC, page retirement, row remapping, PCIe replays):
+        read every SLOW_EVERY_S seconds, not every tick; a setter or a new Nvml reads them afresh."""
+        cached = self._slow.get(index)
+        if cached is not None and now - cached[0] < SLOW_EVERY_S:
+            return cached[1]
+        ecc_mode = get("nvmlDeviceGetEccMode")
+        ecc = None
+        if ecc_mode is not None and ecc_mode[0]:
+            ecc = EccCounts(
+                volatile_corrected=get("nvmlDeviceGetTotalEccErrors", ECC_CORRECTED, ECC_VOLATILE),
+                volatile_uncorrected=get("nvmlDeviceGetTotalEccErrors", ECC_UNCORRECTED, ECC_VOLATILE),
+                aggregate_corrected=get("nvmlDeviceGetTotalEccErrors", ECC_CORRECTED, ECC_AGGREGATE),
+                aggregate_uncorrected=get("nvmlDeviceGetTotalEccErrors", ECC_UNCORRECTED, ECC_AGGREGATE),
+            )
+        fields = {"ecc_mode": ecc_mode, "ecc": ecc, "sbe": get("nvmlDeviceGetRetiredPages", RETIRE_SBE),
+                  "dbe": get("nvmlDeviceGetRetiredPages", RETIRE_DBE),
+                  "retired_pending": get("nvmlDeviceGetRetiredPagesPendingStatus"),
+                  "remap": get("nvmlDeviceGetRemappedRows"), "replay": get("nvmlDeviceGetPcieReplayCounter")}
+        self._slow[index] = (now, fields)
+        return fields
+
     def _nvlinks(self, index: int, h: Any) -> tuple[NvLinkInfo, ...]:
+        """Link states every tick; a link's remote end is read when it comes up, then kept."""
         out = []
+        remotes = self._remotes.setdefault(index, {})
         for link, sli in enumerate(self._sli.get(index, ())):
             state = self.get("nvmlDeviceGetNvLinkState", h, link, gpu=index)
             up = bool(state)
             remote = None
             if up:
-                pci = self.get("nvmlDeviceGetNvLinkRemotePciInfo", h, link, gpu=index)
-                remote = normalize_bus_id(pci.busId) if pci is not None else None
+                remote = remotes.get(link)
+                if remote is None:
+                    pci = self.get("nvmlDeviceGetNvLinkRemotePciInfo", h, link, gpu=index)
+                    remote = normalize_bus_id(pci.busId) if pci is not None else None
+                    if remote is not None:
+                        remotes[link] = remote
+            else:
+                remotes.pop(link, None)
             out.append(NvLinkInfo(link=link, up=up, remote_pci_bus_id=remote, sli_bridge=sli))
         return tuple(out)
 
@@ -457,6 +497,7 @@ class Nvml:
     def _set(self, index: int, setter: str, args: tuple[Any, ...], getter: str | None = None,
              getter_args: tuple[Any, ...] = (), convert: Callable[[Any], T] | None = None) -> Any:
         h = self.handle(index)
+        self._slow.pop(index, None)
         self.call(setter, h, *args, gpu=index)
         if getter is None:
             return None

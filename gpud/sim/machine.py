@@ -73,6 +73,10 @@ class SimMachine:
         self._state_mtime = 0.0
         self._checked = 0.0
         self.state: dict[str, Any] = {}
+        self._faults_key: tuple[int, int] | None = None
+        self._faults: list[Fault] = []
+        self._lost: set[int] = set()
+        self._refused: set[tuple[str, Any, Any]] = set()
         self._load_state()
         self.thermal = [self._calibrate(i) for i in range(len(desc.gpus))]
         self._last = self.now()
@@ -162,7 +166,20 @@ class SimMachine:
     # -- faults -----------------------------------------------------------------------
     @property
     def faults(self) -> list[Fault]:
-        return list(self.desc.faults) + [Fault(f["kind"], f["params"]) for f in self.state.get("faults", [])]
+        key = id(self.state), len(self.state.get("faults", []))
+        if self._faults_key != key:  # rebuilt only when the state was reloaded or faults added
+            self._faults_key = key
+            self._faults = list(self.desc.faults) + [Fault(f["kind"], f["params"])
+                                                     for f in self.state.get("faults", [])]
+            self._lost = {f.params["gpu"] for f in self._faults if f.kind == "gpu_lost"
+                          and f.params.get("at_write") is None}
+            self._refused = {(f.kind, f.params["call"], f.params.get("gpu")) for f in self._faults
+                             if f.kind in ("unsupported", "no_permission") and f.params.get("at_write") is None}
+        return self._faults
+
+    def _indexed(self) -> None:
+        if self._faults_key != (id(self.state), len(self.state.get("faults", []))):
+            self.faults  # noqa: B018 - rebuilds the index
 
     def inject(self, kind: str, **params: Any) -> Fault:
         """Add a fault while running (validated like one in the description); persisted."""
@@ -192,11 +209,14 @@ class SimMachine:
         return out
 
     def lost(self, gpu: int) -> bool:
-        return any(p.get("at_write") is None for p in self.faults_of("gpu_lost", gpu))
+        self._indexed()
+        return gpu in self._lost
 
     def refused(self, kind: str, call: str, gpu: int | None) -> bool:
-        return any(p["call"] == call and p.get("at_write") is None and (p.get("gpu") is None or p.get("gpu") == gpu)
-                   for p in self.faults_of(kind))
+        self._indexed()
+        if not self._refused:
+            return False
+        return (kind, call, None) in self._refused or (gpu is not None and (kind, call, gpu) in self._refused)
 
     # -- load and thermal model ----------------------------------------------------------
     def now(self) -> float:
@@ -267,10 +287,10 @@ class SimMachine:
         return sum(duties) / n
 
     def step(self) -> None:
-        """Integrate the thermal model up to now (1 s steps)."""
+        """Integrate the thermal model up to now (1 s steps; calls closer than 50 ms apart do nothing)."""
         now = self.now()
         dt_total = now - self._last
-        if dt_total <= 0:
+        if dt_total < 0.05:
             return
         self._last = now
         amb = float(self.desc.machine["ambient_celsius"])
