@@ -22,7 +22,8 @@ def _tool(name: str) -> str:
 
 
 def test_ruff_clean() -> None:
-    r = subprocess.run([_tool("ruff"), "check", "gpud", "tests", "grafana", "benchmarks"], capture_output=True, text=True, cwd=REPO)
+    r = subprocess.run([_tool("ruff"), "check", "gpud", "tests", "grafana", "benchmarks"], capture_output=True,
+                       text=True, cwd=REPO)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
