@@ -135,3 +135,25 @@ def test_regression_against_the_recent_best() -> None:
     [msg] = history.regressions(run(850), [run(1000), run(950)])
     assert msg.startswith("ddp samples/s at world size 4: 850, 15 % below the recent best 1000")
     assert history.regressions(run(500), [{**run(1000), "host": "other"}]) == []
+
+
+@needs_torch
+def test_under_torchrun_every_rank_runs_and_rank_0_reports(state_dir, tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    from daemon_helpers import free_port
+
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    if torchrun is None:
+        pytest.skip("torchrun not installed beside this Python")
+    r = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()), "-m", "gpud", "probe",
+                        "--quick", "--json"], capture_output=True, text=True, timeout=240,
+                       env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout)  # one report, from rank 0
+    assert res["torchrun"] is True and set(res["ddp"]["by_world_size"]) == {"1", "2"}
+    assert res["correctness"] == {"params_identical_across_ranks": True, "ddp_matches_one_process": True}
+    assert res["allreduce"]["by_world_size"]["2"]["peak_busbw_bytes_per_second"] > 0
+    assert res["note"].startswith("CPU run")

@@ -301,6 +301,8 @@ def run_distributed(*, quick: bool, suites: list[str], host: str,
     res = assemble(plan, [baseline or {}, full])
     res |= {"version": 1, "host": host, "started_at": started, "finished_at": time.time(), "gpus": world,
             "nodes": int(os.environ.get("GROUP_WORLD_SIZE", os.environ.get("NNODES", "1")) or 1), "torchrun": True}
+    if device == "cpu":
+        res["note"] = CPU_NOTE
     res["diagnosis"] = explain(res, None, {}, {}, thresholds or DEFAULT_THRESHOLDS)
     res["ok"] = all(res["correctness"].values()) and all(v != "fail" for v in res["diagnosis"]["verdicts"].values())
     res["regressions"] = history.regressions(res, history.load())

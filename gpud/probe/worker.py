@@ -13,6 +13,7 @@ import math
 import os
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -84,16 +85,9 @@ def train_steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y
                 autocast: bool) -> torch.Tensor:
     """The timed loop: forward, loss, backward, step — nothing else per step."""
     loss = torch.zeros(())
-    if autocast:  # bf16 on GPUs
-        for _ in range(steps):
-            with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16):
-                loss = F.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        return loss
     for _ in range(steps):
-        loss = F.mse_loss(model(x), y)
+        with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16) if autocast else nullcontext():
+            loss = F.mse_loss(model(x), y)  # bf16 on GPUs
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
