@@ -231,25 +231,22 @@ def p2p(ctx: Ctx) -> dict[str, Any]:
     buf = torch.ones(size // 4)
     small = torch.ones(1)
     reps = 10 if ctx.quick else 30
+
+    def pingpong(payload: torch.Tensor, n: int) -> float:
+        """Rank 0 sends ``payload`` to rank 1, which answers with one float; seconds for n rounds."""
+        t0 = time.perf_counter()
+        for _ in range(n):
+            if ctx.rank == 0:
+                dist.send(payload, 1)
+                dist.recv(small, 1)
+            elif ctx.rank == 1:
+                dist.recv(payload, 0)
+                dist.send(small, 0)
+        return time.perf_counter() - t0
+
     ctx.barrier()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        if ctx.rank == 0:
-            dist.send(buf, 1)
-            dist.recv(small, 1)
-        elif ctx.rank == 1:
-            dist.recv(buf, 0)
-            dist.send(small, 0)
-    bw = size * reps / (time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    for _ in range(50):
-        if ctx.rank == 0:
-            dist.send(small, 1)
-            dist.recv(small, 1)
-        elif ctx.rank == 1:
-            dist.recv(small, 0)
-            dist.send(small, 0)
-    lat = (time.perf_counter() - t0) / 100  # one way
+    bw = size * reps / pingpong(buf, reps)
+    lat = pingpong(small, 50) / 100  # one way
     if ctx.rank != 0:
         return {}
     return {"pairs": [{"src": 0, "dst": 1, "bandwidth_bytes_per_second": bw, "latency_seconds": lat, "bytes": size}],
