@@ -321,3 +321,18 @@ def test_sd_notify_ready_and_watchdog(tmp_path: Path, state_dir) -> None:
     s.close()
     assert got[0].startswith("READY=1\nSTATUS=4 GPU(s)"), got
     assert any("WATCHDOG=1" in g for g in got)
+
+
+def test_probe_runs_on_schedule_only_when_idle(tmp_path: Path, state_dir) -> None:
+    sched = "probe_interval_hours = 0.0001\nprobe_idle_minutes = 0\nprobe_world_sizes = [1]\n"
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "idle").mkdir()
+    busy = RunningDaemon(tmp_path / "busy", sim="z8-fury-4x-a6000-degraded", config=sched)  # GPU1 trains
+    idle = RunningDaemon(tmp_path / "idle", config=sched)
+    try:
+        idle.wait_for(lambda: "probe started (schedule)" in idle.logs(), 10, "a scheduled probe on the idle machine")
+        time.sleep(1.0)
+        assert "probe started" not in busy.logs()
+    finally:
+        idle.stop(signal.SIGKILL)
+        busy.stop(signal.SIGKILL)
