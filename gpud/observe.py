@@ -12,8 +12,9 @@ from gpud.tuning import engine
 from gpud.tuning import state as tuning_state
 
 
-def drift_of(machine: Machine, daemon: bool) -> tuple[str | None, tuple[tuple[int | None, str, bool], ...]]:
-    data, drifts = engine.verify(machine, daemon=daemon)
+def drift_of(machine: Machine, daemon: bool, snapshot: Snapshot
+             ) -> tuple[str | None, tuple[tuple[int | None, str, bool], ...]]:
+    data, drifts = engine.verify(machine, daemon=daemon, snapshot=snapshot)
     if data is None:
         return None, ()
     return data.get("profile"), tuple((d.gpu, d.setting, d.status == "drift") for d in drifts
@@ -27,7 +28,7 @@ def observe(machine: Machine, config: Config, *, snapshot: Snapshot | None = Non
     snap = snapshot if snapshot is not None else machine.snapshot()
     if checks is None:
         checks = diagnose(machine, config, snapshot=snap, in_daemon=True).checks
-    profile, drifts = drift if drift is not None else drift_of(machine, daemon)
+    profile, drifts = drift if drift is not None else drift_of(machine, daemon, snap)
     if profile is None:
         data = tuning_state.load()
         profile = data.get("profile") if data else None

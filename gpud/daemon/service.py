@@ -347,7 +347,7 @@ class Daemon:
             if cmd == "apply":
                 return self.apply(str(args["profile"]), bool(args.get("dry_run")))
             if cmd == "verify":
-                data, drifts = engine.verify(self.machine, daemon=True)
+                data, drifts = engine.verify(self.machine, daemon=True, snapshot=self.snapshot)
                 return {"ok": True, "profile": data.get("profile") if data else None, "applied": data is not None,
                         "settings": [to_jsonable(d) for d in drifts]}
             if cmd == "restore":

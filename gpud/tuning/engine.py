@@ -15,7 +15,7 @@ from typing import Any
 from gpud.errors import GpudError, GpuLost, InvalidInput
 from gpud.hw.machine import Machine
 from gpud.hw.nvml import ARCHITECTURES
-from gpud.model import GpuInfo, GpuSample
+from gpud.model import GpuInfo, GpuSample, Snapshot
 from gpud.tuning import state as st
 from gpud.tuning.profile import Profile, resolve
 
@@ -280,11 +280,13 @@ class Drift:
     status: str  # drift | ok | unverifiable | daemon
 
 
-def verify(machine: Machine, daemon: bool = False) -> tuple[dict[str, Any] | None, list[Drift]]:
+def verify(machine: Machine, daemon: bool = False, snapshot: Snapshot | None = None
+           ) -> tuple[dict[str, Any] | None, list[Drift]]:
+    """Drift of the applied profile; ``snapshot`` (a reading already taken) saves reading the GPUs again."""
     data = st.load()
     if not data:
         return None, []
-    snap = machine.snapshot()
+    snap = snapshot if snapshot is not None else machine.snapshot()
     samples = {s.index: s for s in snap.samples}
     out: list[Drift] = []
     for key, want in sorted(data.get("desired", {}).items()):
