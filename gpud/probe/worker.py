@@ -134,22 +134,16 @@ def ddp(ctx: Ctx) -> dict[str, Any]:
     autocast = dev.type == "cuda"
     train_steps(net, opt, x, y, s.warmup, autocast)
     sync(dev)
-    ctx.barrier()
-    t0 = time.perf_counter()
-    train_steps(net, opt, x, y, s.steps, autocast)
-    sync(dev)
-    elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-    if n > 1:
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    seconds = _timed_max(ctx, lambda: train_steps(net, opt, x, y, s.steps, autocast))
     # Every rank holds identical parameters after the timed steps.
     flat = torch.cat([p.detach().float().flatten() for p in model.parameters()])
     hi, lo = flat.clone(), flat.clone()
     if n > 1:
         dist.all_reduce(hi, op=dist.ReduceOp.MAX)
         dist.all_reduce(lo, op=dist.ReduceOp.MIN)
-    out |= {"world_size": n, "seconds": elapsed.item(), "steps": s.steps, "batch_per_rank": s.batch,
-            "samples_per_second": n * s.batch * s.steps / elapsed.item(),
-            "step_seconds": elapsed.item() / s.steps,
+    out |= {"world_size": n, "seconds": seconds, "steps": s.steps, "batch_per_rank": s.batch,
+            "samples_per_second": n * s.batch * s.steps / seconds,
+            "step_seconds": seconds / s.steps,
             "params_max_spread": (hi - lo).abs().max().item(), "parameters": flat.numel(),
             "model": {"dim": s.dim, "layers": s.layers, "seq": s.seq, "heads": s.heads},
             "ddp": {k: v for k, v in kwargs.items() if k != "device_ids"}}
@@ -170,25 +164,33 @@ def allreduce(ctx: Ctx) -> dict[str, Any]:
         for _ in range(2):
             dist.all_reduce(t)
         sync(dev)
-        iters, elapsed = 0, 0.0
-        ctx.barrier()
-        t0 = time.perf_counter()
-        while True:
-            dist.all_reduce(t)
-            iters += 1
-            if iters % 5 == 0:
-                sync(dev)
-                elapsed = time.perf_counter() - t0
-                if elapsed >= (0.05 if ctx.quick else 0.2) or iters >= 200:
-                    break
-        spent = torch.tensor([elapsed / iters], dtype=torch.float64)
-        dist.all_reduce(spent, op=dist.ReduceOp.MAX)
-        sec = spent.item()
+        # Every rank must run the same number of collectives: the count comes from a calibration
+        # reduced across ranks, never from one rank's own clock.
+        iters = _agreed_iterations(ctx, lambda t=t: dist.all_reduce(t), 0.05 if ctx.quick else 0.2)
+        sec = _timed_max(ctx, lambda t=t, k=iters: [dist.all_reduce(t) for _ in range(k)]) / iters
         algbw = size / sec
         rows.append({"bytes": size, "seconds": sec, "algbw_bytes_per_second": algbw,
                      "busbw_bytes_per_second": algbw * 2 * (n - 1) / n})
     return {"world_size": n, "sizes": rows,
             "peak_busbw_bytes_per_second": max(r["busbw_bytes_per_second"] for r in rows)}
+
+
+def _timed_max(ctx: Ctx, fn: Any) -> float:
+    """Seconds ``fn`` took on the slowest rank (every rank calls this, in step)."""
+    ctx.barrier()
+    t0 = time.perf_counter()
+    fn()
+    sync(ctx.device)
+    spent = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+    if ctx.world > 1:
+        dist.all_reduce(spent, op=dist.ReduceOp.MAX)
+    return spent.item()
+
+
+def _agreed_iterations(ctx: Ctx, once: Any, target_seconds: float, cap: int = 200) -> int:
+    """How many repetitions fill ``target_seconds``, the same on every rank (from 5 timed ones)."""
+    per = _timed_max(ctx, lambda: [once() for _ in range(5)]) / 5
+    return max(5, min(cap, math.ceil(target_seconds / per) if per > 0 else cap))
 
 
 def p2p(ctx: Ctx) -> dict[str, Any]:
@@ -339,14 +341,7 @@ def pipeline(ctx: Ctx) -> dict[str, Any]:
     for _ in range(s.warmup):
         step()
     sync(dev)
-    ctx.barrier()
-    t0 = time.perf_counter()
-    for _ in range(s.steps):
-        step()
-    sync(dev)
-    elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    sec = elapsed.item()
+    sec = _timed_max(ctx, lambda: [step() for _ in range(s.steps)])
     act_bytes = mb * s.seq * s.dim * 4 * micro * (k - 1) * 2 * s.steps  # activations forward, gradients back
     out |= {"pipeline_samples_per_second": total * s.steps / sec, "activation_bytes_per_second": act_bytes / sec,
             "seconds": sec}
