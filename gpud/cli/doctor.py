@@ -99,7 +99,7 @@ def doctor(
     if probe:
         from gpud.probe import runner
 
-        have = runner.torch_gpus() if runner.torch_available() else 0
+        have = runner.torch_gpus()
         result = runner.run_probe(device="cuda" if have else "cpu", gpus=have, quick=True, machine=m, host=m.label,
                                   thresholds=conf.efficiency_thresholds())
     report = diagnose(m, conf, only=only, skip=skip, expect_gpus=expect_gpus, debug=debug_enabled(), probe=result)

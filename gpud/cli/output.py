@@ -8,7 +8,6 @@ import sys
 from typing import Any, Sequence
 
 from gpud.model import to_jsonable
-from gpud.text import ranges  # noqa: F401  (re-exported for the commands)
 
 
 def is_tty() -> bool:

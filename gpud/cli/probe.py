@@ -128,7 +128,7 @@ def probe(
             return
     else:
         m = machine(simulate)
-        have = runner.torch_gpus() if runner.torch_available() else 0
+        have = runner.torch_gpus()
         dev = device or ("cuda" if have else "cpu")
         if dev == "cuda" and not have:
             raise InvalidInput("--device", "cuda", "torch sees no GPU here (a CPU build, or no driver)")

@@ -8,7 +8,8 @@ from typing import Any
 import typer
 
 from gpud.cli.common import Json, Simulate, machine
-from gpud.cli.output import emit_json, fmt, ranges, table
+from gpud.cli.output import emit_json, fmt, table
+from gpud.text import ranges
 
 LEGEND = """Legend:
   X    = self

@@ -14,17 +14,9 @@ profile_app = typer.Typer(help="Tuning profiles: list them, show one resolved.",
 
 
 def _show(v: Any) -> str:
-    if v is None:
-        return "n/a"
-    if isinstance(v, bool):
-        return "on" if v else "off"
-    if isinstance(v, float):
-        return f"{v:.0f} W"
-    if isinstance(v, list):
-        return ",".join(map(str, v))
-    if isinstance(v, dict):
-        return "/".join(sorted(set(map(str, v.values()))))
-    return str(v)
+    from gpud.tuning.engine import show
+
+    return show(v)
 
 
 @profile_app.command("list")

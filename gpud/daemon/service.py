@@ -227,7 +227,7 @@ class Daemon:
             for setting in ENFORCED:
                 if setting in want and want[setting] not in (None, "unsupported", engine.RESET):
                     cur = engine.current_value(setting, s, None)
-                    if cur is not None and not engine._same(setting, cur, want[setting]):
+                    if cur is not None and not engine.same(setting, cur, want[setting]):
                         drifted.append(setting)
             failed = set()
             if drifted:

@@ -10,7 +10,7 @@ import dataclasses
 import os
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gpud.errors import GpuLost
@@ -25,7 +25,6 @@ class Machine:
     host: Host
     label: str  # hostname, or the simulated workstation's name
     simulation: Any = None  # the gpud.sim.Simulation when simulated (tests inject faults through it)
-    _infos: dict[int, GpuInfo] = field(default_factory=dict)
 
     def snapshot(self) -> Snapshot:
         """Read every GPU once. Lost GPUs come back as ``lost`` samples, not as errors."""
@@ -33,22 +32,19 @@ class Machine:
         versions = self.nvml.versions()
         samples = []
         for i in range(self.nvml.device_count()):
-            sample = self.nvml.sample(i)
-            if not sample.lost:
-                self._infos.setdefault(i, self.nvml.info(i))
-                if sample.processes:
-                    sample = dataclasses.replace(sample, processes=tuple(
-                        dataclasses.replace(p, user=u, command=c)
-                        for p in sample.processes
-                        for u, c in [self.host.process(p.pid)]
-                    ))
-            elif i in self._infos:
-                sample = dataclasses.replace(sample, uuid=self._infos[i].uuid)
+            sample = self.nvml.sample(i)  # a lost GPU keeps the UUID NVML's cache knows
+            if sample.processes:
+                sample = dataclasses.replace(sample, processes=tuple(
+                    dataclasses.replace(p, user=u, command=c)
+                    for p in sample.processes
+                    for u, c in [self.host.process(p.pid)]
+                ))
             samples.append(sample)
+        infos = (self.nvml.cached_info(s.index) for s in samples)
         return Snapshot(
             timestamp=time.time(),
             versions=versions,
-            gpus=tuple(self._infos[s.index] for s in samples if s.index in self._infos),
+            gpus=tuple(g for g in infos if g is not None),
             samples=tuple(samples),
         )
 
@@ -57,9 +53,9 @@ class Machine:
 
     def info(self, index: int) -> GpuInfo | None:
         try:
-            return self._infos.get(index) or self.nvml.info(index)
+            return self.nvml.info(index)  # cached after the first read
         except GpuLost:
-            return None
+            return self.nvml.cached_info(index)
 
 
 def open_machine(simulate: str | None = None) -> Machine:

@@ -221,6 +221,10 @@ class Nvml:
             return h
 
     # -- static facts, read once ------------------------------------------------------
+    def cached_info(self, index: int) -> GpuInfo | None:
+        """The static facts if they were read already (also for a GPU lost since)."""
+        return self._info.get(index)
+
     def info(self, index: int) -> GpuInfo:
         cached = self._info.get(index)
         if cached is not None:

@@ -270,7 +270,9 @@ def run_probe(*, device: str, gpus: int, world_sizes: list[int] | None = None, s
 
 
 def torch_gpus() -> int:
-    """GPUs torch sees (asked in a child process: the caller never imports torch)."""
+    """GPUs torch sees (asked in a child process: the caller never imports torch); 0 without torch."""
+    if not torch_available():
+        return 0
     try:
         r = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count() "
                                                   "if torch.cuda.is_available() else 0)"],

@@ -71,7 +71,7 @@ def current_value(setting: str, s: GpuSample, tuned: dict[str, Any] | None) -> A
     raise KeyError(setting)
 
 
-def _same(setting: str, current: Any, desired: Any) -> bool:
+def same(setting: str, current: Any, desired: Any) -> bool:
     if setting == "power_limit_watts":
         return current is not None and abs(float(current) - float(desired)) <= 1.0
     return bool(current == desired)
@@ -116,7 +116,7 @@ def plan(machine: Machine, profile: Profile, daemon: bool = False) -> tuple[list
             skip = _unsupported(setting, g, value, cur)
             if skip:
                 changes.append(Change(s.index, setting, cur, value, "skip", skip, req))
-            elif _same(setting, cur, value):
+            elif same(setting, cur, value):
                 changes.append(Change(s.index, setting, cur, value, "none", "", req))
             else:
                 changes.append(Change(s.index, setting, cur, value, "set", "", req))
@@ -189,7 +189,7 @@ def _read_back_ok(setting: str, wanted: Any, got: Any) -> bool:
         return True  # nothing to compare (no getter) — recorded, not verified
     if setting == "cpu_governor":
         return set(got.values()) == {wanted} if isinstance(wanted, str) else True
-    return _same(setting, got, wanted)
+    return same(setting, got, wanted)
 
 
 def _original(change: Change) -> Any:
@@ -256,12 +256,19 @@ def _rollback(machine: Machine, out: Outcome, host_before: dict[int, str] | None
             back = {str(k): v for k, v in (host_before or {}).items()}
         try:
             write(machine, c.gpu, c.setting, back)
-            out.rolled_back.append(f"{where}: {c.setting} → {_show(back)}")
+            out.rolled_back.append(f"{where}: {c.setting} → {show(back)}")
         except GpudError as err:
             out.not_restored.append(f"{where}: {c.setting}: {err}")
 
 
-def _show(v: Any) -> str:
+def show(v: Any) -> str:
+    """A setting's value for people: 300 W, on/off, 2100,2100 (clocks), powersave (governors)."""
+    if v is None:
+        return "n/a"
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    if isinstance(v, float):  # only power limits are floats
+        return f"{v:.0f} W"
     if isinstance(v, dict):
         return "/".join(sorted(set(map(str, v.values()))))
     if isinstance(v, list):
@@ -315,7 +322,7 @@ def verify(machine: Machine, daemon: bool = False, snapshot: Snapshot | None = N
             if value == RESET:
                 out.append(Drift(gpu, setting, cur, value, "unverifiable"))
                 continue
-            out.append(Drift(gpu, setting, cur, value, "ok" if _same(setting, cur, value) else "drift"))
+            out.append(Drift(gpu, setting, cur, value, "ok" if same(setting, cur, value) else "drift"))
     return data, out
 
 
@@ -380,7 +387,7 @@ def restore(machine: Machine, fans_only: bool = False) -> tuple[list[str], list[
             where = "host" if target is None else f"GPU {target}"
             try:
                 write(machine, target, setting, value)
-                done.append(f"{where}: {setting} → {_show(value)}")
+                done.append(f"{where}: {setting} → {show(value)}")
             except GpudError as err:
                 failed.append(f"{where}: {setting}: {err}")
                 keep.setdefault(key, {})[setting] = value
