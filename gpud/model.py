@@ -43,6 +43,7 @@ class NvLinkInfo:
     up: bool
     remote_pci_bus_id: str | None
     sli_bridge: bool | None  # NVML_NVLINK_CAP_SLI_BRIDGE
+    remote_is_switch: bool | None = None  # the link ends at an NVSwitch (HGX), not at a GPU
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,11 @@ class GpuInfo:
     nvlink_count: int  # links that exist (0: no NVLink)
     numa_node: int | None
     cpu_affinity: tuple[int, ...] | None  # CPU ids close to the GPU
+    # The GPU's own PCIe maximum (nvmlDeviceGetGpuMaxPcieLinkGeneration); pcie_max_* above are the
+    # maximum of the GPU *in this slot* (an x16 card in an x8 slot reports 8 there).
+    pcie_gpu_max_generation: int | None = None
+    temperature_max_operating_celsius: int | None = None  # NVML_TEMPERATURE_THRESHOLD_GPU_MAX
+    default_applications_clocks_mhz: dict[str, int | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -106,6 +112,7 @@ class GpuSample:
     uuid: str
     timestamp: float
     lost: bool = False
+    error: str | None = None  # why a lost GPU could not be read (NVML's answer)
     temperature_celsius: int | None = None
     fans: tuple[FanReading, ...] = ()
     power_watts: float | None = None
@@ -196,8 +203,9 @@ class PciDevice:
     max_link_width: int | None
     numa_node: int | None
     parents: tuple[str, ...]  # bridge addresses from the root complex down
-    acs_ctrl: int | None  # ACS Control register; None when config space is not readable
+    acs_ctrl: int | None  # ACS Control register; None when unreadable or there is no ACS capability
     driver: str | None
+    acs_capable: bool | None = None  # has an ACS capability; None when config space is not readable
 
 
 # ACS Control bits (PCIe spec 7.7.8.3)

@@ -6,7 +6,7 @@ import math
 import os
 from pathlib import Path
 
-from gpud.hw.host import Host, acs_control, parse_size
+from gpud.hw.host import Host, acs_capability, parse_size
 from gpud.hw.machine import open_machine
 
 
@@ -60,9 +60,9 @@ def test_acs_capability_parsing() -> None:
     cfg[0x100:0x104] = (0x0001 | (1 << 16) | (0x140 << 20)).to_bytes(4, "little")  # AER → next at 0x140
     cfg[0x140:0x144] = (0x000D | (1 << 16)).to_bytes(4, "little")
     cfg[0x146:0x148] = (0x1D).to_bytes(2, "little")
-    assert acs_control(bytes(cfg)) == 0x1D
-    assert acs_control(bytes(256)) is None  # not root: only the first 256 bytes are readable
-    assert acs_control(bytes(4096)) is None  # no extended capabilities
+    assert acs_capability(bytes(cfg)) == (True, 0x1D)
+    assert acs_capability(bytes(256)) == (None, None)  # not root: only the first 256 bytes are readable
+    assert acs_capability(bytes(4096)) == (False, None)  # readable, and no ACS capability: not "unreadable"
 
 
 def test_sizes() -> None:

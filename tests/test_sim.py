@@ -58,9 +58,11 @@ def test_degraded_description_shows_each_fault() -> None:
     assert not any(ln.up for ln in s[2].nvlinks) and not any(ln.up for ln in s[3].nvlinks)
     assert all(ln.up for ln in s[0].nvlinks)
     assert s[1].temperature_celsius == 89 and {"hw_slowdown", "hw_thermal_slowdown"} <= set(s[1].clock_events)
-    assert s[3].fans[0].speed_percent == 0 and s[3].temperature_celsius == 75
+    # GPU3's stalled fan: NVML reports the duty asked for, the GPU is hot and held down by the driver
+    assert s[3].fans[0].speed_percent == 100 and s[3].temperature_celsius == 94
+    assert "sw_thermal_slowdown" in s[3].clock_events
     assert s[0].power_limit_watts == 200
-    assert all(x.persistence_mode is False for x in snap.samples)
+    assert [x.persistence_mode for x in snap.samples] == [True, False, False, False]
     assert s[1].processes[0].user == "alice"
 
 
@@ -90,8 +92,8 @@ def test_fan_stuck_heats_a_loaded_gpu() -> None:
     sim.inject("fan_stuck", gpu=1)
     sim.advance(900)
     s = m.snapshot().samples[1]
-    assert s.fans[0].speed_percent == 0
-    assert s.temperature_celsius >= 93 and "hw_thermal_slowdown" in s.clock_events
+    assert s.fans[0].speed_percent == 100  # what the driver asks for, not what the fan does (NVML)
+    assert s.temperature_celsius >= 95 and "hw_thermal_slowdown" in s.clock_events
 
 
 def test_runtime_faults_rebuild_the_host_tree() -> None:

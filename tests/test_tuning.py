@@ -133,7 +133,7 @@ def test_rollback_through_the_cli_reports_and_exits_1(capsys, tmp_path, state_di
     code, _, err = cli(capsys, "apply", str(write_profile(tmp_path, RICH)), "--simulate", SIM)
     assert code == 1
     assert err.startswith("gpud: apply failed: GPU 3: gpu_clocks: GPU 3: nvmlDeviceSetGpuLockedClocks")
-    assert "rolled back: GPU 3: applications_clocks → 8001,2100" in err
+    assert "rolled back: GPU 3: applications_clocks → 8001,1800" in err
     assert fingerprint(fresh()) == original
 
 

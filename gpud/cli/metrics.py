@@ -19,7 +19,8 @@ def metrics(simulate: Simulate = None,
     from gpud.observe import observe
 
     conf = cfg.load(config)
-    sys.stdout.write(exposition(observe(machine(simulate), conf)).decode())
+    m = machine(simulate)
+    sys.stdout.write(exposition(observe(m, conf, snapshot=m.snapshot(pcie=True))).decode())
 
 
 def register(app: typer.Typer) -> None:

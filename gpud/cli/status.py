@@ -55,7 +55,7 @@ def status(
     """GPU telemetry: temperature, fans, power, clocks, utilisation, memory, PCIe, health."""
     m = machine(simulate)
     while True:
-        snap = m.snapshot()
+        snap = m.snapshot(pcie=True)
         if json:
             emit_json({"host": m.label, "versions": snap.versions, "gpus": [
                 {"info": info, "sample": s} for s in snap.samples

@@ -199,6 +199,14 @@ def thermal(ctx: Context) -> Iterator[CheckResult]:
             yield ok("health.thermal", f"{t} °C{rest}", gpu=s.index)
 
 
+# NVML reports the speed a fan is *asked* for, not a measurement ("if the fan is physically blocked
+# and unable to spin, the output will not match the actual fan speed", nvml.h): a stalled fan reads
+# as healthy. What real NVML does show is its effect: the fan asked hard and the GPU still at its
+# limit, or thermal clock events. A fan asked for this much is "asked hard".
+FAN_HARD_PERCENT = 80
+THERMAL_EVENTS = ("sw_thermal_slowdown", "hw_thermal_slowdown")
+
+
 @check("health.fans", "Health")
 def fans(ctx: Context) -> Iterator[CheckResult]:
     hot = ctx.threshold("fan_check_min_celsius")
@@ -207,7 +215,11 @@ def fans(ctx: Context) -> Iterator[CheckResult]:
         if not s.fans:
             yield skip("health.fans", "no fan reported (passive card cooled by the chassis)", gpu=s.index)
             continue
+        g = ctx.infos[s.index]
         t = s.temperature_celsius
+        limit = g.temperature_max_operating_celsius or (
+            g.temperature_slowdown_celsius - 5 if g.temperature_slowdown_celsius is not None else None)
+        thermal = [e for e in (s.clock_events or ()) if e in THERMAL_EVENTS]
         bad, manual = [], []
         for f in s.fans:
             if f.speed_percent is None:
@@ -217,12 +229,20 @@ def fans(ctx: Context) -> Iterator[CheckResult]:
                                                 f.target_percent - f.speed_percent >= lag)):
                 target = f" (target {f.target_percent} %)" if f.target_percent is not None else ""
                 bad.append(f"fan {f.fan} at {f.speed_percent} %{target} at {t} °C")
+            elif f.speed_percent >= FAN_HARD_PERCENT and t is not None and (
+                    (limit is not None and t >= limit) or thermal):
+                why = (f"{', '.join(e.replace('_', ' ') for e in thermal)} active" if thermal
+                       else f"at or above its {limit} °C operating limit")
+                bad.append(f"fan {f.fan} asked for {f.speed_percent} % and the GPU is still at {t} °C ({why}): "
+                           "the fan is not cooling")
             if f.policy == "manual" and not ctx.daemon_running:
                 manual.append(f"fan {f.fan} at {f.speed_percent} %")
         if bad:
             yield fail("health.fans", "; ".join(bad), gpu=s.index,
-                       remedy="the fan is stalled or blocked: check it and its cable; until then keep the GPU "
-                              "idle; confirm with `nvidia-smi --query-gpu=fan.speed,temperature.gpu --format=csv`")
+                       remedy="NVML reports the speed asked for, not the real one: look at the fan (stalled, "
+                              "blocked, cable) and the airflow; until then keep the GPU idle; watch "
+                              f"`nvidia-smi -i {s.index} --query-gpu=fan.speed,temperature.gpu,"
+                              "clocks_event_reasons.active --format=csv -l 1`")
         elif manual:
             yield warn("health.fans", f"{', '.join(manual)} in manual mode while no gpud daemon runs", gpu=s.index,
                        remedy="`gpud restore --fans-only` hands the fans back to the driver's automatic policy")

@@ -16,63 +16,115 @@ def _lspci(ctx: Context, gpu: int) -> str:
     return f"`nvidia-smi -i {gpu} -q -d PCIE`, `sudo lspci -vv -s {bus} | grep -E 'LnkCap|LnkSta'`"
 
 
+def _port(ctx: Context, gpu: int) -> tuple[int | None, int | None, int | None, int | None]:
+    """(GPU's own max width, its slot's max width, GPU's own max generation, slot's max generation).
+
+    NVML's ``GetMaxPcieLinkWidth/Generation`` give the maximum of the GPU *in this slot* (the lower
+    of the two), so they cannot tell a narrow slot from the card's limit; sysfs can: a device's
+    ``max_link_*`` is its own Link Capabilities, the port above it is the slot.
+    """
+    g = ctx.infos[gpu]
+    dev = ctx.host.pci_device(g.pci_bus_id)
+    port = ctx.host.pci_device(dev.parents[-1]) if dev is not None and dev.parents else None
+    gpu_w = dev.max_link_width if dev is not None and dev.max_link_width else g.pcie_max_width
+    slot_w = port.max_link_width if port is not None and port.max_link_width else None
+    gpu_g = g.pcie_gpu_max_generation or (_gen(dev.max_link_speed) if dev is not None else None) \
+        or g.pcie_max_generation
+    slot_g = _gen(port.max_link_speed) if port is not None else None
+    return gpu_w, slot_w, gpu_g, slot_g
+
+
+def _gen(speed: str | None) -> int | None:
+    """sysfs ``16.0 GT/s PCIe`` → 4."""
+    gts = {"2.5": 1, "5.0": 2, "8.0": 3, "16.0": 4, "32.0": 5, "64.0": 6}
+    return gts.get((speed or "").split(" ")[0])
+
+
 @check("pcie.link_width", "PCIe and topology")
 def link_width(ctx: Context) -> Iterator[CheckResult]:
     for s in ctx.samples:
         g = ctx.infos[s.index]
-        if s.pcie_width is None or g.pcie_max_width is None:
+        gpu_w, slot_w, _, _ = _port(ctx, s.index)
+        best = min(w for w in (gpu_w, slot_w, g.pcie_max_width) if w) if (gpu_w or g.pcie_max_width) else None
+        if s.pcie_width is None or best is None:
             yield skip("pcie.link_width", "link width not reported", gpu=s.index)
-        elif s.pcie_width < g.pcie_max_width:
-            yield fail("pcie.link_width", f"link x{s.pcie_width}, max x{g.pcie_max_width}", gpu=s.index,
-                       detail="a narrower link halves host↔GPU and P2P-over-PCIe bandwidth",
-                       remedy="power off; reseat the card (and its riser) in a full x16 slot, check the slot's "
-                              f"BIOS bifurcation; confirm with {_lspci(ctx, s.index)}")
+        elif s.pcie_width < best:
+            yield fail("pcie.link_width", f"link trained to x{s.pcie_width}, though the GPU and its slot do "
+                       f"x{best}", gpu=s.index,
+                       detail="a narrower link halves host↔GPU and P2P-over-PCIe bandwidth; GPU and slot both "
+                              "support the full width, so the card, its riser or the slot contacts are at fault",
+                       remedy="power off; reseat the card (and its riser), check for a damaged or dirty edge "
+                              f"connector; confirm with {_lspci(ctx, s.index)}")
+        elif gpu_w and slot_w and slot_w < gpu_w:
+            yield warn("pcie.link_width", f"x{gpu_w} GPU in an x{slot_w} slot: link x{s.pcie_width}", gpu=s.index,
+                       detail="the slot (or its BIOS bifurcation) is wired narrower than the card",
+                       remedy="move the card to a full x16 slot, or set the slot's bifurcation to x16 in the "
+                              f"BIOS; confirm with {_lspci(ctx, s.index)} (LnkCap of the bridge above the GPU)")
         else:
-            yield ok("pcie.link_width", f"x{s.pcie_width} of x{g.pcie_max_width}", gpu=s.index)
+            yield ok("pcie.link_width", f"x{s.pcie_width} of x{best}", gpu=s.index)
 
 
 @check("pcie.link_gen", "PCIe and topology")
 def link_gen(ctx: Context) -> Iterator[CheckResult]:
     for s in ctx.samples:
         g = ctx.infos[s.index]
-        if s.pcie_generation is None or g.pcie_max_generation is None:
+        _, _, gpu_g, slot_g = _port(ctx, s.index)
+        best = g.pcie_max_generation  # what this GPU can reach in this slot (NVML)
+        if s.pcie_generation is None or best is None:
             yield skip("pcie.link_gen", "link generation not reported", gpu=s.index)
-        elif s.pcie_generation >= g.pcie_max_generation:
-            yield ok("pcie.link_gen", f"Gen{s.pcie_generation} of Gen{g.pcie_max_generation}", gpu=s.index)
-        elif ctx.loaded(s):
+        elif s.pcie_generation < best and ctx.loaded(s):
             yield fail("pcie.link_gen", f"Gen{s.pcie_generation} under load ({s.utilization_gpu_percent} %), "
-                       f"max Gen{g.pcie_max_generation}", gpu=s.index,
+                       f"max Gen{best}", gpu=s.index,
                        remedy="set the slot to Gen4/Auto in the BIOS, check the riser; confirm with "
                               + _lspci(ctx, s.index))
-        else:
+        elif gpu_g and slot_g and slot_g < gpu_g:
+            yield warn("pcie.link_gen", f"Gen{gpu_g} GPU in a Gen{slot_g} slot (link Gen{s.pcie_generation})",
+                       gpu=s.index, remedy="the slot or a riser limits the generation: use a slot wired to the "
+                       f"CPU at Gen{gpu_g}, or set it to Auto in the BIOS; confirm with {_lspci(ctx, s.index)}")
+        elif s.pcie_generation < best:
             yield ok("pcie.link_gen", f"Gen{s.pcie_generation} at idle (power saving), max "
-                     f"Gen{g.pcie_max_generation}; re-checked under load by the probe", gpu=s.index)
+                     f"Gen{best}; re-checked under load by the probe", gpu=s.index)
+        else:
+            yield ok("pcie.link_gen", f"Gen{s.pcie_generation} of Gen{best}", gpu=s.index)
 
 
 @check("pcie.acs", "PCIe and topology", needs_nvml=False)
 def acs(ctx: Context) -> Iterator[CheckResult]:
-    flagged, unreadable, bridges = {}, set(), set()
+    flagged, unreadable, bridges, without = {}, set(), set(), set()
     for gpu in ctx.host.nvidia_gpus():
         for addr in gpu.parents:
             bridges.add(addr)
             dev = ctx.host.pci_device(addr)
-            if dev is None or dev.acs_ctrl is None:
+            if dev is None or dev.acs_capable is None:
                 unreadable.add(addr)
-            elif dev.acs_ctrl & ACS_P2P_BITS:
+            elif not dev.acs_capable:
+                without.add(addr)  # no ACS capability: nothing on this port can redirect P2P
+            elif dev.acs_ctrl is not None and dev.acs_ctrl & ACS_P2P_BITS:
                 flagged[addr] = ", ".join(name for bit, name in ACS_BITS if dev.acs_ctrl & bit)
     if flagged:
         detail = "\n".join(f"{a}: {flags}" for a, flags in sorted(flagged.items()))
+        first = sorted(flagged)[0]
+        if ctx.host.iommu()["enabled"]:
+            remedy = ("the kernel itself enables ACS on every capable port when an IOMMU is on (the IOMMU driver "
+                      "requests it at boot), so the BIOS switch alone does not help: if no VM needs device "
+                      "isolation, boot without the IOMMU (`intel_iommu=off` or `amd_iommu=off` in "
+                      "GRUB_CMDLINE_LINUX); else clear the redirect bits at boot for these bridges with "
+                      f"`pci=disable_acs_redir={';'.join(sorted(flagged))}` on the kernel command line; "
+                      "confirm with `sudo lspci -vvv | grep ACSCtl`")
+        else:
+            remedy = ("disable ACS (often \"PCIe ACS\" or \"IO virtualization / VT-d\") in the BIOS, or per bridge "
+                      f"after each boot, as NCCL's documentation shows: `sudo setpci -s {first} "
+                      "ECAP_ACS+0x6.w=0000`; confirm with `sudo lspci -vvv | grep ACSCtl`")
         yield warn("pcie.acs", f"ACS enabled on {len(flagged)} bridge(s) above the GPUs: peer-to-peer traffic is "
-                   "redirected through the root complex (slow, or hangs NCCL)", detail=detail,
-                   remedy="disable ACS in the BIOS (or per bridge, as NCCL's documentation shows: "
-                          "`sudo setpci -s BRIDGE ECAP_ACS+0x6.w=0000`); confirm with "
-                          "`sudo lspci -vvv | grep ACSCtl`")
+                   "redirected through the root complex (slow, or hangs NCCL)", detail=detail, remedy=remedy)
     elif not bridges:
         yield ok("pcie.acs", "no PCIe bridge above the GPUs" if ctx.host.nvidia_gpus() else "no GPU on the PCI bus")
     elif unreadable == bridges:
         yield skip("pcie.acs", "PCIe config space not readable", remedy="run gpud doctor as root to check ACS")
     else:
-        yield ok("pcie.acs", f"ACS off on the {len(bridges) - len(unreadable)} bridge(s) above the GPUs")
+        checked = len(bridges) - len(unreadable)
+        none = f" ({len(without)} without an ACS capability)" if without else ""
+        yield ok("pcie.acs", f"no P2P redirection on the {checked} bridge(s) above the GPUs{none}")
 
 
 @check("host.iommu", "PCIe and topology", needs_nvml=False)

@@ -35,20 +35,24 @@ def parse_size(text: str, total: int | None = None) -> int | None:
     return n * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[unit]
 
 
-def acs_control(config: bytes) -> int | None:
-    """The ACS Control register from a PCIe config space dump, or None if absent/unreadable."""
+def acs_capability(config: bytes) -> tuple[bool | None, int | None]:
+    """(has an ACS capability, its Control register) from a PCIe config space dump.
+
+    (None, None) when the extended config space (offset 0x100 on) is not readable — only root reads
+    it; (False, None) for a port that has no ACS capability at all (nothing there can redirect P2P).
+    """
     if len(config) < 0x104:
-        return None  # extended config space is readable by root only
+        return None, None  # extended config space is readable by root only
     off, seen = 0x100, set()
     while off and off not in seen and off + 8 <= len(config):
         seen.add(off)
         header = int.from_bytes(config[off:off + 4], "little")
         if header in (0, 0xFFFFFFFF):
-            return None
+            return False, None  # an empty extended capability list
         if header & 0xFFFF == ACS_CAP_ID:
-            return int.from_bytes(config[off + 6:off + 8], "little")
+            return True, int.from_bytes(config[off + 6:off + 8], "little")
         off = (header >> 20) & 0xFFC
-    return None
+    return False, None
 
 
 class Host:
@@ -190,6 +194,7 @@ class Host:
             config = (entry / "config").read_bytes()
         except OSError:
             config = b""
+        acs = acs_capability(config)
         width = self._read_int(rel + "/current_link_width")
         max_width = self._read_int(rel + "/max_link_width")
         numa = self._read_int(rel + "/numa_node")
@@ -205,7 +210,8 @@ class Host:
             max_link_width=max_width,
             numa_node=numa if numa is not None and numa >= 0 else None,
             parents=parents,
-            acs_ctrl=acs_control(config),
+            acs_ctrl=acs[1],
+            acs_capable=acs[0],
             driver=os.path.basename(os.readlink(drv)) if drv.is_symlink() else None,
         )
 

@@ -26,12 +26,19 @@ class Machine:
     label: str  # hostname, or the simulated workstation's name
     simulation: Any = None  # the gpud.sim.Simulation when simulated (tests inject faults through it)
 
-    def snapshot(self) -> Snapshot:
-        """Read every GPU once. Lost GPUs come back as ``lost`` samples, not as errors."""
+    def snapshot(self, pcie: bool = False) -> Snapshot:
+        """Read every GPU once. Lost GPUs come back as ``lost`` samples, not as errors.
+
+        ``pcie``: also measure PCIe throughput now, for every GPU at once (about 40 ms: NVML samples
+        it over 20 ms per direction) — one-shot commands; the daemon samples it off the tick instead.
+        """
         self.nvml.init()
         versions = self.nvml.versions()
+        count = self.nvml.device_count()
+        if pcie:
+            self.nvml.sample_pcie_all(list(range(count)))
         samples = []
-        for i in range(self.nvml.device_count()):
+        for i in range(count):
             sample = self.nvml.sample(i)  # a lost GPU keeps the UUID NVML's cache knows
             if sample.processes:
                 sample = dataclasses.replace(sample, processes=tuple(

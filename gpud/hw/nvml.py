@@ -10,6 +10,7 @@ give them (Unsupported is not zero); a lost GPU is never hidden.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from collections import Counter
@@ -70,6 +71,17 @@ SLOW_EVERY_S = 10.0  # ECC, page retirement, row remapping, PCIe replays: read t
 # Answers that depend on the moment, not on the GPU's capability: asked again every time.
 CHANGING_SUPPORT = {"nvmlDeviceGetNvLinkRemotePciInfo", "nvmlDeviceGetNvLinkState"}
 CPU_SET_WORDS = 16  # 64-bit words: up to 1024 CPUs
+THRESHOLD_GPU_MAX = 3  # NVML_TEMPERATURE_THRESHOLD_GPU_MAX ("GPU Max Operating Temp")
+# Ada and later: thresholds as offsets from T.Limit (nvml.h: NVML_FI_DEV_TEMPERATURE_*_TLIMIT), with the
+# current margin from nvmlDeviceGetMarginTemperature; nvidia-smi prints only these there.
+FI_TLIMIT = {"shutdown": 193, "slowdown": 194, "max_operating": 196}
+NVLINK_DEVICE_SWITCH = 2  # NVML_NVLINK_DEVICE_TYPE_SWITCH
+FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES = 197, 198  # NVML_FI_DEV_PCIE_COUNT_{TX,RX}_BYTES (cumulative)
+PCIE_SAMPLE_EVERY_S = 10.0  # nvmlDeviceGetPcieThroughput blocks 20 ms: sampled this often, off the tick
+# Compute processes: the newest entry point first; an old driver lacks _v3 (FUNCTION_NOT_FOUND, or
+# NVMLLibraryMismatchError from the unversioned wrapper of newer bindings).
+PROCESS_CALLS = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2",
+                 "nvmlDeviceGetComputeRunningProcesses")
 
 
 def normalize_bus_id(raw: str | bytes) -> str:
@@ -82,6 +94,20 @@ def normalize_bus_id(raw: str | bytes) -> str:
     if len(parts) == 2:  # no domain
         return f"0000:{parts[0]}:{parts[1]}"
     return text
+
+
+def _hashable(arg: Any) -> Any:
+    """A cache key for an argument. The real bindings' device handles are ctypes pointers, which
+    cannot be hashed: such a handle is keyed by the address it points at (stable while NVML runs)."""
+    if isinstance(arg, list):
+        return tuple(arg)
+    try:
+        hash(arg)
+        return arg
+    except TypeError:
+        if isinstance(arg, ctypes._Pointer) and arg:
+            return ("handle", ctypes.addressof(arg.contents))
+        return ("object", repr(arg))
 
 
 def _text(raw: Any) -> str:
@@ -118,7 +144,9 @@ class Nvml:
         self._pairs: dict[tuple[int, int], tuple[str, str, str, str]] = {}
         self._versions: Versions | None = None
         self._slow: dict[int, tuple[float, dict[str, Any]]] = {}
-        self._remotes: dict[int, dict[int, str]] = {}
+        self._remotes: dict[int, dict[int, tuple[str, bool | None]]] = {}
+        self._pcie_counts: dict[int, tuple[float, int, int]] = {}  # cumulative byte counters, last tick
+        self._pcie_sampled: dict[int, tuple[float, int, int]] = {}  # (when, TX B/s, RX B/s) off the tick
         self._unsupported: set[tuple[Any, ...]] = set()  # (function, GPU, arguments) that said NotSupported
         self.calls = 0  # NVML calls made (for the benchmarks)
         self.errors: Counter[str] = Counter()  # NVML errors per function name
@@ -141,6 +169,11 @@ class Nvml:
         return NvmlError(msg, call=call, gpu=gpu, code=code)
 
     def _raw(self, name: str, *args: Any, gpu: int | None = None) -> Any:
+        """One binding call. Nothing but gpud errors leaves here: an ``NVMLError`` is translated by
+        its code; a binding that lacks the function, or whose wrapper does not fit the driver
+        (``NVMLLibraryMismatchError``), is Unsupported; anything else the bindings raise (a
+        ``TypeError`` from an argument list that changed between nvidia-ml-py releases, a ctypes
+        error) is an NvmlError naming the call."""
         fn = getattr(self._m, name, None)
         if fn is None:
             raise Unsupported(f"{name}: not in these NVML bindings", call=name, gpu=gpu)
@@ -150,6 +183,12 @@ class Nvml:
         except self._m.NVMLError as err:
             self.errors[name] += 1
             raise self._translate(err, name, gpu) from err
+        except Exception as err:  # noqa: BLE001 - the boundary: no binding exception escapes gpud.hw
+            self.errors[name] += 1
+            where = f"GPU {gpu}: " if gpu is not None else ""
+            if type(err).__name__ == "NVMLLibraryMismatchError":
+                raise Unsupported(f"{where}{name}: {err}", call=name, gpu=gpu) from err
+            raise NvmlError(f"{where}{name}: {type(err).__name__}: {err}", call=name, gpu=gpu) from err
 
     def init(self) -> None:
         """``nvmlInit`` once; raises DriverNotLoaded when there is no driver."""
@@ -182,11 +221,16 @@ class Nvml:
         it does not support is not asked again (a capability does not come back by itself): no
         wasted call and no error counted every tick for, say, page retirement on an Ampere card.
         """
-        key = (name, gpu, args[1:]) if gpu is not None else (name, gpu, args)  # args[0]: the GPU's handle
+        plain = tuple(_hashable(a) for a in args)
+        key = (name, gpu, plain[1:]) if gpu is not None else (name, gpu, plain)  # args[0]: the GPU's handle
+        return self._optional(key, lambda: self.call(name, *args, gpu=gpu))
+
+    def _optional(self, key: tuple[Any, ...], read: Callable[[], Any]) -> Any:
+        name = key[0]
         if key in self._unsupported:
             return None
         try:
-            return self.call(name, *args, gpu=gpu)
+            return read()
         except (GpuLost, DriverNotLoaded):
             raise
         except Unsupported:
@@ -195,6 +239,23 @@ class Nvml:
             return None
         except NvmlError:
             return None
+
+    def get_out(self, name: str, h: Any, *inputs: Any, outputs: int = 1, gpu: int) -> tuple[int, ...] | None:
+        """An optional reading whose outputs gpud passes as pointers and reads back (unsigned ints).
+
+        nvidia-ml-py 12.535–12.560 declare the outputs of ``nvmlDeviceGetMinMaxFanSpeed`` and
+        ``nvmlDeviceGetFanControlPolicy_v2`` as required arguments and hand them to the C library as
+        given; later releases accept the same pointers (and return NVML_SUCCESS). Passing
+        ``byref(c_uint())`` works with both.
+        """
+        cells = [ctypes.c_uint() for _ in range(outputs)]
+
+        def read() -> tuple[int, ...]:
+            self.call(name, h, *inputs, *(ctypes.byref(c) for c in cells), gpu=gpu)
+            return tuple(int(c.value) for c in cells)
+
+        out: tuple[int, ...] | None = self._optional((name, gpu, inputs), read)
+        return out
 
     # -- system ------------------------------------------------------------------------
     def versions(self) -> Versions:
@@ -213,10 +274,18 @@ class Nvml:
         return int(self.call("nvmlDeviceGetCount"))
 
     def handle(self, index: int) -> Any:
+        """The GPU's handle. A GPU that NVML counts but cannot open — a GPU fallen off the bus answers
+        ``NVML_ERROR_UNKNOWN`` (999) or ``GPU_IS_LOST`` here, and ``nvidia-smi`` prints "Unable to
+        determine the device handle for GPU …" — is lost, whatever the code."""
         with self._lock:
             h = self._handles.get(index)
             if h is None:
-                h = self.call("nvmlDeviceGetHandleByIndex", index, gpu=index)
+                try:
+                    h = self.call("nvmlDeviceGetHandleByIndex", index, gpu=index)
+                except (GpuLost, DriverNotLoaded):
+                    raise
+                except NvmlError as err:
+                    raise GpuLost(str(err), call=err.call, gpu=index, code=err.code) from err
                 self._handles[index] = h
             return h
 
@@ -239,7 +308,9 @@ class Nvml:
 
         pci = self.call("nvmlDeviceGetPciInfo", h, gpu=index)
         constraints = get("nvmlDeviceGetPowerManagementLimitConstraints") or (None, None)
-        fan_range = get("nvmlDeviceGetMinMaxFanSpeed") or (None, None)
+        fan_count = get("nvmlDeviceGetNumFans")
+        fan_range = (self.get_out("nvmlDeviceGetMinMaxFanSpeed", h, outputs=2, gpu=index) if fan_count
+                     else None) or (None, None)
         mem = get("nvmlDeviceGetMemoryInfo")
         serial = get("nvmlDeviceGetSerial")
         vbios = get("nvmlDeviceGetVbiosVersion")
@@ -249,6 +320,14 @@ class Nvml:
             node = get("nvmlDeviceGetNumaNodeId")
             numa_nodes = (node,) if node is not None and node >= 0 else ()
         cpus = get("nvmlDeviceGetCpuAffinity", CPU_SET_WORDS)
+        thresholds = {
+            "slowdown": get("nvmlDeviceGetTemperatureThreshold", THRESHOLD_SLOWDOWN),
+            "shutdown": get("nvmlDeviceGetTemperatureThreshold", THRESHOLD_SHUTDOWN),
+            "max_operating": get("nvmlDeviceGetTemperatureThreshold", THRESHOLD_GPU_MAX),
+        }
+        if None in thresholds.values():
+            for k, v in self._tlimit_thresholds(index, h).items():
+                thresholds[k] = thresholds[k] if thresholds[k] is not None else v
         links: list[bool | None] = []
         for link in range(MAX_NVLINKS):
             try:
@@ -276,18 +355,38 @@ class Nvml:
             power_default_limit_watts=watts(get("nvmlDeviceGetPowerManagementDefaultLimit")),
             power_min_limit_watts=watts(constraints[0]),
             power_max_limit_watts=watts(constraints[1]),
-            temperature_slowdown_celsius=get("nvmlDeviceGetTemperatureThreshold", THRESHOLD_SLOWDOWN),
-            temperature_shutdown_celsius=get("nvmlDeviceGetTemperatureThreshold", THRESHOLD_SHUTDOWN),
+            temperature_slowdown_celsius=thresholds["slowdown"],
+            temperature_shutdown_celsius=thresholds["shutdown"],
             max_clocks_mhz={k: get("nvmlDeviceGetMaxClockInfo", v) for k, v in CLOCK_TYPES.items()},
-            fan_count=get("nvmlDeviceGetNumFans"),
+            fan_count=fan_count,
             fan_min_speed_percent=fan_range[0],
             fan_max_speed_percent=fan_range[1],
             nvlink_count=len(links),
             numa_node=numa_nodes[0] if numa_nodes else None,
             cpu_affinity=_bits(cpus) if cpus is not None else None,
+            pcie_gpu_max_generation=get("nvmlDeviceGetGpuMaxPcieLinkGeneration"),
+            temperature_max_operating_celsius=thresholds["max_operating"],
+            default_applications_clocks_mhz={
+                k: get("nvmlDeviceGetDefaultApplicationsClock", CLOCK_TYPES[k]) for k in ("graphics", "memory")
+            },
         )
         self._info[index] = info
         return info
+
+    def _tlimit_thresholds(self, index: int, h: Any) -> dict[str, int | None]:
+        """Absolute thresholds from T.Limit offsets: threshold = temperature + margin − offset (the
+        offset is where the margin stands when the threshold is reached). Empty without the margin
+        call (nvidia-ml-py before 12.570) or the fields."""
+        margin = self.get("nvmlDeviceGetMarginTemperature", h, gpu=index)
+        temp = self.get("nvmlDeviceGetTemperature", h, TEMPERATURE_GPU, gpu=index)
+        values = self.get("nvmlDeviceGetFieldValues", h, list(FI_TLIMIT.values()), gpu=index)
+        if margin is None or temp is None or values is None:
+            return {}
+        out: dict[str, int | None] = {}
+        for (key, _), v in zip(FI_TLIMIT.items(), values, strict=False):
+            if v.nvmlReturn == 0:
+                out[key] = int(temp) + int(margin) - int(v.value.siVal)
+        return out
 
     # -- one reading per tick ---------------------------------------------------------
     def sample(self, index: int) -> GpuSample:
@@ -297,14 +396,17 @@ class Nvml:
 
     def _sample_locked(self, index: int) -> GpuSample:
         now = time.time()
+        cached = self._info.get(index)
         try:
             info = self.info(index)
-        except GpuLost:
-            return GpuSample(index=index, uuid="", timestamp=now, lost=True)
-        try:
             return self._sample(index, info, now)
-        except GpuLost:
-            return GpuSample(index=index, uuid=info.uuid, timestamp=now, lost=True)
+        except DriverNotLoaded:
+            raise
+        except NvmlError as err:  # lost, or a reading every GPU must give failed: this GPU only
+            self._handles.pop(index, None)  # look the GPU up again next time: it may come back
+            self._info.pop(index, None) if cached is None else None
+            return GpuSample(index=index, uuid=cached.uuid if cached else "", timestamp=now, lost=True,
+                             error=str(err))
 
     def _sample(self, index: int, info: GpuInfo, now: float) -> GpuSample:
         h = self.handle(index)
@@ -318,7 +420,8 @@ class Nvml:
         fans: list[FanReading] = []
         if info.fan_count is not None:
             for fan in range(info.fan_count):
-                policy = get("nvmlDeviceGetFanControlPolicy_v2", fan)
+                policy_out = self.get_out("nvmlDeviceGetFanControlPolicy_v2", h, fan, gpu=index)
+                policy = policy_out[0] if policy_out is not None else None
                 fans.append(
                     FanReading(
                         fan=fan,
@@ -333,8 +436,7 @@ class Nvml:
                 fans.append(FanReading(0, speed, None, None))
         util = get("nvmlDeviceGetUtilizationRates")
         mem = get("nvmlDeviceGetMemoryInfo")
-        tx = get("nvmlDeviceGetPcieThroughput", PCIE_TX)
-        rx = get("nvmlDeviceGetPcieThroughput", PCIE_RX)
+        tx, rx = self._pcie_rates(index, h, now)
         events = get("nvmlDeviceGetCurrentClocksEventReasons")
         if events is None:
             events = get("nvmlDeviceGetCurrentClocksThrottleReasons")
@@ -345,7 +447,7 @@ class Nvml:
             slow["ecc_mode"], slow["ecc"], slow["sbe"], slow["dbe"], slow["retired_pending"], slow["remap"],
             slow["replay"])
         ecc_on = bool(ecc_mode[0]) if ecc_mode is not None else None
-        procs = get("nvmlDeviceGetComputeRunningProcesses")
+        procs = self._processes(index, h)
         return GpuSample(
             index=index,
             uuid=info.uuid,
@@ -366,8 +468,8 @@ class Nvml:
             memory_total_bytes=mem.total if mem is not None else None,
             pcie_generation=get("nvmlDeviceGetCurrPcieLinkGeneration"),
             pcie_width=get("nvmlDeviceGetCurrPcieLinkWidth"),
-            pcie_tx_bytes_per_second=tx * 1024 if tx is not None else None,
-            pcie_rx_bytes_per_second=rx * 1024 if rx is not None else None,
+            pcie_tx_bytes_per_second=tx,
+            pcie_rx_bytes_per_second=rx,
             pcie_replay_errors=replay,
             clock_event_mask=events,
             clock_events=decode_clock_events(events) if events is not None else None,
@@ -391,6 +493,85 @@ class Nvml:
             if procs is not None
             else None,
         )
+
+    def _processes(self, index: int, h: Any) -> Any:
+        for name in PROCESS_CALLS:
+            if (name, index, ()) in self._unsupported:
+                continue
+            procs = self.get(name, h, gpu=index)
+            if procs is not None:
+                return procs
+        return None
+
+    def _pcie_rates(self, index: int, h: Any, now: float) -> tuple[int | None, int | None]:
+        """PCIe TX/RX bytes per second without blocking the tick: from NVML's cumulative byte counters
+        (two ticks apart) where the GPU has them, else the latest off-tick ``sample_pcie`` result."""
+        key = ("nvmlDeviceGetFieldValues", index, ("pcie_bytes",))
+        if key not in self._unsupported:
+            values = self.get("nvmlDeviceGetFieldValues", h, [FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES], gpu=index)
+            if values is not None and all(v.nvmlReturn == 0 for v in values):
+                tx, rx = int(values[0].value.ullVal), int(values[1].value.ullVal)
+                last = self._pcie_counts.get(index)
+                self._pcie_counts[index] = (now, tx, rx)
+                if last is None or now <= last[0] or tx < last[1] or rx < last[2]:  # first, or wrapped
+                    return None, None
+                dt = now - last[0]
+                return int((tx - last[1]) / dt), int((rx - last[2]) / dt)
+            self._unsupported.add(key)
+        sampled = self._pcie_sampled.get(index)
+        if sampled is None or now - sampled[0] > 3 * PCIE_SAMPLE_EVERY_S:
+            return None, None
+        return sampled[1], sampled[2]
+
+    def needs_pcie_sampling(self, index: int) -> bool:
+        return (("nvmlDeviceGetFieldValues", index, ("pcie_bytes",)) in self._unsupported
+                and ("nvmlDeviceGetPcieThroughput", index, (PCIE_TX,)) not in self._unsupported)
+
+    def sample_pcie(self, index: int) -> None:
+        """Read ``nvmlDeviceGetPcieThroughput`` (each call counts bytes over 20 ms, NVML reference) for
+        one GPU *without* holding gpud's NVML lock, so a tick never waits for it. NVML itself is
+        thread-safe. Meant for a sampler thread (the daemon) or a one-shot read of all GPUs at once."""
+        try:
+            h = self.handle(index)
+        except NvmlError:
+            return
+        rates: list[int] = []
+        for counter in (PCIE_TX, PCIE_RX):
+            key = ("nvmlDeviceGetPcieThroughput", index, (counter,))
+
+            def read(c: int = counter) -> Any:
+                return self._raw("nvmlDeviceGetPcieThroughput", h, c, gpu=index)
+
+            kbs = self._optional(key, read)
+            if kbs is None:
+                return
+            rates.append(int(kbs) * 1024)
+        self._pcie_sampled[index] = (time.time(), rates[0], rates[1])
+
+    def sample_pcie_all(self, indices: list[int]) -> None:
+        """All GPUs' PCIe throughput at once (one 40 ms wait, not 40 ms per GPU)."""
+        todo = [i for i in indices if self.needs_pcie_sampling(i) or ("nvmlDeviceGetFieldValues", i,
+                                                                      ("pcie_bytes",)) not in self._unsupported]
+        threads = [threading.Thread(target=self.sample_pcie, args=(i,), daemon=True) for i in todo]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    def start_pcie_sampler(self, stop: threading.Event, every_s: float = PCIE_SAMPLE_EVERY_S) -> threading.Thread:
+        """A thread that samples, every ``every_s``, the GPUs that have no cumulative byte counters."""
+
+        def loop() -> None:
+            while not stop.wait(every_s):
+                for i in list(self._info):
+                    if stop.is_set():
+                        return
+                    if self.needs_pcie_sampling(i):
+                        self.sample_pcie(i)
+
+        thread = threading.Thread(target=loop, name="gpud-pcie-sampler", daemon=True)
+        thread.start()
+        return thread
 
     def _slow_fields(self, index: int, get: Callable[..., Any], now: float) -> dict[str, Any]:
         """Health counters that change slowly (ECC, page retirement, row remapping, PCIe replays):
@@ -421,17 +602,23 @@ class Nvml:
         for link, sli in enumerate(self._sli.get(index, ())):
             state = self.get("nvmlDeviceGetNvLinkState", h, link, gpu=index)
             up = bool(state)
-            remote = None
+            remote: str | None = None
+            switch: bool | None = None
             if up:
-                remote = remotes.get(link)
-                if remote is None:
+                known = remotes.get(link)
+                if known is None:
                     pci = self.get("nvmlDeviceGetNvLinkRemotePciInfo", h, link, gpu=index)
-                    remote = normalize_bus_id(pci.busId) if pci is not None else None
-                    if remote is not None:
-                        remotes[link] = remote
+                    if pci is not None:
+                        kind = self.get("nvmlDeviceGetNvLinkRemoteDeviceType", h, link, gpu=index)
+                        known = (normalize_bus_id(pci.busId), kind == NVLINK_DEVICE_SWITCH if kind is not None
+                                 else None)
+                        remotes[link] = known
+                if known is not None:
+                    remote, switch = known
             else:
                 remotes.pop(link, None)
-            out.append(NvLinkInfo(link=link, up=up, remote_pci_bus_id=remote, sli_bridge=sli))
+            out.append(NvLinkInfo(link=link, up=up, remote_pci_bus_id=remote, sli_bridge=sli,
+                                  remote_is_switch=switch))
         return tuple(out)
 
     # -- pairs ------------------------------------------------------------------------
@@ -475,6 +662,8 @@ class Nvml:
                     continue
                 lvl, r, w, v = self._pair(i, j)
                 links = sum(1 for ln in samples[a].nvlinks if ln.up and ln.remote_pci_bus_id == bus[j])
+                if not links:  # NVSwitch fabric (HGX): GPUs reach each other over their switch links
+                    links = min(self._switch_links(samples[a], bus), self._switch_links(samples[b], bus))
                 pcie[a][b] = lvl
                 level[a][b] = f"NV{links}" if links else lvl
                 nvl[a][b] = links  # type: ignore[call-overload]
@@ -492,6 +681,14 @@ class Nvml:
             p2p_write=freeze(wr),
             p2p_nvlink=freeze(nv),
         )
+
+    @staticmethod
+    def _switch_links(sample: GpuSample, gpu_buses: dict[int, str]) -> int:
+        """Links up to an NVSwitch: the remote says so, or (bindings without the device-type call) the
+        remote end is no GPU of this machine."""
+        others = set(gpu_buses.values())
+        return sum(1 for ln in sample.nvlinks if ln.up and ln.remote_pci_bus_id is not None and (
+            ln.remote_is_switch or (ln.remote_is_switch is None and ln.remote_pci_bus_id not in others)))
 
     @staticmethod
     def _lost(samples: Any, index: int) -> bool:
@@ -562,8 +759,8 @@ class Nvml:
         """Hand the fan back to the driver's automatic policy; returns the policy read back."""
         h = self.handle(index)
         self.call("nvmlDeviceSetDefaultFanSpeed_v2", h, fan, gpu=index)
-        policy = self.get("nvmlDeviceGetFanControlPolicy_v2", h, fan, gpu=index)
-        if policy is not None and policy != FAN_POLICY_AUTO:
+        out = self.get_out("nvmlDeviceGetFanControlPolicy_v2", h, fan, gpu=index)
+        if out is not None and out[0] != FAN_POLICY_AUTO:
             self.call("nvmlDeviceSetFanControlPolicy", h, fan, FAN_POLICY_AUTO, gpu=index)
-            policy = self.call("nvmlDeviceGetFanControlPolicy_v2", h, fan, gpu=index)
-        return FAN_POLICY.get(policy, "auto") if policy is not None else "auto"
+            out = self.get_out("nvmlDeviceGetFanControlPolicy_v2", h, fan, gpu=index)
+        return FAN_POLICY.get(out[0], "auto") if out is not None else "auto"

@@ -1,4 +1,5 @@
-"""The simulated workstation: a stand-in for ``pynvml`` and a root tree for ``gpud.hw.host``.
+"""The simulated workstation: a stand-in NVML C library under the real ``pynvml``, and a root tree
+for ``gpud.hw.host``.
 
 Imported only when ``--simulate`` / ``GPUD_SIMULATE`` asks for it.
 """
@@ -8,10 +9,12 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 from gpud.paths import state_dir
+from gpud.sim.bindings import bindings_over
 from gpud.sim.description import Description, load, resolve, shipped_names
-from gpud.sim.fake_nvml import FakeNvml
+from gpud.sim.libnvml import SimLibrary
 from gpud.sim.machine import SimMachine
 from gpud.sim.rootfs import ensure_root
 
@@ -22,7 +25,8 @@ __all__ = ["Simulation", "open_simulation", "reset", "shipped", "sim_dir"]
 class Simulation:
     description: Description
     machine: SimMachine
-    module: FakeNvml
+    library: SimLibrary
+    module: ModuleType  # the installed pynvml, over ``library``
     root: Path
 
     def refresh_root(self) -> Path:
@@ -40,7 +44,8 @@ def open_simulation(name_or_path: str) -> Simulation:
     base = sim_dir()
     machine = SimMachine(desc, base / f"{desc.name}.json")
     root = ensure_root(machine, base / desc.name / "root")
-    return Simulation(desc, machine, FakeNvml(machine), root)
+    library = SimLibrary(machine)
+    return Simulation(desc, machine, library, bindings_over(library), root)
 
 
 def reset(name_or_path: str) -> list[Path]:

@@ -55,6 +55,7 @@ MACHINE_KEYS: dict[str, tuple[Any, Any]] = {
     "iommu": (("off", "passthrough", "translated"), "off"),
     "modules": (list, ["nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"]),
     "ambient_celsius": ((int, float), 25.0),
+    "nvswitches": (list, []),  # PCI addresses of NVSwitches (HGX baseboards)
 }
 
 GPU_KEYS: dict[str, tuple[Any, Any]] = {
@@ -87,7 +88,11 @@ GPU_KEYS: dict[str, tuple[Any, Any]] = {
     "remapped_rows_failure": (bool, False),
     "pcie_replay_errors": (int, 0),
     "acs": (bool, False),
+    "acs_capable": (bool, True),  # the ports above the GPU have an ACS capability at all
     "processes": (list, []),
+    "slot_generation": (int, None),  # the slot's (root or switch port's) maximum; default: the GPU's
+    "slot_width": (int, None),
+    "nvswitch": (bool, False),  # every NVLink goes to an NVSwitch (machine.nvswitches)
 }
 # Every preset key can be overridden per GPU.
 MODEL_KEYS: dict[str, tuple[Any, Any]] = {
@@ -114,6 +119,17 @@ MODEL_KEYS: dict[str, tuple[Any, Any]] = {
     "ecc_supported": (bool, None),
     "retired_pages_supported": (bool, None),
     "remapped_rows_supported": (bool, None),
+    "pci_subsystem_id": (int, None),
+    "memory_ecc_mib": (int, None),
+    "max_operating_celsius": (int, None),
+    "memory_max_celsius": (int, None),
+    "default_app_graphics_mhz": (int, None),
+    "default_app_memory_mhz": (int, None),
+    "idle_sm_mhz": (int, None),
+    "idle_memory_mhz": (int, None),
+    "idle_pcie_generation": (int, None),
+    "pcie_byte_counters": (bool, None),
+    "tlimit_thresholds": (bool, None),
 }
 PROCESS_KEYS: dict[str, tuple[Any, Any]] = {
     "pid": (int, _ANY),
@@ -125,7 +141,7 @@ PROCESS_KEYS: dict[str, tuple[Any, Any]] = {
 NVLINK_KEYS: dict[str, tuple[Any, Any]] = {"gpus": (list, _ANY), "links": (int, None)}
 XORG_KEYS: dict[str, tuple[Any, Any]] = {"conf": (str, None), "files": (dict, {}), "log": (str, None)}
 FAULT_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {
-    "gpu_lost": {"gpu": (int, _ANY), "at_write": (int, None)},
+    "gpu_lost": {"gpu": (int, _ANY), "at_write": (int, None), "handle_error": (("unknown", "gpu_is_lost"), "unknown")},
     "off_bus": {"gpu": (int, _ANY)},
     "unsupported": {"gpu": (int, None), "call": (str, _ANY)},
     "no_permission": {"gpu": (int, None), "call": (str, None), "at_write": (int, None)},
@@ -239,6 +255,11 @@ def parse(data: dict[str, Any], file: str, digest: str = "") -> Description:
             gpu["power_watts"] = gpu["idle_power_watts"]
         if gpu["power_limit_watts"] is None:
             gpu["power_limit_watts"] = gpu["power_default_watts"]
+        for key, own_max in (("slot_generation", "pcie_max_generation"), ("slot_width", "pcie_max_width")):
+            if gpu[key] is None:
+                gpu[key] = gpu[own_max]
+        if gpu["nvswitch"] and not machine["nvswitches"]:
+            raise InvalidInput(file, f"{where}.nvswitch", "needs machine.nvswitches (the switches' PCI addresses)")
         if not gpu["power_min_watts"] <= gpu["power_limit_watts"] <= gpu["power_max_watts"]:
             raise InvalidInput(file, f"{where}.power_limit_watts",
                                f"must be within {gpu['power_min_watts']}..{gpu['power_max_watts']} W")

@@ -60,6 +60,8 @@ class Thermal:
     conductance: float  # W/K at full fan
     capacity: float  # J/K
     energy_mj: float
+    pcie_tx_bytes: float = 0.0  # cumulative, as NVML_FI_DEV_PCIE_COUNT_TX_BYTES
+    pcie_rx_bytes: float = 0.0
 
 
 class SimMachine:
@@ -243,17 +245,84 @@ class SimMachine:
     def draw_watts(self, gpu: int) -> float:
         return min(self.demand_watts(gpu), self.settings(gpu)["power_limit_mw"] / 1000.0)
 
-    def fan_duty(self, gpu: int, fan: int, temp: float | None = None) -> int:
-        """What the fan does: stuck value, manual target, or the driver's curve."""
+    def intended_duty(self, gpu: int, fan: int, temp: float | None = None) -> int:
+        """What the fan is asked to do: the manual target, or the driver's curve. This is what NVML
+        reports as the fan's speed, whether or not the fan turns."""
         g = self.desc.gpus[gpu]
-        for p in self.faults_of("fan_stuck", gpu):
-            if p["fan"] == fan:
-                return int(p["percent"])
         f = self.settings(gpu)["fans"][fan]
         if f["policy"] == 1 and f["target"] is not None:
             return int(f["target"])
-        t = self.thermal[gpu].temperature if temp is None else temp
+        t = self.temperature(gpu) if temp is None else temp
         return auto_fan_percent(t, g["fan_min_percent"] or 0)
+
+    def fan_duty(self, gpu: int, fan: int, temp: float | None = None) -> int:
+        """What the fan really does (cools with): the stuck value of a failed fan, else as asked."""
+        for p in self.faults_of("fan_stuck", gpu):
+            if p["fan"] == fan:
+                return int(p["percent"])
+        t = self.thermal[gpu].temperature if temp is None else temp
+        return self.intended_duty(gpu, fan, t)
+
+    def pcie_rates(self, gpu: int) -> tuple[float, float]:
+        """(TX, RX) bytes per second on the GPU's PCIe link now: proportional to utilisation."""
+        u = self.utilization(gpu)
+        return u * 40960 * 1024.0, u * 81920 * 1024.0
+
+    def pcie_counters(self, gpu: int) -> tuple[int, int]:
+        self.step()
+        th = self.thermal[gpu]
+        return int(th.pcie_tx_bytes), int(th.pcie_rx_bytes)
+
+    # -- NVML clients and persistence mode --------------------------------------------------
+    def _live_clients(self) -> dict[str, int]:
+        out = {}
+        for pid, n in self.state.get("clients", {}).items():
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                continue  # exited without nvmlShutdown: the driver counts it gone
+            except PermissionError:
+                pass
+            out[pid] = int(n)
+        return out
+
+    def _deinitialise(self) -> None:
+        """The last NVML client has gone: a GPU without persistence mode is torn down, and what was set
+        on it (power limit, clocks, compute mode, fan control) is lost (NVIDIA driver-persistence
+        documentation)."""
+        for i, g in enumerate(self.desc.gpus):
+            s = self.settings(i)
+            if s["persistence"]:
+                continue
+            s["power_limit_mw"] = int(g["power_default_watts"] * 1000)
+            s["compute_mode"] = 0
+            s["locked_gpu"] = s["locked_mem"] = s["app_clocks"] = None
+            for f in s["fans"]:
+                f["policy"], f["target"] = 0, None
+
+    def client_attach(self) -> None:
+        """``nvmlInit`` from this process. If every earlier client has exited since, the GPUs without
+        persistence mode were deinitialised in between."""
+        with self.mutate():
+            clients = self._live_clients()
+            if not clients and self.state.get("clients"):
+                self._deinitialise()
+            pid = str(os.getpid())
+            clients[pid] = clients.get(pid, 0) + 1
+            self.state["clients"] = clients
+
+    def client_detach(self) -> None:
+        """``nvmlShutdown``: the last client leaving deinitialises GPUs without persistence mode."""
+        with self.mutate():
+            clients = self._live_clients()
+            pid = str(os.getpid())
+            if clients.get(pid, 0) > 1:
+                clients[pid] -= 1
+            else:
+                clients.pop(pid, None)
+            self.state["clients"] = clients
+            if not clients:
+                self._deinitialise()
 
     def _mean_duty(self, gpu: int, temp: float | None = None) -> float:
         n = self.desc.gpus[gpu]["fans"]
@@ -302,6 +371,9 @@ class SimMachine:
                 loss = (th.temperature - amb) * th.conductance * _cooling(self._mean_duty(gpu))
                 th.temperature += (draw - loss) / th.capacity * dt
                 th.energy_mj += draw * dt * 1000.0
+                tx, rx = self.pcie_rates(gpu)
+                th.pcie_tx_bytes += tx * dt
+                th.pcie_rx_bytes += rx * dt
                 remaining -= dt
 
     def temperature(self, gpu: int) -> float:

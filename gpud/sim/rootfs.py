@@ -12,8 +12,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from gpud.sim.fake_nvml import host_bridge, link_state, node_cpus
 from gpud.sim.machine import DEFAULT_XID_TEXT, SimMachine
+from gpud.sim.topology import host_bridge, link_state, node_cpus
 
 ACS_ON = 0x001D  # SrcValid | ReqRedir | CmpltRedir | UpstreamFwd, what BIOSes set when "ACS enabled"
 GT_S = {1: "2.5 GT/s PCIe", 2: "5.0 GT/s PCIe", 3: "8.0 GT/s PCIe", 4: "16.0 GT/s PCIe", 5: "32.0 GT/s PCIe"}
@@ -151,17 +151,22 @@ def _pci(root: Path, sim: SimMachine) -> None:
 
     for i, g in enumerate(sim.desc.gpus):
         gen, width = link_state(sim, i, g)
-        mg, mw = int(g["pcie_max_generation"]), int(g["pcie_max_width"])
-        acs = ACS_ON if g["acs"] else 0
+        mg, mw = int(g["pcie_max_generation"]), int(g["pcie_max_width"])  # the GPU's own Link Capabilities
+        sg, sw = int(g["slot_generation"]), int(g["slot_width"])  # the port the GPU sits in: the slot
+        acs = None if not g["acs_capable"] else ACS_ON if g["acs"] else 0
         chain = [f"pci{host_bridge(g)}", g["root_port"]]
-        device("/".join(chain), g["root_port"], 0x8086, 0x352A, 0x060400, g["numa_node"], mg, mw, mg, mw, acs)
+        # sysfs max_link_* of a port are its own capability; current_link_* the link it trained
         if g["switch"]:
+            device("/".join(chain), g["root_port"], 0x8086, 0x352A, 0x060400, g["numa_node"], mg, mw, mg, mw, acs)
             dom, bus, _ = g["switch"].split(":")
             down = f"{dom}:{int(bus, 16) + 1:02x}:{i % 32:02x}.0"
             chain.append(g["switch"])
             device("/".join(chain), g["switch"], 0x1000, 0xC010, 0x060400, g["numa_node"], mg, mw, mg, mw, acs)
             chain.append(down)
-            device("/".join(chain), down, 0x1000, 0xC010, 0x060400, g["numa_node"], mg, mw, mg, mw, acs)
+            device("/".join(chain), down, 0x1000, 0xC010, 0x060400, g["numa_node"], gen, width, sg, sw, acs)
+        else:
+            device("/".join(chain), g["root_port"], 0x8086, 0x352A, 0x060400, g["numa_node"], gen, width, sg, sw,
+                   acs)
         chain.append(g["bus_id"])
         dev_id = g["pci_device_id"] >> 16
         device("/".join(chain), g["bus_id"], 0x10DE, dev_id, 0x030000, g["numa_node"], gen, width, mg, mw, None)

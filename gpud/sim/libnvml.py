@@ -1,0 +1,973 @@
+"""The simulated NVML C library: what ``libnvidia-ml.so.1`` exports, over a ``SimMachine``.
+
+The real ``pynvml`` (nvidia-ml-py, whatever version is installed) runs unchanged on top of it:
+``gpud.sim.bindings`` loads a private copy of that module whose ``nvmlLib`` is a ``SimLibrary``
+instead of the driver's ``CDLL``. ``pynvml`` resolves each entry point by name
+(``getattr(nvmlLib, "nvmlDeviceGetTemperature")``); a name this library does not export raises
+``AttributeError``, which ``pynvml`` turns into ``NVML_ERROR_FUNCTION_NOT_FOUND`` as it does for
+an old driver. Each entry point takes the C arguments ``pynvml`` passes (``c_uint`` values,
+``byref(...)`` pointers, structures, arrays and string buffers), writes its outputs through the
+pointers and returns an ``nvmlReturn_t`` code, as the C library does (nvml.h).
+
+Every call costs at least the latency the ``LatencyModel`` gives it (docs/simulation.md, "Call
+latency"), so a tick that makes blocking calls is as slow here as on real hardware.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpud.sim.machine import SimMachine
+from gpud.sim.topology import common_ancestor, link_state, node_cpus
+
+# nvmlReturn_t (nvml.h)
+SUCCESS = 0
+UNINITIALIZED = 1
+INVALID_ARGUMENT = 2
+NOT_SUPPORTED = 3
+NO_PERMISSION = 4
+NOT_FOUND = 6
+INSUFFICIENT_SIZE = 7
+DRIVER_NOT_LOADED = 9
+GPU_IS_LOST = 15
+UNKNOWN = 999
+
+ERROR_TEXT = {SUCCESS: "Success", UNINITIALIZED: "Uninitialized", INVALID_ARGUMENT: "Invalid Argument",
+              NOT_SUPPORTED: "Not Supported", NO_PERMISSION: "Insufficient Permissions", NOT_FOUND: "Not Found",
+              INSUFFICIENT_SIZE: "Insufficient Size", DRIVER_NOT_LOADED: "Driver Not Loaded",
+              GPU_IS_LOST: "GPU is lost", 13: "Function Not Found", UNKNOWN: "Unknown Error"}
+
+IDLE_SM_MHZ, IDLE_MEM_MHZ = 210, 405
+ARCH_CODES = {"kepler": 2, "maxwell": 3, "pascal": 4, "volta": 5, "turing": 6, "ampere": 7, "ada": 8,
+              "hopper": 9, "blackwell": 10}
+P2P_CODES = {"OK": 0, "chipset_not_supported": 1, "gpu_not_supported": 2, "topology_not_supported": 3,
+             "disabled_by_regkey": 4, "not_supported": 5, "unknown": 6}
+EVENT_BITS = {"gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4, "hw_slowdown": 0x8,
+              "sync_boost": 0x10, "sw_thermal_slowdown": 0x20, "hw_thermal_slowdown": 0x40,
+              "hw_power_brake_slowdown": 0x80, "display_clock_setting": 0x100}
+FI_PCIE_COUNT_TX_BYTES, FI_PCIE_COUNT_RX_BYTES = 197, 198  # NVML_FI_DEV_PCIE_COUNT_{TX,RX}_BYTES
+VALUE_TYPE_ULL = 3  # NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+NVLINK_DEVICE_GPU, NVLINK_DEVICE_SWITCH = 0, 2
+CLOCK_GRAPHICS, CLOCK_SM, CLOCK_MEM = 0, 1, 2
+THRESHOLD_SHUTDOWN, THRESHOLD_SLOWDOWN, THRESHOLD_MEM_MAX, THRESHOLD_GPU_MAX = 0, 1, 2, 3
+SLI_BRIDGE_CAP = 4  # NVML_NVLINK_CAP_SLI_BRIDGE
+
+
+class NvmlReturn(Exception):
+    """An entry point's non-success return code."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def fail(code: int) -> Any:
+    raise NvmlReturn(code)
+
+
+@dataclass
+class LatencyModel:
+    """How long each entry point takes on real hardware, at least (seconds).
+
+    Sources are in docs/simulation.md. A call that the simulator answers faster is made to wait
+    the rest, so tick times measured here are not kinder than the hardware's.
+    """
+
+    default_s: float = 20e-6
+    per_call: dict[str, float] = field(default_factory=lambda: {
+        # "… sampled over a 20 ms interval" (NVML reference, nvmlDeviceGetPcieThroughput).
+        "nvmlDeviceGetPcieThroughput": 20e-3,
+    })
+
+    def of(self, name: str) -> float:
+        return self.per_call.get(name, self.default_s)
+
+
+def wait_until(deadline: float) -> None:
+    """Sleep for long waits, spin for the last part (``time.sleep`` overshoots short waits)."""
+    while True:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            return
+        if left > 2e-3:
+            time.sleep(left - 1e-3)
+
+
+# -- C argument handling --------------------------------------------------------------------------
+_CARG = type(ctypes.byref(ctypes.c_int()))
+
+
+def _target(p: Any) -> Any:
+    """What a C output argument points at: ``byref(x)`` → x, ``pointer(x)`` → x, an array → itself."""
+    if p is None:
+        fail(INVALID_ARGUMENT)
+    if isinstance(p, _CARG):
+        return p._obj  # type: ignore[attr-defined]
+    if isinstance(p, ctypes._Pointer):
+        if not p:
+            fail(INVALID_ARGUMENT)
+        return p.contents
+    return p
+
+
+def store(p: Any, value: Any) -> None:
+    t = _target(p)
+    if isinstance(value, dict):
+        for k, v in value.items():
+            setattr(t, k, v)
+    elif isinstance(t, ctypes.Array) and not isinstance(value, bytes):
+        for i, v in enumerate(value):
+            t[i] = v
+    else:
+        t.value = value
+
+
+def store_text(buf: Any, size: Any, text: str) -> None:
+    """A ``char *`` output of ``size`` bytes: INSUFFICIENT_SIZE when the text and NUL do not fit."""
+    data = text.encode()
+    if buf is None:
+        fail(INVALID_ARGUMENT)
+    if len(data) + 1 > value_of(size):
+        fail(INSUFFICIENT_SIZE)
+    t = _target(buf)
+    ctypes.memmove(ctypes.addressof(t), data + b"\0", len(data) + 1)
+
+
+def value_of(a: Any) -> Any:
+    if isinstance(a, ctypes._SimpleCData):
+        return a.value
+    return a
+
+
+def _is_handle(a: Any) -> bool:
+    return isinstance(a, ctypes._Pointer) and type(a)._type_.__name__ == "struct_c_nvmlDevice_t"
+
+
+@dataclass(frozen=True)
+class Entry:
+    impl: Callable[..., Any]
+    outs: int | str  # trailing output pointers, "text" for (buffer, size), "raw" for the impl's own
+    handles: int
+    setter: bool  # changes the hardware: runs under the simulator's state lock, on the freshest state
+
+
+ENTRIES: dict[str, Entry] = {}
+
+
+def entry(name: str, outs: int | str = 1, handles: int = 1,
+          setter: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        ENTRIES[name] = Entry(fn, outs, handles, setter)
+        return fn
+
+    return register
+
+
+def base_name(name: str) -> str:
+    """``nvmlDeviceGetPciInfo_v3`` → ``nvmlDeviceGetPciInfo`` (faults name either)."""
+    head, sep, tail = name.rpartition("_v")
+    return head if sep and tail.isdigit() else name
+
+
+class SimLibrary:
+    """The simulated ``libnvidia-ml.so.1``: ``getattr(lib, name)`` gives a C entry point."""
+
+    def __init__(self, sim: SimMachine, latency: LatencyModel | None = None) -> None:
+        self.sim = sim
+        self.latency = latency or LatencyModel()
+        self._lock = threading.RLock()
+        self._init_count = 0
+        self._handle_of: dict[int, int] = {}  # address of the handle's struct → description index
+        self._structs: dict[int, Any] = {}  # index → the struct a handle points at (kept alive)
+        self._functions: dict[str, Callable[..., Any]] = {name: self._bind(name, e) for name, e in ENTRIES.items()}
+        self._functions["nvmlErrorString"] = self._error_string
+
+    def __getattr__(self, name: str) -> Any:
+        functions = self.__dict__.get("_functions", {})
+        if name in functions:
+            return functions[name]
+        raise AttributeError(name)  # pynvml: NVML_ERROR_FUNCTION_NOT_FOUND
+
+    @staticmethod
+    def _error_string(code: Any) -> bytes:
+        return ERROR_TEXT.get(int(value_of(code)), "Unknown Error").encode()
+
+    def exported(self) -> list[str]:
+        return sorted(self._functions)
+
+    # -- the C calling convention ----------------------------------------------------------
+    def _bind(self, name: str, e: Entry) -> Callable[..., int]:
+        def c_function(*args: Any) -> int:
+            deadline = time.perf_counter() + self.latency.of(name)
+            try:
+                with self._lock:
+                    code = self._invoke(name, e, args)
+            finally:
+                wait_until(deadline)
+            return code
+
+        c_function.__name__ = name
+        return c_function
+
+    def _invoke(self, name: str, e: Entry, args: tuple[Any, ...]) -> int:
+        try:
+            if name not in ("nvmlInitWithFlags", "nvmlInit_v2", "nvmlShutdown") and self._init_count <= 0:
+                fail(UNINITIALIZED)
+            gpus = [self._gpu_of(a) for a in args[: e.handles]]
+            self.guard(name, gpus)
+            rest = args[e.handles:]
+            with self.sim.mutate() if e.setter else nullcontext():
+                self._run(e, gpus, rest)
+            return SUCCESS
+        except NvmlReturn as r:
+            return r.code
+
+    def _run(self, e: Entry, gpus: list[int], rest: tuple[Any, ...]) -> None:
+        if e.outs == "raw":
+            e.impl(self, *gpus, *rest)
+        elif e.outs == "text":
+            inputs, (buf, size) = rest[:-2], rest[-2:]
+            store_text(buf, size, e.impl(self, *gpus, *map(value_of, inputs)))
+        else:
+            n = int(e.outs)
+            inputs, ptrs = (rest[:-n], rest[-n:]) if n else (rest, ())
+            if len(ptrs) != n:
+                fail(INVALID_ARGUMENT)
+            for p in ptrs:
+                _target(p)  # a NULL output pointer is INVALID_ARGUMENT before anything runs
+            result = e.impl(self, *gpus, *map(value_of, inputs))
+            values = () if n == 0 else result if n > 1 else (result,)
+            for p, v in zip(ptrs, values, strict=True):
+                store(p, v)
+
+    def _gpu_of(self, handle: Any) -> int:
+        if not _is_handle(handle) or not handle:
+            fail(INVALID_ARGUMENT)
+        index = self._handle_of.get(ctypes.addressof(handle.contents))
+        if index is None:
+            fail(INVALID_ARGUMENT)
+        return index  # type: ignore[return-value]
+
+    def guard(self, name: str, gpus: list[int]) -> None:
+        """Lost GPUs and the injected NotSupported / NoPermission answers (matched on the name with or
+        without its ``_vN`` suffix)."""
+        self.sim.refresh()
+        for g in gpus:
+            if self.sim.lost(g):
+                fail(GPU_IS_LOST)
+        gpu = gpus[0] if gpus else None
+        for call in {name, base_name(name)}:
+            if self.sim.refused("unsupported", call, gpu):
+                fail(NOT_SUPPORTED)
+            if self.sim.refused("no_permission", call, gpu):
+                fail(NO_PERMISSION)
+
+    def new_handle(self, out: Any, index: int) -> None:
+        target = _target(out)  # a c_nvmlDevice_t (pointer to an opaque struct)
+        struct = self._structs.get(index)
+        if struct is None:
+            struct = type(target)._type_()
+            self._structs[index] = struct
+            self._handle_of[ctypes.addressof(struct)] = index
+        target.contents = struct
+
+    def write(self) -> None:
+        """Every setter starts here: count the write, fire a fault armed for this write number."""
+        kind = self.sim.write_fault(self.sim.count_write())
+        if kind == "crash":
+            os.kill(os.getpid(), signal.SIGKILL)  # the process dies between two writes
+        if kind == "gpu_lost":
+            fail(GPU_IS_LOST)
+        if kind == "no_permission":
+            fail(NO_PERMISSION)
+
+    def gpu(self, i: int) -> dict[str, Any]:
+        return self.sim.desc.gpus[i]
+
+    def settings(self, i: int) -> dict[str, Any]:
+        return self.sim.settings(i)
+
+    def visible(self) -> list[int]:
+        """Description indices NVML enumerates: a GPU off the bus stays on PCI but not here."""
+        gone = {p["gpu"] for p in self.sim.faults_of("off_bus")}
+        return [i for i in range(len(self.sim.desc.gpus)) if i not in gone]
+
+
+# -- system -------------------------------------------------------------------------------------
+
+
+def _init(lib: SimLibrary, flags: int = 0) -> None:
+    if not lib.sim.desc.machine["driver_loaded"]:
+        fail(DRIVER_NOT_LOADED)
+    lib.sim.client_attach()
+    lib._init_count += 1
+
+
+entry("nvmlInitWithFlags", outs=0, handles=0)(_init)
+entry("nvmlInit_v2", outs=0, handles=0)(_init)
+
+
+@entry("nvmlShutdown", outs=0, handles=0)
+def _shutdown(lib: SimLibrary) -> None:
+    if lib._init_count <= 0:
+        fail(UNINITIALIZED)
+    lib._init_count -= 1
+    lib.sim.client_detach()
+
+
+@entry("nvmlSystemGetDriverVersion", outs="text", handles=0)
+def _driver_version(lib: SimLibrary) -> str:
+    return str(lib.sim.desc.machine["driver_version"])
+
+
+@entry("nvmlSystemGetNVMLVersion", outs="text", handles=0)
+def _nvml_version(lib: SimLibrary) -> str:
+    return str(lib.sim.desc.machine["nvml_version"])
+
+
+@entry("nvmlSystemGetCudaDriverVersion_v2", handles=0)
+@entry("nvmlSystemGetCudaDriverVersion", handles=0)
+def _cuda_version(lib: SimLibrary) -> int:
+    major, _, minor = str(lib.sim.desc.machine["cuda_driver_version"]).partition(".")
+    return int(major) * 1000 + int(minor or 0) * 10
+
+
+@entry("nvmlDeviceGetCount_v2", handles=0)
+def _count(lib: SimLibrary) -> int:
+    return len(lib.visible())
+
+
+@entry("nvmlDeviceGetHandleByIndex_v2", outs="raw", handles=0)
+def _handle_by_index(lib: SimLibrary, index: Any, out: Any) -> None:
+    visible = lib.visible()
+    i = value_of(index)
+    if not 0 <= i < len(visible):
+        fail(INVALID_ARGUMENT)
+    if lib.sim.lost(visible[i]):
+        # A GPU that fell off the bus: drivers answer the handle lookup with Unknown Error
+        # (nvidia-smi: "Unable to determine the device handle for GPU …: Unknown Error") or GPU is lost.
+        params = [p for p in lib.sim.faults_of("gpu_lost", visible[i]) if p.get("at_write") is None]
+        fail(GPU_IS_LOST if params and params[0].get("handle_error") == "gpu_is_lost" else UNKNOWN)
+    lib.new_handle(out, visible[i])
+
+
+# -- identity ---------------------------------------------------------------------------------
+
+
+@entry("nvmlDeviceGetUUID", outs="text")
+def _uuid(lib: SimLibrary, i: int) -> str:
+    return str(lib.gpu(i)["uuid"])
+
+
+@entry("nvmlDeviceGetName", outs="text")
+def _name(lib: SimLibrary, i: int) -> str:
+    return str(lib.gpu(i)["name"])
+
+
+@entry("nvmlDeviceGetSerial", outs="text")
+def _serial(lib: SimLibrary, i: int) -> str:
+    return str(lib.gpu(i)["serial"])
+
+
+@entry("nvmlDeviceGetVbiosVersion", outs="text")
+def _vbios(lib: SimLibrary, i: int) -> str:
+    return str(lib.gpu(i)["vbios"])
+
+
+@entry("nvmlDeviceGetArchitecture")
+def _architecture(lib: SimLibrary, i: int) -> int:
+    return ARCH_CODES.get(str(lib.gpu(i)["architecture"]), 0xFFFFFFFF)
+
+
+def pci_info(g: dict[str, Any]) -> dict[str, Any]:
+    dom, bus, devfn = g["bus_id"].split(":")
+    dev, fn = devfn.split(".")
+    bus_id = f"{int(dom, 16):08X}:{bus.upper()}:{dev.upper()}.{fn}".encode()
+    return {"busId": bus_id, "busIdLegacy": bus_id[4:], "domain": int(dom, 16), "bus": int(bus, 16),
+            "device": int(dev, 16), "pciDeviceId": g["pci_device_id"], "pciSubSystemId": g["pci_subsystem_id"]}
+
+
+@entry("nvmlDeviceGetPciInfo_v3")
+@entry("nvmlDeviceGetPciInfo_v2")
+def _pci_info(lib: SimLibrary, i: int) -> dict[str, Any]:
+    return pci_info(lib.gpu(i))
+
+
+@entry("nvmlDeviceGetMemoryAffinity", outs="raw")
+def _memory_affinity(lib: SimLibrary, i: int, size: Any, out: Any, scope: Any) -> None:
+    words = [0] * value_of(size)
+    node = lib.gpu(i)["numa_node"]
+    if node // 64 >= len(words):
+        fail(INSUFFICIENT_SIZE)
+    words[node // 64] |= 1 << (node % 64)
+    store(out, words)
+
+
+@entry("nvmlDeviceGetNumaNodeId")
+def _numa_node(lib: SimLibrary, i: int) -> int:
+    return int(lib.gpu(i)["numa_node"])
+
+
+@entry("nvmlDeviceGetCpuAffinity", outs="raw")
+def _cpu_affinity(lib: SimLibrary, i: int, size: Any, out: Any) -> None:
+    words = [0] * value_of(size)
+    for cpu in node_cpus(lib.sim.desc.machine, lib.gpu(i)["numa_node"]):
+        if cpu // 64 < len(words):
+            words[cpu // 64] |= 1 << (cpu % 64)
+    store(out, words)
+
+
+# -- thermal and fans ---------------------------------------------------------------------------
+
+
+@entry("nvmlDeviceGetTemperature")
+def _temperature(lib: SimLibrary, i: int, sensor: int) -> int:
+    if sensor != 0:  # NVML_TEMPERATURE_GPU is the only sensor
+        fail(INVALID_ARGUMENT)
+    return int(round(lib.sim.temperature(i)))
+
+
+TLIMIT_FIELDS = {193: "shutdown_celsius", 194: "slowdown_celsius", 196: "max_operating_celsius"}
+VALUE_TYPE_SIGNED_INT = 5
+
+
+@entry("nvmlDeviceGetTemperatureThreshold")
+def _threshold(lib: SimLibrary, i: int, threshold: int) -> int:
+    g = lib.gpu(i)
+    if g["tlimit_thresholds"] and threshold in (THRESHOLD_SHUTDOWN, THRESHOLD_SLOWDOWN, THRESHOLD_GPU_MAX):
+        # Ada and later: drivers from 550 on give these only relative to T.Limit (nvidia-smi prints
+        # "GPU Slowdown T.Limit Temp: -2 C"); modelled as unsupported here, the stricter reading.
+        fail(NOT_SUPPORTED)
+    key = {THRESHOLD_SHUTDOWN: "shutdown_celsius", THRESHOLD_SLOWDOWN: "slowdown_celsius",
+           THRESHOLD_GPU_MAX: "max_operating_celsius", THRESHOLD_MEM_MAX: "memory_max_celsius"}.get(threshold)
+    if key is None or g.get(key) is None:
+        fail(NOT_SUPPORTED)
+    return int(g[key])  # type: ignore[index]
+
+
+@entry("nvmlDeviceGetMarginTemperature")
+def _margin(lib: SimLibrary, i: int) -> dict[str, int]:
+    """Degrees left before T.Limit (the max operating temperature): "GPU T.Limit Temp: 61 C"."""
+    g = lib.gpu(i)
+    if not g["tlimit_thresholds"]:
+        fail(NOT_SUPPORTED)
+    return {"marginTemperature": int(g["max_operating_celsius"]) - int(round(lib.sim.temperature(i)))}
+
+
+@entry("nvmlDeviceGetNumFans")
+def _num_fans(lib: SimLibrary, i: int) -> int:
+    if not lib.gpu(i)["fans"]:
+        fail(NOT_SUPPORTED)  # passive cards (H200 SXM): nvidia-smi prints "Fan Speed: N/A"
+    return int(lib.gpu(i)["fans"])
+
+
+def _fan(lib: SimLibrary, i: int, fan: int) -> dict[str, Any]:
+    fans = lib.settings(i)["fans"]
+    if not fans:
+        fail(NOT_SUPPORTED)
+    if not 0 <= fan < len(fans):
+        fail(INVALID_ARGUMENT)
+    return fans[fan]  # type: ignore[no-any-return,unused-ignore]
+
+
+@entry("nvmlDeviceGetFanSpeed")
+def _fan_speed_v1(lib: SimLibrary, i: int) -> int:
+    return _fan_speed(lib, i, 0)
+
+
+@entry("nvmlDeviceGetFanSpeed_v2")
+def _fan_speed(lib: SimLibrary, i: int, fan: int) -> int:
+    """The *intended* duty (NVML: "if the fan is physically blocked … the output will not match
+    the actual fan speed"): a stalled fan still reads what it was asked to do."""
+    _fan(lib, i, fan)
+    return lib.sim.intended_duty(i, fan)
+
+
+@entry("nvmlDeviceGetTargetFanSpeed")
+def _target_fan(lib: SimLibrary, i: int, fan: int) -> int:
+    _fan(lib, i, fan)
+    return lib.sim.intended_duty(i, fan)
+
+
+@entry("nvmlDeviceGetMinMaxFanSpeed", outs=2)
+def _fan_range(lib: SimLibrary, i: int) -> tuple[int, int]:
+    g = lib.gpu(i)
+    if not g["fans"]:
+        fail(NOT_SUPPORTED)
+    return int(g["fan_min_percent"]), int(g["fan_max_percent"])
+
+
+@entry("nvmlDeviceGetFanControlPolicy_v2")
+def _fan_policy(lib: SimLibrary, i: int, fan: int) -> int:
+    return int(_fan(lib, i, fan)["policy"])
+
+
+@entry("nvmlDeviceSetFanSpeed_v2", outs=0, setter=True)
+def _set_fan(lib: SimLibrary, i: int, fan: int, speed: int) -> None:
+    lib.write()
+    f = _fan(lib, i, fan)
+    g = lib.gpu(i)
+    if not g["fan_min_percent"] <= speed <= g["fan_max_percent"]:
+        fail(INVALID_ARGUMENT)
+    lib.sim.step()
+    f["policy"], f["target"] = 1, int(speed)
+
+
+@entry("nvmlDeviceSetDefaultFanSpeed_v2", outs=0, setter=True)
+def _set_fan_default(lib: SimLibrary, i: int, fan: int) -> None:
+    lib.write()
+    f = _fan(lib, i, fan)
+    lib.sim.step()
+    f["policy"], f["target"] = 0, None
+
+
+@entry("nvmlDeviceSetFanControlPolicy", outs=0, setter=True)
+def _set_fan_policy(lib: SimLibrary, i: int, fan: int, policy: int) -> None:
+    lib.write()
+    f = _fan(lib, i, fan)
+    if policy not in (0, 1):
+        fail(INVALID_ARGUMENT)
+    lib.sim.step()
+    f["policy"] = int(policy)
+    if policy == 0:
+        f["target"] = None
+
+
+# -- power ------------------------------------------------------------------------------------
+
+
+@entry("nvmlDeviceGetPowerUsage")
+def _power(lib: SimLibrary, i: int) -> int:
+    return int(lib.sim.draw_watts(i) * 1000)
+
+
+@entry("nvmlDeviceGetEnforcedPowerLimit")
+@entry("nvmlDeviceGetPowerManagementLimit")
+def _power_limit(lib: SimLibrary, i: int) -> int:
+    return int(lib.settings(i)["power_limit_mw"])
+
+
+@entry("nvmlDeviceGetPowerManagementDefaultLimit")
+def _power_default(lib: SimLibrary, i: int) -> int:
+    return int(lib.gpu(i)["power_default_watts"] * 1000)
+
+
+@entry("nvmlDeviceGetPowerManagementLimitConstraints", outs=2)
+def _power_constraints(lib: SimLibrary, i: int) -> tuple[int, int]:
+    g = lib.gpu(i)
+    return int(g["power_min_watts"] * 1000), int(g["power_max_watts"] * 1000)
+
+
+@entry("nvmlDeviceGetTotalEnergyConsumption")
+def _energy(lib: SimLibrary, i: int) -> int:
+    lib.sim.step()
+    return int(lib.sim.thermal[i].energy_mj)
+
+
+@entry("nvmlDeviceSetPowerManagementLimit", outs=0, setter=True)
+def _set_power(lib: SimLibrary, i: int, limit_mw: int) -> None:
+    lib.write()
+    g = lib.gpu(i)
+    if not g["power_min_watts"] * 1000 <= limit_mw <= g["power_max_watts"] * 1000:
+        fail(INVALID_ARGUMENT)
+    lib.sim.step()
+    lib.settings(i)["power_limit_mw"] = int(limit_mw)
+
+
+# -- clocks -----------------------------------------------------------------------------------
+
+
+def events(lib: SimLibrary, i: int) -> int:
+    g = lib.gpu(i)
+    mask = 0
+    for p in lib.sim.faults_of("clock_events", i):
+        for r in p["reasons"]:
+            mask |= EVENT_BITS[r]
+    if lib.sim.utilization(i) == 0:
+        mask |= EVENT_BITS["gpu_idle"]
+    if lib.sim.demand_watts(i) > lib.settings(i)["power_limit_mw"] / 1000.0:
+        mask |= EVENT_BITS["sw_power_cap"]
+    temp = lib.sim.temperature(i)
+    if g.get("max_operating_celsius") is not None and temp >= g["max_operating_celsius"]:
+        mask |= EVENT_BITS["sw_thermal_slowdown"]  # the driver holds the GPU at its target temperature
+    if temp >= g["slowdown_celsius"]:
+        mask |= EVENT_BITS["hw_slowdown"] | EVENT_BITS["hw_thermal_slowdown"]
+    return mask
+
+
+@entry("nvmlDeviceGetCurrentClocksEventReasons")
+@entry("nvmlDeviceGetCurrentClocksThrottleReasons")
+def _events(lib: SimLibrary, i: int) -> int:
+    return events(lib, i)
+
+
+@entry("nvmlDeviceGetMaxClockInfo")
+def _max_clock(lib: SimLibrary, i: int, clock: int) -> int:
+    g = lib.gpu(i)
+    key = {CLOCK_GRAPHICS: "max_graphics_mhz", CLOCK_SM: "max_sm_mhz", CLOCK_MEM: "max_memory_mhz"}.get(clock)
+    if key is None:
+        fail(INVALID_ARGUMENT)
+    return int(g[key])  # type: ignore[index]
+
+
+@entry("nvmlDeviceGetClockInfo")
+def _clock(lib: SimLibrary, i: int, clock: int) -> int:
+    g, s = lib.gpu(i), lib.settings(i)
+    if clock not in (CLOCK_GRAPHICS, CLOCK_SM, CLOCK_MEM):
+        fail(INVALID_ARGUMENT)
+    idle = lib.sim.utilization(i) == 0
+    if clock == CLOCK_MEM:
+        if idle:
+            return int(s["locked_mem"][0]) if s["locked_mem"] else int(g["idle_memory_mhz"])
+        return int(s["locked_mem"][1] if s["locked_mem"] else g["max_memory_mhz"])
+    if idle:
+        return int(s["locked_gpu"][0]) if s["locked_gpu"] else int(g["idle_sm_mhz"])
+    app = s["app_clocks"][1] if s["app_clocks"] else g["default_app_graphics_mhz"]
+    top = float(s["locked_gpu"][1] if s["locked_gpu"] else max(app, g["boost_sm_mhz"]))
+    demand, limit = lib.sim.demand_watts(i), s["power_limit_mw"] / 1000.0
+    if demand > limit:
+        top *= (limit / demand) ** (1 / 3)  # dynamic power ~ f³
+    mask = events(lib, i)
+    if mask & EVENT_BITS["hw_slowdown"]:
+        top *= 0.5
+    elif mask & EVENT_BITS["sw_thermal_slowdown"]:
+        top *= 0.85
+    return int(top)
+
+
+@entry("nvmlDeviceGetApplicationsClock")
+def _app_clock(lib: SimLibrary, i: int, clock: int) -> int:
+    g, s = lib.gpu(i), lib.settings(i)
+    if s["app_clocks"]:
+        return int(s["app_clocks"][0] if clock == CLOCK_MEM else s["app_clocks"][1])
+    return int(g["default_app_memory_mhz"] if clock == CLOCK_MEM else g["default_app_graphics_mhz"])
+
+
+@entry("nvmlDeviceGetDefaultApplicationsClock")
+def _default_app_clock(lib: SimLibrary, i: int, clock: int) -> int:
+    g = lib.gpu(i)
+    return int(g["default_app_memory_mhz"] if clock == CLOCK_MEM else g["default_app_graphics_mhz"])
+
+
+def _clock_write(lib: SimLibrary, i: int, key: str, value: list[int] | None, limit_key: str | None = None,
+                 since: str | None = None) -> None:
+    """A locked range (min ≤ max ≤ the model's maximum), application clocks, or None to reset."""
+    if since is not None and ARCH_CODES.get(lib.gpu(i)["architecture"], 0) < ARCH_CODES[since]:
+        fail(NOT_SUPPORTED)
+    lib.write()
+    if value is not None and limit_key is not None:
+        g = lib.gpu(i)
+        if value[0] > value[1] or value[0] < 0 or value[1] > g[limit_key]:
+            fail(INVALID_ARGUMENT)
+    lib.settings(i)[key] = value
+
+
+@entry("nvmlDeviceSetGpuLockedClocks", outs=0, setter=True)
+def _lock_gpu(lib: SimLibrary, i: int, lo: int, hi: int) -> None:
+    _clock_write(lib, i, "locked_gpu", [int(lo), int(hi)], "max_sm_mhz", since="volta")
+
+
+@entry("nvmlDeviceResetGpuLockedClocks", outs=0, setter=True)
+def _reset_gpu(lib: SimLibrary, i: int) -> None:
+    _clock_write(lib, i, "locked_gpu", None, since="volta")
+
+
+@entry("nvmlDeviceSetMemoryLockedClocks", outs=0, setter=True)
+def _lock_mem(lib: SimLibrary, i: int, lo: int, hi: int) -> None:
+    _clock_write(lib, i, "locked_mem", [int(lo), int(hi)], "max_memory_mhz", since="ampere")
+
+
+@entry("nvmlDeviceResetMemoryLockedClocks", outs=0, setter=True)
+def _reset_mem(lib: SimLibrary, i: int) -> None:
+    _clock_write(lib, i, "locked_mem", None, since="ampere")
+
+
+@entry("nvmlDeviceSetApplicationsClocks", outs=0, setter=True)
+def _set_app(lib: SimLibrary, i: int, mem: int, gfx: int) -> None:
+    g = lib.gpu(i)
+    if mem > g["max_memory_mhz"] or gfx > g["max_graphics_mhz"]:
+        lib.write()
+        fail(INVALID_ARGUMENT)
+    _clock_write(lib, i, "app_clocks", [int(mem), int(gfx)])
+
+
+@entry("nvmlDeviceResetApplicationsClocks", outs=0, setter=True)
+def _reset_app(lib: SimLibrary, i: int) -> None:
+    _clock_write(lib, i, "app_clocks", None)
+
+
+# -- modes ------------------------------------------------------------------------------------
+
+
+@entry("nvmlDeviceGetPersistenceMode")
+def _persistence(lib: SimLibrary, i: int) -> int:
+    return int(lib.settings(i)["persistence"])
+
+
+@entry("nvmlDeviceSetPersistenceMode", outs=0, setter=True)
+def _set_persistence(lib: SimLibrary, i: int, mode: int) -> None:
+    lib.write()
+    lib.settings(i)["persistence"] = 1 if mode else 0
+
+
+@entry("nvmlDeviceGetComputeMode")
+def _compute_mode(lib: SimLibrary, i: int) -> int:
+    return int(lib.settings(i)["compute_mode"])
+
+
+@entry("nvmlDeviceSetComputeMode", outs=0, setter=True)
+def _set_compute_mode(lib: SimLibrary, i: int, mode: int) -> None:
+    lib.write()
+    if mode not in (0, 2, 3):
+        fail(INVALID_ARGUMENT)
+    lib.settings(i)["compute_mode"] = int(mode)
+
+
+# -- utilisation, memory, processes ---------------------------------------------------------------
+
+
+@entry("nvmlDeviceGetUtilizationRates")
+def _utilization(lib: SimLibrary, i: int) -> dict[str, int]:
+    u = lib.sim.utilization(i)
+    return {"gpu": u, "memory": int(u * 0.6)}
+
+
+def memory_total_mib(g: dict[str, Any]) -> int:
+    """What NVML reports as total: the ECC reservation is taken off when ECC is on (a real RTX
+    A6000 reports 49140 MiB with ECC off and 46068 MiB with it on)."""
+    return int(g["memory_ecc_mib"] if g["ecc_enabled"] and g.get("memory_ecc_mib") else g["memory_mib"])
+
+
+@entry("nvmlDeviceGetMemoryInfo")
+def _memory(lib: SimLibrary, i: int) -> dict[str, int]:
+    g = lib.gpu(i)
+    total = memory_total_mib(g) << 20
+    used = min((g["memory_used_mib"] + sum(p["used_mib"] for p in g["processes"])) << 20, total)
+    return {"total": total, "used": used, "free": total - used}
+
+
+def _processes(lib: SimLibrary, i: int, count: Any, out: Any) -> None:
+    procs = lib.gpu(i)["processes"]
+    n = _target(count)
+    if out is None or n.value < len(procs):
+        n.value = len(procs)
+        if procs:
+            fail(INSUFFICIENT_SIZE)
+        return
+    for k, p in enumerate(procs):
+        out[k].pid = p["pid"]
+        out[k].usedGpuMemory = p["used_mib"] << 20
+        out[k].gpuInstanceId = 0xFFFFFFFF
+        out[k].computeInstanceId = 0xFFFFFFFF
+    n.value = len(procs)
+
+
+entry("nvmlDeviceGetComputeRunningProcesses_v3", outs="raw")(_processes)
+entry("nvmlDeviceGetComputeRunningProcesses_v2", outs="raw")(_processes)
+
+
+# -- PCIe ------------------------------------------------------------------------------------------
+
+
+@entry("nvmlDeviceGetCurrPcieLinkGeneration")
+def _pcie_gen(lib: SimLibrary, i: int) -> int:
+    return link_state(lib.sim, i, lib.gpu(i))[0]
+
+
+@entry("nvmlDeviceGetCurrPcieLinkWidth")
+def _pcie_width(lib: SimLibrary, i: int) -> int:
+    return link_state(lib.sim, i, lib.gpu(i))[1]
+
+
+@entry("nvmlDeviceGetMaxPcieLinkGeneration")
+def _pcie_max_gen(lib: SimLibrary, i: int) -> int:
+    """The maximum of this GPU *in this slot* (NVML reference): the lower of GPU and slot."""
+    g = lib.gpu(i)
+    return min(int(g["pcie_max_generation"]), int(g["slot_generation"]))
+
+
+@entry("nvmlDeviceGetMaxPcieLinkWidth")
+def _pcie_max_width(lib: SimLibrary, i: int) -> int:
+    g = lib.gpu(i)
+    return min(int(g["pcie_max_width"]), int(g["slot_width"]))
+
+
+@entry("nvmlDeviceGetGpuMaxPcieLinkGeneration")
+def _gpu_max_gen(lib: SimLibrary, i: int) -> int:
+    return int(lib.gpu(i)["pcie_max_generation"])
+
+
+@entry("nvmlDeviceGetPcieThroughput")
+def _pcie_throughput(lib: SimLibrary, i: int, counter: int) -> int:
+    tx, rx = lib.sim.pcie_rates(i)
+    return int((tx if counter == 0 else rx) / 1024)  # KB/s over the last 20 ms
+
+
+@entry("nvmlDeviceGetPcieReplayCounter")
+def _replays(lib: SimLibrary, i: int) -> int:
+    return int(lib.gpu(i)["pcie_replay_errors"])
+
+
+@entry("nvmlDeviceGetFieldValues", outs="raw")
+def _field_values(lib: SimLibrary, i: int, count: Any, values: Any) -> None:
+    arr = _target(values)
+    n = value_of(count)
+    counters = lib.sim.pcie_counters(i) if lib.gpu(i)["pcie_byte_counters"] else None
+    now_us = int(time.time() * 1e6)
+    for k in range(n):
+        v = arr[k]
+        v.timestamp, v.latencyUsec = now_us, 0
+        if v.fieldId in (FI_PCIE_COUNT_TX_BYTES, FI_PCIE_COUNT_RX_BYTES) and counters is not None:
+            v.valueType = VALUE_TYPE_ULL
+            v.value.ullVal = int(counters[0 if v.fieldId == FI_PCIE_COUNT_TX_BYTES else 1]) & (2**64 - 1)
+            v.nvmlReturn = SUCCESS
+        elif v.fieldId in TLIMIT_FIELDS and lib.gpu(i)["tlimit_thresholds"]:
+            g = lib.gpu(i)  # the margin T.Limit shows when the threshold is reached: −2 for slowdown
+            v.valueType = VALUE_TYPE_SIGNED_INT
+            v.value.siVal = int(g["max_operating_celsius"]) - int(g[TLIMIT_FIELDS[v.fieldId]])
+            v.nvmlReturn = SUCCESS
+        else:
+            v.nvmlReturn = NOT_SUPPORTED
+
+
+# -- ECC and memory health -------------------------------------------------------------------------
+
+
+@entry("nvmlDeviceGetEccMode", outs=2)
+def _ecc_mode(lib: SimLibrary, i: int) -> tuple[int, int]:
+    g = lib.gpu(i)
+    if not g["ecc_supported"]:
+        fail(NOT_SUPPORTED)
+    pending = g["ecc_enabled"] if g["ecc_pending_enabled"] is None else g["ecc_pending_enabled"]
+    return (1 if g["ecc_enabled"] else 0), (1 if pending else 0)
+
+
+@entry("nvmlDeviceGetTotalEccErrors")
+def _ecc_errors(lib: SimLibrary, i: int, error_type: int, counter_type: int) -> int:
+    g = lib.gpu(i)
+    if not (g["ecc_supported"] and g["ecc_enabled"]):
+        fail(NOT_SUPPORTED)
+    scope = "volatile" if counter_type == 0 else "aggregate"
+    kind = "corrected" if error_type == 0 else "uncorrected"
+    return int(g[f"ecc_{scope}_{kind}"])
+
+
+@entry("nvmlDeviceGetRetiredPages", outs="raw")
+def _retired_pages(lib: SimLibrary, i: int, cause: Any, count: Any, out: Any) -> None:
+    g = lib.gpu(i)
+    if not g["retired_pages_supported"]:
+        fail(NOT_SUPPORTED)
+    n = g["retired_pages_sbe"] if value_of(cause) == 0 else g["retired_pages_dbe"]
+    c = _target(count)
+    if out is None or c.value < n:
+        c.value = n
+        if n:
+            fail(INSUFFICIENT_SIZE)
+        return
+    for k in range(n):
+        out[k] = 0x1000 * (k + 1)
+    c.value = n
+
+
+@entry("nvmlDeviceGetRetiredPagesPendingStatus")
+def _retired_pending(lib: SimLibrary, i: int) -> int:
+    g = lib.gpu(i)
+    if not g["retired_pages_supported"]:
+        fail(NOT_SUPPORTED)
+    return 1 if g["retired_pages_pending"] else 0
+
+
+@entry("nvmlDeviceGetRemappedRows", outs=4)
+def _remapped(lib: SimLibrary, i: int) -> tuple[int, int, int, int]:
+    g = lib.gpu(i)
+    if not g["remapped_rows_supported"]:
+        fail(NOT_SUPPORTED)
+    return (g["remapped_rows_correctable"], g["remapped_rows_uncorrectable"], int(g["remapped_rows_pending"]),
+            int(g["remapped_rows_failure"]))
+
+
+# -- NVLink and topology ----------------------------------------------------------------------------
+
+
+def peer(lib: SimLibrary, i: int, link: int) -> tuple[int | None, bool]:
+    """(GPU at the other end of this link — or -1 for an NVSwitch —, is it up)."""
+    sim = lib.sim
+    g = sim.desc.gpus[i]
+    if not 0 <= link < g["nvlinks"]:
+        fail(INVALID_ARGUMENT)
+    if g.get("nvswitch"):
+        down = any(p["links"] is None or link in p["links"] for p in sim.faults_of("nvlink_down", i)
+                   if p.get("gpus") is None or i in p["gpus"])
+        return -1, not down
+    for b in sim.desc.nvlinks:
+        if i in b["gpus"] and link < b["links"]:
+            other = b["gpus"][1] if b["gpus"][0] == i else b["gpus"][0]
+            for p in sim.faults_of("nvlink_down", i):
+                if other in p["gpus"] and (p["links"] is None or link in p["links"]):
+                    return other, False
+            if sim.lost(other):
+                return other, False
+            return other, True
+    return None, False
+
+
+@entry("nvmlDeviceGetNvLinkState")
+def _nvlink_state(lib: SimLibrary, i: int, link: int) -> int:
+    return 1 if peer(lib, i, link)[1] else 0
+
+
+@entry("nvmlDeviceGetNvLinkRemotePciInfo_v2")
+def _nvlink_remote(lib: SimLibrary, i: int, link: int) -> dict[str, Any]:
+    other, up = peer(lib, i, link)
+    if other is None or not up:
+        fail(NOT_SUPPORTED)
+    if other == -1:
+        switches = lib.sim.desc.machine["nvswitches"]
+        return pci_info({"bus_id": switches[link % len(switches)], "pci_device_id": 0x22A310DE,
+                         "pci_subsystem_id": 0x16BD10DE})
+    return pci_info(lib.gpu(other))  # type: ignore[arg-type]
+
+
+@entry("nvmlDeviceGetNvLinkRemoteDeviceType")
+def _nvlink_remote_type(lib: SimLibrary, i: int, link: int) -> int:
+    other, up = peer(lib, i, link)
+    if other is None or not up:
+        fail(NOT_SUPPORTED)
+    return NVLINK_DEVICE_SWITCH if other == -1 else NVLINK_DEVICE_GPU
+
+
+@entry("nvmlDeviceGetNvLinkCapability")
+def _nvlink_cap(lib: SimLibrary, i: int, link: int, capability: int) -> int:
+    other, _ = peer(lib, i, link)
+    if capability == SLI_BRIDGE_CAP:
+        return 1 if other is not None and other != -1 else 0
+    return 1
+
+
+@entry("nvmlDeviceGetTopologyCommonAncestor", handles=2)
+def _common_ancestor(lib: SimLibrary, i: int, j: int) -> int:
+    return common_ancestor(lib.sim.desc.machine, lib.gpu(i), lib.gpu(j))
+
+
+@entry("nvmlDeviceGetP2PStatus", handles=2)
+def _p2p(lib: SimLibrary, i: int, j: int, index: int) -> int:
+    pair = {i, j}
+    caps = {0: "read", 1: "write", 2: "nvlink"}.get(index, "other")
+    for p in lib.sim.faults_of("p2p"):
+        if set(p["gpus"]) == pair and (p["caps"] == "all" or p["caps"] == caps):
+            return P2P_CODES[p["status"]]
+    if caps == "nvlink":
+        up_i = [peer(lib, i, ln) for ln in range(lib.gpu(i)["nvlinks"])]
+        if any(o == j and u for o, u in up_i):
+            return 0
+        both_switched = lib.gpu(i).get("nvswitch") and lib.gpu(j).get("nvswitch")
+        return 0 if both_switched and any(u for _, u in up_i) else P2P_CODES["not_supported"]
+    return 0
