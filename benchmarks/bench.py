@@ -51,23 +51,39 @@ def wall(cmd: list[str], env: dict[str, str], runs: int) -> float:
     return statistics.median(times)
 
 
-def tick_cost(name: str, ticks: int = 300) -> tuple[float, float]:
-    """(CPU seconds per daemon tick, NVML calls per GPU per tick), in-process, doctor excluded."""
+def tick_cost(name: str, ticks: int = 300) -> tuple[float, float, float, float]:
+    """(CPU seconds per daemon tick, wall seconds per tick, wall seconds per tick under the latency
+    model, NVML calls per GPU per tick), in-process, doctor excluded, the off-tick sampler idle.
+
+    Under the latency model: gpud's own time (the tick's wall time less the time spent inside the
+    simulated library) plus the modelled latency of every NVML call it made — what the tick takes on
+    hardware whose calls last exactly as docs/simulation.md says. The raw wall time also carries the
+    simulator's own Python cost per call where that exceeds the modelled latency.
+    """
+    import threading
+
     from gpud import config as cfg
     from gpud.daemon.service import Daemon
     from gpud.hw.machine import open_machine
 
     m = open_machine(name)
     d = Daemon(m, cfg.Config())
+    stop = threading.Event()
+    m.nvml.start_sampler(stop, every_s=3600)  # its first round now; none during the measurement
     d.checks_at = time.time() + 3600  # doctor's own cost is not a tick's
     d.tick()
     d.tick()
     calls = m.nvml.calls
-    t = time.process_time()
+    lib = m.simulation.library
+    spent, modelled = lib.spent_s, lib.modelled_s
+    t, w = time.process_time(), time.perf_counter()
     for _ in range(ticks):
         d.tick()
-    cpu = (time.process_time() - t) / ticks
-    return cpu, (m.nvml.calls - calls) / ticks / len(d.snapshot.samples if d.snapshot else [1])
+    cpu, wall_s = (time.process_time() - t) / ticks, (time.perf_counter() - w) / ticks
+    stop.set()
+    in_lib, model = (lib.spent_s - spent) / ticks, (lib.modelled_s - modelled) / ticks
+    gpus = len(d.snapshot.samples if d.snapshot else [1])
+    return cpu, wall_s, wall_s - in_lib + model, (m.nvml.calls - calls) / ticks / gpus
 
 
 def scrape(port: int, clients: int, seconds: float | None = None, requests: int | None = None
@@ -175,9 +191,14 @@ def main() -> int:  # noqa: C901 - one benchmark run, step by step
         row(f"gpud doctor wall ({name})", t, "s", "≤ 1", t <= 1.0, f"median of {runs} runs, all checks, no --probe")
     # -- tick cost ------------------------------------------------------------------------------
     for name, n in (("z8-fury-4x-a6000", 4), ("2s-8x-a6000", 8)):
-        cpu, calls = tick_cost(name)
-        row(f"tick CPU time, {n} GPUs", cpu * 1000, "ms", "≤ 2 (8 GPUs)", cpu <= 0.002 if n == 8 else None,
-            "process_time over 300 ticks, simulated NVML's own cost included")
+        cpu, tick_wall, modelled, calls = tick_cost(name)
+        row(f"tick under the NVML latency model, {n} GPUs", modelled * 1000, "ms", "≤ 5 (8 GPUs)",
+            modelled <= 0.005 if n == 8 else None,
+            "gpud's own time per tick + the modelled latency of its NVML calls (docs/simulation.md), 300 ticks")
+        row(f"tick wall time on the simulator, {n} GPUs", tick_wall * 1000, "ms", "-", None,
+            "perf_counter; each call lasts max(its latency, the simulator's own Python cost)")
+        row(f"tick CPU time, {n} GPUs", cpu * 1000, "ms", "-", None,
+            "process_time over 300 ticks, simulated NVML's own cost and latency spin included")
         row(f"NVML calls per GPU per tick, {n} GPUs", calls, "calls", "-", None, "counted at the choke point")
     # -- the daemon: footprint, scrapes, jitter --------------------------------------------------
     port = free_port()

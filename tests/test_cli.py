@@ -112,7 +112,7 @@ def test_version_and_sim_list(state_dir) -> None:
     assert r.returncode == 0 and re.fullmatch(r"gpud \d+\.\d+\.\d+\n", r.stdout)
     r = run_gpud("sim", "list", "--json")
     names = [d["name"] for d in json.loads(r.stdout)]
-    assert "z8-fury-4x-a6000-degraded" in names and len(names) == 5
+    assert "z8-fury-4x-a6000-degraded" in names and len(names) == 6
 
 
 def test_sim_inject_reset_round_trip(state_dir) -> None:

@@ -232,7 +232,7 @@ def test_every_alert_expression_returns_data_or_is_expected_empty(lab: Lab) -> N
 def test_expected_alerts_fire(lab: Lab) -> None:
     deadline = time.monotonic() + 15
     want = {
-        ("GpudGpuHardwareSlowdown", "degraded", "1"), ("GpudGpuThermalMargin", "degraded", "1"),
+        ("GpudGpuHardwareSlowdown", "degraded", "1"), ("GpudGpuThermalMargin", "degraded", "3"),
         ("GpudHardwareXid", "degraded", "3"), ("GpudCheckFailing", "degraded", "2"),
         ("GpudCheckFailing", "degraded", "3"), ("GpudGpuLost", "faulty", "3"), ("GpudFanFailsafe", "faulty", ""),
         ("GpudNewXid", "faulty", "2"), ("GpudProfileDrift", "faulty", "0"), ("GpudDown", "down", ""),

@@ -46,3 +46,9 @@ def test_readme_has_the_two_commands_and_ci_runs_the_test_one() -> None:
     assert "pytest" in test and "pip install" in test
     ci = (REPO / ".ci" / "run").read_text()
     assert "test-command" in ci and "torch==2.13.0" in ci
+
+
+def test_ci_checks_the_lowest_nvidia_ml_py_that_pyproject_allows() -> None:
+    bound = re.search(r'"nvidia-ml-py>=([\d.]+)"', (REPO / "pyproject.toml").read_text())
+    pinned = re.search(r"LOWEST_NVML_PY=([\d.]+)", (REPO / ".ci" / "run").read_text())
+    assert bound and pinned and pinned.group(1).startswith(bound.group(1) + ".")

@@ -16,7 +16,7 @@ from gpud.sim.description import load, parse
 
 def test_every_shipped_description_loads() -> None:
     assert set(SHIPPED) == {"z8-fury-4x-a6000", "z8-fury-4x-a6000-degraded", "z8-fury-4x-rtx6000ada",
-                            "z8-g4-2x-rtx8000-sli", "2s-8x-a6000"}
+                            "z8-g4-2x-rtx8000-sli", "2s-8x-a6000", "hgx-8x-h200"}
     for name in SHIPPED:
         m = open_machine(name)
         assert m.label == name

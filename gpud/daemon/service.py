@@ -98,12 +98,11 @@ class Daemon:
     def start(self) -> None:
         d = self.config.daemon
         self._load_profile_at_start()
-        try:  # PCIe throughput blocks 20 ms per reading: measured here once, then by a thread off the tick
-            self.machine.nvml.sample_pcie_all(list(range(self.machine.nvml.device_count())))
-        except GpudError:
-            pass
+        try:  # blocking readings (PCIe throughput, processes): a thread off the tick, first round now
+            self.machine.nvml.start_sampler(self.stop_event)
+        except GpudError as err:
+            log.warning("off-tick sampler not started: %s", err)
         self.tick()  # the first observation exists before anyone can scrape
-        self.machine.nvml.start_pcie_sampler(self.stop_event)
         host, port = cfg.parse_listen(d["listen"])
         web = http.load_web_config(d["web_config"]) if d["web_config"] else {}
         ep = http.Endpoints(self.metrics, self.healthy, self.status, web.get("basic_auth_users"))
@@ -185,6 +184,8 @@ class Daemon:
         except GpudError as err:
             log.error("cannot read the GPUs: %s", err)
             snap = None
+            with self.tuning_lock:  # no temperature at all: no fan may stay in manual mode
+                self.fans.failsafe_all(f"no NVML reading: {err}")
         if snap is not None:
             self.snapshot = snap
             with self.tuning_lock:

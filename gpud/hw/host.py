@@ -108,7 +108,14 @@ class Host:
         for rel in ("/var/log/kern.log", "/var/log/messages"):
             text = self.read(rel)
             if text is not None:
-                return [(None, line) for line in text.splitlines()]
+                return this_boot(text.splitlines(), self.boot_time())
+        return None
+
+    def boot_time(self) -> float | None:
+        """When this boot began (``btime`` of ``/proc/stat``, seconds since the epoch)."""
+        for line in (self.read("/proc/stat") or "").splitlines():
+            if line.startswith("btime "):
+                return float(line.split()[1])
         return None
 
     def xid_events(self) -> list[XidEvent] | None:
@@ -377,6 +384,58 @@ class Host:
             except KeyError:
                 pass
         return str(uid)
+
+
+BOOT_MARK = re.compile(r"kernel: (?:\[\s*0\.0+\] )?Linux version ")
+KERNEL_SECS = re.compile(r"kernel: \[\s*(\d+\.\d+)\] ")
+ISO_STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:[+-]\d\d:\d\d|Z)?)\s")
+BSD_STAMP = re.compile(r"^([A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d)\s")
+
+
+def _stamp(line: str, year: int) -> float | None:
+    """The syslog time of a line: RFC 3339 (rsyslog's default on current distributions) or the
+    traditional ``Nov 30 01:02:03`` (no year: this one is assumed), as local time."""
+    from datetime import datetime
+
+    m = ISO_STAMP.match(line)
+    try:
+        if m:
+            return datetime.fromisoformat(m.group(1).replace("Z", "+00:00")).timestamp()
+        m = BSD_STAMP.match(line)
+        if m:
+            return datetime.strptime(f"{year} {m.group(1)}", "%Y %b %d %H:%M:%S").timestamp()
+    except ValueError:
+        return None
+    return None
+
+
+def this_boot(lines: list[str], boot_time: float | None) -> list[tuple[float | None, str]]:
+    """The lines of a syslog kernel file (``kern.log``, ``messages``) that belong to this boot.
+
+    Those files span earlier boots: an Xid from last week must not count now. The boot starts at
+    the last "Linux version" banner; without one, lines stamped before ``boot_time`` are dropped.
+    Seconds since boot come from the kernel's own ``[ 1234.5678]`` prefix where it is there.
+    """
+    start = 0
+    for k, line in enumerate(lines):
+        if BOOT_MARK.search(line):
+            start = k
+    if start == 0 and boot_time is not None:
+        from datetime import datetime
+
+        year = datetime.fromtimestamp(boot_time).year
+        kept = []
+        for line in lines:
+            t = _stamp(line, year)
+            if t is not None and t < boot_time - 1:
+                continue
+            kept.append(line)
+        lines, start = kept, 0
+    out: list[tuple[float | None, str]] = []
+    for line in lines[start:]:
+        m = KERNEL_SECS.search(line)
+        out.append((float(m.group(1)) if m else None, line))
+    return out
 
 
 def _read_kmsg(path: Path) -> list[str] | None:

@@ -77,7 +77,9 @@ THRESHOLD_GPU_MAX = 3  # NVML_TEMPERATURE_THRESHOLD_GPU_MAX ("GPU Max Operating 
 FI_TLIMIT = {"shutdown": 193, "slowdown": 194, "max_operating": 196}
 NVLINK_DEVICE_SWITCH = 2  # NVML_NVLINK_DEVICE_TYPE_SWITCH
 FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES = 197, 198  # NVML_FI_DEV_PCIE_COUNT_{TX,RX}_BYTES (cumulative)
-PCIE_SAMPLE_EVERY_S = 10.0  # nvmlDeviceGetPcieThroughput blocks 20 ms: sampled this often, off the tick
+# Readings that block (nvmlDeviceGetPcieThroughput: 20 ms each, NVML reference; the running-process
+# lists: milliseconds, docs/simulation.md) are read off the tick by the daemon, this often.
+OFFTICK_EVERY_S = 5.0
 # Compute processes: the newest entry point first; an old driver lacks _v3 (FUNCTION_NOT_FOUND, or
 # NVMLLibraryMismatchError from the unversioned wrapper of newer bindings).
 PROCESS_CALLS = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2",
@@ -147,6 +149,8 @@ class Nvml:
         self._remotes: dict[int, dict[int, tuple[str, bool | None]]] = {}
         self._pcie_counts: dict[int, tuple[float, int, int]] = {}  # cumulative byte counters, last tick
         self._pcie_sampled: dict[int, tuple[float, int, int]] = {}  # (when, TX B/s, RX B/s) off the tick
+        self._procs: dict[int, tuple[float, Any]] = {}  # (when, processes) read off the tick
+        self.offtick = False  # a sampler thread reads the blocking readings; the tick uses its results
         self._unsupported: set[tuple[Any, ...]] = set()  # (function, GPU, arguments) that said NotSupported
         self.calls = 0  # NVML calls made (for the benchmarks)
         self.errors: Counter[str] = Counter()  # NVML errors per function name
@@ -417,11 +421,11 @@ class Nvml:
         def watts(mw: Any) -> float | None:
             return mw / 1000.0 if mw is not None else None
 
+        slow = self._slow_fields(index, h, info, now)
         fans: list[FanReading] = []
         if info.fan_count is not None:
             for fan in range(info.fan_count):
-                policy_out = self.get_out("nvmlDeviceGetFanControlPolicy_v2", h, fan, gpu=index)
-                policy = policy_out[0] if policy_out is not None else None
+                policy = slow["fan_policies"][fan]
                 fans.append(
                     FanReading(
                         fan=fan,
@@ -440,14 +444,12 @@ class Nvml:
         events = get("nvmlDeviceGetCurrentClocksEventReasons")
         if events is None:
             events = get("nvmlDeviceGetCurrentClocksThrottleReasons")
-        persistence = get("nvmlDeviceGetPersistenceMode")
-        compute = get("nvmlDeviceGetComputeMode")
-        slow = self._slow_fields(index, get, now)
+        persistence, compute = slow["persistence"], slow["compute"]
         ecc_mode, ecc, sbe, dbe, retired_pending, remap, replay = (
             slow["ecc_mode"], slow["ecc"], slow["sbe"], slow["dbe"], slow["retired_pending"], slow["remap"],
             slow["replay"])
         ecc_on = bool(ecc_mode[0]) if ecc_mode is not None else None
-        procs = self._processes(index, h)
+        procs = self._offtick_processes(index, now) if self.offtick else self._processes(index, h)
         return GpuSample(
             index=index,
             uuid=info.uuid,
@@ -456,18 +458,16 @@ class Nvml:
             fans=tuple(fans),
             power_watts=watts(get("nvmlDeviceGetPowerUsage")),
             power_limit_watts=watts(get("nvmlDeviceGetEnforcedPowerLimit")),
-            power_management_limit_watts=watts(get("nvmlDeviceGetPowerManagementLimit")),
+            power_management_limit_watts=watts(slow["management_limit"]),
             energy_joules=watts(get("nvmlDeviceGetTotalEnergyConsumption")),
             clocks_mhz={k: get("nvmlDeviceGetClockInfo", v) for k, v in CLOCK_TYPES.items()},
-            applications_clocks_mhz={
-                k: get("nvmlDeviceGetApplicationsClock", CLOCK_TYPES[k]) for k in ("graphics", "memory")
-            },
+            applications_clocks_mhz=slow["applications_clocks"],
             utilization_gpu_percent=util.gpu if util is not None else None,
             utilization_memory_percent=util.memory if util is not None else None,
             memory_used_bytes=mem.used if mem is not None else None,
             memory_total_bytes=mem.total if mem is not None else None,
             pcie_generation=get("nvmlDeviceGetCurrPcieLinkGeneration"),
-            pcie_width=get("nvmlDeviceGetCurrPcieLinkWidth"),
+            pcie_width=slow["pcie_width"],
             pcie_tx_bytes_per_second=tx,
             pcie_rx_bytes_per_second=rx,
             pcie_replay_errors=replay,
@@ -494,14 +494,23 @@ class Nvml:
             else None,
         )
 
-    def _processes(self, index: int, h: Any) -> Any:
+    def _processes(self, index: int, h: Any, locked: bool = True) -> Any:
+        """The GPU's compute processes: the newest entry point the driver and bindings have."""
         for name in PROCESS_CALLS:
             if (name, index, ()) in self._unsupported:
                 continue
-            procs = self.get(name, h, gpu=index)
+
+            def read(n: str = name) -> Any:
+                return self.call(n, h, gpu=index) if locked else self._raw(n, h, gpu=index)
+
+            procs = self._optional((name, index, ()), read)
             if procs is not None:
                 return procs
         return None
+
+    def _offtick_processes(self, index: int, now: float) -> Any:
+        got = self._procs.get(index)
+        return got[1] if got is not None and now - got[0] <= 3 * OFFTICK_EVERY_S else None
 
     def _pcie_rates(self, index: int, h: Any, now: float) -> tuple[int | None, int | None]:
         """PCIe TX/RX bytes per second without blocking the tick: from NVML's cumulative byte counters
@@ -519,7 +528,7 @@ class Nvml:
                 return int((tx - last[1]) / dt), int((rx - last[2]) / dt)
             self._unsupported.add(key)
         sampled = self._pcie_sampled.get(index)
-        if sampled is None or now - sampled[0] > 3 * PCIE_SAMPLE_EVERY_S:
+        if sampled is None or now - sampled[0] > 3 * OFFTICK_EVERY_S:
             return None, None
         return sampled[1], sampled[2]
 
@@ -548,37 +557,59 @@ class Nvml:
             rates.append(int(kbs) * 1024)
         self._pcie_sampled[index] = (time.time(), rates[0], rates[1])
 
+    def sample_offtick(self, index: int) -> None:
+        """The blocking readings of one GPU, without gpud's lock: PCIe throughput where there are no
+        byte counters, and the process list when a sampler thread serves the tick."""
+        if self.needs_pcie_sampling(index) or ("nvmlDeviceGetFieldValues", index, ("pcie_bytes",)) \
+                not in self._unsupported:
+            self.sample_pcie(index)
+        if self.offtick:
+            try:
+                h = self.handle(index)
+                procs = self._processes(index, h, locked=False)
+            except NvmlError:
+                return
+            self._procs[index] = (time.time(), procs)
+
     def sample_pcie_all(self, indices: list[int]) -> None:
-        """All GPUs' PCIe throughput at once (one 40 ms wait, not 40 ms per GPU)."""
-        todo = [i for i in indices if self.needs_pcie_sampling(i) or ("nvmlDeviceGetFieldValues", i,
-                                                                      ("pcie_bytes",)) not in self._unsupported]
-        threads = [threading.Thread(target=self.sample_pcie, args=(i,), daemon=True) for i in todo]
+        """Every GPU's blocking readings at once, in parallel: one 40 ms wait, not 40 ms per GPU."""
+        threads = [threading.Thread(target=self.sample_offtick, args=(i,), daemon=True) for i in indices]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
 
-    def start_pcie_sampler(self, stop: threading.Event, every_s: float = PCIE_SAMPLE_EVERY_S) -> threading.Thread:
-        """A thread that samples, every ``every_s``, the GPUs that have no cumulative byte counters."""
+    def start_sampler(self, stop: threading.Event, every_s: float = OFFTICK_EVERY_S) -> threading.Thread:
+        """Serve the tick's blocking readings from a thread, every ``every_s``; the first round is read
+        here, before the first tick."""
+        self.offtick = True
+        gpus = list(range(self.device_count()))
+        self.sample_pcie_all(gpus)
 
         def loop() -> None:
             while not stop.wait(every_s):
-                for i in list(self._info):
-                    if stop.is_set():
-                        return
-                    if self.needs_pcie_sampling(i):
-                        self.sample_pcie(i)
+                self.sample_pcie_all(gpus)
 
-        thread = threading.Thread(target=loop, name="gpud-pcie-sampler", daemon=True)
+        thread = threading.Thread(target=loop, name="gpud-offtick-sampler", daemon=True)
         thread.start()
         return thread
 
-    def _slow_fields(self, index: int, get: Callable[..., Any], now: float) -> dict[str, Any]:
-        """Health counters that change slowly (ECC, page retirement, row remapping, PCIe replays):
-        read every SLOW_EVERY_S seconds, not every tick; a setter or a new Nvml reads them afresh."""
+    def _slow_fields(self, index: int, h: Any, info: GpuInfo, now: float) -> dict[str, Any]:
+        """What changes only when someone sets it, or slowly: health counters (ECC, page retirement, row
+        remapping, PCIe replays), modes, the management power limit, application clocks, fan policies
+        and the trained link width. Read every SLOW_EVERY_S seconds, not every tick; gpud's own setters
+        read them afresh (the enforced limit, clocks, link generation and NVLink state stay per tick)."""
         cached = self._slow.get(index)
         if cached is not None and now - cached[0] < SLOW_EVERY_S:
             return cached[1]
+
+        def get(name: str, *args: Any) -> Any:
+            return self.get(name, h, *args, gpu=index)
+
+        policies = []
+        for fan in range(info.fan_count or 0):
+            out = self.get_out("nvmlDeviceGetFanControlPolicy_v2", h, fan, gpu=index)
+            policies.append(out[0] if out is not None else None)
         ecc_mode = get("nvmlDeviceGetEccMode")
         ecc = None
         if ecc_mode is not None and ecc_mode[0]:
@@ -591,7 +622,13 @@ class Nvml:
         fields = {"ecc_mode": ecc_mode, "ecc": ecc, "sbe": get("nvmlDeviceGetRetiredPages", RETIRE_SBE),
                   "dbe": get("nvmlDeviceGetRetiredPages", RETIRE_DBE),
                   "retired_pending": get("nvmlDeviceGetRetiredPagesPendingStatus"),
-                  "remap": get("nvmlDeviceGetRemappedRows"), "replay": get("nvmlDeviceGetPcieReplayCounter")}
+                  "remap": get("nvmlDeviceGetRemappedRows"), "replay": get("nvmlDeviceGetPcieReplayCounter"),
+                  "fan_policies": policies, "persistence": get("nvmlDeviceGetPersistenceMode"),
+                  "compute": get("nvmlDeviceGetComputeMode"),
+                  "management_limit": get("nvmlDeviceGetPowerManagementLimit"),
+                  "applications_clocks": {k: get("nvmlDeviceGetApplicationsClock", CLOCK_TYPES[k])
+                                          for k in ("graphics", "memory")},
+                  "pcie_width": get("nvmlDeviceGetCurrPcieLinkWidth")}
         self._slow[index] = (now, fields)
         return fields
 
@@ -758,6 +795,7 @@ class Nvml:
     def set_fan_auto(self, index: int, fan: int) -> str:
         """Hand the fan back to the driver's automatic policy; returns the policy read back."""
         h = self.handle(index)
+        self._slow.pop(index, None)
         self.call("nvmlDeviceSetDefaultFanSpeed_v2", h, fan, gpu=index)
         out = self.get_out("nvmlDeviceGetFanControlPolicy_v2", h, fan, gpu=index)
         if out is not None and out[0] != FAN_POLICY_AUTO:

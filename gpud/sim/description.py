@@ -56,6 +56,7 @@ MACHINE_KEYS: dict[str, tuple[Any, Any]] = {
     "modules": (list, ["nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm"]),
     "ambient_celsius": ((int, float), 25.0),
     "nvswitches": (list, []),  # PCI addresses of NVSwitches (HGX baseboards)
+    "driver_lacks": (list, []),  # NVML entry points an older driver does not export
 }
 
 GPU_KEYS: dict[str, tuple[Any, Any]] = {

@@ -20,6 +20,7 @@ import os
 import signal
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -81,10 +82,17 @@ class LatencyModel:
     the rest, so tick times measured here are not kinder than the hardware's.
     """
 
+    # A plain reading: about 22 µs a call measured on an RTX 5080 (4 readings in 0.09 ms), 11.6 µs
+    # for GetMemoryInfo on an RTX 4090 laptop.
     default_s: float = 20e-6
     per_call: dict[str, float] = field(default_factory=lambda: {
         # "… sampled over a 20 ms interval" (NVML reference, nvmlDeviceGetPcieThroughput).
         "nvmlDeviceGetPcieThroughput": 20e-3,
+        # Measured on an RTX 4090 laptop (median): the process lists talk to the GPU's firmware.
+        "nvmlDeviceGetComputeRunningProcesses_v3": 4.5e-3,
+        "nvmlDeviceGetComputeRunningProcesses_v2": 4.5e-3,
+        "nvmlDeviceGetFanSpeed": 137e-6,
+        "nvmlDeviceGetFanSpeed_v2": 137e-6,
     })
 
     def of(self, name: str) -> float:
@@ -187,7 +195,12 @@ class SimLibrary:
         self._init_count = 0
         self._handle_of: dict[int, int] = {}  # address of the handle's struct → description index
         self._structs: dict[int, Any] = {}  # index → the struct a handle points at (kept alive)
-        self._functions: dict[str, Callable[..., Any]] = {name: self._bind(name, e) for name, e in ENTRIES.items()}
+        self.spent_s = 0.0  # wall time inside this library (the simulator's own cost and the waits)
+        self.modelled_s = 0.0  # the latency model's total for the calls made: what hardware would take
+        self.called: Counter[str] = Counter()  # calls per entry point
+        lacks = set(sim.desc.machine["driver_lacks"])  # an older driver exports fewer entry points
+        self._functions: dict[str, Callable[..., Any]] = {
+            name: self._bind(name, e) for name, e in ENTRIES.items() if name not in lacks}
         self._functions["nvmlErrorString"] = self._error_string
 
     def __getattr__(self, name: str) -> Any:
@@ -206,12 +219,16 @@ class SimLibrary:
     # -- the C calling convention ----------------------------------------------------------
     def _bind(self, name: str, e: Entry) -> Callable[..., int]:
         def c_function(*args: Any) -> int:
-            deadline = time.perf_counter() + self.latency.of(name)
+            start = time.perf_counter()
+            latency = self.latency.of(name)
             try:
                 with self._lock:
                     code = self._invoke(name, e, args)
             finally:
-                wait_until(deadline)
+                wait_until(start + latency)
+                self.spent_s += time.perf_counter() - start
+                self.modelled_s += latency
+                self.called[name] += 1
             return code
 
         c_function.__name__ = name

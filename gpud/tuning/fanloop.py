@@ -82,6 +82,11 @@ class FanControl:
             events.append(FanEvent(gpu, "duty", f"{duty} % at {s.temperature_celsius} °C"))
         return events
 
+    def failsafe_all(self, why: str) -> list[FanEvent]:
+        """No reading at all this tick (the driver or NVML failed): every controlled fan back to the
+        driver's automatic policy, each counted and logged once, as for a single lost GPU."""
+        return [self._failsafe(gpu, ctl, why) for gpu, ctl in self.controllers.items()]
+
     def _failsafe(self, gpu: int, ctl: FanController, why: str) -> FanEvent:
         ctl.reset()
         self.commanded.pop(gpu, None)

@@ -1,0 +1,468 @@
+"""The simulator is never kinder than the hardware: each behaviour of real NVML, nvidia-ml-py, the
+driver or the kernel that gpud must handle, with the source in docs/simulation.md ("Fidelity").
+
+These run through the installed nvidia-ml-py's own ``pynvml`` (CI runs this file over the lowest
+version ``pyproject.toml`` allows too).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO, run_gpud
+from typer.testing import CliRunner
+
+from gpud.errors import GpudError, NvmlError, Unsupported
+from gpud.hw.host import Host, this_boot
+from gpud.hw.machine import Machine, open_machine
+from gpud.hw.nvml import Nvml
+from gpud.sim.bindings import bindings_over
+
+FIXTURES = REPO / "tests" / "fixtures" / "nvidia-smi"
+A6000_TOML = """
+[machine]
+name = "{name}"
+{machine}
+[gpu_defaults]
+model = "{model}"
+{defaults}
+[[gpu]]
+bus_id = "0000:17:00.0"
+root_port = "0000:16:01.0"
+{gpu0}
+[[gpu]]
+bus_id = "0000:65:00.0"
+root_port = "0000:64:01.0"
+{extra}
+"""
+
+
+def describe(tmp_path: Path, name: str = "fid", model: str = "RTX A6000", machine: str = "", defaults: str = "",
+             gpu0: str = "", extra: str = "") -> str:
+    p = tmp_path / f"{name}.toml"
+    p.write_text(A6000_TOML.format(name=name, model=model, machine=machine, defaults=defaults, gpu0=gpu0,
+                                   extra=extra))
+    return str(p)
+
+
+# -- a library where every call succeeds with zeroed outputs --------------------------------------
+
+class ZeroLibrary:
+    """Every entry point answers NVML_SUCCESS and writes nothing (ctypes outputs start zeroed), but for
+    the device count and distinct handles; ``handle_errors`` maps an index to the lookup's code."""
+
+    def __init__(self, count: int, handle_errors: dict[int, int] | None = None) -> None:
+        self.count = count
+        self.handle_errors = handle_errors or {}
+        self._structs: list[Any] = []
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "nvmlErrorString":
+            return lambda code: b"Unknown Error"
+        if name == "nvmlDeviceGetCount_v2":
+            def count(out: Any) -> int:
+                out._obj.value = self.count
+                return 0
+            return count
+        if name == "nvmlDeviceGetHandleByIndex_v2":
+            def handle(index: Any, out: Any) -> int:
+                i = index.value
+                if i in self.handle_errors:
+                    return self.handle_errors[i]
+                struct = type(out._obj)._type_()
+                self._structs.append(struct)
+                out._obj.contents = struct
+                return 0
+            return handle
+        return lambda *args: 0
+
+
+def zero_machine(tmp_path: Path, count: int = 4, handle_errors: dict[int, int] | None = None) -> Machine:
+    (tmp_path / "root").mkdir(exist_ok=True)
+    return Machine(Nvml(bindings_over(ZeroLibrary(count, handle_errors))), Host(tmp_path / "root"), "zeroed")
+
+
+def status_json(monkeypatch: pytest.MonkeyPatch, m: Machine) -> tuple[int, str]:
+    from gpud.cli import app, common
+
+    monkeypatch.setattr(common, "open_machine", lambda simulate=None: m)
+    r = CliRunner().invoke(app, ["status", "--json"])
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    return r.exit_code, r.output
+
+
+def test_zeroed_library_status_lists_every_gpu_without_traceback(tmp_path, monkeypatch) -> None:
+    code, out = status_json(monkeypatch, zero_machine(tmp_path))
+    data = json.loads(out)
+    assert code == 0 and len(data["gpus"]) == 4
+    assert not any(g["sample"]["lost"] for g in data["gpus"])
+
+
+def test_a_handle_lookup_answering_999_is_that_gpu_lost_and_the_others_read(tmp_path, monkeypatch) -> None:
+    code, out = status_json(monkeypatch, zero_machine(tmp_path, handle_errors={1: 999}))
+    data = json.loads(out)
+    assert [g["sample"]["lost"] for g in data["gpus"]] == [False, True, False, False]
+    assert "Unknown Error" in data["gpus"][1]["sample"]["error"]
+    m = open_machine(describe(tmp_path))
+    m.simulation.machine.inject("gpu_lost", gpu=1)
+    assert [s.lost for s in m.snapshot().samples] == [False, True]
+
+
+def test_doctor_with_a_gpu_off_the_bus_still_reads_nvml(tmp_path) -> None:
+    path = describe(tmp_path, extra='[[fault]]\nkind = "gpu_lost"\ngpu = 1\n')
+    r = run_gpud("doctor", "--json", "--simulate", path, "--skip", "torch.cuda")
+    data = json.loads(r.stdout)
+    checks = {(c["id"], c["gpu"]): c for c in data["checks"]}
+    assert checks[("nvml.available", None)]["status"] == "pass", checks[("nvml.available", None)]
+    assert checks[("gpu.count", 1)]["status"] == "fail" and "lost" in checks[("gpu.count", 1)]["summary"]
+    assert r.returncode == 1
+
+
+# -- nvidia-ml-py versions ---------------------------------------------------------------------------
+
+def test_fan_calls_work_with_outputs_as_required_arguments(tmp_path) -> None:
+    """nvidia-ml-py 12.535–12.560 declare the fan outputs as required arguments and pass them to C as
+    given: reproduce those wrappers over the simulated library; gpud must read the fans through them."""
+    m = open_machine(describe(tmp_path))
+    mod = m.simulation.module
+
+    def min_max(handle: Any, low: Any, high: Any) -> int:
+        ret = mod._nvmlGetFunctionPointer("nvmlDeviceGetMinMaxFanSpeed")(handle, low, high)
+        mod._nvmlCheckReturn(ret)
+        return int(ret)
+
+    def policy(handle: Any, fan: Any, out: Any) -> int:
+        ret = mod._nvmlGetFunctionPointer("nvmlDeviceGetFanControlPolicy_v2")(handle, fan, out)
+        mod._nvmlCheckReturn(ret)
+        return int(ret)
+
+    mod.nvmlDeviceGetMinMaxFanSpeed, mod.nvmlDeviceGetFanControlPolicy_v2 = min_max, policy
+    snap = m.snapshot()
+    assert (snap.gpus[0].fan_min_speed_percent, snap.gpus[0].fan_max_speed_percent) == (30, 100)
+    assert [f.policy for f in snap.samples[0].fans] == ["auto"]
+    assert m.nvml.set_fan_auto(0, 0) == "auto"
+
+
+def test_no_binding_exception_escapes_the_nvml_layer(tmp_path) -> None:
+    m = open_machine(describe(tmp_path))
+    mod = m.simulation.module
+
+    def broken(*args: Any) -> Any:
+        raise TypeError("nvmlDeviceGetTemperature() missing 1 required positional argument")
+
+    mod.nvmlDeviceGetTemperature = broken
+    mod.nvmlDeviceSetPowerManagementLimit = broken
+    s = m.snapshot().samples[0]
+    assert s.temperature_celsius is None and not s.lost
+    with pytest.raises(NvmlError) as exc:
+        m.nvml.set_power_limit(0, 250)
+    assert "TypeError" in str(exc.value)
+
+
+def test_an_entry_point_the_library_lacks_is_function_not_found(tmp_path) -> None:
+    m = open_machine(describe(tmp_path, machine='driver_lacks = ["nvmlDeviceGetComputeRunningProcesses_v3"]',
+                              gpu0='processes = [{ pid = 4242, used_mib = 1000 }]'))
+    mod = m.simulation.module
+    m.nvml.init()
+    h = m.nvml.handle(0)
+    with pytest.raises(mod.NVMLError) as exc:
+        mod.nvmlDeviceGetComputeRunningProcesses_v3(h)
+    assert exc.value.value == mod.NVML_ERROR_FUNCTION_NOT_FOUND
+    # newer bindings' unversioned wrapper raises NVMLLibraryMismatchError there: Unsupported, not a crash
+    assert m.nvml.get("nvmlDeviceGetComputeRunningProcesses", h, gpu=0) is None
+    # and gpud falls back to the _v2 entry point an older driver has, where the bindings wrap it
+    # (nvidia-ml-py 12.535 wraps only _v3: the processes are then unknown, None, not an empty list)
+    procs = m.snapshot().samples[0].processes
+    if hasattr(mod, "nvmlDeviceGetComputeRunningProcesses_v2"):
+        assert procs is not None and [p.pid for p in procs] == [4242]
+    else:
+        assert procs is None
+
+
+# -- fans -------------------------------------------------------------------------------------------
+
+def test_a_stalled_fan_reads_as_asked_and_is_found_by_its_effect(tmp_path) -> None:
+    path = describe(tmp_path, defaults="utilization_percent = 100\npower_watts = 250\ntemperature_celsius = 60")
+    m = open_machine(path)
+    m.simulation.machine.inject("fan_stuck", gpu=0)
+    m.simulation.machine.advance(1800)
+    s = m.snapshot().samples
+    assert s[0].fans[0].speed_percent == 100 == s[0].fans[0].target_percent  # intended, not measured
+    assert s[0].temperature_celsius >= 93 and s[1].temperature_celsius < 70
+    from gpud import config as cfg
+    from gpud.doctor import diagnose
+
+    report = diagnose(m, cfg.load(None), only=["health.fans"], snapshot=m.snapshot())
+    results = {(c.id, c.gpu): c for c in report.checks}
+    assert results[("health.fans", 0)].status == "fail" and results[("health.fans", 1)].status == "pass"
+    assert "not cooling" in results[("health.fans", 0)].summary
+
+
+# -- persistence ---------------------------------------------------------------------------------------
+
+def test_settings_are_lost_when_the_last_client_exits_without_persistence(tmp_path) -> None:
+    path = describe(tmp_path, gpu0="persistence_mode = true", extra="persistence_mode = false")
+    code = textwrap.dedent(f"""
+        from gpud.hw.machine import open_machine
+        m = open_machine({path!r})
+        m.nvml.set_power_limit(0, 250)
+        m.nvml.set_power_limit(1, 250)
+        m.nvml.set_compute_mode(1, "exclusive_process")
+        s = m.snapshot().samples
+        assert (s[0].power_limit_watts, s[1].power_limit_watts) == (250, 250), s
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+    s = open_machine(path).snapshot().samples  # the writer has exited: GPU1 was deinitialised
+    assert s[0].power_limit_watts == 250  # persistence on: kept
+    assert s[1].power_limit_watts == 300 and s[1].compute_mode == "default"
+
+
+def test_nvml_shutdown_of_the_last_client_deinitialises(tmp_path) -> None:
+    path = describe(tmp_path, defaults="persistence_mode = false")
+    m = open_machine(path)
+    m.nvml.set_power_limit(0, 200)
+    assert m.snapshot().samples[0].power_limit_watts == 200
+    m.nvml.shutdown()
+    assert open_machine(path).snapshot().samples[0].power_limit_watts == 300
+
+
+# -- PCIe -------------------------------------------------------------------------------------------
+
+def _doctor(path: str, check: str) -> dict[int | None, dict[str, Any]]:
+    r = run_gpud("doctor", "--json", "--simulate", path, "--check", check)
+    return {c["gpu"]: c for c in json.loads(r.stdout)["checks"]}
+
+
+def test_max_link_is_the_gpu_in_this_slot_and_doctor_names_the_cause(tmp_path) -> None:
+    path = describe(tmp_path, gpu0="slot_width = 8",
+                    extra='[[fault]]\nkind = "link_degraded"\ngpu = 1\nwidth = 8\n')
+    g = open_machine(path).snapshot()
+    assert g.gpus[0].pcie_max_width == 8 and g.samples[0].pcie_width == 8  # NVML: the maximum in this slot
+    assert g.gpus[1].pcie_max_width == 16 and g.samples[1].pcie_width == 8
+    res = _doctor(path, "pcie.link_width")
+    assert res[0]["status"] == "warn" and "x16 GPU in an x8 slot" in res[0]["summary"]
+    assert res[1]["status"] == "fail" and "trained to x8" in res[1]["summary"]
+
+
+def test_idle_gpus_drop_to_gen1_and_that_is_fine(tmp_path) -> None:
+    path = describe(tmp_path, gpu0="utilization_percent = 100\npower_watts = 250")
+    s = open_machine(path).snapshot().samples
+    assert (s[0].pcie_generation, s[1].pcie_generation) == (4, 1)  # real A6000 dumps: Current 1 at idle
+    res = _doctor(path, "pcie.link_gen")
+    assert {r["status"] for r in res.values()} == {"pass"}
+
+
+def test_a_slot_of_an_older_generation_is_named(tmp_path) -> None:
+    path = describe(tmp_path, gpu0="slot_generation = 3\nutilization_percent = 100\npower_watts = 250")
+    g = open_machine(path).snapshot()
+    assert g.gpus[0].pcie_max_generation == 3 and g.gpus[0].pcie_gpu_max_generation == 4
+    res = _doctor(path, "pcie.link_gen")
+    assert res[0]["status"] == "warn" and "Gen4 GPU in a Gen3 slot" in res[0]["summary"]
+
+
+# -- clocks ---------------------------------------------------------------------------------------------
+
+def test_locked_clocks_by_architecture(tmp_path) -> None:
+    turing = open_machine(describe(tmp_path, model="Quadro RTX 8000"))
+    turing.nvml.set_locked_gpu_clocks(0, 1200, 1800)  # Volta and newer
+    with pytest.raises(Unsupported):
+        turing.nvml.set_locked_memory_clocks(0, 7001, 7001)  # Ampere and newer
+
+
+# -- NVSwitch ----------------------------------------------------------------------------------------
+
+def test_nvswitch_links_count_as_nvlink_between_every_pair() -> None:
+    m = open_machine("hgx-8x-h200")
+    t = m.topology(m.snapshot())
+    n = len(t.gpus)
+    assert n == 8
+    assert all(t.level[a][b] == "NV18" for a in range(n) for b in range(n) if a != b)
+    assert all(t.p2p_nvlink[a][b] == "OK" for a in range(n) for b in range(n) if a != b)
+    assert all(ln.remote_is_switch for ln in m.snapshot().samples[0].nvlinks)
+
+
+def test_nvswitch_topology_without_the_device_type_call(tmp_path) -> None:
+    m = open_machine("hgx-8x-h200")
+    del m.simulation.module.nvmlDeviceGetNvLinkRemoteDeviceType  # bindings that predate it
+    t = m.topology(m.snapshot())
+    assert t.level[0][7] == "NV18"
+
+
+def test_thresholds_from_tlimit_offsets_where_the_threshold_call_is_unsupported() -> None:
+    m = open_machine("hgx-8x-h200")
+    mod = m.simulation.module
+    if not hasattr(mod, "nvmlDeviceGetMarginTemperature"):
+        pytest.skip("these nvidia-ml-py bindings predate nvmlDeviceGetMarginTemperature: thresholds stay None")
+    g = m.snapshot().gpus[0]
+    assert (g.temperature_slowdown_celsius, g.temperature_shutdown_celsius,
+            g.temperature_max_operating_celsius) == (90, 96, 88)
+
+
+# -- ACS ------------------------------------------------------------------------------------------------
+
+def test_acs_with_an_iommu_names_the_kernel_command_line(tmp_path) -> None:
+    path = describe(tmp_path, machine='iommu = "translated"\nkernel_cmdline = "ro intel_iommu=on"',
+                    defaults="acs = true")
+    res = _doctor(path, "pcie.acs")[None]
+    assert res["status"] == "warn"
+    assert "kernel itself enables ACS" in res["remedy"] and "intel_iommu=off" in res["remedy"]
+    assert "pci=disable_acs_redir=0000:16:01.0;0000:64:01.0" in res["remedy"]
+
+
+def test_a_port_without_acs_capability_is_not_unreadable(tmp_path) -> None:
+    res = _doctor(describe(tmp_path, defaults="acs_capable = false"), "pcie.acs")[None]
+    assert res["status"] == "pass" and "without an ACS capability" in res["summary"]
+
+
+# -- kernel log ------------------------------------------------------------------------------------------
+
+def test_kernel_log_fallback_counts_only_this_boot(tmp_path) -> None:
+    log = textwrap.dedent("""\
+        2026-11-20T10:00:00.000000+00:00 z8 kernel: [    0.000000] Linux version 6.8.0-49-generic
+        2026-11-21T09:00:00.000000+00:00 z8 kernel: [82800.1] NVRM: Xid (PCI:0000:17:00): 79, GPU has fallen off
+        2026-11-30T00:00:00.000000+00:00 z8 kernel: [    0.000000] Linux version 6.8.0-49-generic
+        2026-11-30T01:00:00.000000+00:00 z8 kernel: [ 3600.5] NVRM: Xid (PCI:0000:65:00): 13, Graphics Exception
+        """)
+    root = tmp_path / "root"
+    (root / "var/log").mkdir(parents=True)
+    (root / "var/log/kern.log").write_text(log)
+    xids = Host(root).xid_events()
+    assert [(x.xid, x.seconds_since_boot) for x in xids] == [(13, 3600.5)]
+    # no banner (rotated away): lines stamped before this boot's start are dropped
+    lines = log.splitlines()[1:2] + log.splitlines()[3:]
+    boot = 1795996800.0  # 2026-11-30T00:00:00Z
+    assert [m for _, m in this_boot(lines, boot)] == lines[1:]
+
+
+# -- presets against real dumps --------------------------------------------------------------------------
+
+def first_gpu(name: str) -> dict[str, str]:
+    """``nvidia-smi -q`` of the first GPU as "Section/Sub/Key" → value (a reader for these tests)."""
+    out: dict[str, str] = {}
+    stack: list[tuple[int, str]] = []
+    seen_gpu = False
+    for raw in (FIXTURES / name).read_text().splitlines():
+        if raw.startswith("GPU 0000"):
+            if seen_gpu:
+                break
+            seen_gpu = True
+            continue
+        if not seen_gpu or not raw.strip():
+            continue
+        indent = len(raw) - len(raw.lstrip())
+        key, sep, value = raw.strip().partition(":")
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        path = "/".join([s for _, s in stack] + [key.strip()])
+        if sep and value.strip():
+            out.setdefault(path, value.strip())
+        else:
+            stack.append((indent, key.strip()))
+    return out
+
+
+def mhz(v: str) -> int:
+    return int(re.match(r"(\d+)", v).group(1))  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("dump, model, ecc", [
+    ("rtx-a6000-linux-550.txt", "RTX A6000", True),
+    ("rtx-6000-ada-550.txt", "RTX 6000 Ada", False),
+    ("h200-590-idle.txt", "H200", True),
+])
+def test_presets_reproduce_real_dumps(tmp_path, dump: str, model: str, ecc: bool) -> None:
+    q = first_gpu(dump)
+    m = open_machine(describe(tmp_path, model=model, defaults=f"ecc_enabled = {'true' if ecc else 'false'}"))
+    snap = m.snapshot()
+    g, s = snap.gpus[0], snap.samples[0]
+    assert g.memory_total_bytes == mhz(q["FB Memory Usage/Total"]) << 20
+    assert g.power_default_limit_watts == float(q["GPU Power Readings/Default Power Limit"].split()[0]) \
+        if "GPU Power Readings/Default Power Limit" in q else True
+    assert g.max_clocks_mhz == {"graphics": mhz(q["Max Clocks/Graphics"]), "sm": mhz(q["Max Clocks/SM"]),
+                                "memory": mhz(q["Max Clocks/Memory"])}
+    default_app = q.get("Default Applications Clocks/Graphics", "")
+    if default_app[:1].isdigit():
+        assert g.default_applications_clocks_mhz == {"graphics": mhz(default_app),
+                                                     "memory": mhz(q["Default Applications Clocks/Memory"])}
+    assert s.clocks_mhz["sm"] == mhz(q["Clocks/SM"]) and s.clocks_mhz["memory"] == mhz(q["Clocks/Memory"]) \
+        if q["Performance State"] == "P8" else True
+    gen = q["PCI/GPU Link Info/PCIe Generation/Current"]
+    assert s.pcie_generation == int(gen) and g.pcie_max_generation == int(q["PCI/GPU Link Info/PCIe Generation/Max"])
+    if "Temperature/GPU Slowdown Temp" in q:
+        assert (g.temperature_shutdown_celsius, g.temperature_slowdown_celsius,
+                g.temperature_max_operating_celsius) == tuple(
+            mhz(q[f"Temperature/GPU {k} Temp"]) for k in ("Shutdown", "Slowdown", "Max Operating"))
+    else:  # Ada, Hopper: only offsets from T.Limit
+        preset = m.simulation.description.gpus[0]
+        offsets = {k: int(q[f"Temperature/GPU {k} T.Limit Temp"].split()[0]) for k in ("Shutdown", "Slowdown")}
+        assert preset["max_operating_celsius"] - preset["shutdown_celsius"] == offsets["Shutdown"]
+        assert preset["max_operating_celsius"] - preset["slowdown_celsius"] == offsets["Slowdown"]
+        assert q["Temperature/GPU Max Operating T.Limit Temp"].startswith("0")
+
+
+# -- per-call cost -----------------------------------------------------------------------------------------
+
+def test_a_daemon_tick_makes_no_blocking_nvml_call() -> None:
+    """GetPcieThroughput samples 20 ms per call (NVML reference) and the process lists take
+    milliseconds: with the daemon's off-tick sampler running, a tick calls neither."""
+    import threading
+
+    from gpud import config as cfg
+    from gpud.daemon.service import Daemon
+
+    m = open_machine("2s-8x-a6000")
+    stop = threading.Event()
+    m.nvml.start_sampler(stop, every_s=3600)
+    d = Daemon(m, cfg.Config())
+    d.checks_at = 2e9
+    d.tick()
+    lib = m.simulation.library
+    before = dict(lib.called)
+    d.tick()
+    stop.set()
+    during = {k: v - before.get(k, 0) for k, v in lib.called.items() if v - before.get(k, 0)}
+    assert not {k for k in during if "PcieThroughput" in k or "RunningProcesses" in k}, during
+    assert lib.latency.of("nvmlDeviceGetPcieThroughput") == 0.02
+    s = d.snapshot.samples[1]
+    assert s.pcie_tx_bytes_per_second is not None or s.utilization_gpu_percent == 0
+
+
+# -- the systemd unit and the host --------------------------------------------------------------------------
+
+def test_the_unit_lets_gpud_see_what_it_reads() -> None:
+    """``ProtectProc=invisible`` hides other users' /proc/PID from a service without CAP_SYS_PTRACE
+    (systemd.exec(5)), and ``PrivateTmp`` hides the X server's socket the SLI check asks."""
+    unit = (REPO / "systemd" / "gpud.service").read_text()
+    keys = dict(line.split("=", 1) for line in unit.splitlines() if "=" in line and not line.startswith("#"))
+    caps = keys.get("CapabilityBoundingSet", "")
+    assert keys.get("ProtectProc", "default") in ("default", "ptraceable") or "CAP_SYS_PTRACE" in caps
+    if keys.get("PrivateTmp") in ("yes", "true"):
+        assert "/tmp/.X11-unix" in unit.split("PrivateTmp")[1] and "BindReadOnlyPaths=-/tmp/.X11-unix" in unit
+
+
+def test_a_tick_with_no_reading_hands_every_manual_fan_back(state_dir) -> None:
+    from gpud import config as cfg
+    from gpud.daemon.service import Daemon
+    from gpud.tuning.profile import load, resolve
+
+    m = open_machine("z8-fury-4x-a6000")
+    d = Daemon(m, cfg.Config())
+    d.checks_at = 2e9
+    desired = resolve(load("training"), list(m.snapshot().gpus))
+    d.fans.configure({i: desired[i] for i in range(4)})
+    d.tick()
+    assert {f.policy for s in m.snapshot().samples for f in s.fans} == {"manual"}
+    m.simulation.machine.inject("no_permission", call="nvmlDeviceGetCount")  # the whole tick fails
+    with pytest.raises(GpudError):
+        m.snapshot()
+    d.tick()
+    assert d.fans.failsafes == 4 and d.observation.fan_failsafe_total == 4
+    m.simulation.machine.clear_faults()
+    assert {f.policy for s in open_machine("z8-fury-4x-a6000").snapshot().samples for f in s.fans} == {"auto"}
