@@ -23,6 +23,9 @@ def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("GPUD_SOCKET", str(tmp_path / "no-daemon.sock"))  # never a real daemon's socket
     monkeypatch.delenv("GPUD_SIMULATE", raising=False)
     monkeypatch.delenv("GPUD_CONFIG", raising=False)
+    # Simulated NVML setters need root, as real ones do: the suite writes as if under sudo, whoever
+    # runs it (tests of the refusal unset this).
+    monkeypatch.setenv("GPUD_SIM_EUID", "0")
     return d
 
 

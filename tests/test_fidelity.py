@@ -466,3 +466,16 @@ def test_a_tick_with_no_reading_hands_every_manual_fan_back(state_dir) -> None:
     assert d.fans.failsafes == 4 and d.observation.fan_failsafe_total == 4
     m.simulation.machine.clear_faults()
     assert {f.policy for s in open_machine("z8-fury-4x-a6000").snapshot().samples for f in s.fans} == {"auto"}
+
+
+def test_setters_need_root(tmp_path, monkeypatch) -> None:
+    """nvml.h: "Requires root/admin permissions" on every setter gpud uses."""
+    monkeypatch.setenv("GPUD_SIM_EUID", "1000")
+    m = open_machine(describe(tmp_path))
+    from gpud.errors import PermissionDenied
+
+    with pytest.raises(PermissionDenied) as exc:
+        m.nvml.set_power_limit(0, 250)
+    assert "sudo" in exc.value.remedy
+    assert m.simulation.machine.state["writes"] == 0
+    assert m.snapshot().samples[0].power_limit_watts == 300  # reading needs no privilege

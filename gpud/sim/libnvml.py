@@ -99,6 +99,13 @@ class LatencyModel:
         return self.per_call.get(name, self.default_s)
 
 
+def effective_uid() -> int:
+    """The caller's uid as the driver sees it. ``GPUD_SIM_EUID`` stands in for running under sudo
+    (the test suite sets 0); unset, it is the process's own."""
+    value = os.environ.get("GPUD_SIM_EUID", "")
+    return int(value) if value.isdigit() else os.geteuid()
+
+
 def wait_until(deadline: float) -> None:
     """Sleep for long waits, spin for the last part (``time.sleep`` overshoots short waits)."""
     while True:
@@ -241,6 +248,8 @@ class SimLibrary:
             gpus = [self._gpu_of(a) for a in args[: e.handles]]
             self.guard(name, gpus)
             rest = args[e.handles:]
+            if e.setter and effective_uid() != 0:
+                fail(NO_PERMISSION)  # NVML's setters need root ("Requires root/admin permissions", nvml.h)
             with self.sim.mutate() if e.setter else nullcontext():
                 self._run(e, gpus, rest)
             return SUCCESS
