@@ -13,6 +13,9 @@ from gpud.hw.machine import Machine, open_machine
 from gpud.sim.description import shipped_names
 
 REPO = Path(__file__).resolve().parent.parent
+# Simulated NVML setters need root, as real ones do: the suite (and every gpud it starts) writes as
+# if under sudo, whoever runs it; the test of the refusal sets another uid.
+os.environ["GPUD_SIM_EUID"] = "0"
 SHIPPED = shipped_names()
 
 
@@ -23,9 +26,6 @@ def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("GPUD_SOCKET", str(tmp_path / "no-daemon.sock"))  # never a real daemon's socket
     monkeypatch.delenv("GPUD_SIMULATE", raising=False)
     monkeypatch.delenv("GPUD_CONFIG", raising=False)
-    # Simulated NVML setters need root, as real ones do: the suite writes as if under sudo, whoever
-    # runs it (tests of the refusal unset this).
-    monkeypatch.setenv("GPUD_SIM_EUID", "0")
     return d
 
 
