@@ -69,3 +69,8 @@ def probe_lock_path() -> Path:
         return state_dir() / "probe.lock"
     base = Path("/run/lock")
     return (base if base.is_dir() and os.access(base, os.W_OK) else Path("/tmp")) / "gpud-probe.lock"
+
+
+def probe_output_path() -> Path:
+    """Where the daemon keeps the stderr of the probe it started last (its failure is logged from it)."""
+    return state_dir() / "probe-daemon.err"
