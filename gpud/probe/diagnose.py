@@ -116,7 +116,7 @@ class View:
             bw = min(bw, expect.CPU_LINK_MODEL[self.cpu_vendor])
         why = "NCCL does not use P2P across the CPU's host bridges by default (NCCL_P2P_LEVEL)" if not allowed \
             else "P2P is not available"
-        text = f"host memory ({chosen}) over {link_text}"
+        text = f"host memory ({chosen}) over {link_text}" + (" and the CPU sockets' link" if level == "SYS" else "")
         if chosen == "NET":
             notes.append("NCCL used its network transport between GPUs of one machine (NCCL_SHM_DISABLE?)")
         return Path(a, b, chosen, bw, pcie_nominal, text, tuple(dict.fromkeys([*notes, why] if not healthy
