@@ -116,8 +116,27 @@ def precision(device: torch.device) -> tuple[str, torch.dtype | None]:
     return "fp16", torch.float16
 
 
+def train_steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, steps: int,
+                amp: torch.dtype | None, scaler: Any = None) -> torch.Tensor:
+    """The timed loop: forward, loss, backward, step — nothing else per step. ``amp``: the autocast dtype
+    (None: full precision); ``scaler``: a GradScaler where the dtype is fp16."""
+    loss = torch.zeros((), device=x.device)
+    for _ in range(steps):
+        with torch.autocast(device_type=x.device.type, dtype=amp) if amp else nullcontext():
+            loss = F.mse_loss(model(x).float(), y)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+    return loss
+
+
 class Trainer:
-    """The timed loop: forward, loss, backward, step — nothing else per step."""
+    """A model, its optimizer and precision: ``steps`` runs the timed loop."""
 
     def __init__(self, model: nn.Module, params: Any, amp: torch.dtype | None, device: torch.device) -> None:
         self.model, self.amp, self.device = model, amp, device
@@ -125,19 +144,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler("cuda") if amp == torch.float16 else None
 
     def steps(self, x: torch.Tensor, y: torch.Tensor, n: int) -> torch.Tensor:
-        loss = torch.zeros((), device=x.device)
-        for _ in range(n):
-            with torch.autocast(device_type=x.device.type, dtype=self.amp) if self.amp else nullcontext():
-                loss = F.mse_loss(self.model(x).float(), y)
-            if self.scaler is not None:
-                self.scaler.scale(loss).backward()
-                self.scaler.step(self.opt)
-                self.scaler.update()
-            else:
-                loss.backward()
-                self.opt.step()
-            self.opt.zero_grad(set_to_none=True)
-        return loss
+        return train_steps(self.model, self.opt, x, y, n, self.amp, self.scaler)
 
 
 def windows(seconds: list[float]) -> dict[str, Any]:
