@@ -219,3 +219,19 @@ def test_user_nccl_p2p_level_changes_the_expected_path(state_dir) -> None:
 def test_cpu_runs_are_a_functional_check() -> None:
     d = explain({"device": "cpu", "ddp": {"by_world_size": {"1": {}, "2": {"efficiency": 0.3}}}}, None)
     assert d["verdicts"] == {"2": "n/a"} and "functional check" in d["sentences"][0]
+
+
+def test_acs_is_blamed_where_traffic_is_pcie_p2p_only(state_dir) -> None:
+    """The degraded Z8 has ACS on: NCCL goes through host memory there (no blame), CUDA copies use P2P."""
+    v = machine_view("z8-fury-4x-a6000-degraded")
+    assert v.acs and all("ReqRedir" in b for bridges in v.acs.values() for b in bridges)
+    d = explain(result(4, 5.5 * GB, 0.55), v)
+    assert not any("ACS" in c for c in d["details"]["4"]["causes"])
+    pair = {"src": 0, "dst": 2, "src_uuid": v.infos[0].uuid, "dst_uuid": v.infos[2].uuid, "peer_access": True,
+            "bandwidth_bytes_per_second": 3 * GB, "bidirectional_bytes_per_second": 4 * GB}
+    d = explain(result(4, 5.5 * GB, 0.55) | {"p2p": {"pairs": [pair]}}, v)
+    [link] = d["links"]
+    assert link["expected_bytes_per_second"] == pytest.approx(24 * GB)  # PCIe Gen4 x16 P2P, as it should be
+    assert "GPU2's link runs at x8 of x16" in link["notes"]
+    assert any(s.startswith("P2P GPU0→GPU2: 3.0 GB/s one way, 4.0 GB/s both ways") and "ACS is on above GPU0" in s
+               for s in d["sentences"])

@@ -94,7 +94,7 @@ class View:
         ia, ib = self.t.gpus.index(a), self.t.gpus.index(b)
         ga = self.infos[a]
         links = self.expected_links(a, b) if healthy else self.links_now(a, b)
-        notes = [] if healthy else self._notes(a, b)
+        notes = [] if healthy else self._notes(a, b, transport == "P2P" if transport else None)
         rate = expect.nvlink_rate(ga.name, ga.architecture)
         if links and rate and transport in (None, "P2P"):
             return Path(a, b, "P2P/NVLink", links * rate.model, links * rate.nominal,
@@ -122,8 +122,11 @@ class View:
         return Path(a, b, chosen, bw, pcie_nominal, text, tuple(dict.fromkeys([*notes, why] if not healthy
                                                                                    else notes)))
 
-    def _notes(self, a: int, b: int) -> list[str]:
-        """What is wrong on the path between a and b now (empty on a healthy path)."""
+    def _notes(self, a: int, b: int, pcie_p2p: bool | None = None) -> list[str]:
+        """What is wrong on the path between a and b now (empty on a healthy path). ACS matters where
+        the traffic is PCIe P2P (``pcie_p2p``; None: where NCCL's default path is)."""
+        if pcie_p2p is None:
+            pcie_p2p = self.nccl_p2p_over_pcie(a, b)
         ia, ib = self.t.gpus.index(a), self.t.gpus.index(b)
         notes: list[str] = []
         want, have = self.expected_links(a, b), self.links_now(a, b)
@@ -144,7 +147,7 @@ class View:
         if self.t.p2p_read[ia][ib] != "OK" or self.t.p2p_write[ia][ib] != "OK":
             notes.append(f"P2P GPU{a}↔GPU{b} is not available (read {self.t.p2p_read[ia][ib]}, write "
                          f"{self.t.p2p_write[ia][ib]})")
-        if not self.links_now(a, b) and self.t.pcie_level[ia][ib] in ("PIX", "PXB"):
+        if pcie_p2p and not self.links_now(a, b):
             for g in (a, b):
                 if self.acs.get(g):
                     notes.append(f"ACS is on above GPU{g} ({', '.join(self.acs[g])}): P2P requests detour "
@@ -152,6 +155,12 @@ class View:
         if self.t.pcie_level[ia][ib] == "SYS":
             notes.append("the path crosses the CPU sockets' interconnect")
         return notes
+
+    def nccl_p2p_over_pcie(self, a: int, b: int) -> bool:
+        """Whether NCCL's default path between a and b is PCIe P2P (no NVLink, within its P2P level)."""
+        ia, ib = self.t.gpus.index(a), self.t.gpus.index(b)
+        level = expect.LEVEL_RANK.get(self.t.pcie_level[ia][ib], 4)
+        return not self.links_now(a, b) and level <= expect.p2p_level(self.nccl_env, self.cpu_vendor, len(self.t.gpus))
 
     def during_run(self, gpus: list[int]) -> list[str]:
         """What the run itself ran into on these GPUs: clock slowdowns, other processes."""
@@ -314,7 +323,7 @@ def _judge_p2p(result: dict[str, Any], view: View, out: dict[str, Any]) -> None:
                 want, text = want * expect.HOST_BOUNCE, text + " through host memory (no peer access)"
         got = pair["bandwidth_bytes_per_second"]
         both = pair.get("bidirectional_bytes_per_second")
-        notes = view._notes(a, b)
+        notes = view._notes(a, b, pcie_p2p=bool(pair.get("peer_access", True)))
         row = {"src": a, "dst": b, "link": text, "expected_bytes_per_second": want, "measured_bytes_per_second": got,
                "ratio": got / want, "expected_bidirectional_bytes_per_second": 2 * want,
                "measured_bidirectional_bytes_per_second": both,

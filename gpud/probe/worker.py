@@ -530,7 +530,8 @@ class Ctx:
         """NVML's form of a CUDA device's UUID (``GPU-…``): how the runner maps a rank to an NVML GPU."""
         if self.device.type != "cuda":
             return None
-        return f"GPU-{torch.cuda.get_device_properties(index).uuid}"
+        uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+        return f"GPU-{uuid}" if uuid is not None else None  # none: the diagnosis maps by index
 
     def barrier(self) -> None:
         if self.world > 1:
@@ -570,7 +571,8 @@ def run(spec: dict[str, Any], rank: int, world: int, local_rank: int) -> dict[st
     results["ranks"] = ranks
     if ctx.device.type == "cuda" and rank == 0:
         results["gpu_name"] = torch.cuda.get_device_name(ctx.device)
-        results["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        version = torch.cuda.nccl.version()  # a tuple; an int (2708 = 2.7.8) in older torch
+        results["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
     for task in spec["tasks"]:
         t0 = time.perf_counter()
         res = TASKS[task](ctx)
