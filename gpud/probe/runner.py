@@ -461,17 +461,22 @@ def _run(plan: Plan, machine: Machine | None, host: str, thresholds: dict[int, f
     gpu_machine = machine if device == "cuda" else None
     used: list[int] = []
     busy: list[str] = []
+    affinity: list[list[int]] = []
+    unseen = None
     if gpu_machine is not None:
-        used = visible_gpus(list(gpu_machine.snapshot().gpus))[:plan.gpus]
-        busy = busy_gpus(gpu_machine, used)
-        if busy and not allow_busy:
-            raise ProbeBusy("GPUs in use, the probe's figures would be wrong: " + "; ".join(busy))
+        try:
+            used = visible_gpus(list(gpu_machine.snapshot().gpus))[:plan.gpus]
+            busy = busy_gpus(gpu_machine, used)
+            affinity = cpu_affinity(gpu_machine, used)
+        except GpudError as err:  # no NVML: the probe still runs, unjudged
+            gpu_machine, unseen = None, f"NVML unavailable ({err}): busy GPUs not checked, links not judged"
+    if busy and not allow_busy:
+        raise ProbeBusy("GPUs in use, the probe's figures would be wrong: " + "; ".join(busy))
     cores = os.cpu_count() or 1
     started = time.time()
     results = []
     workdir = Path(tempfile.mkdtemp(prefix="gpud-probe-"))
     monitor = LoadMonitor(gpu_machine)
-    affinity = cpu_affinity(gpu_machine, used)
     try:
         with monitor:
             for k, spec in enumerate(plan.launches):
@@ -495,6 +500,8 @@ def _run(plan: Plan, machine: Machine | None, host: str, thresholds: dict[int, f
     res = assemble(plan, results)
     res |= {"version": 2, "host": host, "started_at": started, "finished_at": time.time(), "gpus": plan.gpus,
             "busy_at_start": busy, "cpu_affinity": affinity}
+    if unseen:
+        res["nvml"] = unseen
     if device == "cpu":
         res["note"] = CPU_NOTE
     view = machine_view(gpu_machine, monitor.seen, res["nccl"]["env"]) if gpu_machine is not None else None
