@@ -208,3 +208,35 @@ def test_the_daemons_probe_logs_its_result_and_leaves_no_zombie(tmp_path: Path, 
         assert not stat.exists() or stat.read_text().split(") ")[1][0] != "Z"
     finally:
         d.stop()
+
+
+def test_gpu_ranks_write_nccls_transports_to_a_file_each(tmp_path: Path) -> None:
+    spec = {"device": "cuda", "tasks": ["allreduce"]}
+    env = runner.rank_env(spec, 2, 1, 29500, tmp_path, 2, environ={"PATH": "/bin", "RANK": "7"})
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["MASTER_PORT"]) == ("1", "1", "2", "29500")
+    assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_SUBSYS"] == "INIT"
+    assert env["NCCL_DEBUG_FILE"] == str(tmp_path / "nccl-ws2-rank1.log")
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    mine = runner.rank_env(spec, 2, 0, 1, tmp_path, 2, environ={"NCCL_DEBUG": "WARN", "CUDA_VISIBLE_DEVICES": "2,3"})
+    assert mine["NCCL_DEBUG"] == "WARN" and "NCCL_DEBUG_SUBSYS" not in mine and mine["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert "NCCL_DEBUG" not in runner.rank_env({"device": "cpu"}, 2, 0, 1, tmp_path, None, environ={})
+
+
+@needs_torch
+def test_a_gpu_group_has_a_backend_per_device_type(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checked without a GPU: the process group a GPU rank creates, recorded instead of created."""
+    import torch
+    import torch.distributed as dist
+
+    from gpud.probe import worker
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 6))
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: calls.append((backend, kw)))
+    ctx = worker.init({"device": "cuda", "collective_timeout": 30, "quick": True}, 1, 2, 1)
+    [(backend, kw)] = calls
+    assert backend == "cpu:gloo,cuda:nccl" and kw["device_id"] == torch.device("cuda:1") == ctx.device
+    assert kw["timeout"].total_seconds() == 30 and (kw["rank"], kw["world_size"]) == (1, 2)
+    assert ctx.dtype_name == "bf16"

@@ -141,6 +141,26 @@ def nccl_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 # -- one launch -------------------------------------------------------------------------------
 
+def rank_env(spec: dict[str, Any], world: int, rank: int, port: int, workdir: Path, gpus: int | None,
+             environ: dict[str, str] | None = None) -> dict[str, str]:
+    """One rank's environment: the rendezvous, PCI bus order, and on GPUs NCCL's INFO output in a
+    file per rank (the transports are read back from it; the user's NCCL_DEBUG settings win)."""
+    env = dict(os.environ if environ is None else environ)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE"):
+        env.pop(k, None)
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world), "RANK": str(rank),
+            "LOCAL_RANK": str(rank), "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            "OMP_NUM_THREADS": str(spec.get("threads_per_rank", 1)), "PYTHONWARNINGS": "ignore"}
+    if spec["device"] == "cuda":
+        if gpus is not None and "CUDA_VISIBLE_DEVICES" not in env:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(gpus)))
+        if "NCCL_DEBUG" not in env:
+            env |= {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT"}
+        if "NCCL_DEBUG_FILE" not in env:
+            env["NCCL_DEBUG_FILE"] = str(workdir / f"nccl-ws{world}-rank{rank}.log")
+    return env
+
+
 def launch(spec: dict[str, Any], world: int, timeout: float, workdir: Path, gpus: int | None = None,
            affinity: list[list[int]] | None = None, pids: set[int] | None = None) -> dict[str, Any]:
     """Start one process per rank (loopback rendezvous), wait with a timeout, return rank 0's JSON.
@@ -153,22 +173,11 @@ def launch(spec: dict[str, Any], world: int, timeout: float, workdir: Path, gpus
     spec_file = out.with_suffix(".spec.json")
     procs: list[subprocess.Popen[bytes]] = []
     logs = []
-    base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                            "MASTER_PORT", "LOCAL_WORLD_SIZE")}
-    base |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(world),
-             "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "OMP_NUM_THREADS": str(spec.get("threads_per_rank", 1)),
-             "PYTHONWARNINGS": "ignore"}
-    if spec["device"] == "cuda":
-        if gpus is not None and "CUDA_VISIBLE_DEVICES" not in os.environ:
-            base["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(gpus)))
-        if "NCCL_DEBUG" not in os.environ:  # the transports, read back below; the user's setting wins
-            base |= {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT"}
+    port = _free_port()
     for rank in range(world):
         log = open(workdir / f"ws{world}-rank{rank}.log", "wb")
         logs.append(log)
-        env = base | {"RANK": str(rank), "LOCAL_RANK": str(rank)}
-        if spec["device"] == "cuda" and "NCCL_DEBUG_FILE" not in os.environ:
-            env["NCCL_DEBUG_FILE"] = str(workdir / f"nccl-ws{world}-rank{rank}.log")
+        env = rank_env(spec, world, rank, port, workdir, gpus)
         rank_spec = spec | ({"cpus": affinity[rank]} if affinity and rank < len(affinity) and affinity[rank] else {})
         rank_file = spec_file.with_suffix(f".{rank}.json")
         rank_file.write_text(json.dumps(rank_spec))
