@@ -57,3 +57,20 @@ def atomic_write(path: Path, data: str) -> None:
             os.close(dfd)
     except OSError:
         pass
+
+
+def probe_lock_path() -> Path:
+    """The training probe's machine-wide lock (one probe at a time, CLI and daemon alike):
+    ``GPUD_PROBE_LOCK``; else under ``GPUD_STATE_DIR`` when that is set; else /run/lock (or /tmp)."""
+    env = os.environ.get("GPUD_PROBE_LOCK")
+    if env:
+        return Path(env)
+    if os.environ.get("GPUD_STATE_DIR"):
+        return state_dir() / "probe.lock"
+    base = Path("/run/lock")
+    return (base if base.is_dir() and os.access(base, os.W_OK) else Path("/tmp")) / "gpud-probe.lock"
+
+
+def probe_output_path() -> Path:
+    """Where the daemon keeps the stderr of the probe it started last (its failure is logged from it)."""
+    return state_dir() / "probe-daemon.err"

@@ -2,7 +2,9 @@
 # Read-only smoke run of gpud on a real NVIDIA machine (one GPU is enough).
 #   scripts/gpu-smoke.sh OUTDIR
 # It installs gpud (and the probe's torch if missing) into a throw-away venv, then runs doctor,
-# status, topo, metrics, a one-GPU probe and an apply --dry-run, saving each output in OUTDIR.
+# status, topo, metrics, a one-GPU probe, a two-GPU probe (DDP, all-reduce over NCCL, a 2-stage
+# pipeline, P2P both ways) where the machine has two GPUs, and an apply --dry-run, saving each
+# output in OUTDIR.
 # It changes NO GPU setting: no apply, no restore, no daemon; clocks, power, fans, persistence
 # and compute mode stay exactly as they are.
 set -uo pipefail
@@ -38,4 +40,11 @@ command -v promtool >/dev/null && promtool check metrics <"$out/metrics.txt" >"$
 run apply-dry-run.txt "$gpud" apply training --dry-run
 run probe.json "$gpud" probe --gpus 1 --quick --json
 run probe.txt "$gpud" probe --gpus 1 --quick
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+if [ "${gpus:-0}" -ge 2 ]; then
+  run probe-2gpu.json "$gpud" probe --gpus 2 --world-sizes 2 --quick --json
+  run probe-2gpu.txt "$gpud" probe --gpus 2 --world-sizes 2 --quick
+else
+  log "probe-2gpu: skipped ($gpus GPU)"
+fi
 log "done: $(ls "$out" | wc -l) files in $out"

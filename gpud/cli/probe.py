@@ -38,42 +38,59 @@ def _progress(json: bool) -> Any:
 
 def render(r: dict[str, Any]) -> None:
     out = sys.stdout
+    cpu = r.get("device") != "cuda"
     dev = r.get("gpu_name") or "CPU"
-    out.write(f"gpud probe — {r.get('host') or 'this machine'} ({dev}, torch {r.get('torch')})"
+    out.write(f"gpud probe — {r.get('host') or 'this machine'} ({dev}, torch {r.get('torch')}, {r.get('dtype')}"
+              + (f", NCCL {r['nccl']['version']}" if (r.get("nccl") or {}).get("version") else "") + ")"
               + (" — quick" if r.get("quick") else "") + "\n")
     if r.get("note"):
         out.write(f"  {r['note']}\n")
+    env = (r.get("nccl") or {}).get("env") or {}
+    if env:
+        out.write("  NCCL settings: " + ", ".join(f"{k}={v}" for k, v in env.items()) + "\n")
+    for line in r.get("busy_at_start") or []:
+        out.write(f"  busy at start: {line}\n")
     ddp = r["ddp"]["by_world_size"]
+    verdicts = r["diagnosis"]["verdicts"]
     if ddp:
         any_r = next(iter(ddp.values()))
         m = any_r["model"]
-        verdicts = r["diagnosis"]["verdicts"]
-        table(["world size", "samples/s", "speedup", "efficiency", "verdict"],
-              [[n, f"{x['samples_per_second']:.1f}", f"{x.get('speedup', 0):.2f}×", f"{x.get('efficiency', 0):.0%}",
-                verdicts.get(n, "")] for n, x in sorted(ddp.items(), key=lambda kv: int(kv[0]))],
-              title=f"\nDDP scaling (transformer: {m['layers']} blocks × {m['dim']}, sequence {m['seq']}, "
-                    f"batch {any_r['batch_per_rank']} per rank, {any_r['steps']} timed steps)")
+        title = (f"\nDDP (transformer: {m['layers']} blocks × {m['dim']}, sequence {m['seq']}, batch "
+                 f"{any_r['batch_per_rank']} per rank, {len(any_r.get('windows_seconds', [])) or 1} windows of "
+                 f"{any_r['steps']} steps; median ± spread)")
+        rows = []
+        for n, x in sorted(ddp.items(), key=lambda kv: int(kv[0])):
+            row = [n, f"{x['samples_per_second']:.1f}", f"±{x.get('spread', 0):.0%}"]
+            if not cpu:  # a CPU run checks function: its ratios are not a result
+                row += [f"{x['speedup']:.2f}×" if "speedup" in x else "", f"{x['efficiency']:.0%}"
+                        if "efficiency" in x else "", verdicts.get(n, "")]
+            rows.append(row)
+        table(["world size", "samples/s", "spread"] + ([] if cpu else ["speedup", "efficiency", "verdict"]), rows,
+              title=title)
     ar = r["allreduce"]["by_world_size"]
     if ar:
         rows = []
         for n, x in sorted(ar.items(), key=lambda kv: int(kv[0])):
             for s in x["sizes"]:
                 rows.append([n, f"{s['bytes'] / 2**20:.2f} MiB", f"{s['algbw_bytes_per_second'] / GB:.2f}",
-                             f"{s['busbw_bytes_per_second'] / GB:.2f}"])
-        table(["ranks", "size", "algbw GB/s", "busbw GB/s"], rows,
+                             f"{s['busbw_bytes_per_second'] / GB:.2f}", f"±{s.get('spread', 0):.0%}"])
+        table(["ranks", "size", "algbw GB/s", "busbw GB/s", "spread"], rows,
               title="\nAll-reduce (algbw = S/t, busbw = algbw·2(n−1)/n)")
     for k, p in sorted(r["pipeline"]["by_stages"].items()):
-        out.write(f"\nPipeline, {k} stages, {p['micro_batches']} micro-batches: unsplit "
-                  f"{p['single_samples_per_second']:.1f} samples/s; naive split {p['naive_samples_per_second']:.1f} "
-                  f"({p['naive_speedup']:.2f}×); GPipe "
-                  f"{p['pipeline_samples_per_second']:.1f} ({p['speedup']:.2f}×); activations "
-                  f"{p['activation_bytes_per_second'] / 1e6:.1f} MB/s between stages; output vs unsplit: max "
-                  f"difference {p['output_max_abs_diff']:.2g}\n")
+        out.write(f"\nPipeline, {k} stages of {'/'.join(map(str, p.get('stage_layers', [])))} blocks, "
+                  f"{p['micro_batches']} micro-batches: GPipe {p['pipeline_samples_per_second']:.1f} samples/s")
+        if not cpu and "speedup" in p:
+            out.write(f" ({p['speedup']:.2f}× one GPU, naive split {p['naive_speedup']:.2f}×)")
+        out.write(f"; activations {p['activation_bytes_per_second'] / GB:.2f} GB/s between stages (measured); "
+                  f"output vs unsplit: max difference {p['output_max_abs_diff']:.2g}\n")
     pairs = r["p2p"].get("pairs", [])
     if pairs:
-        table(["pair", "bandwidth GB/s", "latency µs"],
+        lat_key = "copy_latency_seconds" if "copy_latency_seconds" in pairs[0] else "one_way_latency_seconds"
+        table(["pair", "one way GB/s", "both ways GB/s", "latency µs"],
               [[f"{p['src']}→{p['dst']}", f"{p['bandwidth_bytes_per_second'] / GB:.2f}",
-                f"{p['latency_seconds'] * 1e6:.1f}"] for p in pairs], title=f"\nP2P ({r['p2p'].get('how', '')})")
+                f"{p.get('bidirectional_bytes_per_second', 0) / GB:.2f}", f"{p.get(lat_key, 0) * 1e6:.1f}"]
+               for p in pairs],
+              title=f"\nP2P ({r['p2p'].get('how', '')}; latency: {r['p2p'].get('latency', '')})")
     names = {"params_identical_across_ranks": "parameters identical on every rank",
              "ddp_matches_one_process": "DDP step = one-process step on the global batch",
              "pipeline_matches_unsplit": "pipeline output = unsplit model output"}
@@ -96,6 +113,8 @@ def probe(
     world_sizes: Annotated[str | None, typer.Option("--world-sizes", help="e.g. 1,2,4 (default: 1, 2, 4 … up "
                                                                              "to the GPU count)")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Fewer steps and sizes (about a minute on 4 GPUs).")] = False,
+    allow_busy: Annotated[bool, typer.Option("--allow-busy", help="Run on GPUs other processes use (the report "
+                                                                 "names them).")] = False,
     simulate: Simulate = None,
     config: Annotated[str | None, typer.Option("--config", metavar="PATH", help="gpud.toml")] = None,
 ) -> None:
@@ -134,7 +153,8 @@ def probe(
             raise InvalidInput("--device", "cuda", "torch sees no GPU here (a CPU build, or no driver)")
         n = min(have, gpus) if gpus and dev == "cuda" else have
         res = runner.run_probe(device=dev, gpus=n, world_sizes=sizes, suites=suites, quick=quick, machine=m,
-                               host=m.label, thresholds=conf.efficiency_thresholds(), progress=_progress(json))
+                               host=m.label, thresholds=conf.efficiency_thresholds(), progress=_progress(json),
+                               allow_busy=allow_busy)
     if json:
         emit_json(res)
     else:

@@ -27,6 +27,7 @@ from gpud.errors import GpudError, InvalidInput
 from gpud.exporter import Observation, Renderer, TickStats
 from gpud.hw.machine import Machine
 from gpud.model import CheckResult, Snapshot, XidEvent, to_jsonable
+from gpud.paths import probe_output_path
 from gpud.probe import history
 from gpud.tuning import engine
 from gpud.tuning import state as tuning_state
@@ -78,6 +79,7 @@ class Daemon:
         self.checks_at = 0.0
         self.doctor_thread: threading.Thread | None = None
         self.probe_proc: subprocess.Popen[bytes] | None = None
+        self.probe_why = ""
         self.idle_since: float | None = None
         self.last_probe_start = 0.0
         self.observation = Observation(snapshot=None)
@@ -154,6 +156,11 @@ class Daemon:
             pass
         if self.probe_proc is not None and self.probe_proc.poll() is None:
             self.probe_proc.terminate()
+            try:
+                self.probe_proc.wait(timeout=10)  # reaped: no zombie
+            except subprocess.TimeoutExpired:
+                self.probe_proc.kill()
+                self.probe_proc.wait()
         log.info("stopped")
         return 0
 
@@ -260,6 +267,7 @@ class Daemon:
             self.checks_at = now
             self.doctor_thread = threading.Thread(target=self._doctor, args=(snap,), name="gpud-doctor", daemon=True)
             self.doctor_thread.start()
+        self._reap_probe()
         busy = any(s.processes or (s.utilization_gpu_percent or 0) > 5 for s in snap.samples if not s.lost)
         self.idle_since = None if busy else (self.idle_since or now)
         hours = d["probe_interval_hours"]
@@ -283,11 +291,35 @@ class Daemon:
         args = [sys.executable, "-m", "gpud", "probe", "--quick", "--json"]
         if self.config.daemon["probe_world_sizes"]:
             args += ["--world-sizes", ",".join(map(str, self.config.daemon["probe_world_sizes"]))]
+        if self.machine.simulation is not None:  # the daemon's machine, simulated too
+            args += ["--simulate", self.machine.simulation.description.source]
         self.last_probe_start = time.time()
-        self.probe_proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                           start_new_session=True)
+        out = probe_output_path()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open(out, "wb") as f:  # the child keeps its own descriptor
+            self.probe_proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=f, start_new_session=True)
+        self.probe_why = why
         log.info("probe started (%s), pid %d", why, self.probe_proc.pid)
         return {"ok": True, "message": f"probe started, pid {self.probe_proc.pid}"}
+
+    def _reap_probe(self) -> None:
+        """Log a finished probe's result or failure, and reap it (no zombie)."""
+        proc = self.probe_proc
+        if proc is None or proc.poll() is None:
+            return
+        self.probe_proc = None
+        why = self.probe_why
+        if proc.returncode in (0, 1):
+            latest = history.latest() or {}
+            said = [s for s in (latest.get("diagnosis") or {}).get("sentences", []) if not s.startswith("CPU run")]
+            log.info("probe finished (%s): %s%s", why, "OK" if proc.returncode == 0 else "FAILED",
+                     f": {said[0]}" if said else "")
+            return
+        try:
+            lines = [ln for ln in probe_output_path().read_text(errors="replace").splitlines() if ln.strip()]
+        except OSError:
+            lines = []
+        log.error("probe failed (%s): exit %d%s", why, proc.returncode, f": {lines[-1]}" if lines else "")
 
     # -- profiles -----------------------------------------------------------------------
     def _load_profile_at_start(self) -> None:

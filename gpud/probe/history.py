@@ -1,7 +1,8 @@
 """Probe results, appended as JSON lines to ``$GPUD_STATE_DIR/probe-history.jsonl``.
 
-Readable without torch: the daemon and the exporter use it. A figure at least 10 % below the
-machine's best recent one is a regression.
+Readable without torch: the daemon and the exporter use it. A figure below the machine's best
+recent one on the same workload by more than 10 % — or by more than three times the spread of its
+timed windows, when that is larger — is a regression.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from gpud.paths import state_dir
 KEEP = 500  # results kept in the file
 RECENT = 20  # results the regression check compares against
 REGRESSION = 0.10
+SPREAD_FACTOR = 3.0  # a drop must exceed this many times the figure's measured spread
 
 
 def path() -> Path:
@@ -50,28 +52,42 @@ def append(result: dict[str, Any]) -> None:
     os.replace(tmp, p)
 
 
-def figures(result: dict[str, Any]) -> dict[str, float]:
-    """The comparable figures of one run (higher is better)."""
-    out: dict[str, float] = {}
+def workload(result: dict[str, Any], model: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything that changes what the probe runs: a full run is never compared with a quick one."""
+    return {"device": result.get("device"), "quick": bool(result.get("quick")),
+            "suites": sorted(result.get("suites") or []), "dtype": result.get("dtype"), "model": model,
+            "gpu_name": result.get("gpu_name"), "gpus": result.get("gpus")}
+
+
+def figures(result: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """The comparable figures of one run (higher is better), each with its spread (0 when unknown)."""
+    out: dict[str, tuple[float, float]] = {}
     for ws, r in (result.get("ddp") or {}).get("by_world_size", {}).items():
-        out[f"ddp samples/s at world size {ws}"] = r["samples_per_second"]
+        out[f"ddp samples/s at world size {ws}"] = (r["samples_per_second"], r.get("spread", 0.0))
     for ws, r in (result.get("allreduce") or {}).get("by_world_size", {}).items():
-        out[f"all-reduce busbw at world size {ws}"] = r["peak_busbw_bytes_per_second"]
+        out[f"all-reduce busbw at world size {ws}"] = (r["peak_busbw_bytes_per_second"], r.get("peak_spread", 0.0))
     for pair in (result.get("p2p") or {}).get("pairs", []):
-        out[f"P2P GPU{pair['src']}→GPU{pair['dst']}"] = pair["bandwidth_bytes_per_second"]
+        out[f"P2P GPU{pair['src']}→GPU{pair['dst']}"] = (pair["bandwidth_bytes_per_second"], pair.get("spread", 0.0))
     return out
 
 
+def _key(result: dict[str, Any]) -> Any:
+    return result.get("workload") or workload(result)
+
+
 def regressions(result: dict[str, Any], previous: list[dict[str, Any]]) -> list[str]:
-    """Figures ≥ 10 % below the best of the recent comparable runs (same device and host)."""
-    same = [r for r in previous[-RECENT:] if r.get("device") == result.get("device")
-            and r.get("host") == result.get("host")]
+    """Figures below the best of the recent comparable runs (same host and workload) by more than
+    REGRESSION, or SPREAD_FACTOR × the figure's own spread where that is larger."""
+    key = _key(result)
+    same = [r for r in previous[-RECENT:] if r.get("host") == result.get("host") and _key(r) == key]
     best: dict[str, float] = {}
     for r in same:
-        for k, v in figures(r).items():
+        for k, (v, _) in figures(r).items():
             best[k] = max(best.get(k, 0.0), v)
     out = []
-    for k, v in figures(result).items():
-        if k in best and best[k] > 0 and v < (1 - REGRESSION) * best[k]:
-            out.append(f"{k}: {v:.4g}, {100 * (1 - v / best[k]):.0f} % below the recent best {best[k]:.4g}")
+    for k, (v, spread) in figures(result).items():
+        limit = max(REGRESSION, SPREAD_FACTOR * spread)
+        if k in best and best[k] > 0 and v < (1 - limit) * best[k]:
+            out.append(f"{k}: {v:.4g}, {100 * (1 - v / best[k]):.0f} % below the recent best {best[k]:.4g} "
+                       f"(threshold {100 * limit:.0f} %)")
     return out

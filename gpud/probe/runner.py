@@ -1,11 +1,17 @@
 """Run the training probe: plan the launches, run each in child processes with a timeout,
 check correctness, explain the figures, keep the history. torch is never imported here.
+
+One probe at a time per machine (a lock shared by the CLI and the daemon); busy GPUs are refused
+before anything starts; every launch runs with NCCL's debug output in a file, read back for the
+transport each channel used.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -14,23 +20,34 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpud.errors import GpudError
 from gpud.hw.machine import Machine
+from gpud.model import ACS_BITS, GpuInfo
+from gpud.paths import probe_lock_path
 from gpud.probe import history
-from gpud.probe.diagnose import DEFAULT_THRESHOLDS, explain
+from gpud.probe.diagnose import DEFAULT_THRESHOLDS, Seen, View, explain
+from gpud.probe.expect import cpu_vendor
 
 SUITES = ("ddp", "pipeline", "allreduce", "p2p")
 PARAM_TOLERANCE = {"cpu": 1e-4, "cuda": 1e-3}
-CPU_NOTE = "CPU run: these figures check function, not hardware."
+CPU_NOTE = "CPU run: a functional check of DDP, the pipeline, all-reduce and P2P — not a measure of hardware."
+ACS_P2P_BITS = 0x01 | 0x04 | 0x08  # SrcValid, ReqRedir, CmpltRedir (as gpud doctor's pcie.acs)
+TEARDOWN_GRACE = 10.0  # seconds the ranks get to exit once the result is written
+BUSY_UTILIZATION = 5  # percent: a GPU above it (or with processes) is busy
 
 
 class ProbeError(GpudError):
     remedy = "run `gpud probe --debug` for the workers' output; check `gpud doctor`"
+
+
+class ProbeBusy(ProbeError):
+    remedy = "wait for the other probe or job to finish (`gpud status`, `nvidia-smi`), or pass --allow-busy"
 
 
 @dataclass
@@ -40,6 +57,7 @@ class Plan:
     suites: list[str]
     quick: bool
     gpus: int
+    stages: list[int] = field(default_factory=list)  # pipeline stage counts
     launches: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -50,6 +68,8 @@ def torch_available() -> bool:
 
 
 def make_plan(device: str, gpus: int, world_sizes: list[int] | None, suites: list[str], quick: bool) -> Plan:
+    """A baseline launch of one process (one-GPU DDP, the pipeline's unsplit and naive-split baselines,
+    device-to-device copies between every GPU pair), then one launch per world size of two or more."""
     if device == "cuda":
         most = max(1, gpus)
         sizes = world_sizes or sorted({1, *[2 ** k for k in range(1, 8) if 2 ** k <= most], most})
@@ -60,19 +80,26 @@ def make_plan(device: str, gpus: int, world_sizes: list[int] | None, suites: lis
             raise GpudError(f"world size {n} is not possible with {gpus} GPU(s)" if device == "cuda"
                             else f"world size {n} must be at least 1")
     plan = Plan(device, sorted(set(sizes)), suites, quick, gpus)
-    biggest = max(plan.world_sizes)
-    for n in plan.world_sizes:
-        tasks = []
-        if "ddp" in suites:
-            tasks.append("ddp")
-        if n >= 2 and "allreduce" in suites:
-            tasks.append("allreduce")
-        if "pipeline" in suites and n >= 2 and (n == 2 or (n == biggest and not quick)):
+    multi = [n for n in plan.world_sizes if n >= 2]
+    if "pipeline" in suites and multi:
+        plan.stages = [multi[0]] if quick else sorted({multi[0], multi[-1]})
+    base = []
+    if "ddp" in suites:
+        base.append("ddp")
+    if plan.stages:
+        base.append("pipeline_baseline")
+    if "p2p" in suites and device == "cuda" and gpus >= 2:
+        base.append("p2p")
+    if base:
+        plan.launches.append({"world_size": 1, "tasks": base})
+    cpu_p2p = "p2p" in suites and device == "cpu"
+    for n in multi:
+        tasks: list[str] = [t for t in ("ddp", "allreduce") if t in suites]
+        if n in plan.stages:
             tasks.append("pipeline")
-        if "p2p" in suites and ((device == "cuda" and n == 1) or (device == "cpu" and n == 2)):
+        if cpu_p2p:
             tasks.append("p2p")
-        if device == "cuda" and "p2p" in suites and 1 not in plan.world_sizes and n == plan.world_sizes[0]:
-            tasks.append("p2p")
+            cpu_p2p = False
         if tasks:
             plan.launches.append({"world_size": n, "tasks": tasks})
     return plan
@@ -84,46 +111,106 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def launch(spec: dict[str, Any], world: int, timeout: float, workdir: Path, gpus: int | None = None) -> dict[str, Any]:
-    """Start one process per rank (loopback rendezvous), wait with a timeout, return rank 0's JSON."""
+# -- NCCL -------------------------------------------------------------------------------------
+
+TRANSPORT_LINE = re.compile(r"Channel (\d+)(?:/(\d+))? : (\d+)\[[0-9a-fA-Fx]+\] -> (\d+)\[[0-9a-fA-Fx]+\]"
+                            r"(?: \[(send|receive)\])? via (\S+)")
+
+
+def parse_nccl_transports(text: str) -> list[dict[str, Any]]:
+    """The transport of each channel from NCCL's INFO lines, e.g.
+    ``NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC`` (p2p.cc), ``… via SHM/direct/direct`` (shm.cc),
+    ``… [send] via NET/Socket/0`` (net.cc), ``… via P2P/CUMEM/read``."""
+    rows, seen = [], set()
+    for m in TRANSPORT_LINE.finditer(text):
+        channel, _, src, dst, direction, via = m.groups()
+        key = (int(channel), int(src), int(dst), via)
+        if key in seen:
+            continue
+        seen.add(key)
+        rows.append({"channel": int(channel), "src_rank": int(src), "dst_rank": int(dst), "transport": via,
+                     **({"direction": direction} if direction else {})})
+    return rows
+
+
+def nccl_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Every NCCL_* variable of the environment the ranks inherit."""
+    env = os.environ if environ is None else environ
+    return {k: v for k, v in sorted(env.items()) if k.startswith("NCCL_")}
+
+
+# -- one launch -------------------------------------------------------------------------------
+
+def rank_env(spec: dict[str, Any], world: int, rank: int, port: int, workdir: Path, gpus: int | None,
+             environ: dict[str, str] | None = None) -> dict[str, str]:
+    """One rank's environment: the rendezvous, PCI bus order, and on GPUs NCCL's INFO output in a
+    file per rank (the transports are read back from it; the user's NCCL_DEBUG settings win)."""
+    env = dict(os.environ if environ is None else environ)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE"):
+        env.pop(k, None)
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world), "RANK": str(rank),
+            "LOCAL_RANK": str(rank), "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            "OMP_NUM_THREADS": str(spec.get("threads_per_rank", 1)), "PYTHONWARNINGS": "ignore"}
+    if spec["device"] == "cuda":
+        if gpus is not None and "CUDA_VISIBLE_DEVICES" not in env:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(gpus)))
+        if "NCCL_DEBUG" not in env:
+            env |= {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT"}
+        if "NCCL_DEBUG_FILE" not in env:
+            env["NCCL_DEBUG_FILE"] = str(workdir / f"nccl-ws{world}-rank{rank}.log")
+    return env
+
+
+def launch(spec: dict[str, Any], world: int, timeout: float, workdir: Path, gpus: int | None = None,
+           affinity: list[list[int]] | None = None, pids: set[int] | None = None) -> dict[str, Any]:
+    """Start one process per rank (loopback rendezvous), wait with a timeout, return rank 0's JSON.
+
+    The collectives' own timeout is half the launch's, so a hang ends in a rank's error naming the
+    collective, not in the launch's kill. Once rank 0 has written its result, a tear-down that hangs
+    is killed after a grace period and does not fail the probe."""
     out = workdir / f"ws{world}-{'-'.join(spec['tasks'])}.json"
-    spec = {**spec, "out": str(out), "timeout": timeout}
+    spec = {**spec, "out": str(out), "timeout": timeout, "collective_timeout": max(5.0, timeout / 2)}
     spec_file = out.with_suffix(".spec.json")
-    spec_file.write_text(json.dumps(spec))
-    port = _free_port()
     procs: list[subprocess.Popen[bytes]] = []
     logs = []
-    base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                            "MASTER_PORT", "LOCAL_WORLD_SIZE")}
-    base |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world),
-             "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "OMP_NUM_THREADS": str(spec.get("threads_per_rank", 1)),
-             "PYTHONWARNINGS": "ignore"}
-    if spec["device"] == "cuda" and gpus is not None and "CUDA_VISIBLE_DEVICES" not in os.environ:
-        base["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(gpus)))
+    port = _free_port()
     for rank in range(world):
         log = open(workdir / f"ws{world}-rank{rank}.log", "wb")
         logs.append(log)
-        env = base | {"RANK": str(rank), "LOCAL_RANK": str(rank)}
-        procs.append(subprocess.Popen([sys.executable, "-m", "gpud.probe.worker", str(spec_file)], env=env,
+        env = rank_env(spec, world, rank, port, workdir, gpus)
+        rank_spec = spec | ({"cpus": affinity[rank]} if affinity and rank < len(affinity) and affinity[rank] else {})
+        rank_file = spec_file.with_suffix(f".{rank}.json")
+        rank_file.write_text(json.dumps(rank_spec))
+        procs.append(subprocess.Popen([sys.executable, "-m", "gpud.probe.worker", str(rank_file)], env=env,
                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        if pids is not None:
+            pids.add(procs[-1].pid)
     deadline = time.monotonic() + timeout
     failed = None
     culprit = 0
+    written_at: float | None = None
+    lingering: list[int] = []
     try:
         while any(p.poll() is None for p in procs):
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if written_at is None and out.is_file():
+                written_at = now
+            if written_at is not None and now - written_at > TEARDOWN_GRACE:
+                lingering = [k for k, p in enumerate(procs) if p.poll() is None]
+                break
+            if now > deadline:
                 failed = f"timed out after {timeout:.0f} s"
                 break
             bad = [p for p in procs if p.poll() not in (None, 0)]
-            if bad:
+            if bad and written_at is None:
                 time.sleep(0.2)  # let the other ranks notice, so the first failure is the one reported
                 bad = sorted((p for p in procs if p.poll() not in (None, 0)), key=lambda p: -p.returncode)
                 culprit = procs.index(bad[0])
                 failed = f"rank {culprit} exited with {bad[0].returncode}"
                 break
             time.sleep(0.05)
-        if failed is None:
-            bad = [p for p in procs if p.returncode != 0]
+        if failed is None and written_at is None and not out.is_file():
+            bad = [p for p in procs if p.returncode not in (None, 0)]
             if bad:
                 culprit = procs.index(bad[0])
                 failed = f"rank {culprit} exited with {bad[0].returncode}"
@@ -134,7 +221,7 @@ def launch(spec: dict[str, Any], world: int, timeout: float, workdir: Path, gpus
                     os.killpg(p.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-                p.wait()
+            p.wait()  # reaped: no zombie
         for log in logs:
             log.close()
     if failed is not None or not out.is_file():
@@ -142,18 +229,122 @@ def launch(spec: dict[str, Any], world: int, timeout: float, workdir: Path, gpus
         raise ProbeError(f"world size {world} ({', '.join(spec['tasks'])}): {failed or 'no result written'}"
                          + (f"\n{tail}" if tail.strip() else ""))
     data: dict[str, Any] = json.loads(out.read_text())
+    if lingering:
+        data["teardown_killed_ranks"] = lingering
+    text = "".join(f.read_text(errors="replace") for f in sorted(workdir.glob(f"nccl-ws{world}-rank*.log")))
+    data["nccl_transports"] = parse_nccl_transports(text)
     return data
 
 
-class LoadMonitor:
-    """Samples NVML while the probe runs: PCIe generation under load (doctor re-checks it)."""
+# -- before and during the run ------------------------------------------------------------------
 
-    def __init__(self, machine: Machine | None) -> None:
+@contextmanager
+def probe_lock() -> Iterator[None]:
+    """One probe at a time on this machine, whoever starts it (CLI, daemon, a job script)."""
+    path = probe_lock_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            raise ProbeBusy(f"another probe is running on this machine (pid {holder}, lock {path})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def visible_gpus(infos: list[GpuInfo], env: dict[str, str] | None = None) -> list[int]:
+    """NVML indices of the GPUs CUDA will number 0, 1, … (CUDA_DEVICE_ORDER=PCI_BUS_ID): all, in bus
+    order, or those CUDA_VISIBLE_DEVICES names (indices or UUID prefixes), in its order. The ranks'
+    reported UUIDs are what the diagnosis maps by; this is the guess made before the launch."""
+    ordered = sorted(infos, key=lambda g: g.pci_bus_id)
+    spec = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
+    if spec is None:
+        return [g.index for g in ordered]
+    out = []
+    for item in (x.strip() for x in spec.split(",")):
+        if not item:
+            break
+        if item.isdigit():
+            if int(item) >= len(ordered):
+                break
+            out.append(ordered[int(item)].index)
+        else:
+            match = [g for g in ordered if g.uuid.startswith(item) or g.uuid.startswith("GPU-" + item)]
+            if len(match) != 1:
+                break  # CUDA stops at the first entry it cannot resolve
+            out.append(match[0].index)
+    return out
+
+
+def busy_gpus(machine: Machine, indices: list[int]) -> list[str]:
+    """GPUs in use by others now: processes or utilisation above BUSY_UTILIZATION %."""
+    out = []
+    for s in machine.snapshot().samples:
+        if s.index not in indices or s.lost:
+            continue
+        procs = [f"pid {p.pid}" + (f" ({p.user}: {p.command})" if p.user or p.command else "")
+                 for p in s.processes or ()]
+        util = s.utilization_gpu_percent or 0
+        if procs or util > BUSY_UTILIZATION:
+            out.append(f"GPU{s.index}: {util} % busy" + (f", {', '.join(procs)}" if procs else ""))
+    return out
+
+
+def cpu_affinity(machine: Machine | None, gpus: list[int]) -> list[list[int]]:
+    """Each rank's CPUs: its GPU's CPU affinity (NVML), where the machine has more than one NUMA node,
+    restricted to the CPUs this process may use. Empty lists where nothing is to be pinned."""
+    if machine is None or not gpus:
+        return []
+    infos = {i: machine.info(i) for i in gpus}
+    nodes = {g.numa_node for g in infos.values() if g is not None}
+    if len(nodes) < 2 and machine.host.cpu_info().numa_nodes < 2:
+        return []
+    allowed = os.sched_getaffinity(0)
+    out = []
+    for i in gpus:
+        g = infos[i]
+        cpus = sorted(set(g.cpu_affinity or ()) & allowed) if g is not None else []
+        out.append(cpus)
+    return out
+
+
+def acs_above(machine: Machine) -> dict[int, list[str]]:
+    """NVML index → PCIe bridges above that GPU with ACS bits set that redirect or block P2P."""
+    by_bus = {g.pci_bus_id.lower(): g.index for g in machine.snapshot().gpus}
+    out: dict[int, list[str]] = {}
+    for dev in machine.host.nvidia_gpus():
+        idx = by_bus.get(dev.address.lower())
+        if idx is None:
+            continue
+        for addr in dev.parents:
+            bridge = machine.host.pci_device(addr)
+            if bridge is not None and bridge.acs_ctrl is not None and bridge.acs_ctrl & ACS_P2P_BITS:
+                flags = ",".join(n for bit, n in ACS_BITS if bridge.acs_ctrl & bit)
+                out.setdefault(idx, []).append(f"{addr} {flags}")
+    return out
+
+
+class LoadMonitor:
+    """Samples NVML while the probe runs: PCIe generation under load, clock events (thermal, power),
+    and processes on the GPUs that are not the probe's ranks."""
+
+    def __init__(self, machine: Machine | None, period: float = 0.5) -> None:
         self.machine = machine
-        self.max_gen: dict[int, int] = {}
+        self.period = period
+        self.seen = Seen()
+        self.ours: set[int] = set()
         self.loaded: set[int] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @property
+    def max_gen(self) -> dict[int, int]:
+        return self.seen.pcie_generation
 
     def __enter__(self) -> LoadMonitor:
         if self.machine is not None:
@@ -161,16 +352,27 @@ class LoadMonitor:
             self._thread.start()
         return self
 
-    def _run(self) -> None:
+    def sample(self) -> None:
         assert self.machine is not None
-        while not self._stop.wait(0.5):
+        for s in self.machine.snapshot().samples:
+            if s.lost:
+                continue
+            if s.clock_events:
+                self.seen.clock_events.setdefault(s.index, set()).update(s.clock_events)
+            others = [f"pid {p.pid}" + (f" ({p.user}: {p.command})" if p.user or p.command else "")
+                      for p in s.processes or () if p.pid not in self.ours]
+            if others:
+                known = self.seen.processes.setdefault(s.index, [])
+                known.extend(o for o in others if o not in known)
+            if (s.utilization_gpu_percent or 0) >= 50 and s.pcie_generation is not None:
+                self.loaded.add(s.index)
+                gens = self.seen.pcie_generation
+                gens[s.index] = max(gens.get(s.index, 0), s.pcie_generation)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
             try:
-                for s in self.machine.snapshot().samples:
-                    if s.lost or s.pcie_generation is None:
-                        continue
-                    if (s.utilization_gpu_percent or 0) >= 50:
-                        self.loaded.add(s.index)
-                        self.max_gen[s.index] = max(self.max_gen.get(s.index, 0), s.pcie_generation)
+                self.sample()
             except GpudError:
                 return
 
@@ -180,23 +382,43 @@ class LoadMonitor:
             self._thread.join(timeout=2)
 
 
+# -- the report ---------------------------------------------------------------------------------
+
 def assemble(plan: Plan, launches: list[dict[str, Any]]) -> dict[str, Any]:
     res: dict[str, Any] = {"device": plan.device, "quick": plan.quick, "world_sizes": plan.world_sizes,
+                           "suites": sorted(plan.suites),
                            "ddp": {"by_world_size": {}}, "allreduce": {"by_world_size": {}},
-                           "pipeline": {"by_stages": {}}, "p2p": {"pairs": []}}
+                           "pipeline": {"by_stages": {}}, "p2p": {"pairs": []}, "ranks": {},
+                           "nccl": {"version": None, "env": nccl_env(), "transports": {}}}
+    baselines: dict[str, Any] = {}
     for lr in launches:
         n = str(lr["world_size"])
         res.setdefault("torch", lr.get("torch"))
+        res.setdefault("dtype", lr.get("dtype"))
         if lr.get("gpu_name"):
             res["gpu_name"] = lr["gpu_name"]
+        if lr.get("nccl"):
+            res["nccl"]["version"] = lr["nccl"]
+        res["ranks"][n] = [r.get("uuid") for r in lr.get("ranks") or []]
+        if lr.get("nccl_transports"):
+            res["nccl"]["transports"][n] = lr["nccl_transports"]
+        if lr.get("teardown_killed_ranks"):
+            res.setdefault("teardown_killed", {})[n] = lr["teardown_killed_ranks"]
         if "ddp" in lr:
             res["ddp"]["by_world_size"][n] = lr["ddp"]
         if "allreduce" in lr and "skipped" not in lr["allreduce"]:
             res["allreduce"]["by_world_size"][n] = lr["allreduce"]
+        if "pipeline_baseline" in lr:
+            baselines |= lr["pipeline_baseline"]["by_stages"]
         if "pipeline" in lr and "skipped" not in lr["pipeline"]:
             res["pipeline"]["by_stages"][n] = lr["pipeline"]
         if "p2p" in lr and lr["p2p"].get("pairs"):
             res["p2p"] = lr["p2p"]
+    for k, p in res["pipeline"]["by_stages"].items():
+        b = baselines.get(k)
+        if b:
+            p |= b | {"speedup": p["pipeline_samples_per_second"] / b["single_samples_per_second"],
+                      "naive_speedup": b["naive_samples_per_second"] / b["single_samples_per_second"]}
     base = res["ddp"]["by_world_size"].get("1")
     for n, r in res["ddp"]["by_world_size"].items():
         if base:
@@ -214,52 +436,88 @@ def assemble(plan: Plan, launches: list[dict[str, Any]]) -> dict[str, Any]:
     if pipes:
         checks["pipeline_matches_unsplit"] = all(p["output_max_abs_diff"] <= tol for p in pipes)
     res["correctness"] = checks
+    model = next((r.get("model") for r in ddp), None)
+    res["workload"] = history.workload(res, model)
     return res
+
+
+def machine_view(machine: Machine, seen: Seen, env: dict[str, str]) -> View | None:
+    try:
+        snap = machine.snapshot()
+        return View(machine.topology(snap), {g.index: g for g in snap.gpus}, {s.index: s for s in snap.samples},
+                    seen, cpu_vendor(machine.host.cpu_info().model), acs_above(machine), env)
+    except GpudError:
+        return None
 
 
 def run_probe(*, device: str, gpus: int, world_sizes: list[int] | None = None, suites: list[str] | None = None,
               quick: bool = False, machine: Machine | None = None, host: str = "",
               thresholds: dict[int, float] | None = None, progress: Callable[[str, int, int], None] | None = None,
-              keep_history: bool = True, timeout: float | None = None) -> dict[str, Any]:
+              keep_history: bool = True, timeout: float | None = None, allow_busy: bool = False) -> dict[str, Any]:
     if not torch_available():
         err = ProbeError("PyTorch is not installed for this Python")
         err.remedy = "install the probe extra: pip install 'gpud[probe]'"
         raise err
     plan = make_plan(device, gpus, world_sizes, list(suites or SUITES), quick)
+    with probe_lock():
+        return _run(plan, machine, host, thresholds, progress, keep_history, timeout, allow_busy)
+
+
+def _run(plan: Plan, machine: Machine | None, host: str, thresholds: dict[int, float] | None,
+         progress: Callable[[str, int, int], None] | None, keep_history: bool, timeout: float | None,
+         allow_busy: bool) -> dict[str, Any]:
+    device = plan.device
+    gpu_machine = machine if device == "cuda" else None
+    used: list[int] = []
+    busy: list[str] = []
+    affinity: list[list[int]] = []
+    unseen = None
+    if gpu_machine is not None:
+        try:
+            used = visible_gpus(list(gpu_machine.snapshot().gpus))[:plan.gpus]
+            busy = busy_gpus(gpu_machine, used)
+            affinity = cpu_affinity(gpu_machine, used)
+        except GpudError as err:  # no NVML: the probe still runs, unjudged
+            gpu_machine, unseen = None, f"NVML unavailable ({err}): busy GPUs not checked, links not judged"
+    if busy and not allow_busy:
+        raise ProbeBusy("GPUs in use, the probe's figures would be wrong: " + "; ".join(busy))
     cores = os.cpu_count() or 1
     started = time.time()
     results = []
     workdir = Path(tempfile.mkdtemp(prefix="gpud-probe-"))
-    monitor = LoadMonitor(machine if device == "cuda" else None)
+    monitor = LoadMonitor(gpu_machine)
     try:
         with monitor:
             for k, spec in enumerate(plan.launches):
                 n = spec["world_size"]
                 if progress:
                     progress(f"world size {n}: {', '.join(spec['tasks'])}", k, len(plan.launches))
-                full = {"device": device, "tasks": spec["tasks"], "quick": quick,
+                full = {"device": device, "tasks": spec["tasks"], "quick": plan.quick, "stages": plan.stages,
                         "threads_per_rank": max(1, cores // n) if device == "cpu" else 1}
-                limit = timeout or (60.0 if quick else 300.0) * (2 if device == "cpu" else 1)
-                results.append(launch(full, n, limit, workdir, gpus if device == "cuda" else None))
+                limit = timeout or (90.0 if plan.quick else 300.0) * (2 if device == "cpu" else 1)
+                results.append(launch(full, n, limit, workdir, plan.gpus if device == "cuda" else None,
+                                      affinity[:n] if n > 1 else affinity[:1], monitor.ours))
+            if gpu_machine is not None:
+                try:
+                    monitor.sample()
+                except GpudError:
+                    pass
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     if progress:
         progress("done", len(plan.launches), len(plan.launches))
     res = assemble(plan, results)
-    res |= {"version": 1, "host": host, "started_at": started, "finished_at": time.time(), "gpus": gpus}
+    res |= {"version": 2, "host": host, "started_at": started, "finished_at": time.time(), "gpus": plan.gpus,
+            "busy_at_start": busy, "cpu_affinity": affinity}
+    if unseen:
+        res["nvml"] = unseen
     if device == "cpu":
         res["note"] = CPU_NOTE
-    t = infos = samples = None
-    if machine is not None and device == "cuda":
-        try:
-            snap = machine.snapshot()
-            t = machine.topology(snap)
-            infos = {g.index: g for g in snap.gpus}
-            samples = {s.index: s for s in snap.samples}
-        except GpudError:
-            t = None
-    res["diagnosis"] = explain(res, t, infos or {}, samples or {}, thresholds or DEFAULT_THRESHOLDS)
-    res["load"] = {"pcie_max_generation_under_load": {str(k): v for k, v in monitor.max_gen.items()}}
+    view = machine_view(gpu_machine, monitor.seen, res["nccl"]["env"]) if gpu_machine is not None else None
+    res["diagnosis"] = explain(res, view, thresholds or DEFAULT_THRESHOLDS)
+    res["load"] = {"pcie_max_generation_under_load": {str(k): v for k, v in monitor.max_gen.items()},
+                   "clock_events": {str(k): sorted(v) for k, v in monitor.seen.clock_events.items()},
+                   "other_processes": {str(k): v for k, v in monitor.seen.processes.items()}}
     verdicts = res["diagnosis"]["verdicts"]
     res["ok"] = all(res["correctness"].values()) and all(v != "fail" for v in verdicts.values())
     # CPU figures say nothing about the hardware: no regression is read into them.
@@ -295,17 +553,22 @@ def run_distributed(*, quick: bool, suites: list[str], host: str,
     device = "cuda" if worker.torch.cuda.is_available() else "cpu"
     tasks = [t for t in ("ddp", "allreduce") if t in suites]
     started = time.time()
+    full = worker.run({"device": device, "tasks": tasks, "quick": quick, "collective_timeout": 300}, rank, world,
+                      local)
+    # The one-GPU baseline after the group's run, on rank 0's GPU alone, while the others wait.
     baseline = worker.run({"device": device, "tasks": ["ddp"], "quick": quick}, 0, 1, local) if rank == 0 else None
-    full = worker.run({"device": device, "tasks": tasks, "quick": quick, "timeout": 600}, rank, world, local)
+    if worker.dist.is_initialized():
+        worker.dist.barrier()
+        worker.dist.destroy_process_group()
     if rank != 0:
         return None
     plan = Plan(device, [1, world], suites, quick, world)
     res = assemble(plan, [baseline or {}, full])
-    res |= {"version": 1, "host": host, "started_at": started, "finished_at": time.time(), "gpus": world,
+    res |= {"version": 2, "host": host, "started_at": started, "finished_at": time.time(), "gpus": world,
             "nodes": int(os.environ.get("GROUP_WORLD_SIZE", os.environ.get("NNODES", "1")) or 1), "torchrun": True}
     if device == "cpu":
         res["note"] = CPU_NOTE
-    res["diagnosis"] = explain(res, None, {}, {}, thresholds or DEFAULT_THRESHOLDS)
+    res["diagnosis"] = explain(res, None, thresholds or DEFAULT_THRESHOLDS)
     res["ok"] = all(res["correctness"].values()) and all(v != "fail" for v in res["diagnosis"]["verdicts"].values())
     res["regressions"] = history.regressions(res, history.load())
     history.append(res)

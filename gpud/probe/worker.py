@@ -2,7 +2,12 @@
 
 Run by the probe runner as ``python -m gpud.probe.worker SPEC.json`` (one process per rank, a
 TCP rendezvous on loopback) or in-process under ``torchrun`` across machines. Rank 0 writes the
-launch's results as JSON. Every figure is measured here; interpretation is the runner's job.
+launch's results as JSON, then the ranks tear down. Every figure is measured here, each from at
+least three timed windows (median and spread); interpretation is the runner's job.
+
+Every tensor handed to ``torch.distributed`` lives on the rank's device (``ctx.device``), and
+every tensor is made with an explicit device: the test suite runs this module with torch's
+default device set to ``meta`` to prove it.
 """
 
 from __future__ import annotations
@@ -11,9 +16,11 @@ import copy
 import json
 import math
 import os
+import statistics
 import sys
 import time
-from contextlib import nullcontext
+from collections.abc import Callable
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -23,7 +30,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+CPU = torch.device("cpu")
+WINDOWS = 3  # timed windows per figure: median and spread are reported
+
 # -- the model --------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Size:
@@ -33,13 +44,13 @@ class Size:
     seq: int
     batch: int  # per rank
     warmup: int
-    steps: int
+    steps: int  # per timed window
 
 
 def size_for(device: str, quick: bool) -> Size:
     if device == "cuda":
-        return Size(1024, 16, 4 if quick else 8, 512, 8, 3 if quick else 10, 10 if quick else 40)
-    return Size(64, 4, 4, 32, 8, 2 if quick else 3, 5 if quick else 15)
+        return Size(1024, 16, 4 if quick else 8, 512, 8, 3 if quick else 10, 5 if quick else 15)
+    return Size(64, 4, 4, 32, 8, 2 if quick else 3, 2 if quick else 5)
 
 
 class Block(nn.Module):
@@ -64,16 +75,31 @@ class Block(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
 
-def make_model(s: Size) -> nn.Sequential:
-    torch.manual_seed(0)  # every rank builds the same weights
-    return nn.Sequential(*(Block(s.dim, s.heads) for _ in range(s.layers)))
+def make_model(s: Size, layers: int | None = None) -> nn.Sequential:
+    """The same weights on every rank: built on the CPU from one seed, moved by the caller."""
+    torch.manual_seed(0)
+    with CPU:
+        return nn.Sequential(*(Block(s.dim, s.heads) for _ in range(layers or s.layers)))
+
+
+def split(layers: int, stages: int) -> list[range]:
+    """Consecutive layer ranges for ``stages`` stages whose sizes differ by at most one."""
+    base, extra = divmod(layers, stages)
+    out, start = [], 0
+    for k in range(stages):
+        n = base + (1 if k < extra else 0)
+        out.append(range(start, start + n))
+        start += n
+    return out
 
 
 def batch(s: Size, n: int, seed: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, s.seq, s.dim, generator=g)
-    y = torch.randn(n, s.seq, s.dim, generator=g)
-    return x.to(device), y.to(device)
+    g = torch.Generator(device=CPU).manual_seed(seed)
+    x = torch.randn(n, s.seq, s.dim, generator=g, device=CPU)
+    y = torch.randn(n, s.seq, s.dim, generator=g, device=CPU)
+    if device.type == "cuda":  # the host is involved: copy from pinned memory
+        x, y = x.pin_memory(), y.pin_memory()
+    return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
 
 def sync(device: torch.device) -> None:
@@ -81,17 +107,51 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def precision(device: torch.device) -> tuple[str, torch.dtype | None]:
+    """bf16 autocast where the GPU has bf16 (Ampere, compute capability 8, and newer), else fp16; CPU: fp32."""
+    if device.type != "cuda":
+        return "fp32", None
+    if torch.cuda.get_device_capability(device)[0] >= 8:
+        return "bf16", torch.bfloat16
+    return "fp16", torch.float16
+
+
 def train_steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, steps: int,
-                autocast: bool) -> torch.Tensor:
-    """The timed loop: forward, loss, backward, step — nothing else per step."""
-    loss = torch.zeros(())
+                amp: torch.dtype | None, scaler: Any = None) -> torch.Tensor:
+    """The timed loop: forward, loss, backward, step — nothing else per step. ``amp``: the autocast dtype
+    (None: full precision); ``scaler``: a GradScaler where the dtype is fp16."""
+    loss = torch.zeros((), device=x.device)
     for _ in range(steps):
-        with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16) if autocast else nullcontext():
-            loss = F.mse_loss(model(x), y)  # bf16 on GPUs
-        loss.backward()
-        opt.step()
+        with torch.autocast(device_type=x.device.type, dtype=amp) if amp else nullcontext():
+            loss = F.mse_loss(model(x).float(), y)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
         opt.zero_grad(set_to_none=True)
     return loss
+
+
+class Trainer:
+    """A model, its optimizer and precision: ``steps`` runs the timed loop."""
+
+    def __init__(self, model: nn.Module, params: Any, amp: torch.dtype | None, device: torch.device) -> None:
+        self.model, self.amp, self.device = model, amp, device
+        self.opt = torch.optim.SGD(params, lr=1e-3)
+        self.scaler = torch.amp.GradScaler("cuda") if amp == torch.float16 else None
+
+    def steps(self, x: torch.Tensor, y: torch.Tensor, n: int) -> torch.Tensor:
+        return train_steps(self.model, self.opt, x, y, n, self.amp, self.scaler)
+
+
+def windows(seconds: list[float]) -> dict[str, Any]:
+    """Median and spread ((max − min) / median) of the timed windows."""
+    med = statistics.median(seconds)
+    return {"windows_seconds": seconds, "median_seconds": med,
+            "spread": (max(seconds) - min(seconds)) / med if med > 0 else 0.0}
 
 
 # -- tasks --------------------------------------------------------------------------------------
@@ -131,20 +191,21 @@ def ddp(ctx: Ctx) -> dict[str, Any]:
         del reference, ropt
     # Timed steps (weak scaling: the same per-rank batch at every world size).
     x, y = batch(s, s.batch, 2 + r, dev)
-    autocast = dev.type == "cuda"
-    train_steps(net, opt, x, y, s.warmup, autocast)
+    trainer = Trainer(net, net.parameters(), ctx.amp, dev)
+    trainer.steps(x, y, s.warmup)
     sync(dev)
-    seconds = _timed_max(ctx, lambda: train_steps(net, opt, x, y, s.steps, autocast))
+    w = windows([_timed_max(ctx, lambda: trainer.steps(x, y, s.steps)) for _ in range(WINDOWS)])
     # Every rank holds identical parameters after the timed steps.
     flat = torch.cat([p.detach().float().flatten() for p in model.parameters()])
     hi, lo = flat.clone(), flat.clone()
     if n > 1:
         dist.all_reduce(hi, op=dist.ReduceOp.MAX)
         dist.all_reduce(lo, op=dist.ReduceOp.MIN)
-    out |= {"world_size": n, "seconds": seconds, "steps": s.steps, "batch_per_rank": s.batch,
-            "samples_per_second": n * s.batch * s.steps / seconds,
-            "step_seconds": seconds / s.steps,
+    step = w["median_seconds"] / s.steps
+    out |= {"world_size": n, "steps": s.steps, "batch_per_rank": s.batch, **w,
+            "seconds": w["median_seconds"], "step_seconds": step, "samples_per_second": n * s.batch / step,
             "params_max_spread": (hi - lo).abs().max().item(), "parameters": flat.numel(),
+            "gradient_bytes": flat.numel() * 4, "dtype": ctx.dtype_name,
             "model": {"dim": s.dim, "layers": s.layers, "seq": s.seq, "heads": s.heads},
             "ddp": {k: v for k, v in kwargs.items() if k != "device_ids"}}
     return out
@@ -166,77 +227,119 @@ def allreduce(ctx: Ctx) -> dict[str, Any]:
         sync(dev)
         # Every rank must run the same number of collectives: the count comes from a calibration
         # reduced across ranks, never from one rank's own clock.
-        iters = _agreed_iterations(ctx, lambda t=t: dist.all_reduce(t), 0.05 if ctx.quick else 0.2)
-        sec = _timed_max(ctx, lambda t=t, k=iters: [dist.all_reduce(t) for _ in range(k)]) / iters
+        once = _repeat(lambda: dist.all_reduce(t), 1)  # noqa: B023 - used within this iteration only
+        iters = _agreed_iterations(ctx, once, 0.05 if ctx.quick else 0.2)
+        w = windows([_timed_max(ctx, _repeat(once, iters)) / iters
+                     for _ in range(WINDOWS)])
+        sec = w["median_seconds"]
         algbw = size / sec
-        rows.append({"bytes": size, "seconds": sec, "algbw_bytes_per_second": algbw,
+        rows.append({"bytes": size, "seconds": sec, "spread": w["spread"], "algbw_bytes_per_second": algbw,
                      "busbw_bytes_per_second": algbw * 2 * (n - 1) / n})
-    return {"world_size": n, "sizes": rows,
-            "peak_busbw_bytes_per_second": max(r["busbw_bytes_per_second"] for r in rows)}
+    peak = max(rows, key=lambda x: x["busbw_bytes_per_second"])
+    return {"world_size": n, "sizes": rows, "peak_busbw_bytes_per_second": peak["busbw_bytes_per_second"],
+            "peak_spread": peak["spread"]}
 
 
-def _timed_max(ctx: Ctx, fn: Any) -> float:
+def _timed_max(ctx: Ctx, fn: Callable[[], Any]) -> float:
     """Seconds ``fn`` took on the slowest rank (every rank calls this, in step)."""
     ctx.barrier()
     t0 = time.perf_counter()
     fn()
     sync(ctx.device)
-    spent = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+    spent = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=ctx.device)
     if ctx.world > 1:
         dist.all_reduce(spent, op=dist.ReduceOp.MAX)
-    return spent.item()
+    return float(spent.item())
 
 
-def _agreed_iterations(ctx: Ctx, once: Any, target_seconds: float, cap: int = 200) -> int:
+def _repeat(fn: Callable[[], Any], k: int) -> Callable[[], None]:
+    def go() -> None:
+        for _ in range(k):
+            fn()
+    return go
+
+
+def _agreed_iterations(ctx: Ctx, once: Callable[[], Any], target_seconds: float, cap: int = 200) -> int:
     """How many repetitions fill ``target_seconds``, the same on every rank (from 5 timed ones)."""
     per = _timed_max(ctx, lambda: [once() for _ in range(5)]) / 5
     return max(5, min(cap, math.ceil(target_seconds / per) if per > 0 else cap))
 
 
 def p2p(ctx: Ctx) -> dict[str, Any]:
-    """GPU: device-to-device copies for every ordered pair, in one process. CPU: send/recv between two ranks."""
-    dev = ctx.device
-    if dev.type == "cuda":
-        if ctx.rank != 0:
-            return {}
-        count = torch.cuda.device_count()
-        pairs = [(i, j) for i in range(count) for j in range(count) if i != j] or [(0, 0)]
-        size = (64 if ctx.quick else 256) << 20
-        out = []
-        for i, j in pairs:
-            a = torch.empty(size, dtype=torch.uint8, device=f"cuda:{i}")
-            b = torch.empty(size, dtype=torch.uint8, device=f"cuda:{j}")
-            small_a, small_b = a[:4], b[:4]
-            for _ in range(3):
-                b.copy_(a)
-            torch.cuda.synchronize(i)
-            torch.cuda.synchronize(j)
-            reps = 10 if ctx.quick else 30
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                b.copy_(a)
-            torch.cuda.synchronize(i)
-            torch.cuda.synchronize(j)
-            bw = size * reps / (time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            for _ in range(100):
-                small_b.copy_(small_a)
-                torch.cuda.synchronize(j)
-            lat = (time.perf_counter() - t0) / 100
-            out.append({"src": i, "dst": j, "bandwidth_bytes_per_second": bw, "latency_seconds": lat,
-                        "bytes": size, "peer_access": torch.cuda.can_device_access_peer(i, j) if i != j else None})
-            del a, b
-        return {"pairs": out, "how": "device-to-device tensor copies"}
+    """GPU: device-to-device copies for every ordered pair of distinct GPUs, one way and both ways at once,
+    in one process that holds every GPU. CPU: send/recv between two ranks."""
+    return _p2p_cuda(ctx) if ctx.device.type == "cuda" else _p2p_cpu(ctx)
+
+
+def _p2p_cuda(ctx: Ctx) -> dict[str, Any]:
+    count = torch.cuda.device_count()
+    if count < 2:
+        return {"skipped": "one GPU"}
+    size = (64 if ctx.quick else 256) << 20
+    reps = 5 if ctx.quick else 15
+    out = []
+    for i in range(count):
+        for j in range(count):
+            if i != j:
+                out.append({"src": i, "dst": j, "src_uuid": ctx.uuid_of(i), "dst_uuid": ctx.uuid_of(j),
+                            **_copy_pair(i, j, size, reps)})
+    return {"pairs": out, "how": "device-to-device tensor copies in one process",
+            "latency": "host-timed 4-byte copy plus synchronize: launch and sync overhead included"}
+
+
+def _copy_pair(i: int, j: int, size: int, reps: int) -> dict[str, Any]:
+    """GPU i → GPU j copies alone, then both directions at once on their own streams; a small copy's time."""
+    di, dj = torch.device(f"cuda:{i}"), torch.device(f"cuda:{j}")
+    a, b = torch.empty(size, dtype=torch.uint8, device=di), torch.empty(size, dtype=torch.uint8, device=dj)
+    a2, b2 = torch.empty(size, dtype=torch.uint8, device=dj), torch.empty(size, dtype=torch.uint8, device=di)
+    fwd = (torch.cuda.Stream(di), torch.cuda.Stream(dj))
+    back = (torch.cuda.Stream(di), torch.cuda.Stream(dj))
+
+    def on(streams: tuple[Any, Any], dst: torch.Tensor, src: torch.Tensor) -> None:
+        with ExitStack() as st:
+            for s in streams:
+                st.enter_context(torch.cuda.stream(s))
+            dst.copy_(src, non_blocking=True)
+
+    def copies(both: bool, k: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(k):
+            on(fwd, b, a)
+            if both:
+                on(back, b2, a2)
+        torch.cuda.synchronize(di)
+        torch.cuda.synchronize(dj)
+        return time.perf_counter() - t0
+
+    copies(True, 2)
+    one = windows([copies(False, reps) for _ in range(WINDOWS)])
+    two = windows([copies(True, reps) for _ in range(WINDOWS)])
+    small_a, small_b = a[:4], b[:4]
+    lat = []
+    for _ in range(WINDOWS):
+        t0 = time.perf_counter()
+        for _ in range(50):
+            small_b.copy_(small_a)
+            torch.cuda.synchronize(dj)
+        lat.append((time.perf_counter() - t0) / 50)
+    return {"bytes": size, "bandwidth_bytes_per_second": size * reps / one["median_seconds"], "spread": one["spread"],
+            "bidirectional_bytes_per_second": 2 * size * reps / two["median_seconds"],
+            "bidirectional_spread": two["spread"], "copy_latency_seconds": statistics.median(lat),
+            "peer_access": torch.cuda.can_device_access_peer(i, j)}
+
+
+def _p2p_cpu(ctx: Ctx) -> dict[str, Any]:
     if ctx.world < 2:
         return {"skipped": "one rank"}
+    dev = ctx.device
     size = 4 << 20
-    buf = torch.ones(size // 4)
-    small = torch.ones(1)
+    buf = torch.ones(size // 4, device=dev)
+    buf2 = torch.ones(size // 4, device=dev)
+    small = torch.ones(1, device=dev)
     reps = 10 if ctx.quick else 30
 
-    def pingpong(payload: torch.Tensor, n: int) -> float:
-        """Rank 0 sends ``payload`` to rank 1, which answers with one float; seconds for n rounds."""
-        t0 = time.perf_counter()
+    def pingpong(payload: torch.Tensor, n: int) -> None:
+        """Rank 0 sends ``payload`` to rank 1, which answers with one float."""
         for _ in range(n):
             if ctx.rank == 0:
                 dist.send(payload, 1)
@@ -244,85 +347,120 @@ def p2p(ctx: Ctx) -> dict[str, Any]:
             elif ctx.rank == 1:
                 dist.recv(payload, 0)
                 dist.send(small, 0)
-        return time.perf_counter() - t0
 
-    ctx.barrier()
-    bw = size * reps / pingpong(buf, reps)
-    lat = pingpong(small, 50) / 100  # one way
+    def both_ways(n: int) -> None:
+        """Ranks 0 and 1 send to each other at the same time."""
+        if ctx.rank > 1:
+            return
+        peer = 1 - ctx.rank
+        for _ in range(n):
+            reqs = [dist.isend(buf, peer), dist.irecv(buf2, peer)]
+            for q in reqs:
+                if q is not None:
+                    q.wait()
+
+    one = windows([_timed_max(ctx, lambda: pingpong(buf, reps)) for _ in range(WINDOWS)])
+    two = windows([_timed_max(ctx, lambda: both_ways(reps)) for _ in range(WINDOWS)])
+    lat = windows([_timed_max(ctx, lambda: pingpong(small, 50)) / 100 for _ in range(WINDOWS)])
     if ctx.rank != 0:
         return {}
-    return {"pairs": [{"src": 0, "dst": 1, "bandwidth_bytes_per_second": bw, "latency_seconds": lat, "bytes": size}],
-            "how": "gloo send/recv between two processes"}
+    return {"pairs": [{"src": 0, "dst": 1, "src_uuid": None, "dst_uuid": None, "bytes": size,
+                       "bandwidth_bytes_per_second": size * reps / one["median_seconds"], "spread": one["spread"],
+                       "bidirectional_bytes_per_second": 2 * size * reps / two["median_seconds"],
+                       "bidirectional_spread": two["spread"],
+                       "one_way_latency_seconds": lat["median_seconds"]}],
+            "how": "gloo send/recv between two processes",
+            "latency": "half the round trip of a 4-byte ping-pong"}
+
+
+def pipeline_baseline(ctx: Ctx) -> dict[str, Any]:
+    """In a launch of its own (one process): the unsplit model on one device, and the naive split over k
+    devices (no micro-batches), for each stage count the plan measures."""
+    s, dev = ctx.size, ctx.device
+    total = s.batch * 2
+    x, y = batch(s, total, 7, CPU)
+    if dev.type == "cuda":
+        x, y = x.pin_memory(), y.pin_memory()
+    out: dict[str, Any] = {}
+    for k in ctx.stages:
+        full = make_model(s, max(s.layers, k))
+        single = _single(ctx, copy.deepcopy(full).to(dev), x, y)
+        devices = [torch.device(f"cuda:{i}") for i in range(min(k, torch.cuda.device_count()))] \
+            if dev.type == "cuda" else [dev]
+        nw = _naive(ctx, full, k, devices, x, y)
+        out[str(k)] = {"layers": len(full), "batch": total,
+                       "single_samples_per_second": total * s.steps / single["median_seconds"],
+                       "single_spread": single["spread"],
+                       "naive_samples_per_second": total * s.steps / nw["median_seconds"], "naive_spread": nw["spread"],
+                       "naive_devices": len(devices)}
+    return {"by_stages": out}
+
+
+def _single(ctx: Ctx, one: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
+    """The unsplit model on one device."""
+    s, dev = ctx.size, ctx.device
+    tr = Trainer(one, one.parameters(), ctx.amp, dev)
+    xd, yd = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+    tr.steps(xd, yd, s.warmup)
+    sync(dev)
+    return windows([_timed_max(ctx, lambda: tr.steps(xd, yd, s.steps)) for _ in range(WINDOWS)])
+
+
+def _naive(ctx: Ctx, full: nn.Sequential, k: int, devices: list[torch.device], x: torch.Tensor,
+           y: torch.Tensor) -> dict[str, Any]:
+    """The naive split: k consecutive parts on k devices, one batch at a time, no micro-batches."""
+    s = ctx.size
+    parts = [nn.Sequential(*(full[i] for i in rng)) for rng in split(len(full), k)]
+    naive = [copy.deepcopy(c).to(devices[i % len(devices)]) for i, c in enumerate(parts)]
+    opt = torch.optim.SGD([p for c in naive for p in c.parameters()], lr=1e-3)
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            h = x.to(devices[0], non_blocking=True)
+            for i, c in enumerate(naive):
+                h = c(h.to(devices[i % len(devices)]))
+            F.mse_loss(h, y.to(h.device, non_blocking=True)).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        for d in devices:
+            sync(d)
+
+    steps(s.warmup)
+    return windows([_timed_max(ctx, lambda: steps(s.steps)) for _ in range(WINDOWS)])
 
 
 def pipeline(ctx: Ctx) -> dict[str, Any]:
-    """The model split over k = world-size stages: naive split, then a GPipe micro-batched pipeline."""
+    """The model split over k = world-size stages (sizes differ by at most one layer), a GPipe
+    micro-batched pipeline; its output checked against the unsplit model on rank 0's device; the
+    activation transfer between neighbouring stages measured."""
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
     s, dev, k, r = ctx.size, ctx.device, ctx.world, ctx.rank
-    if k < 2 or s.layers < k:
+    if k < 2:
         return {"skipped": "needs two stages"}
     micro = 4
-    full = make_model(s)
-    per = math.ceil(s.layers / k)
-    chunks = [nn.Sequential(*list(full)[i * per:(i + 1) * per]) for i in range(k)]
+    full = make_model(s, max(s.layers, k))
+    ranges = split(len(full), k)
     total = s.batch * 2  # the pipeline's batch, split into micro-batches
-    x, y = batch(s, total, 7, torch.device("cpu"))
-    out: dict[str, Any] = {"stages": k, "micro_batches": micro, "batch": total}
-    if r == 0:
-        # One device, unsplit; then the naive split (k devices, no micro-batches) in this process.
-        one = copy.deepcopy(full).to(dev)
-        opt = torch.optim.SGD(one.parameters(), lr=1e-3)
-        xd, yd = x.to(dev), y.to(dev)
-        train_steps(one, opt, xd, yd, s.warmup, False)
-        sync(dev)
-        t0 = time.perf_counter()
-        train_steps(one, opt, xd, yd, s.steps, False)
-        sync(dev)
-        out["single_samples_per_second"] = total * s.steps / (time.perf_counter() - t0)
-        devices = [torch.device(f"cuda:{i}") for i in range(min(k, torch.cuda.device_count()))] \
-            if dev.type == "cuda" else [dev]
-        naive = [copy.deepcopy(c).to(devices[i % len(devices)]) for i, c in enumerate(chunks)]
-        nopt = torch.optim.SGD([p for c in naive for p in c.parameters()], lr=1e-3)
-
-        def naive_step() -> None:
-            h = x.to(devices[0])
-            for i, c in enumerate(naive):
-                h = c(h.to(devices[i % len(devices)]))
-            F.mse_loss(h, y.to(h.device)).backward()
-            nopt.step()
-            nopt.zero_grad(set_to_none=True)
-
-        for _ in range(s.warmup):
-            naive_step()
-        for d in devices:
-            sync(d)
-        t0 = time.perf_counter()
-        for _ in range(s.steps):
-            naive_step()
-        for d in devices:
-            sync(d)
-        out["naive_samples_per_second"] = total * s.steps / (time.perf_counter() - t0)
-        out["naive_devices"] = len(devices)
-        with torch.no_grad():
-            reference_out = copy.deepcopy(full)(x)
-        del one, naive
-    else:
-        reference_out = None
-    # The micro-batched pipeline: one stage per rank.
-    stage_mod = chunks[r].to(dev)
     mb = total // micro
+    x, y = batch(s, total, 7, dev)
+    out: dict[str, Any] = {"stages": k, "micro_batches": micro, "batch": total, "layers": len(full),
+                           "stage_layers": [len(rg) for rg in ranges], "dtype": "fp32"}
+    reference_out = None
+    if r == 0:
+        with torch.no_grad():
+            reference_out = copy.deepcopy(full).to(dev)(x)  # on the device, like the pipeline
+    stage_mod = nn.Sequential(*(full[i] for i in ranges[r])).to(dev)
     stage = PipelineStage(stage_mod, r, k, dev)  # shapes inferred on the first step
     sched = ScheduleGPipe(stage, n_microbatches=micro, loss_fn=F.mse_loss)
     opt = torch.optim.SGD(stage_mod.parameters(), lr=1e-3)
-    xd, yd = x.to(dev), y.to(dev)
 
     def step(return_outputs: bool = False) -> Any:
         losses: list[torch.Tensor] = []
         if r == 0:
-            res = sched.step(xd)
+            res = sched.step(x)
         elif r == k - 1:
-            res = sched.step(target=yd, losses=losses, return_outputs=return_outputs)
+            res = sched.step(target=y, losses=losses, return_outputs=return_outputs)
         else:
             res = sched.step()
         opt.step()
@@ -332,66 +470,121 @@ def pipeline(ctx: Ctx) -> dict[str, Any]:
     first = step(return_outputs=True)  # the first step's output: from the initial weights
     # Output equality: the pipeline's output equals the unsplit model's on the same input.
     if r == k - 1:
-        dist.send(first.detach().to("cpu").contiguous(), 0)
+        dist.send(first.detach().contiguous(), 0)
     if r == 0:
-        got = torch.empty(total, s.seq, s.dim)
+        got = torch.empty(total, s.seq, s.dim, device=dev)
         dist.recv(got, k - 1)
         assert reference_out is not None
         out["output_max_abs_diff"] = (got - reference_out).abs().max().item()
     for _ in range(s.warmup):
         step()
     sync(dev)
-    sec = _timed_max(ctx, lambda: [step() for _ in range(s.steps)])
-    act_bytes = mb * s.seq * s.dim * 4 * micro * (k - 1) * 2 * s.steps  # activations forward, gradients back
-    out |= {"pipeline_samples_per_second": total * s.steps / sec, "activation_bytes_per_second": act_bytes / sec,
-            "seconds": sec}
-    if r == 0:
-        out["speedup"] = out["pipeline_samples_per_second"] / out["single_samples_per_second"]
-        out["naive_speedup"] = out["naive_samples_per_second"] / out["single_samples_per_second"]
+    w = windows([_timed_max(ctx, lambda: [step() for _ in range(s.steps)]) for _ in range(WINDOWS)])
+    # The activation transfer, measured: a micro-batch's activation from stage h to h + 1.
+    act = torch.ones(mb, s.seq, s.dim, device=dev)
+    ack = torch.ones(1, device=dev)
+    reps = 10
+    hops = []
+    for h in range(k - 1):
+        def send_hop(h: int = h) -> None:
+            for _ in range(reps):
+                if r == h:
+                    dist.send(act, h + 1)
+                elif r == h + 1:
+                    dist.recv(act, h)
+            if r == h + 1:
+                dist.send(ack, h)
+            elif r == h:
+                dist.recv(ack, h + 1)
+        send_hop()
+        hw = windows([_timed_max(ctx, send_hop) for _ in range(WINDOWS)])
+        hops.append({"src_stage": h, "dst_stage": h + 1, "bytes": act.numel() * 4 * reps,
+                     "bytes_per_second": act.numel() * 4 * reps / hw["median_seconds"], "spread": hw["spread"]})
+    sps = total * s.steps / w["median_seconds"]
+    out |= {"pipeline_samples_per_second": sps, "spread": w["spread"], "seconds": w["median_seconds"],
+            "activation_hops": hops,
+            "activation_bytes_per_second": min(hp["bytes_per_second"] for hp in hops)}
     return out if r == 0 else {}
 
 
-TASKS = {"ddp": ddp, "allreduce": allreduce, "p2p": p2p, "pipeline": pipeline}
+TASKS = {"ddp": ddp, "allreduce": allreduce, "p2p": p2p, "pipeline": pipeline,
+         "pipeline_baseline": pipeline_baseline}
 
 
 # -- ranks -------------------------------------------------------------------------------------
 
 class Ctx:
-    def __init__(self, rank: int, world: int, local_rank: int, device: str, quick: bool) -> None:
+    def __init__(self, rank: int, world: int, local_rank: int, device: str, quick: bool,
+                 stages: list[int] | None = None) -> None:
         self.rank, self.world, self.quick = rank, world, quick
+        self.stages = stages or []
         if device == "cuda":
             torch.cuda.set_device(local_rank)
             self.device = torch.device(f"cuda:{local_rank}")
         else:
-            self.device = torch.device("cpu")
+            self.device = CPU
+        self.dtype_name, self.amp = precision(self.device)
         self.size = size_for(device, quick)
+
+    def uuid_of(self, index: int) -> str | None:
+        """NVML's form of a CUDA device's UUID (``GPU-…``): how the runner maps a rank to an NVML GPU."""
+        if self.device.type != "cuda":
+            return None
+        uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+        return f"GPU-{uuid}" if uuid is not None else None  # none: the diagnosis maps by index
 
     def barrier(self) -> None:
         if self.world > 1:
-            dist.barrier()
+            # A collective on a device tensor, not dist.barrier(): NCCL's barrier guesses the device.
+            t = torch.zeros(1, device=self.device)
+            dist.all_reduce(t)
+
+
+def init(spec: dict[str, Any], rank: int, world: int, local_rank: int) -> Ctx:
+    device = spec["device"]
+    if spec.get("cpus"):
+        os.sched_setaffinity(0, spec["cpus"])  # the GPU's CPUs (multi-socket machines)
+    if device == "cpu":
+        torch.set_num_threads(max(1, int(spec.get("threads_per_rank", 1))))
+    ctx = Ctx(rank, world, local_rank, device, bool(spec.get("quick")), spec.get("stages"))
+    if world > 1 and not dist.is_initialized():
+        # CPU bookkeeping is legal on a GPU run too: one backend per device type.
+        dist.init_process_group("cpu:gloo,cuda:nccl" if device == "cuda" else "gloo", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=float(spec.get("collective_timeout", 60))),
+                                device_id=ctx.device if device == "cuda" else None)
+    if spec.get("default_device"):
+        torch.set_default_device(spec["default_device"])  # tests: a tensor made without a device is caught
+    return ctx
 
 
 def run(spec: dict[str, Any], rank: int, world: int, local_rank: int) -> dict[str, Any]:
-    device = spec["device"]
-    if device == "cpu":
-        torch.set_num_threads(max(1, int(spec.get("threads_per_rank", 1))))
-    ctx = Ctx(rank, world, local_rank, device, bool(spec.get("quick")))
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=float(spec.get("timeout", 120))))
-    results: dict[str, Any] = {"world_size": world, "device": device, "torch": torch.__version__}
-    if device == "cuda" and rank == 0:
-        results["gpu_name"] = torch.cuda.get_device_name(0)
-        results["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if world > 1 else None
+    ctx = init(spec, rank, world, local_rank)
+    results: dict[str, Any] = {"world_size": world, "device": spec["device"], "torch": torch.__version__,
+                               "dtype": ctx.dtype_name}
+    me = {"rank": rank, "local_rank": local_rank, "uuid": ctx.uuid_of(ctx.device.index or 0),
+          "cpus": sorted(os.sched_getaffinity(0)), "pid": os.getpid()}
+    ranks: list[Any] = [None] * world
+    if world > 1:
+        dist.all_gather_object(ranks, me)
+    else:
+        ranks = [me]
+    results["ranks"] = ranks
+    if ctx.device.type == "cuda" and rank == 0:
+        results["gpu_name"] = torch.cuda.get_device_name(ctx.device)
+        version = torch.cuda.nccl.version()  # a tuple; an int (2708 = 2.7.8) in older torch
+        results["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
     for task in spec["tasks"]:
         t0 = time.perf_counter()
         res = TASKS[task](ctx)
         if rank == 0:
             results[task] = res | {"wall_seconds": time.perf_counter() - t0}
-    if world > 1:
-        dist.barrier()
-        dist.destroy_process_group()
     return results
+
+
+def teardown(spec: dict[str, Any], world: int) -> None:
+    time.sleep(float(spec.get("test_teardown_hang_seconds", 0)))  # tests: a tear-down that hangs
+    if world > 1 and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def main() -> int:
@@ -405,6 +598,7 @@ def main() -> int:
         with open(tmp, "w") as f:
             json.dump(res, f)
         os.replace(tmp, spec["out"])
+    teardown(spec, world)
     return 0
 
 

@@ -1,0 +1,242 @@
+"""The probe's CUDA path checked without a GPU, and its robustness: world sizes without 1, uneven
+stages, a tear-down that hangs, one probe per machine, busy GPUs, CPU affinity, NCCL's settings, the
+daemon's probe."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run_gpud
+from daemon_helpers import RunningDaemon, free_port
+
+from gpud.daemon.control import request
+from gpud.hw.machine import open_machine
+from gpud.probe import runner
+from gpud.probe.runner import (
+    ProbeBusy,
+    assemble,
+    cpu_affinity,
+    launch,
+    make_plan,
+    probe_lock,
+    run_probe,
+    torch_available,
+    visible_gpus,
+)
+
+needs_torch = pytest.mark.skipif(not torch_available() and os.environ.get("CI") != "true",
+                                 reason="PyTorch not installed: pip install -e '.[probe]'")
+
+# Runs a worker rank with torch's default device set to `meta`: a tensor made without an explicit device
+# (on a GPU run: a CPU tensor handed to NCCL) cannot take part in any computation or collective.
+META = """
+import runpy, sys, torch
+torch.set_default_device("meta")
+sys.argv = sys.argv[1:]
+runpy.run_module("gpud.probe.worker", run_name="__main__", alter_sys=True)
+"""
+
+
+def _ranks(tmp_path: Path, spec: dict, world: int) -> list[subprocess.CompletedProcess[str]]:
+    script = tmp_path / "meta.py"
+    script.write_text(META)
+    spec_file = tmp_path / f"spec{world}.json"
+    spec_file.write_text(json.dumps(spec))
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, str(script), "worker", str(spec_file)], cwd=REPO, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "RANK": str(r),
+                                   "WORLD_SIZE": str(world), "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"})
+             for r in range(world)]
+    out = []
+    for p in procs:
+        stdout, _ = p.communicate(timeout=180)
+        out.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, ""))
+    return out
+
+
+@needs_torch
+def test_the_worker_makes_every_tensor_on_the_ranks_device(tmp_path: Path) -> None:
+    multi = {"device": "cpu", "tasks": ["ddp", "allreduce", "p2p", "pipeline"], "quick": True, "stages": [2],
+             "out": str(tmp_path / "two.json")}
+    for r in _ranks(tmp_path, multi, 2):
+        assert r.returncode == 0, r.stdout[-3000:]
+    two = json.loads((tmp_path / "two.json").read_text())
+    assert two["ddp"]["params_max_spread"] == 0.0 and two["pipeline"]["output_max_abs_diff"] == 0.0
+    single = {"device": "cpu", "tasks": ["ddp", "pipeline_baseline"], "quick": True, "stages": [3],
+              "out": str(tmp_path / "one.json")}
+    [r] = _ranks(tmp_path, single, 1)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert json.loads((tmp_path / "one.json").read_text())["pipeline_baseline"]["by_stages"]["3"]["naive_devices"] == 1
+
+
+@needs_torch
+def test_stages_differ_by_at_most_one_layer() -> None:
+    from gpud.probe.worker import split
+
+    assert [len(r) for r in split(4, 3)] == [2, 1, 1]
+    for layers in range(1, 13):
+        for stages in range(1, layers + 1):
+            sizes = [len(r) for r in split(layers, stages)]
+            assert sum(sizes) == layers and max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
+            assert [i for r in split(layers, stages) for i in r] == list(range(layers))
+
+
+@needs_torch
+def test_bf16_only_from_ampere(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from gpud.probe.worker import precision
+
+    assert precision(torch.device("cpu")) == ("fp32", None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (7, 5))  # Turing: RTX 8000
+    assert precision(torch.device("cuda:0")) == ("fp16", torch.float16)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 6))  # Ampere: A6000
+    assert precision(torch.device("cuda:0")) == ("bf16", torch.bfloat16)
+
+
+@needs_torch
+def test_ddp_at_world_size_2_without_1(state_dir) -> None:
+    r = run_gpud("probe", "--device", "cpu", "--world-sizes", "2", "--suite", "ddp", "--quick", "--json",
+                 "--simulate", "z8-fury-4x-a6000", timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout)
+    assert res["world_sizes"] == [2] and set(res["ddp"]["by_world_size"]) == {"1", "2"}
+    assert res["ddp"]["by_world_size"]["2"]["efficiency"] > 0
+    assert res["diagnosis"]["verdicts"] == {"2": "n/a"}
+    out = io.StringIO()
+    sys_stdout, sys.stdout = sys.stdout, out
+    try:
+        from gpud.cli.probe import render
+
+        render(res)
+    finally:
+        sys.stdout = sys_stdout
+    text = out.getvalue()
+    header = next(line for line in text.splitlines() if line.startswith("world size"))
+    assert "functional check" in text and header.split() == ["world", "size", "samples/s", "spread"]
+    assert not re.search(r"\d\.\d\d×", text)
+
+
+@needs_torch
+def test_pipeline_with_three_stages_over_four_layers(state_dir) -> None:
+    r = run_gpud("probe", "--device", "cpu", "--world-sizes", "3", "--suite", "pipeline", "--quick", "--json",
+                 env={"GPUD_SIMULATE": "z8-fury-4x-a6000"}, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    p = json.loads(r.stdout)["pipeline"]["by_stages"]["3"]
+    assert p["stage_layers"] == [2, 1, 1] and p["output_max_abs_diff"] <= 1e-4
+    assert p["naive_devices"] == 1 and p["single_samples_per_second"] > 0  # from the baseline launch
+    hops = p["activation_hops"]
+    assert [(h["src_stage"], h["dst_stage"]) for h in hops] == [(0, 1), (1, 2)]
+    assert p["activation_bytes_per_second"] == min(h["bytes_per_second"] for h in hops) > 0
+
+
+@needs_torch
+def test_a_teardown_that_hangs_after_the_result_does_not_fail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner, "TEARDOWN_GRACE", 1.0)
+    t0 = time.monotonic()
+    res = launch({"device": "cpu", "tasks": ["allreduce"], "quick": True, "test_teardown_hang_seconds": 120}, 2,
+                 90.0, tmp_path)
+    assert time.monotonic() - t0 < 60
+    assert res["teardown_killed_ranks"] == [0, 1] and res["allreduce"]["peak_busbw_bytes_per_second"] > 0
+    spec = json.loads((tmp_path / "ws2-allreduce.spec.0.json").read_text())
+    assert spec["collective_timeout"] < spec["timeout"]  # a hung collective fails inside the rank, named
+
+
+@needs_torch
+def test_ranks_are_pinned_to_their_cpus(tmp_path: Path) -> None:
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    res = launch({"device": "cpu", "tasks": ["ddp"], "quick": True}, 1, 90.0, tmp_path, affinity=[[cpu]])
+    assert res["ranks"][0]["cpus"] == [cpu]
+
+
+def test_cpu_affinity_only_on_multi_socket_machines(state_dir) -> None:
+    allowed = os.sched_getaffinity(0)
+    two = open_machine("2s-8x-a6000")
+    got = cpu_affinity(two, list(range(8)))
+    want = [sorted(set(g.cpu_affinity or ()) & allowed) for g in sorted(two.snapshot().gpus, key=lambda g: g.index)]
+    assert got == want and len(got) == 8
+    assert cpu_affinity(open_machine("z8-fury-4x-a6000"), [0, 1, 2, 3]) == []
+
+
+def test_visible_gpus_follow_cuda_visible_devices(state_dir) -> None:
+    infos = list(open_machine("z8-fury-4x-a6000").snapshot().gpus)
+    assert visible_gpus(infos, {}) == [0, 1, 2, 3]
+    assert visible_gpus(infos, {"CUDA_VISIBLE_DEVICES": "2,3"}) == [2, 3]
+    assert visible_gpus(infos, {"CUDA_VISIBLE_DEVICES": f"{infos[3].uuid[:12]},0"}) == [3, 0]
+    assert visible_gpus(infos, {"CUDA_VISIBLE_DEVICES": "1,9,2"}) == [1]  # CUDA stops at the first bad entry
+
+
+@needs_torch
+def test_one_probe_at_a_time(state_dir) -> None:
+    with probe_lock(), pytest.raises(ProbeBusy, match=f"another probe is running on this machine \\(pid {os.getpid()}"):
+        run_probe(device="cpu", gpus=0, world_sizes=[1], suites=["ddp"], quick=True, keep_history=False)
+
+
+@needs_torch
+def test_busy_gpus_are_refused_before_anything_starts(state_dir) -> None:
+    m = open_machine("z8-fury-4x-a6000-degraded")  # GPU1 trains someone's model
+    with pytest.raises(ProbeBusy, match=r"GPU1: 100 % busy, pid 48213 \(alice: python train_resnet.py --gpu 1\)"):
+        run_probe(device="cuda", gpus=4, world_sizes=[2], suites=["ddp"], quick=True, machine=m, keep_history=False)
+
+
+def test_every_nccl_variable_is_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NCCL_P2P_LEVEL", "SYS")
+    monkeypatch.setenv("NCCL_IB_DISABLE", "1")
+    res = assemble(make_plan("cpu", 0, [1], ["ddp"], True), [])
+    assert res["nccl"]["env"] == {"NCCL_IB_DISABLE": "1", "NCCL_P2P_LEVEL": "SYS"}
+
+
+@needs_torch
+def test_the_daemons_probe_logs_its_result_and_leaves_no_zombie(tmp_path: Path, state_dir) -> None:
+    d = RunningDaemon(tmp_path, sim="z8-fury-4x-a6000", config="probe_world_sizes = [2]\n")
+    try:
+        reply = request(d.sock, "probe-now")
+        assert reply and reply["ok"], reply
+        pid = int(reply["message"].rsplit(" ", 1)[1])
+        d.wait_for(lambda: "probe finished (requested): OK" in d.logs(), 150, "the probe's result in the log")
+        time.sleep(0.5)
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().split(") ")[1][0] != "Z"
+    finally:
+        d.stop()
+
+
+def test_gpu_ranks_write_nccls_transports_to_a_file_each(tmp_path: Path) -> None:
+    spec = {"device": "cuda", "tasks": ["allreduce"]}
+    env = runner.rank_env(spec, 2, 1, 29500, tmp_path, 2, environ={"PATH": "/bin", "RANK": "7"})
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["MASTER_PORT"]) == ("1", "1", "2", "29500")
+    assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_SUBSYS"] == "INIT"
+    assert env["NCCL_DEBUG_FILE"] == str(tmp_path / "nccl-ws2-rank1.log")
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    mine = runner.rank_env(spec, 2, 0, 1, tmp_path, 2, environ={"NCCL_DEBUG": "WARN", "CUDA_VISIBLE_DEVICES": "2,3"})
+    assert mine["NCCL_DEBUG"] == "WARN" and "NCCL_DEBUG_SUBSYS" not in mine and mine["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert "NCCL_DEBUG" not in runner.rank_env({"device": "cpu"}, 2, 0, 1, tmp_path, None, environ={})
+
+
+@needs_torch
+def test_a_gpu_group_has_a_backend_per_device_type(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checked without a GPU: the process group a GPU rank creates, recorded instead of created."""
+    import torch
+    import torch.distributed as dist
+
+    from gpud.probe import worker
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 6))
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: calls.append((backend, kw)))
+    ctx = worker.init({"device": "cuda", "collective_timeout": 30, "quick": True}, 1, 2, 1)
+    [(backend, kw)] = calls
+    assert backend == "cpu:gloo,cuda:nccl" and kw["device_id"] == torch.device("cuda:1") == ctx.device
+    assert kw["timeout"].total_seconds() == 30 and (kw["rank"], kw["world_size"]) == (1, 2)
+    assert ctx.dtype_name == "bf16"
