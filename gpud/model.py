@@ -113,6 +113,7 @@ class GpuSample:
     timestamp: float
     lost: bool = False
     error: str | None = None  # why a lost GPU could not be read (NVML's answer)
+    inaccessible: bool = False  # not lost: NVML refused this user the device (NO_PERMISSION)
     temperature_celsius: int | None = None
     fans: tuple[FanReading, ...] = ()
     power_watts: float | None = None

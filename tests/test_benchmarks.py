@@ -16,7 +16,8 @@ def test_benchmark_command_prints_every_row(tmp_path) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     figures = {row["figure"] for row in rows}
-    for needle in ("gpud --help wall", "gpud doctor wall (z8-fury-4x-a6000)", "tick under the NVML latency model, 8 GPUs",
+    for needle in ("gpud --help wall", "gpud doctor wall (z8-fury-4x-a6000)",
+                   "tick under the NVML latency model, 8 GPUs",
                    "NVML calls per GPU per tick, 8 GPUs", "daemon CPU, 8 GPUs, 1 s ticks", "daemon RSS, 8 GPUs",
                    "/metrics p50, 1 client, one scrape per tick", "/metrics p99, 50 clients",
                    "tick period error p99, 50 scrapers", "probe per-step overhead against a plain DDP loop"):

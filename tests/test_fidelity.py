@@ -479,3 +479,73 @@ def test_setters_need_root(tmp_path, monkeypatch) -> None:
     assert "sudo" in exc.value.remedy
     assert m.simulation.machine.state["writes"] == 0
     assert m.snapshot().samples[0].power_limit_watts == 300  # reading needs no privilege
+
+
+@pytest.mark.parametrize("entry", [24, 32])
+def test_process_lists_in_either_entry_layout(tmp_path, entry: int) -> None:
+    """nvml.h's process entry is 24 bytes; early R535 drivers wrote 32; nvidia-ml-py 12.535 declares
+    32 and 13.x 24 — trusting the bindings' struct garbles every process after the first."""
+    procs = ", ".join(f"{{ pid = {pid}, used_mib = {mib} }}" for pid, mib in ((1111, 1000), (2222, 2000),
+                                                                            (3333, 3000)))
+    m = open_machine(describe(tmp_path, machine=f"process_entry_bytes = {entry}", gpu0=f"processes = [{procs}]"))
+    got = [(p.pid, p.used_memory_bytes) for p in m.snapshot().samples[0].processes]
+    assert got == [(1111, 1000 << 20), (2222, 2000 << 20), (3333, 3000 << 20)]
+    assert m.snapshot().samples[1].processes == ()
+
+
+def test_a_permission_refusal_is_not_a_gpu_off_the_bus(tmp_path) -> None:
+    """nvml.h: GetCount "returns count of all devices in the system even if
+    nvmlDeviceGetHandleByIndex_v2 returns NVML_ERROR_NO_PERMISSION for such device"."""
+    m = open_machine(describe(tmp_path))
+    m.simulation.machine.inject("no_permission", call="nvmlDeviceGetHandleByIndex")
+    s = m.snapshot().samples
+    assert all(x.lost and x.inaccessible for x in s) and "Insufficient Permissions" in (s[0].error or "")
+
+
+def test_deprecated_is_unsupported_and_cached(tmp_path) -> None:
+    """Drivers from 590 answer the application-clock calls with NVML_ERROR_DEPRECATED (the H200 dump
+    of driver 590.48.01 prints "Requested functionality has been deprecated")."""
+    m = open_machine(describe(tmp_path, machine='driver_version = "590.48.01"'))
+    m.snapshot()
+    m.snapshot()
+    assert m.snapshot().samples[0].applications_clocks_mhz == {"graphics": None, "memory": None}
+    # asked once per GPU and clock, then cached as unsupported
+    assert m.nvml.errors["nvmlDeviceGetApplicationsClock"] == 4
+    with pytest.raises(Unsupported):
+        m.nvml.set_applications_clocks(0, 8001, 1800)
+
+
+def test_the_sampler_survives_a_lost_gpu_and_a_late_driver(tmp_path) -> None:
+    import threading
+
+    m = open_machine(describe(tmp_path))
+    m.snapshot()
+    m.simulation.machine.inject("gpu_lost", gpu=1)
+    errors: list[BaseException] = []
+    old = threading.excepthook
+    threading.excepthook = lambda a: errors.append(a.exc_value)  # type: ignore[assignment]
+    try:
+        m.nvml.sample_pcie_all([0, 1], processes=True)
+    finally:
+        threading.excepthook = old
+    assert errors == []
+    nodrv = open_machine(describe(tmp_path, name="late", machine="driver_loaded = false"))
+    stop = threading.Event()
+    nodrv.nvml.start_sampler(stop)
+    stop.set()
+    assert not nodrv.nvml.offtick  # the tick goes on reading the blocking calls itself
+
+
+def test_gpus_with_byte_counters_are_not_sampled_for_20_ms(tmp_path) -> None:
+    import threading
+
+    m = open_machine(describe(tmp_path, model="H200", defaults="utilization_percent = 50\npower_watts = 400"))
+    s = m.snapshot(pcie=True).samples[0]
+    assert s.pcie_tx_bytes_per_second is not None  # a one-shot read has the sampled value
+    stop = threading.Event()
+    m.nvml.start_sampler(stop, every_s=3600)
+    before = m.simulation.library.called["nvmlDeviceGetPcieThroughput"]
+    m.snapshot()
+    m.nvml.sample_pcie_all([0, 1], processes=True)
+    stop.set()
+    assert m.simulation.library.called["nvmlDeviceGetPcieThroughput"] == before

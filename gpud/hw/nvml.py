@@ -11,6 +11,7 @@ give them (Unsupported is not zero); a lost GPU is never hidden.
 from __future__ import annotations
 
 import ctypes
+import logging
 import threading
 import time
 from collections import Counter
@@ -30,10 +31,11 @@ from gpud.model import (
 )
 
 T = TypeVar("T")
+log = logging.getLogger("gpud.nvml")
 
 # NVML return codes (nvml.h); fixed by the C API, so spelled out here rather than read from
 # the bindings (some binding releases carry typos, e.g. NVML_P2P_CAPS_INDEX_READ = (0,)).
-_NOT_SUPPORTED = {3, 13}  # NOT_SUPPORTED, FUNCTION_NOT_FOUND
+_NOT_SUPPORTED = {3, 13, 26}  # NOT_SUPPORTED, FUNCTION_NOT_FOUND, DEPRECATED (app clocks on 590+ drivers)
 _NO_PERMISSION = {4}
 _GPU_LOST = {15, 16}  # GPU_IS_LOST, RESET_REQUIRED
 _NO_DRIVER = {9, 12, 18}  # DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, LIB_RM_VERSION_MISMATCH
@@ -80,10 +82,15 @@ FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES = 197, 198  # NVML_FI_DEV_PCIE_COUNT_{TX,RX}_
 # Readings that block (nvmlDeviceGetPcieThroughput: 20 ms each, NVML reference; the running-process
 # lists: milliseconds, docs/simulation.md) are read off the tick by the daemon, this often.
 OFFTICK_EVERY_S = 5.0
-# Compute processes: the newest entry point first; an old driver lacks _v3 (FUNCTION_NOT_FOUND, or
-# NVMLLibraryMismatchError from the unversioned wrapper of newer bindings).
-PROCESS_CALLS = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2",
-                 "nvmlDeviceGetComputeRunningProcesses")
+# Compute processes: the newest entry point first; an old driver lacks _v3 (FUNCTION_NOT_FOUND).
+PROCESS_CALLS = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2")
+# nvml.h's process entry is 24 bytes (pid, usedGpuMemory, gpuInstanceId, computeInstanceId); early
+# R535 drivers wrote 32 (with usedGpuCcProtectedMemory), and nvidia-ml-py's struct follows neither
+# reliably (12.535: 32 bytes, 13.x: 24). gpud reads the entries itself and measures their size.
+PROCESS_ENTRY_MAX = 32
+SENTINEL = 0xA5
+INSUFFICIENT_SIZE = 7
+NOT_AVAILABLE_ULL = 2**64 - 1
 
 
 def normalize_bus_id(raw: str | bytes) -> str:
@@ -96,6 +103,16 @@ def normalize_bus_id(raw: str | bytes) -> str:
     if len(parts) == 2:  # no domain
         return f"0000:{parts[0]}:{parts[1]}"
     return text
+
+
+class GpuProcessEntry:
+    """One entry of NVML's process list (the fields gpud uses, as the bindings name them)."""
+
+    __slots__ = ("pid", "usedGpuMemory")
+
+    def __init__(self, pid: int, used: int | None) -> None:
+        self.pid = pid
+        self.usedGpuMemory = used
 
 
 def _hashable(arg: Any) -> Any:
@@ -114,6 +131,17 @@ def _hashable(arg: Any) -> Any:
 
 def _text(raw: Any) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+def field_int(v: Any) -> tuple[int, int] | None:
+    """(value, width in bits) of an integer ``nvmlFieldValue_t``; None when it failed or is no integer."""
+    if v.nvmlReturn != 0:
+        return None
+    kind = {1: ("uiVal", 32), 2: ("ulVal", 64), 3: ("ullVal", 64), 4: ("sllVal", 64), 5: ("siVal", 32)}.get(
+        int(v.valueType))
+    if kind is None:
+        return None
+    return int(getattr(v.value, kind[0])), kind[1]
 
 
 def _bits(words: Any) -> tuple[int, ...]:
@@ -150,6 +178,7 @@ class Nvml:
         self._pcie_counts: dict[int, tuple[float, int, int]] = {}  # cumulative byte counters, last tick
         self._pcie_sampled: dict[int, tuple[float, int, int]] = {}  # (when, TX B/s, RX B/s) off the tick
         self._procs: dict[int, tuple[float, Any]] = {}  # (when, processes) read off the tick
+        self._pcie_counter_ok: set[int] = set()  # GPUs whose cumulative PCIe byte counters answer
         self.offtick = False  # a sampler thread reads the blocking readings; the tick uses its results
         self._unsupported: set[tuple[Any, ...]] = set()  # (function, GPU, arguments) that said NotSupported
         self.calls = 0  # NVML calls made (for the benchmarks)
@@ -286,8 +315,8 @@ class Nvml:
             if h is None:
                 try:
                     h = self.call("nvmlDeviceGetHandleByIndex", index, gpu=index)
-                except (GpuLost, DriverNotLoaded):
-                    raise
+                except (GpuLost, DriverNotLoaded, PermissionDenied):
+                    raise  # NO_PERMISSION: a device node this user may not open (nvml.h), not a lost GPU
                 except NvmlError as err:
                     raise GpuLost(str(err), call=err.call, gpu=index, code=err.code) from err
                 self._handles[index] = h
@@ -381,16 +410,40 @@ class Nvml:
         """Absolute thresholds from T.Limit offsets: threshold = temperature + margin − offset (the
         offset is where the margin stands when the threshold is reached). Empty without the margin
         call (nvidia-ml-py before 12.570) or the fields."""
-        margin = self.get("nvmlDeviceGetMarginTemperature", h, gpu=index)
-        temp = self.get("nvmlDeviceGetTemperature", h, TEMPERATURE_GPU, gpu=index)
+        margin = self._optional(("nvmlDeviceGetMarginTemperature", index, ()), lambda: self._margin(h, index))
+        temp = self._temperature(h, index)
         values = self.get("nvmlDeviceGetFieldValues", h, list(FI_TLIMIT.values()), gpu=index)
         if margin is None or temp is None or values is None:
             return {}
         out: dict[str, int | None] = {}
         for (key, _), v in zip(FI_TLIMIT.items(), values, strict=False):
-            if v.nvmlReturn == 0:
-                out[key] = int(temp) + int(margin) - int(v.value.siVal)
+            got = field_int(v)
+            if got is not None:
+                out[key] = int(temp) + int(margin) - got[0]
         return out
+
+    def _margin(self, h: Any, index: int) -> int:
+        """``nvmlDeviceGetMarginTemperature`` — through the C function with nvml.h's versioned struct
+        where the bindings (nvidia-ml-py before 12.570) have no wrapper for it."""
+        if hasattr(self._m, "nvmlDeviceGetMarginTemperature"):
+            return int(self.call("nvmlDeviceGetMarginTemperature", h, gpu=index))
+
+        class Margin(ctypes.Structure):
+            _fields_ = [("version", ctypes.c_uint), ("marginTemperature", ctypes.c_int)]
+
+        out = Margin(version=ctypes.sizeof(Margin) | 1 << 24)  # NVML_STRUCT_VERSION(MarginTemperature, 1)
+        fn = self._c_function("nvmlDeviceGetMarginTemperature", index)
+        self.calls += 1
+        self._c_check(fn(h, ctypes.byref(out)), "nvmlDeviceGetMarginTemperature", index)
+        return int(out.marginTemperature)
+
+    def _temperature(self, h: Any, index: int) -> int | None:
+        """GPU temperature: ``nvmlDeviceGetTemperature``, deprecated ("will be removed in CUDA 14.0"),
+        then its successor ``nvmlDeviceGetTemperatureV`` where the first is gone."""
+        t = self.get("nvmlDeviceGetTemperature", h, TEMPERATURE_GPU, gpu=index)
+        if t is None and ("nvmlDeviceGetTemperature", index, (TEMPERATURE_GPU,)) in self._unsupported:
+            t = self.get("nvmlDeviceGetTemperatureV", h, TEMPERATURE_GPU, gpu=index)
+        return int(t) if t is not None else None
 
     # -- one reading per tick ---------------------------------------------------------
     def sample(self, index: int) -> GpuSample:
@@ -410,7 +463,7 @@ class Nvml:
             self._handles.pop(index, None)  # look the GPU up again next time: it may come back
             self._info.pop(index, None) if cached is None else None
             return GpuSample(index=index, uuid=cached.uuid if cached else "", timestamp=now, lost=True,
-                             error=str(err))
+                             error=str(err), inaccessible=isinstance(err, PermissionDenied))
 
     def _sample(self, index: int, info: GpuInfo, now: float) -> GpuSample:
         h = self.handle(index)
@@ -454,7 +507,7 @@ class Nvml:
             index=index,
             uuid=info.uuid,
             timestamp=now,
-            temperature_celsius=get("nvmlDeviceGetTemperature", TEMPERATURE_GPU),
+            temperature_celsius=self._temperature(h, index),
             fans=tuple(fans),
             power_watts=watts(get("nvmlDeviceGetPowerUsage")),
             power_limit_watts=watts(get("nvmlDeviceGetEnforcedPowerLimit")),
@@ -495,18 +548,63 @@ class Nvml:
         )
 
     def _processes(self, index: int, h: Any, locked: bool = True) -> Any:
-        """The GPU's compute processes: the newest entry point the driver and bindings have."""
+        """The GPU's compute processes, from the newest entry point the driver exports."""
         for name in PROCESS_CALLS:
             if (name, index, ()) in self._unsupported:
                 continue
 
             def read(n: str = name) -> Any:
-                return self.call(n, h, gpu=index) if locked else self._raw(n, h, gpu=index)
+                if not locked:
+                    return self._process_entries(n, h, index)
+                with self._lock:
+                    return self._process_entries(n, h, index)
 
             procs = self._optional((name, index, ()), read)
             if procs is not None:
                 return procs
         return None
+
+    def _c_function(self, name: str, gpu: int | None) -> Any:
+        """An entry point of the C library itself, through the bindings' resolver (all versions)."""
+        try:
+            return self._m._nvmlGetFunctionPointer(name)
+        except self._m.NVMLError as err:
+            raise self._translate(err, name, gpu) from err
+        except AttributeError as err:
+            raise Unsupported(f"{name}: the bindings cannot resolve C functions", call=name, gpu=gpu) from err
+
+    def _c_check(self, ret: int, name: str, gpu: int | None) -> None:
+        if ret != 0:
+            self.errors[name] += 1
+            raise self._translate(self._m.NVMLError(ret), name, gpu)
+
+    def _process_entries(self, name: str, h: Any, index: int) -> list[GpuProcessEntry]:
+        """Call the process-list entry point with gpud's own buffer: sized for the largest entry any
+        driver writes and filled with a sentinel, so the entry size the driver used is seen in the
+        bytes it left untouched (a pid or a memory size is never 0xA5A5…)."""
+        fn = self._c_function(name, index)
+        count = ctypes.c_uint(0)
+        self.calls += 1
+        ret = fn(h, ctypes.byref(count), None)
+        if ret == 0:
+            return []
+        if ret != INSUFFICIENT_SIZE:
+            self._c_check(ret, name, index)
+        room = count.value * 2 + 5  # processes may start between the two calls
+        buf = (ctypes.c_ubyte * (room * PROCESS_ENTRY_MAX))()
+        ctypes.memset(buf, SENTINEL, ctypes.sizeof(buf))
+        count.value = room
+        self.calls += 1
+        self._c_check(fn(h, ctypes.byref(count), buf), name, index)
+        n = count.value
+        raw = bytes(buf)
+        size = 24 if n == 0 or raw[24 * n:32 * n] == bytes([SENTINEL]) * (8 * n) else 32
+        out = []
+        for k in range(n):
+            pid = int.from_bytes(raw[k * size:k * size + 4], "little")
+            mem = int.from_bytes(raw[k * size + 8:k * size + 16], "little")
+            out.append(GpuProcessEntry(pid, None if mem == NOT_AVAILABLE_ULL else mem))
+        return out
 
     def _offtick_processes(self, index: int, now: float) -> Any:
         got = self._procs.get(index)
@@ -518,22 +616,25 @@ class Nvml:
         key = ("nvmlDeviceGetFieldValues", index, ("pcie_bytes",))
         if key not in self._unsupported:
             values = self.get("nvmlDeviceGetFieldValues", h, [FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES], gpu=index)
-            if values is not None and all(v.nvmlReturn == 0 for v in values):
-                tx, rx = int(values[0].value.ullVal), int(values[1].value.ullVal)
+            counts = [field_int(v) for v in values] if values is not None else [None]
+            if None not in counts:
+                self._pcie_counter_ok.add(index)
+                (tx, bits), (rx, _) = counts  # type: ignore[misc]
                 last = self._pcie_counts.get(index)
                 self._pcie_counts[index] = (now, tx, rx)
-                if last is None or now <= last[0] or tx < last[1] or rx < last[2]:  # first, or wrapped
-                    return None, None
-                dt = now - last[0]
-                return int((tx - last[1]) / dt), int((rx - last[2]) / dt)
-            self._unsupported.add(key)
-        sampled = self._pcie_sampled.get(index)
+                if last is not None and now > last[0]:
+                    dt, wrap = now - last[0], 1 << bits  # "Value can be wrapped" (nvml.h): modulo its width
+                    return int((tx - last[1]) % wrap / dt), int((rx - last[2]) % wrap / dt)
+            else:
+                self._unsupported.add(key)
+        sampled = self._pcie_sampled.get(index)  # no counters, or no earlier count yet
         if sampled is None or now - sampled[0] > 3 * OFFTICK_EVERY_S:
             return None, None
         return sampled[1], sampled[2]
 
     def needs_pcie_sampling(self, index: int) -> bool:
-        return (("nvmlDeviceGetFieldValues", index, ("pcie_bytes",)) in self._unsupported
+        """No working byte counters (yet) and a throughput call that answers."""
+        return (index not in self._pcie_counter_ok
                 and ("nvmlDeviceGetPcieThroughput", index, (PCIE_TX,)) not in self._unsupported)
 
     def sample_pcie(self, index: int) -> None:
@@ -557,23 +658,21 @@ class Nvml:
             rates.append(int(kbs) * 1024)
         self._pcie_sampled[index] = (time.time(), rates[0], rates[1])
 
-    def sample_offtick(self, index: int) -> None:
+    def sample_offtick(self, index: int, processes: bool = False) -> None:
         """The blocking readings of one GPU, without gpud's lock: PCIe throughput where there are no
-        byte counters, and the process list when a sampler thread serves the tick."""
-        if self.needs_pcie_sampling(index) or ("nvmlDeviceGetFieldValues", index, ("pcie_bytes",)) \
-                not in self._unsupported:
-            self.sample_pcie(index)
-        if self.offtick:
-            try:
-                h = self.handle(index)
-                procs = self._processes(index, h, locked=False)
-            except NvmlError:
-                return
-            self._procs[index] = (time.time(), procs)
+        byte counters, and (``processes``) the process list. Never raises: a thread runs it."""
+        try:
+            if self.needs_pcie_sampling(index):
+                self.sample_pcie(index)
+            if processes:
+                procs = self._processes(index, self.handle(index), locked=False)
+                self._procs[index] = (time.time(), procs)
+        except NvmlError as err:  # a lost GPU or a missing driver: the tick reports it
+            log.debug("off-tick readings of GPU %d: %s", index, err)
 
-    def sample_pcie_all(self, indices: list[int]) -> None:
+    def sample_pcie_all(self, indices: list[int], processes: bool = False) -> None:
         """Every GPU's blocking readings at once, in parallel: one 40 ms wait, not 40 ms per GPU."""
-        threads = [threading.Thread(target=self.sample_offtick, args=(i,), daemon=True) for i in indices]
+        threads = [threading.Thread(target=self.sample_offtick, args=(i, processes), daemon=True) for i in indices]
         for t in threads:
             t.start()
         for t in threads:
@@ -581,14 +680,21 @@ class Nvml:
 
     def start_sampler(self, stop: threading.Event, every_s: float = OFFTICK_EVERY_S) -> threading.Thread:
         """Serve the tick's blocking readings from a thread, every ``every_s``; the first round is read
-        here, before the first tick."""
-        self.offtick = True
-        gpus = list(range(self.device_count()))
-        self.sample_pcie_all(gpus)
+        here, before the first tick. Until it runs (NVML not ready at start), the tick reads them."""
+
+        def round_() -> None:
+            try:
+                self.sample_pcie_all(list(range(self.device_count())), processes=True)
+            except NvmlError as err:
+                log.debug("off-tick sampler: %s", err)
+                return
+            self.offtick = True  # from the first round that could read, the tick uses these
+
+        round_()
 
         def loop() -> None:
             while not stop.wait(every_s):
-                self.sample_pcie_all(gpus)
+                round_()
 
         thread = threading.Thread(target=loop, name="gpud-offtick-sampler", daemon=True)
         thread.start()

@@ -57,6 +57,7 @@ MACHINE_KEYS: dict[str, tuple[Any, Any]] = {
     "ambient_celsius": ((int, float), 25.0),
     "nvswitches": (list, []),  # PCI addresses of NVSwitches (HGX baseboards)
     "driver_lacks": (list, []),  # NVML entry points an older driver does not export
+    "process_entry_bytes": (int, 24),  # the driver's process-list entry: nvml.h 24, early R535 32
 }
 
 GPU_KEYS: dict[str, tuple[Any, Any]] = {
@@ -226,6 +227,8 @@ def parse(data: dict[str, Any], file: str, digest: str = "") -> Description:
         raise InvalidInput(file, "machine.sockets", "must be at least 1")
     if isinstance(machine["memlock_kib"], str) and machine["memlock_kib"] != "unlimited":
         raise InvalidInput(file, "machine.memlock_kib", "must be an integer or \"unlimited\"")
+    if machine["process_entry_bytes"] not in (24, 32):
+        raise InvalidInput(file, "machine.process_entry_bytes", "must be 24 (nvml.h) or 32 (early R535 drivers)")
     if machine["shm_mib"] is None:
         machine["shm_mib"] = machine["memory_gib"] * 512
     defaults = data.get("gpu_defaults", {})

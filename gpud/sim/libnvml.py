@@ -41,7 +41,8 @@ DRIVER_NOT_LOADED = 9
 GPU_IS_LOST = 15
 UNKNOWN = 999
 
-ERROR_TEXT = {SUCCESS: "Success", UNINITIALIZED: "Uninitialized", INVALID_ARGUMENT: "Invalid Argument",
+ERROR_TEXT = {26: "Requested functionality has been deprecated",
+              SUCCESS: "Success", UNINITIALIZED: "Uninitialized", INVALID_ARGUMENT: "Invalid Argument",
               NOT_SUPPORTED: "Not Supported", NO_PERMISSION: "Insufficient Permissions", NOT_FOUND: "Not Found",
               INSUFFICIENT_SIZE: "Insufficient Size", DRIVER_NOT_LOADED: "Driver Not Loaded",
               GPU_IS_LOST: "GPU is lost", 13: "Function Not Found", UNKNOWN: "Unknown Error"}
@@ -669,8 +670,20 @@ def _clock(lib: SimLibrary, i: int, clock: int) -> int:
     return int(top)
 
 
+DEPRECATED = 26  # NVML_ERROR_DEPRECATED
+
+
+def app_clocks_gone(lib: SimLibrary) -> None:
+    """Drivers from 590 answer the application-clock calls with Deprecated (nvml.h marks them
+    DEPRECATED(13.0); an H200 on 590.48.01 prints "Requested functionality has been deprecated")."""
+    major = str(lib.sim.desc.machine["driver_version"]).split(".")[0]
+    if major.isdigit() and int(major) >= 590:
+        fail(DEPRECATED)
+
+
 @entry("nvmlDeviceGetApplicationsClock")
 def _app_clock(lib: SimLibrary, i: int, clock: int) -> int:
+    app_clocks_gone(lib)
     g, s = lib.gpu(i), lib.settings(i)
     if s["app_clocks"]:
         return int(s["app_clocks"][0] if clock == CLOCK_MEM else s["app_clocks"][1])
@@ -679,6 +692,7 @@ def _app_clock(lib: SimLibrary, i: int, clock: int) -> int:
 
 @entry("nvmlDeviceGetDefaultApplicationsClock")
 def _default_app_clock(lib: SimLibrary, i: int, clock: int) -> int:
+    app_clocks_gone(lib)
     g = lib.gpu(i)
     return int(g["default_app_memory_mhz"] if clock == CLOCK_MEM else g["default_app_graphics_mhz"])
 
@@ -718,6 +732,7 @@ def _reset_mem(lib: SimLibrary, i: int) -> None:
 
 @entry("nvmlDeviceSetApplicationsClocks", outs=0, setter=True)
 def _set_app(lib: SimLibrary, i: int, mem: int, gfx: int) -> None:
+    app_clocks_gone(lib)
     g = lib.gpu(i)
     if mem > g["max_memory_mhz"] or gfx > g["max_graphics_mhz"]:
         lib.write()
@@ -727,6 +742,7 @@ def _set_app(lib: SimLibrary, i: int, mem: int, gfx: int) -> None:
 
 @entry("nvmlDeviceResetApplicationsClocks", outs=0, setter=True)
 def _reset_app(lib: SimLibrary, i: int) -> None:
+    app_clocks_gone(lib)
     _clock_write(lib, i, "app_clocks", None)
 
 
@@ -781,6 +797,10 @@ def _memory(lib: SimLibrary, i: int) -> dict[str, int]:
 
 
 def _processes(lib: SimLibrary, i: int, count: Any, out: Any) -> None:
+    """``*infoCount`` in: the room the caller has; out: the number of processes. The entries are
+    written as the driver lays them out — nvml.h's 24 bytes (pid, pad, usedGpuMemory, gpuInstanceId,
+    computeInstanceId), or 32 with usedGpuCcProtectedMemory (``process_entry_bytes``, early R535) —
+    whatever struct the bindings declared."""
     procs = lib.gpu(i)["processes"]
     n = _target(count)
     if out is None or n.value < len(procs):
@@ -788,11 +808,14 @@ def _processes(lib: SimLibrary, i: int, count: Any, out: Any) -> None:
         if procs:
             fail(INSUFFICIENT_SIZE)
         return
-    for k, p in enumerate(procs):
-        out[k].pid = p["pid"]
-        out[k].usedGpuMemory = p["used_mib"] << 20
-        out[k].gpuInstanceId = 0xFFFFFFFF
-        out[k].computeInstanceId = 0xFFFFFFFF
+    size = int(lib.sim.desc.machine["process_entry_bytes"])
+    data = b"".join(
+        p["pid"].to_bytes(4, "little") + bytes(4) + (p["used_mib"] << 20).to_bytes(8, "little")
+        + (0xFFFFFFFF).to_bytes(4, "little") * 2 + bytes(size - 24) for p in procs)
+    target = _target(out)
+    # A real driver writes all of it, past a buffer declared for smaller entries; here it stops at
+    # the buffer's end (this process's own memory is at stake), which the test of the layout notes.
+    ctypes.memmove(ctypes.addressof(target), data, min(len(data), ctypes.sizeof(target)))
     n.value = len(procs)
 
 
