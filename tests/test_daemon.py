@@ -260,6 +260,7 @@ def test_tls_and_basic_auth(tmp_path: Path, state_dir) -> None:
     auth = {"Authorization": "Basic " + base64.b64encode(b"prom:s3cret").decode()}
     with urllib.request.urlopen(urllib.request.Request(url, headers=auth), context=ctx, timeout=5) as r:
         assert r.status == 200 and b"gpud_gpu_up" in r.read()
+    assert f"serving https://127.0.0.1:{d.port}/metrics" in d.logs()  # the start-up line says what it serves
     bad = {"Authorization": "Basic " + base64.b64encode(b"prom:wrong").decode()}
     with pytest.raises(urllib.error.HTTPError) as exc:
         urllib.request.urlopen(urllib.request.Request(url, headers=bad), context=ctx, timeout=5)

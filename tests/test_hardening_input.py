@@ -141,3 +141,15 @@ def test_no_remedy_carries_a_literal_n(capsys, state_dir) -> None:
         code, out, _ = cli(capsys, "doctor", "--json", "--simulate", name)
         for c in json.loads(out)["checks"]:
             assert "-i N" not in c["remedy"] and "=N " not in c["remedy"] and "=N`" not in c["remedy"], c
+
+
+def test_psu_rating_comes_from_smbios_when_the_configuration_does_not_give_it(capsys, state_dir) -> None:
+    m = fresh()
+    entry = m.host.path("/sys/firmware/dmi/entries/39-0")
+    entry.mkdir(parents=True, exist_ok=True)
+    raw = bytearray(0x16)
+    raw[0], raw[1] = 39, 0x16
+    raw[0x0C:0x0E] = (1125).to_bytes(2, "little")
+    (entry / "raw").write_bytes(bytes(raw))
+    code, out, _ = cli(capsys, "doctor", "--check", "host.psu", "--json", "--simulate", SIM)
+    assert "of a 1125 W supply" in json.loads(out)["checks"][0]["summary"], out

@@ -16,7 +16,6 @@ import pytest
 from conftest import REPO
 from tuning_helpers import RICH, cli, fingerprint, fresh, write_profile
 
-from gpud.paths import TuningLock
 from gpud.tuning import engine
 from gpud.tuning import state as st
 from gpud.tuning.profile import load
@@ -31,6 +30,8 @@ def _gpud(*args: str) -> subprocess.Popen[str]:
 
 
 def test_apply_waits_for_the_machine_wide_tuning_lock(tmp_path: Path, state_dir) -> None:
+    from gpud.paths import TuningLock
+
     original = fingerprint(fresh())
     p = write_profile(tmp_path, RICH)
     lock = TuningLock("gpud apply")
