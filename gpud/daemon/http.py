@@ -302,6 +302,8 @@ def make_handler(ep: Endpoints) -> type[BaseHTTPRequestHandler]:
                 super().finish()
             except OSError:
                 pass
+            if isinstance(self.connection, ssl.SSLSocket):
+                self.connection.close()  # the server closes the plain socket it accepted, not this one
 
         def log_message(self, fmt: str, *args: Any) -> None:  # scrapes are not worth a log line
             log.debug("%s " + fmt, self.address_string(), *args)
