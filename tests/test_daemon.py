@@ -331,7 +331,11 @@ def test_probe_runs_on_schedule_only_when_idle(tmp_path: Path, state_dir) -> Non
     # Two machines, each with its own state directory (one daemon per state directory: its tuning lock)
     busy = RunningDaemon(tmp_path / "busy", sim="z8-fury-4x-a6000-degraded", config=sched,  # GPU1 trains
                          env={"GPUD_STATE_DIR": str(tmp_path / "busy" / "state")})
-    idle = RunningDaemon(tmp_path / "idle", config=sched, env={"GPUD_STATE_DIR": str(tmp_path / "idle" / "state")})
+    try:
+        idle = RunningDaemon(tmp_path / "idle", config=sched, env={"GPUD_STATE_DIR": str(tmp_path / "idle" / "state")})
+    except BaseException:
+        busy.stop(signal.SIGKILL)  # never leave a daemon behind
+        raise
     try:
         idle.wait_for(lambda: "probe started (schedule)" in idle.logs(), 10, "a scheduled probe on the idle machine")
         time.sleep(1.0)

@@ -136,11 +136,23 @@ def test_a_bridge_partner_off_the_bus_is_not_a_bridge_to_reseat(capsys, tmp_path
     assert all("off the bus: 0000:38:00.0" in c["summary"] for c in checks), checks
 
 
-def test_no_remedy_carries_a_literal_n(capsys, state_dir) -> None:
-    for name in ("z8-fury-4x-a6000-degraded", SIM):
-        code, out, _ = cli(capsys, "doctor", "--json", "--simulate", name)
-        for c in json.loads(out)["checks"]:
-            assert "-i N" not in c["remedy"] and "=N " not in c["remedy"] and "=N`" not in c["remedy"], c
+def test_no_remedy_carries_a_literal_n(capsys, tmp_path: Path, state_dir) -> None:
+    # Two NUMA nodes (topo.numa) and an ECC mode change pending (config.ecc): both remedies name
+    # what to type, not a placeholder.
+    p = tmp_path / "two-node.toml"
+    p.write_text('[machine]\nname = "two-node"\nsockets = 2\n'
+                 '[[gpu]]\nmodel = "RTX A6000"\nbus_id = "0000:17:00.0"\nroot_port = "0000:16:01.0"\n'
+                 'ecc_enabled = true\necc_pending_enabled = false\n'
+                 '[[gpu]]\nmodel = "RTX A6000"\nbus_id = "0000:b1:00.0"\nroot_port = "0000:b0:01.0"\nnuma_node = 1\n')
+    code, out, _ = cli(capsys, "doctor", "--json", "--simulate", str(p))
+    checks = [c for c in json.loads(out)["checks"] if c["status"] in ("warn", "fail")]
+    remedies = {c["id"]: [] for c in checks}
+    for c in checks:
+        remedies[c["id"]].append(c["remedy"])
+    assert any("--cpunodebind=1 --membind=1" in r for r in remedies.get("topo.numa", [])), remedies
+    assert any("nvidia-smi -r -i 0" in r for r in remedies.get("config.ecc", [])), remedies
+    for c in checks:
+        assert "-i N" not in c["remedy"] and "=N " not in c["remedy"], c
 
 
 def test_psu_rating_comes_from_smbios_when_the_configuration_does_not_give_it(capsys, state_dir) -> None:
