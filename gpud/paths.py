@@ -140,6 +140,7 @@ class TuningLock:
     def __init__(self, role: str) -> None:
         self.role = role
         self.fd: int | None = None
+        self.named = True
 
     @staticmethod
     def path() -> Path:
@@ -150,8 +151,22 @@ class TuningLock:
         import time
 
         p = self.path()
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            self.named = True
+        except OSError:
+            # A read-only state directory: lock the directory itself (flock works on it), so the
+            # command still runs one at a time and then says why it cannot save its state.
+            try:
+                fd = os.open(p.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError as err:
+                from gpud.errors import GpudError
+
+                e = GpudError(f"cannot use the state directory {p.parent}: {err.strerror}")
+                e.remedy = "create it (root: /var/lib/gpud), or choose another with GPUD_STATE_DIR"
+                raise e from err
+            self.named = False
         deadline = time.monotonic() + wait
         while True:
             try:
@@ -163,8 +178,12 @@ class TuningLock:
                     os.close(fd)
                     raise LockBusy(holder) from None
                 time.sleep(0.05)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} {self.role}\n".encode(), 0)
+        if self.named:
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()} {self.role}\n".encode(), 0)
+            except OSError:
+                pass  # who holds it is only for messages
         self.fd = fd
 
     def holder(self) -> str:

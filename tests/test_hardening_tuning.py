@@ -243,3 +243,38 @@ def test_state_of_another_machine_is_not_restored_here(capsys, tmp_path, state_d
     code, _, err = cli(capsys, "restore", "--simulate", DEGRADED)
     assert code == 1 and f"applied to simulated workstation {SIM}" in err
     assert st.read()["profile"] == "p"
+
+
+def test_a_read_only_state_directory_stops_apply_before_any_write(tmp_path: Path, monkeypatch, capsys) -> None:
+    """The state directory exists but nothing can be created in it (as a read-only mount): the lock
+    falls back to the directory itself and apply stops before the first write, one line, exit 1."""
+    import gpud.paths
+
+    original = fingerprint(fresh())
+    p = write_profile(tmp_path, RICH)
+    real_open = gpud.paths.os.open
+
+    def read_only(path, flags, *args):  # type: ignore[no-untyped-def]
+        if str(path).startswith(str(st.path().parent)) and flags & (os.O_CREAT | os.O_WRONLY | os.O_RDWR):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(gpud.paths.os, "open", read_only)
+    monkeypatch.setattr("builtins.open", _ro_builtin_open(st.path().parent))
+    code, _, err = cli(capsys, "apply", str(p), "--simulate", SIM)
+    monkeypatch.undo()
+    assert code == 1 and "cannot save" in err and "Read-only file system" in err and "Traceback" not in err, err
+    assert fingerprint(fresh()) == original
+
+
+def _ro_builtin_open(directory: Path):  # type: ignore[no-untyped-def]
+    import builtins
+
+    real = builtins.open
+
+    def ro(file, mode="r", *args, **kwargs):  # type: ignore[no-untyped-def]
+        if str(file).startswith(str(directory) + "/.tuning.json") and any(c in mode for c in "wax+"):
+            raise OSError(errno.EROFS, "Read-only file system", str(file))
+        return real(file, mode, *args, **kwargs)
+
+    return ro

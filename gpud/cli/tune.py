@@ -142,12 +142,12 @@ class Target:
         return reply
 
 
-def tuning_lock() -> Any:
+def tuning_lock(role: str) -> Any:
     """The machine-wide tuning lock, waited for a while (another job's apply), never for a daemon."""
     from gpud.errors import GpudError
     from gpud.paths import LockBusy, TuningLock
 
-    lock = TuningLock("gpud " + " ".join(sys.argv[1:2]) if sys.argv[1:2] else "gpud")
+    lock = TuningLock(role)
     try:
         lock.acquire(wait=120.0)
     except LockBusy as busy:
@@ -165,7 +165,7 @@ def _local_apply(profile: str, dry_run: bool, t: Target) -> dict[str, Any]:
 
     p = load(profile)  # invalid → exit 2 before anything is read or written
     m = t.machine
-    with tuning_lock():
+    with tuning_lock("gpud apply"):
         changes, desired = engine.plan(m, p, daemon=False)
         result: dict[str, Any] = {"ok": True, "profile": p.name, "chain": list(p.chain), "source": p.source,
                                   "dry_run": dry_run, "daemon": False, "target": t.name,
@@ -280,7 +280,7 @@ def restore(
     else:
         from gpud.tuning import engine
 
-        with tuning_lock():
+        with tuning_lock("gpud restore"):
             done, failed = engine.restore(t.machine, fans_only=fans_only)
     where = reply.get("target", "") if reply is not None else t.name
     if json:
