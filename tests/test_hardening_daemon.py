@@ -160,3 +160,18 @@ def test_a_lost_gpu_is_logged_once_and_when_it_changes(state_dir, caplog) -> Non
     lines = [r.getMessage() for r in caplog.records if "GPU 2" in r.getMessage()]
     assert len([x for x in lines if x.startswith("GPU 2 is lost")]) == 1, lines
     assert len(lines) <= 3, lines  # lost, fan failsafe, nothing per tick
+
+
+def test_sighup_with_a_new_socket_moves_the_control_socket(tmp_path: Path, state_dir) -> None:
+    import os
+
+    d = RunningDaemon(tmp_path, config=f'socket = "{tmp_path / "gpud.sock"}"\n', env={"GPUD_SOCKET": ""})
+    try:
+        new = tmp_path / "moved.sock"
+        d.config.write_text(d.config.read_text().replace(str(tmp_path / "gpud.sock"), str(new)))
+        d.proc.send_signal(signal.SIGHUP)
+        d.wait_for(lambda: f"control socket now {new}" in d.logs(), 10, "the moved socket")
+        assert request(str(new), "ping")["ok"]
+        assert not os.path.exists(d.sock)  # the old one removed: it was this daemon's
+    finally:
+        d.stop(signal.SIGKILL)
