@@ -34,9 +34,8 @@ def path() -> Path:
 
 def _bad(p: Path, why: str) -> StateError:
     err = StateError(f"{p}: {why}: gpud cannot tell which settings it changed or what they were before")
-    err.remedy = (f"if a backup exists put it back; otherwise reset the GPUs to their defaults (`sudo nvidia-smi "
-                  f"-rgc; sudo nvidia-smi -rac; sudo nvidia-smi -pl <default W>`) and move the file aside "
-                  f"(`mv {p} {p}.bad`)")
+    err.remedy = (f"if a backup exists put it back; otherwise move the file aside (`mv {p} {p}.bad`) and put "
+                  "the driver's defaults back with `gpud apply balanced`")
     return err
 
 
