@@ -52,6 +52,7 @@ DAEMON: Spec = {
     "probe_interval_hours": (NUM, 0),
     "probe_idle_minutes": (NUM, 10),
     "probe_world_sizes": (list, None),
+    "status_processes": (("protected", "always", "never"), "protected"),
 }
 PROBE: Spec = {"min_efficiency": (dict, {"2": 0.85, "4": 0.875, "8": 0.775})}
 SECTIONS: dict[str, Spec] = {"machine": MACHINE, "doctor": DOCTOR, "daemon": DAEMON, "probe": PROBE}
@@ -86,8 +87,27 @@ def parse(data: dict[str, Any], file: str) -> Config:
     for key in ("psu_watts", "cpu_tdp_watts"):
         if machine[key] is not None and machine[key] <= 0:
             raise InvalidInput(file, f"machine.{key}", "must be positive")
+    n = machine["expect_gpus"]
+    for k, p in enumerate(pairs or []):
+        if n is not None and max(p) >= n:
+            raise InvalidInput(file, f"machine.nvlink_pairs[{k}]", f"GPU {max(p)} does not exist: expect_gpus = {n}")
+        if max(p) >= 64:
+            raise InvalidInput(file, f"machine.nvlink_pairs[{k}]", "GPU indices are 0..63")
+    for key in ("psu_watts", "cpu_tdp_watts"):
+        if machine[key] is not None and machine[key] > 100_000:
+            raise InvalidInput(file, f"machine.{key}", "must be at most 100000 W")
     if not all(isinstance(s, str) for s in doctor["skip"]):
         raise InvalidInput(file, "doctor.skip", "must be a list of check ids or globs")
+    for key, lo, hi, unit in (("thermal_margin_warn_celsius", 0, 100, "°C"),
+                              ("idle_temperature_warn_celsius", 20, 120, "°C"),
+                              ("fan_check_min_celsius", 20, 120, "°C"),
+                              ("fan_lag_percent", 1, 100, "%"),
+                              ("shm_min_gib_per_gpu", 0, 1024, "GiB"),
+                              ("memlock_min_mib", 0, 1 << 20, "MiB"),
+                              ("pcie_replay_warn", 0, 1 << 31, "")):
+        if not lo <= doctor[key] <= hi:
+            raise InvalidInput(file, f"doctor.{key}", f"must be {lo}..{hi}{' ' + unit if unit else ''}, "
+                                                      f"not {doctor[key]}")
     if not 0 < doctor["psu_load_warn_ratio"] <= 1:
         raise InvalidInput(file, "doctor.psu_load_warn_ratio", "must be in (0, 1]")
     if not 0 <= doctor["thermal_margin_fail_celsius"] < doctor["thermal_margin_warn_celsius"]:
@@ -104,8 +124,21 @@ def parse(data: dict[str, Any], file: str) -> Config:
         raise InvalidInput(file, "daemon.listen", str(err)) from err
     if daemon["doctor_interval_seconds"] < 10:
         raise InvalidInput(file, "daemon.doctor_interval_seconds", "must be at least 10 s")
-    if daemon["probe_interval_hours"] < 0 or daemon["probe_idle_minutes"] < 0:
-        raise InvalidInput(file, "daemon.probe_interval_hours", "must not be negative")
+    if daemon["doctor_interval_seconds"] > 86400:
+        raise InvalidInput(file, "daemon.doctor_interval_seconds", "must be at most 86400 s (a day)")
+    for key, hi in (("probe_interval_hours", 24 * 365), ("probe_idle_minutes", 24 * 60)):
+        if not 0 <= daemon[key] <= hi:
+            raise InvalidInput(file, f"daemon.{key}", f"must be 0..{hi}, not {daemon[key]}")
+    sizes = daemon["probe_world_sizes"]
+    if sizes is not None and (not sizes or not all(
+            isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 64 for x in sizes)):
+        raise InvalidInput(file, "daemon.probe_world_sizes", f"must be a list of world sizes 1..64, not {sizes!r}")
+    for key in ("socket", "socket_group", "web_config", "profile"):
+        v = daemon[key]
+        if v is not None and (not v or "\0" in v or len(v) > 4096):
+            raise InvalidInput(file, f"daemon.{key}", "must be a non-empty string")
+    if len(daemon["socket"].encode()) > 107:
+        raise InvalidInput(file, "daemon.socket", "a Unix socket path is at most 107 bytes")
     probe = take(data.get("probe", {}), PROBE, file, "probe")
     for k, v in probe["min_efficiency"].items():
         if not k.isdigit() or int(k) < 2:
@@ -118,7 +151,8 @@ def parse(data: dict[str, Any], file: str) -> Config:
 def parse_listen(text: str) -> tuple[str, int]:
     """``host:port``, ``:port`` (all interfaces) or ``[v6]:port`` → (host, port)."""
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not port.isascii() or not port.isdigit() or not 0 <= int(port) <= 65535 or any(
+            c.isspace() for c in text):
         raise ValueError(f"must be HOST:PORT, :PORT or [V6]:PORT, not {text!r}")
     host = host.strip("[]")
     return host or "0.0.0.0", int(port)

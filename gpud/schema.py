@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
 from gpud.errors import InvalidInput
+from gpud.paths import MAX_DEPTH, MAX_INPUT, depth, read_limited
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -20,14 +22,34 @@ Spec = dict[str, tuple[Any, Any]]  # key: (type, tuple of types, or tuple of all
 def load_toml(path: Path, shown: str | None = None) -> tuple[dict[str, Any], bytes]:
     """Parse a TOML file; unreadable or malformed → InvalidInput naming the file."""
     file = shown or str(path)
+    raw = read_limited(path, MAX_INPUT, file)  # larger than 1 MiB: refused before parsing
     try:
-        raw = path.read_bytes()
-    except OSError as err:
-        raise InvalidInput(file, "", f"cannot read: {err.strerror}") from err
-    try:
-        return tomllib.loads(raw.decode()), raw
+        data = tomllib.loads(raw.decode())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise InvalidInput(file, "", f"not valid TOML: {err}") from err
+    except RecursionError as err:
+        raise InvalidInput(file, "", f"nested more than {MAX_DEPTH} deep") from err
+    if depth(data) > MAX_DEPTH:
+        raise InvalidInput(file, "", f"nested more than {MAX_DEPTH} deep")
+    return data, raw
+
+
+def not_finite(value: Any, where: str = "") -> str | None:
+    """The dotted place of the first NaN or ±inf in ``value`` (TOML allows both), else None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, list):
+        items = ((f"[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    for k, v in items:
+        sub = (f"{where}{k}" if str(k).startswith("[") else f"{where}.{k}" if where else str(k))
+        found = not_finite(v, sub)
+        if found is not None:
+            return found
+    return None
 
 
 def parse_toml_value(raw: str) -> Any:
@@ -68,6 +90,9 @@ def take(table: Any, spec: dict[str, tuple[Any, Any]], file: str, where: str) ->
         if key not in spec:
             raise InvalidInput(file, dotted, f"unknown key (known: {', '.join(sorted(spec))})")
         kind = spec[key][0]
+        bad = not_finite(value, dotted)
+        if bad is not None:
+            raise InvalidInput(file, bad, "must be a finite number (not nan or inf)")
         if not _type_ok(value, kind):
             raise InvalidInput(file, dotted, f"must be {_kind_name(kind)}, not {value!r}")
         out[key] = value

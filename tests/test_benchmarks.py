@@ -20,7 +20,9 @@ def test_benchmark_command_prints_every_row(tmp_path) -> None:
                    "tick under the NVML latency model, 8 GPUs",
                    "NVML calls per GPU per tick, 8 GPUs", "daemon CPU, 8 GPUs, 1 s ticks", "daemon RSS, 8 GPUs",
                    "/metrics p50, 1 client, one scrape per tick", "/metrics p99, 50 clients",
-                   "tick period error p99, 50 scrapers", "probe per-step overhead against a plain DDP loop"):
+                   "tick period error p99, 50 scrapers",
+                   "/metrics p99, 100 idle or partial connections open",
+                   "probe per-step overhead against a plain DDP loop"):
         assert needle in figures, needle
         assert needle in r.stdout
     assert all(row["verdict"] in ("ok", "MISSED", "n/a") for row in rows)

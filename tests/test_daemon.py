@@ -194,7 +194,7 @@ def test_root_refuses_a_writable_profile(daemon: RunningDaemon, tmp_path: Path) 
     p = tmp_path / "mine.toml"
     p.write_text('[all]\npower_limit = 250\n')
     p.chmod(0o666)
-    r = run_gpud("apply", str(p), env={"GPUD_SOCKET": daemon.sock})
+    r = run_gpud("apply", str(p), env={"GPUD_SOCKET": daemon.sock, "GPUD_SIMULATE": "z8-fury-4x-a6000"})
     assert r.returncode == 2 and "writable by group or others (mode 666)" in r.stderr
 
 
@@ -260,6 +260,7 @@ def test_tls_and_basic_auth(tmp_path: Path, state_dir) -> None:
     auth = {"Authorization": "Basic " + base64.b64encode(b"prom:s3cret").decode()}
     with urllib.request.urlopen(urllib.request.Request(url, headers=auth), context=ctx, timeout=5) as r:
         assert r.status == 200 and b"gpud_gpu_up" in r.read()
+    assert f"serving https://127.0.0.1:{d.port}/metrics" in d.logs()  # the start-up line says what it serves
     bad = {"Authorization": "Basic " + base64.b64encode(b"prom:wrong").decode()}
     with pytest.raises(urllib.error.HTTPError) as exc:
         urllib.request.urlopen(urllib.request.Request(url, headers=bad), context=ctx, timeout=5)
@@ -327,8 +328,14 @@ def test_probe_runs_on_schedule_only_when_idle(tmp_path: Path, state_dir) -> Non
     sched = "probe_interval_hours = 0.0001\nprobe_idle_minutes = 0\nprobe_world_sizes = [1]\n"
     (tmp_path / "busy").mkdir()
     (tmp_path / "idle").mkdir()
-    busy = RunningDaemon(tmp_path / "busy", sim="z8-fury-4x-a6000-degraded", config=sched)  # GPU1 trains
-    idle = RunningDaemon(tmp_path / "idle", config=sched)
+    # Two machines, each with its own state directory (one daemon per state directory: its tuning lock)
+    busy = RunningDaemon(tmp_path / "busy", sim="z8-fury-4x-a6000-degraded", config=sched,  # GPU1 trains
+                         env={"GPUD_STATE_DIR": str(tmp_path / "busy" / "state")})
+    try:
+        idle = RunningDaemon(tmp_path / "idle", config=sched, env={"GPUD_STATE_DIR": str(tmp_path / "idle" / "state")})
+    except BaseException:
+        busy.stop(signal.SIGKILL)  # never leave a daemon behind
+        raise
     try:
         idle.wait_for(lambda: "probe started (schedule)" in idle.logs(), 10, "a scheduled probe on the idle machine")
         time.sleep(1.0)

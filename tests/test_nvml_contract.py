@@ -234,3 +234,15 @@ def test_nvml_layer_accepts_the_real_bindings_module() -> None:
         assert isinstance(err.__cause__, pynvml.NVMLError)
         return
     assert n.device_count() >= 0
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_the_simulated_library_never_raises(name: str) -> None:
+    """A C library cannot raise: a Python exception inside the stand-in is a simulator bug, which
+    gpud would otherwise turn into a quiet "unreadable" (loaded GPUs included)."""
+    m = open_machine(name)
+    for i in range(len(m.simulation.description.gpus)):
+        m.simulation.machine.set_load(i, 80, 200)
+    m.topology(m.snapshot(pcie=True))
+    m.snapshot()
+    assert m.simulation.library.internal_errors == 0

@@ -74,7 +74,7 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 RICH = {
     "description": "touches every tunable",
-    "all": {"persistence_mode": False, "compute_mode": "exclusive_process", "power_limit": 250,
+    "all": {"persistence_mode": True, "compute_mode": "exclusive_process", "power_limit": 250,
             "applications_clocks": [8001, 2100], "gpu_clocks": [1500, 2000], "memory_clocks": "max"},
     "host": {"cpu_governor": "powersave"},
 }

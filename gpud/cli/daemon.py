@@ -18,23 +18,30 @@ def daemon(
     log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
 ) -> None:
     """Run the daemon: fan control, profile enforcement, scheduled checks, Prometheus exporter."""
-    from dataclasses import replace
-
     from gpud import config as cfg
     from gpud import logs
     from gpud.daemon.service import run
+    from gpud.errors import InvalidInput
 
-    logs.setup(log_level.upper())
+    level = log_level.upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise InvalidInput("--log-level", log_level, "must be DEBUG, INFO, WARNING or ERROR")
+    logs.setup(level)
     conf = cfg.load(config)
     overrides: dict[str, object] = {}
     if listen is not None:
-        cfg.parse_listen(listen)
+        try:
+            cfg.parse_listen(listen)
+        except ValueError as err:
+            raise InvalidInput("--listen", listen, str(err)) from None
         overrides["listen"] = listen
     if interval is not None:
+        if not 0.05 <= interval <= 60:  # the same range as [daemon] interval_seconds (0 would spin a core)
+            raise InvalidInput("--interval", str(interval), "must be 0.05..60 s")
         overrides["interval_seconds"] = interval
     if overrides:
-        conf = replace(conf, daemon={**conf.daemon, **overrides})
-    raise typer.Exit(run(machine(simulate), conf, config))
+        conf = cfg.Config(conf.path, conf.machine, conf.doctor, {**conf.daemon, **overrides}, conf.probe)
+    raise typer.Exit(run(machine(simulate), conf, config, overrides))
 
 
 def register(app: typer.Typer) -> None:

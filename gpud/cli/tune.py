@@ -10,6 +10,9 @@ import typer
 from gpud.cli.common import Json, Simulate, machine
 from gpud.cli.output import emit_json, table
 
+Config = Annotated[str | None, typer.Option("--config", metavar="PATH",
+                                            help="gpud.toml (its [daemon] socket is where the daemon listens)")]
+
 profile_app = typer.Typer(help="Tuning profiles: list them, show one resolved.", no_args_is_help=True)
 
 
@@ -90,36 +93,89 @@ def _plan_rows(plan: list[dict[str, Any]]) -> list[list[str]]:
     return rows
 
 
-def _daemon(cmd: str, **args: Any) -> dict[str, Any] | None:
-    """The running daemon's answer, or None when no daemon runs (then the CLI acts itself)."""
-    from gpud.daemon.control import request
-    from gpud.errors import InvalidInput
-    from gpud.paths import control_socket
+class Target:
+    """The machine a tuning command acts on, opened once, and the daemon that drives it (if any)."""
 
-    reply = request(control_socket(), cmd, **args)
-    if reply is not None and reply.get("invalid"):
-        file, _, rest = str(reply["error"]).partition(": ")
-        key, _, reason = rest.partition(": ")
-        raise InvalidInput(file, key if reason else "", reason or key)
-    return reply
+    def __init__(self, simulate: str | None, config: str | None) -> None:
+        from gpud import config as cfg
+        from gpud.paths import control_socket
+
+        self.simulate = simulate
+        conf = cfg.load(config)  # invalid → exit 2 before anything is read or written
+        self.socket = control_socket(conf.daemon["socket"])
+        self._machine: Any = None
+
+    @property
+    def machine(self) -> Any:
+        if self._machine is None:
+            self._machine = machine(self.simulate)
+        return self._machine
+
+    @property
+    def name(self) -> str:
+        from gpud.tuning.engine import target
+
+        return target(self.machine)
+
+    def daemon(self, cmd: str, **args: Any) -> dict[str, Any] | None:
+        """The running daemon's answer, or None when no daemon drives this machine (act directly)."""
+        from gpud.daemon.control import request
+        from gpud.errors import InvalidInput
+
+        ping = request(self.socket, "ping", timeout=10)
+        if ping is None:
+            return None
+        theirs = ping.get("target")
+        if theirs is not None and theirs != self.name:
+            # Never act through a daemon driving other GPUs: act here (the tuning lock then tells
+            # whether that daemon's state is in the way).
+            sys.stderr.write(f"gpud: the daemon on {self.socket} drives {theirs}, not {self.name}: "
+                             "acting directly\n")
+            return None
+        reply = request(self.socket, cmd, **args)
+        if reply is not None and reply.get("invalid"):
+            file, _, rest = str(reply["error"]).partition(": ")
+            key, _, reason = rest.partition(": ")
+            raise InvalidInput(file, key if reason else "", reason or key)
+        if reply is not None:
+            reply.setdefault("target", theirs or self.name)
+        return reply
 
 
-def _local_apply(profile: str, dry_run: bool, simulate: str | None) -> dict[str, Any]:
+def tuning_lock(role: str) -> Any:
+    """The machine-wide tuning lock, waited for a while (another job's apply), never for a daemon."""
+    from gpud.errors import GpudError
+    from gpud.paths import LockBusy, TuningLock
+
+    lock = TuningLock(role)
+    try:
+        lock.acquire(wait=120.0)
+    except LockBusy as busy:
+        err = GpudError(f"another gpud holds the tuning lock ({busy.holder}): refusing to tune at the same time")
+        err.remedy = ("use the daemon's control socket (GPUD_SOCKET or [daemon] socket), stop it, or give this "
+                      "command its own GPUD_STATE_DIR" if busy.holder.endswith("daemon")
+                      else "wait for it to finish and try again")
+        raise err from None
+    return lock
+
+
+def _local_apply(profile: str, dry_run: bool, t: Target) -> dict[str, Any]:
     from gpud.tuning import engine
     from gpud.tuning.profile import load
 
     p = load(profile)  # invalid → exit 2 before anything is read or written
-    m = machine(simulate)
-    changes, desired = engine.plan(m, p, daemon=False)
-    result: dict[str, Any] = {"ok": True, "profile": p.name, "chain": list(p.chain), "source": p.source,
-                              "dry_run": dry_run, "daemon": False,
-                              "plan": [{"gpu": c.gpu, "setting": c.setting, "current": c.current,
-                                        "desired": c.desired, "action": c.action, "note": c.note} for c in changes]}
-    if dry_run:
-        return result
-    out = engine.apply(m, p, changes, desired, m.host.cpu_governors())
+    m = t.machine
+    with tuning_lock("gpud apply"):
+        changes, desired = engine.plan(m, p, daemon=False)
+        result: dict[str, Any] = {"ok": True, "profile": p.name, "chain": list(p.chain), "source": p.source,
+                                  "dry_run": dry_run, "daemon": False, "target": t.name,
+                                  "plan": [c.as_dict() for c in changes]}
+        if dry_run:
+            return result
+        out = engine.apply(m, p, changes, desired, m.host.cpu_governors())
     return result | {"ok": out.ok, "applied": out.ok, "error": out.error, "rolled_back": out.rolled_back,
-                     "not_restored": out.not_restored, "written": len(out.written)}
+                     "not_restored": out.not_restored, "written": len(out.written), "messages": out.messages,
+                     "skipped": [c.as_dict() for c in out.skipped]}
 
 
 def apply(
@@ -127,6 +183,7 @@ def apply(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the plan; write nothing.")] = False,
     json: Json = False,
     simulate: Simulate = None,
+    config: Config = None,
 ) -> None:
     """Apply a tuning profile: plan, save originals, write, read back; roll back on any failure.
 
@@ -134,27 +191,35 @@ def apply(
     """
     import os
 
-    result = _daemon("apply", profile=os.path.abspath(profile) if "/" in profile else profile, dry_run=dry_run)
+    t = Target(simulate, config)
+    result = t.daemon("apply", profile=os.path.abspath(profile) if "/" in profile else profile, dry_run=dry_run)
     if result is not None:
         result["daemon"] = True
         if "plan" not in result:  # refused before planning
             raise typer.Exit(_fail(result, json))
     else:
-        result = _local_apply(profile, dry_run, simulate)
-    plan = result["plan"]
+        result = _local_apply(profile, dry_run, t)
+    skipped = result.get("skipped", [])
+    plan = result["plan"] + skipped
     todo = sum(1 for c in plan if c["action"] == "set")
     if json:
         emit_json(result)
     else:
         table(["GPU", "Setting", "Current", "Desired", "Action"], _plan_rows(plan),
-              title=f"Profile {result['profile']} ({' → '.join(result['chain'])}): {todo} change(s)")
+              title=f"Profile {result['profile']} ({' → '.join(result['chain'])}) on {result['target']}: "
+                    f"{todo - len(skipped)} change(s)")
         if any(c["action"] == "daemon" and c["setting"] == "fan" for c in plan) and not result["daemon"]:
             sys.stdout.write("Fan curves need the gpud daemon (`systemctl start gpud`): the fans stay on the "
                              "driver's automatic policy until it runs.\n")
         if not dry_run and result["ok"]:
             via = " by the gpud daemon" if result["daemon"] else ""
-            sys.stdout.write(f"applied {result['profile']}{via}: {result['written']} setting(s) written and read "
-                             "back\n")
+            sys.stdout.write(f"applied {result['profile']}{via} on {result['target']}: {result['written']} "
+                             "setting(s) written and read back\n")
+        if any(c["action"] == "skip" and "persistence mode is off" in c["note"] for c in plan):
+            sys.stdout.write("Skipped settings the driver would forget without persistence mode: "
+                             "`sudo nvidia-smi -pm 1` or enable nvidia-persistenced, then apply again.\n")
+        for line in result.get("messages", []):
+            sys.stderr.write(f"gpud: warning: {line}\n")
     if not result["ok"]:
         raise typer.Exit(_fail(result, json))
 
@@ -170,16 +235,17 @@ def _fail(result: dict[str, Any], json: bool) -> int:
     return 1
 
 
-def verify(json: Json = False, simulate: Simulate = None) -> None:
+def verify(json: Json = False, simulate: Simulate = None, config: Config = None) -> None:
     """Compare the GPUs with the applied profile; exit 1 on drift."""
-    reply = _daemon("verify")
+    t = Target(simulate, config)
+    reply = t.daemon("verify")
     if reply is not None:
         profile, rows = reply.get("profile"), reply.get("settings", [])
         applied = reply.get("applied", False)
     else:
         from gpud.tuning import engine
 
-        data, drifts = engine.verify(machine(simulate), daemon=False)
+        data, drifts = engine.verify(t.machine, daemon=False)
         profile, applied = (data.get("profile") if data else None), data is not None
         rows = [{"gpu": d.gpu, "setting": d.setting, "current": d.current, "desired": d.desired, "status": d.status}
                 for d in drifts]
@@ -202,9 +268,11 @@ def restore(
     fans_only: Annotated[bool, typer.Option("--fans-only", help="Only hand the fans back to the driver.")] = False,
     json: Json = False,
     simulate: Simulate = None,
+    config: Config = None,
 ) -> None:
     """Put back what gpud changed: fans automatic, clocks reset, power, persistence, governor."""
-    reply = _daemon("restore", fans_only=fans_only)
+    t = Target(simulate, config)
+    reply = t.daemon("restore", fans_only=fans_only)
     if reply is not None:
         done, failed = reply.get("restored", []), reply.get("failed", [])
         if "error" in reply and not reply.get("ok"):
@@ -212,10 +280,14 @@ def restore(
     else:
         from gpud.tuning import engine
 
-        done, failed = engine.restore(machine(simulate), fans_only=fans_only)
+        with tuning_lock("gpud restore"):
+            done, failed = engine.restore(t.machine, fans_only=fans_only)
+    where = reply.get("target", "") if reply is not None else t.name
     if json:
-        emit_json({"restored": done, "failed": failed})
+        emit_json({"restored": done, "failed": failed, "target": where})
     else:
+        if done or failed:
+            sys.stdout.write(f"restoring {where}\n")
         for line in done:
             sys.stdout.write(f"restored {line}\n")
         for line in failed:

@@ -25,7 +25,6 @@ from gpud.errors import GpudError
 
 log = logging.getLogger("gpud.control")
 MAX_REQUEST = 64 * 1024
-Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 class ControlError(GpudError):
@@ -77,39 +76,147 @@ class Access:
                 f"`sudo usermod -aG {self.group} {who}`, then log in again")
 
 
+# The request shapes the daemon accepts: command → {argument: type}.
+COMMANDS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "ping": {}, "status": {}, "verify": {}, "reload": {}, "probe-now": {},
+    "apply": {"profile": str, "dry_run": bool},
+    "restore": {"fans_only": bool},
+}
+MAX_DEPTH = 4
+
+
+def check_request(request: Any) -> str | None:
+    """None when ``request`` has a shape the daemon serves, else why not (without echoing it)."""
+    from gpud.paths import depth
+
+    if not isinstance(request, dict):
+        return "a request is a JSON object"
+    if depth(request, MAX_DEPTH) > MAX_DEPTH:
+        return "nested too deeply"
+    extra = set(request) - {"cmd", "args"}
+    if extra:
+        return "unknown field(s) " + ", ".join(sorted(repr(str(k))[:40] for k in extra))
+    cmd = request.get("cmd")
+    if not isinstance(cmd, str) or cmd not in COMMANDS:
+        return f"unknown command (known: {', '.join(COMMANDS)})"
+    args = request.get("args", {})
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        return "args must be a JSON object"
+    spec = COMMANDS[cmd]
+    for k, v in args.items():
+        if k not in spec:
+            return f"{cmd}: unknown argument {str(k)[:40]!r} (known: {', '.join(spec) or 'none'})"
+        if not isinstance(v, spec[k]) or (spec[k] is not bool and isinstance(v, bool)):
+            return f"{cmd}: argument {k} has the wrong type"
+        if isinstance(v, str) and (len(v) > 4096 or "\0" in v):
+            return f"{cmd}: argument {k} is not a usable string"
+    if cmd == "apply" and "profile" not in args:
+        return "apply: missing argument 'profile'"
+    return None
+
+
+class Peer:
+    """Who sent a request (SO_PEERCRED), to check file access on their behalf."""
+
+    def __init__(self, pid: int, uid: int, gid: int) -> None:
+        self.pid, self.uid, self.gid = pid, uid, gid
+
+    def may_read(self, path: str) -> bool:
+        """Whether this peer could read ``path`` itself: the daemon never opens a file for a peer
+        who could not (so no contents or parse errors of root's files reach a group member)."""
+        import stat as st
+
+        if self.uid == 0:
+            return True
+        try:
+            info = os.stat(path)
+        except OSError:
+            return False
+        groups = peer_groups(self.pid) | {self.gid}
+        if info.st_uid == self.uid:
+            return bool(info.st_mode & st.S_IRUSR)
+        if info.st_gid in groups:
+            return bool(info.st_mode & st.S_IRGRP)
+        return bool(info.st_mode & st.S_IROTH)
+
+
 class _Server(socketserver.ThreadingUnixStreamServer):
     daemon_threads = True
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("control connection failed", exc_info=True)
 
-def serve(path: str, handler: Handler, group: str | None, mode: int = 0o660
-          ) -> tuple[socketserver.ThreadingUnixStreamServer, threading.Thread]:
+
+class SocketInUse(GpudError):
+    """Another daemon answers on the control socket."""
+
+
+def _live(path: Path) -> bool:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(1.0)
+    try:
+        s.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def serve(path: str, handler: Callable[[dict[str, Any], Peer], dict[str, Any]], group: str | None,
+          mode: int = 0o660) -> tuple[_Server, threading.Thread]:
     access = Access(group)
 
     class Conn(socketserver.StreamRequestHandler):
+        timeout = 10  # a peer that connects and sends nothing is dropped
+
         def handle(self) -> None:
             pid, uid, gid = peer_credentials(self.request)
             refusal = access.check(pid, uid, gid)
             try:
-                line = self.rfile.readline(MAX_REQUEST)
-                if refusal:
-                    log.warning("control socket: %s (pid %d)", refusal, pid)
-                    reply: dict[str, Any] = {"ok": False, "error": refusal}
+                line = self.rfile.readline(MAX_REQUEST + 1)
+            except OSError:
+                return
+            if not line.strip():
+                return  # a connect-and-close (`gpud doctor` asking whether a daemon runs)
+            if refusal:
+                log.warning("control socket: %s (pid %d)", refusal, pid)
+                reply: dict[str, Any] = {"ok": False, "error": refusal}
+            elif len(line) > MAX_REQUEST or not line.endswith(b"\n"):
+                reply = {"ok": False, "error": f"bad request: larger than {MAX_REQUEST} bytes or not one line"}
+            else:
+                try:
+                    request = json.loads(line)
+                    why = check_request(request)
+                except (ValueError, UnicodeDecodeError, RecursionError):
+                    why = "not valid JSON"
+                if why is not None:
+                    reply = {"ok": False, "error": f"bad request: {why}"}
                 else:
-                    request = json.loads(line or b"{}")
-                    reply = handler(request if isinstance(request, dict) else {})
-            except (ValueError, UnicodeDecodeError) as err:
-                reply = {"ok": False, "error": f"bad request: {err}"}
-            self.wfile.write(json.dumps(reply, default=str).encode() + b"\n")
+                    reply = handler(request, Peer(pid, uid, gid))
+            try:
+                self.wfile.write(json.dumps(reply, default=str).encode() + b"\n")
+            except OSError:
+                pass  # the peer went away: nothing to tell it
 
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    if p.is_socket() or p.exists():
-        p.unlink()
+    if _live(p):
+        err = SocketInUse(f"another gpud daemon answers on {p}: refusing to take over its control socket")
+        err.remedy = "stop it first (`systemctl stop gpud`), or give this one its own [daemon] socket and listen"
+        raise err
+    if p.is_socket():
+        p.unlink()  # left by a daemon that died: nobody answers on it
+    elif p.exists():
+        raise SocketInUse(f"{p} exists and is not a socket: refusing to replace it")
     old = os.umask(0o117)
     try:
         srv = _Server(str(p), Conn)
     finally:
         os.umask(old)
+    srv.inode = os.stat(p).st_ino  # type: ignore[attr-defined]
     os.chmod(p, mode)
     if access.gid is not None:
         try:
@@ -119,6 +226,19 @@ def serve(path: str, handler: Handler, group: str | None, mode: int = 0o660
     t = threading.Thread(target=srv.serve_forever, name="gpud-control", daemon=True)
     t.start()
     return srv, t
+
+
+def remove_if_ours(path: str, srv: Any) -> None:
+    """Delete the socket file only if it is still the one this daemon created."""
+    try:
+        if os.stat(path).st_ino == getattr(srv, "inode", None):
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+DIED = ("the gpud daemon closed the connection without answering: it stopped or crashed during the command "
+        "(see `journalctl -u gpud`); `gpud verify` shows what is applied now and `gpud restore` undoes it")
 
 
 def request(path: str | os.PathLike[str], cmd: str, timeout: float = 600, **args: Any) -> dict[str, Any] | None:
@@ -133,16 +253,28 @@ def request(path: str | os.PathLike[str], cmd: str, timeout: float = 600, **args
         except PermissionError as err:
             raise ControlError(f"the gpud daemon runs, but {path} refuses this user ({err.strerror}): be root or "
                                "in its group (`sudo usermod -aG gpud $USER`, then log in again)") from err
-        s.sendall(json.dumps({"cmd": cmd, "args": args}).encode() + b"\n")
         data = b""
-        while not data.endswith(b"\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
+        try:
+            s.sendall(json.dumps({"cmd": cmd, "args": args}).encode() + b"\n")
+            while not data.endswith(b"\n"):
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        except TimeoutError as err:
+            raise ControlError(f"the gpud daemon on {path} did not answer {cmd} within {timeout:.0f} s") from err
+        except OSError as err:
+            raise ControlError(f"{DIED} ({err.strerror or err})") from err
     finally:
         s.close()
-    reply = json.loads(data or b"{}")
+    if not data.endswith(b"\n"):
+        raise ControlError(DIED)
+    try:
+        reply = json.loads(data)
+    except ValueError as err:
+        raise ControlError(f"the gpud daemon on {path} answered something that is not JSON") from err
+    if not isinstance(reply, dict):
+        raise ControlError(f"the gpud daemon on {path} answered something that is not a reply")
     if not reply.get("ok", False) and str(reply.get("error", "")).startswith("refused"):
         raise ControlError(reply["error"])
-    return reply if isinstance(reply, dict) else None
+    return reply

@@ -1,8 +1,8 @@
 """The read-only HTTP endpoint: /metrics, /healthz, /status. No control over HTTP.
 
-Threaded (one thread per request), so slow scrapers never hold each other up, and every handler
-only reads the daemon's latest observation: a scrape never touches the hardware. Optional TLS and
-basic auth come from a web configuration file in the Prometheus exporters' format::
+Every handler only reads the daemon's latest observation: a scrape never touches the hardware.
+Optional TLS and basic auth come from a web configuration file in the Prometheus exporters'
+format::
 
     tls_server_config:
       cert_file: /etc/gpud/tls.crt
@@ -10,102 +10,300 @@ basic auth come from a web configuration file in the Prometheus exporters' forma
       client_ca_file: /etc/gpud/ca.crt     # optional: require client certificates
     basic_auth_users:
       prometheus: $2b$12$...                # bcrypt hash (htpasswd -nBC 12 "" | tr -d ':\\n')
+
+Idle and slow clients cannot take the endpoint down. Each connection gets its own thread that
+reads the request head (and does the TLS handshake) under one deadline for the whole head; only
+a complete request takes one of the few *slots* that produce answers. A connection that sends
+nothing, half a request or trickles bytes is closed at its deadline and never held a slot.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import io
 import json
 import logging
+import os
+import re
+import socket
 import ssl
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from gpud.errors import InvalidInput
+from gpud.paths import read_limited, trusted
 
 log = logging.getLogger("gpud.http")
 
+MAX_HANDLERS = 8  # requests answered at once (the slots)
+MAX_CONNECTIONS = 512  # connections open at once, most of them reading; beyond that a new one is closed
+HEAD_DEADLINE_S = 5.0  # TLS handshake + request line + headers, all together
+WRITE_TIMEOUT_S = 10.0
+SLOT_WAIT_S = 5.0  # a complete request waits this long for a slot, then gets 503
+MAX_HEAD = 16 * 1024
+MAX_WEB_CONFIG = 64 * 1024
+BCRYPT_HASH = re.compile(r"^\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}$")
+WEB_KEYS = ("basic_auth_users", "http_server_config", "tls_server_config")
+TLS_KEYS = ("cert_file", "key_file", "client_ca_file", "client_auth_type", "min_version")
+HTTP_KEYS = ("headers",)
+CLIENT_AUTH = ("NoClientCert", "RequireAndVerifyClientCert")
+
+
+def _pem(path: str, file: str, key: str, what: str) -> None:
+    try:
+        text = Path(path).read_bytes()[: 1 << 20]
+    except OSError as err:
+        raise InvalidInput(file, key, f"cannot read {path}: {err.strerror}") from err
+    if f"-----BEGIN {what}".encode() not in text and not (what == "PRIVATE KEY" and b"PRIVATE KEY-----" in text):
+        raise InvalidInput(file, key, f"{path} is not a PEM {what.lower()}")
+
 
 def load_web_config(path: str) -> dict[str, Any]:
-    """Validate a web configuration file; InvalidInput (file, key, reason) when it is wrong."""
+    """Validate a web configuration file; InvalidInput (file, key, reason) when it is wrong.
+
+    Checks everything the server will need so a bad file is refused at start (and on reload)
+    instead of failing at the first request: keys, bcrypt hashes, PEM files, that the key belongs
+    to the certificate; as root, that no other user could have written any of the files.
+    """
     import yaml
 
+    trusted(path, "web configuration")
+    text = read_limited(path, MAX_WEB_CONFIG)
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-    except OSError as err:
-        raise InvalidInput(path, "", f"cannot read: {err.strerror}") from err
+        data = yaml.safe_load(text) or {}
+    except RecursionError as err:
+        raise InvalidInput(path, "", "nested too deeply") from err
     except yaml.YAMLError as err:
-        raise InvalidInput(path, "", f"not valid YAML: {err}") from err
+        raise InvalidInput(path, "", f"not valid YAML: {' '.join(str(err).split())}") from err
     if not isinstance(data, dict):
         raise InvalidInput(path, "", "must be a mapping")
     for key in data:
-        if key not in ("tls_server_config", "basic_auth_users", "http_server_config"):
-            raise InvalidInput(path, key, "unknown key (known: basic_auth_users, http_server_config, "
-                                          "tls_server_config)")
+        if key not in WEB_KEYS:
+            raise InvalidInput(path, str(key), f"unknown key (known: {', '.join(WEB_KEYS)})")
     tls = data.get("tls_server_config")
     if tls is not None:
-        if not isinstance(tls, dict) or not tls.get("cert_file") or not tls.get("key_file"):
-            raise InvalidInput(path, "tls_server_config", "needs cert_file and key_file")
-        for k in ("cert_file", "key_file", "client_ca_file"):
-            if tls.get(k) and not Path(tls[k]).is_file():
-                raise InvalidInput(path, f"tls_server_config.{k}", f"no such file: {tls[k]}")
+        if not isinstance(tls, dict):
+            raise InvalidInput(path, "tls_server_config", "must be a mapping")
+        for key in tls:
+            if key not in TLS_KEYS:
+                raise InvalidInput(path, f"tls_server_config.{key}", f"unknown key (known: {', '.join(TLS_KEYS)})")
+        for key in ("cert_file", "key_file"):
+            if not isinstance(tls.get(key), str) or not tls[key]:
+                raise InvalidInput(path, f"tls_server_config.{key}", "required: a file path")
+        if tls.get("client_ca_file") is not None and not isinstance(tls["client_ca_file"], str):
+            raise InvalidInput(path, "tls_server_config.client_ca_file", "must be a file path")
+        if tls.get("client_auth_type", "RequireAndVerifyClientCert") not in CLIENT_AUTH:
+            raise InvalidInput(path, "tls_server_config.client_auth_type", f"must be one of {', '.join(CLIENT_AUTH)}")
+        if tls.get("min_version", "TLS12") not in ("TLS12", "TLS13"):
+            raise InvalidInput(path, "tls_server_config.min_version", "must be TLS12 or TLS13")
+        for key, what in (("cert_file", "CERTIFICATE"), ("key_file", "PRIVATE KEY"), ("client_ca_file", "CERTIFICATE")):
+            if tls.get(key):
+                trusted(tls[key], "TLS file", file=path, key=f"tls_server_config.{key}")
+                _pem(tls[key], path, f"tls_server_config.{key}", what)
+        try:
+            ssl_context(tls)
+        except ssl.SSLError as err:
+            reason = "does not match cert_file" if "KEY_VALUES_MISMATCH" in str(err) else \
+                f"not usable: {err.reason or err}"
+            raise InvalidInput(path, "tls_server_config.key_file", reason) from err
+        except OSError as err:
+            raise InvalidInput(path, "tls_server_config", f"cannot load: {err.strerror or err}") from err
     users = data.get("basic_auth_users")
     if users is not None:
-        if not isinstance(users, dict) or not all(isinstance(v, str) and v.startswith("$2") for v in users.values()):
-            raise InvalidInput(path, "basic_auth_users", "must map user names to bcrypt hashes ($2…)")
+        if not isinstance(users, dict) or not users:
+            raise InvalidInput(path, "basic_auth_users", "must map user names to bcrypt hashes ($2b$…)")
+        for user, hashed in users.items():
+            if not isinstance(user, str) or not user or ":" in user:
+                raise InvalidInput(path, f"basic_auth_users.{user}", "a user name is a non-empty string without ':'")
+            if not isinstance(hashed, str) or not BCRYPT_HASH.match(hashed):
+                raise InvalidInput(path, f"basic_auth_users.{user}",
+                                   "not a bcrypt hash ($2b$NN$ and 53 characters; `htpasswd -nBC 12 \"\"`)")
+    hsc = data.get("http_server_config")
+    if hsc is not None:
+        if not isinstance(hsc, dict):
+            raise InvalidInput(path, "http_server_config", "must be a mapping")
+        for key in hsc:
+            if key not in HTTP_KEYS:
+                raise InvalidInput(path, f"http_server_config.{key}", f"unknown key (known: {', '.join(HTTP_KEYS)})")
+        headers = hsc.get("headers", {})
+        if not isinstance(headers, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9-]+", k)
+                and "\n" not in v and "\r" not in v for k, v in headers.items()):
+            raise InvalidInput(path, "http_server_config.headers", "must map header names to one-line strings")
     return data
 
 
 def ssl_context(tls: dict[str, Any]) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3 if tls.get("min_version") == "TLS13" else ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(tls["cert_file"], tls["key_file"])
     if tls.get("client_ca_file"):
         ctx.load_verify_locations(tls["client_ca_file"])
-        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.verify_mode = (ssl.CERT_NONE if tls.get("client_auth_type") == "NoClientCert"
+                           else ssl.CERT_REQUIRED)
     return ctx
+
+
+def protected(web: dict[str, Any]) -> bool:
+    """Whether only known clients can read the endpoint (basic auth, or required client certificates)."""
+    tls = web.get("tls_server_config") or {}
+    return bool(web.get("basic_auth_users")) or bool(
+        tls.get("client_ca_file") and tls.get("client_auth_type", "RequireAndVerifyClientCert") != "NoClientCert")
 
 
 class Endpoints:
     """What the handler serves; the daemon supplies the three producers."""
 
+    CACHE = 64  # verified (user, password) pairs remembered; failures are never remembered
+
     def __init__(self, metrics: Callable[[], bytes], healthy: Callable[[], tuple[bool, str]],
-                 status: Callable[[], dict[str, Any]], users: dict[str, str] | None = None) -> None:
+                 status: Callable[[], dict[str, Any]], users: dict[str, str] | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         self.metrics = metrics
         self.healthy = healthy
         self.status = status
-        self.users = users or {}
-        self._checked: dict[tuple[str, str], bool] = {}  # bcrypt is slow: remember verified pairs
+        self.headers = dict(headers or {})
+        self._salt = os.urandom(16)
+        self._ok: OrderedDict[bytes, None] = OrderedDict()
+        self._lock = threading.Lock()
+        self.users: dict[str, str] = {}
+        self._dummy = b""
+        self.set_users(users)
+
+    def set_users(self, users: dict[str, str] | None) -> None:
+        users = dict(users or {})
+        dummy = b""
+        if users:
+            import bcrypt
+
+            # An unknown user costs one bcrypt check at the highest cost in use, like a wrong
+            # password does: no telling which user names exist from the answer time.
+            cost = max(int(h.split("$")[2]) for h in users.values())
+            dummy = bcrypt.hashpw(os.urandom(16).hex().encode(), bcrypt.gensalt(rounds=cost))
+        with self._lock:
+            self.users, self._dummy = users, dummy
+            self._ok.clear()
 
     def authorized(self, header: str | None) -> bool:
-        if not self.users:
+        users, dummy = self.users, self._dummy
+        if not users:
             return True
         if not header or not header.startswith("Basic "):
             return False
         try:
-            user, _, password = base64.b64decode(header[6:]).decode().partition(":")
+            user, sep, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
         except (ValueError, UnicodeDecodeError):
             return False
-        hashed = self.users.get(user)
-        if hashed is None:
+        if not sep:
             return False
-        key = (user, password)
-        if key not in self._checked:
-            import bcrypt
+        secret = password.encode()
+        hashed = users.get(user)
+        key = hashlib.sha256(self._salt + user.encode() + b"\0" + secret + b"\0" + (hashed or "").encode()).digest()
+        with self._lock:
+            if hashed is not None and key in self._ok:
+                self._ok.move_to_end(key)
+                return True
+        import bcrypt
 
-            self._checked[key] = bcrypt.checkpw(password.encode(), hashed.encode())
-        return self._checked[key]
+        # bcrypt reads at most 72 bytes (and newer versions refuse more): a longer password is
+        # wrong, after the same work a wrong one costs.
+        candidate = secret if len(secret) <= 72 else secret[:72]
+        target = hashed.encode() if hashed is not None else dummy
+        try:
+            good = bcrypt.checkpw(candidate, target)
+        except ValueError:
+            good = False
+        good = good and hashed is not None and len(secret) <= 72
+        if good:
+            with self._lock:
+                self._ok[key] = None
+                while len(self._ok) > self.CACHE:
+                    self._ok.popitem(last=False)
+        return good
+
+
+class _HeadError(Exception):
+    """The client did not deliver a request head in time (or sent too much, or failed TLS)."""
 
 
 def make_handler(ep: Endpoints) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "gpud"
-        # One request per connection: a keep-alive connection would hold one of the few handler
-        # slots while its scraper sleeps between scrapes.
+        # One request per connection: a keep-alive connection would hold a slot between scrapes.
         protocol_version = "HTTP/1.0"
+        server: Server
+
+        def setup(self) -> None:
+            self.deadline = time.monotonic() + self.server.head_deadline
+            self.failed: str | None = None
+            conn: socket.socket = self.request
+            try:
+                ctx = self.server.tls
+                if ctx is not None:
+                    conn.settimeout(self.server.head_deadline)
+                    conn = ctx.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+                    self.request = self.connection = conn
+                    conn.do_handshake()
+                else:
+                    self.connection = conn
+                head = self._read_head(conn)
+            except (OSError, ssl.SSLError, _HeadError) as err:
+                self.failed = str(err) or type(err).__name__
+                head = b""
+            conn.settimeout(WRITE_TIMEOUT_S)
+            self.rfile = io.BytesIO(head)
+            self.wfile = conn.makefile("wb", buffering=0)  # type: ignore[assignment]
+
+        def _read_head(self, conn: socket.socket) -> bytes:
+            buf = b""
+            while True:
+                end = buf.find(b"\r\n\r\n")
+                if end < 0:
+                    end = buf.find(b"\n\n")
+                if end >= 0:
+                    return buf
+                line, nl, _ = buf.partition(b"\n")
+                if nl and len(line.split()) == 2:  # HTTP/0.9 "GET /": no headers follow
+                    return line + b"\r\n\r\n"
+                if len(buf) > MAX_HEAD:
+                    raise _HeadError("request head too large")
+                left = self.deadline - time.monotonic()
+                if left <= 0:
+                    raise _HeadError("no complete request before the deadline")
+                conn.settimeout(left)
+                try:
+                    chunk = conn.recv(4096)
+                except TimeoutError as err:
+                    raise _HeadError("no complete request before the deadline") from err
+                if not chunk:
+                    raise _HeadError("closed before a complete request")
+                buf += chunk
+
+        def handle(self) -> None:
+            if self.failed is not None:
+                log.debug("%s: %s", self.client_address[0] if self.client_address else "?", self.failed)
+                return
+            if not self.server.slots.acquire(timeout=SLOT_WAIT_S):
+                self.wfile.write(b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
+                return
+            try:
+                super().handle()
+            finally:
+                self.server.slots.release()
+
+        def finish(self) -> None:
+            try:
+                super().finish()
+            except OSError:
+                pass
+            if isinstance(self.connection, ssl.SSLSocket):
+                self.connection.close()  # the server closes the plain socket it accepted, not this one
 
         def log_message(self, fmt: str, *args: Any) -> None:  # scrapes are not worth a log line
             log.debug("%s " + fmt, self.address_string(), *args)
@@ -114,7 +312,7 @@ def make_handler(ep: Endpoints) -> type[BaseHTTPRequestHandler]:
             self.send_response(code)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
-            for k, v in (extra or {}).items():
+            for k, v in {**ep.headers, **(extra or {})}.items():
                 self.send_header(k, v)
             self.end_headers()
             if self.command != "HEAD":
@@ -146,50 +344,61 @@ def make_handler(ep: Endpoints) -> type[BaseHTTPRequestHandler]:
             self._send(405, b"read-only: use the control socket (gpud apply/restore)\n", "text/plain",
                        {"Allow": "GET, HEAD"})
 
-        do_PUT = do_DELETE = do_PATCH = do_POST
+        do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_POST
 
     return Handler
 
 
-MAX_HANDLERS = 8
-
-
 class Server(ThreadingHTTPServer):
-    """One thread per connection, but never more than MAX_HANDLERS at once: fifty scrapers must
-    not turn into fifty threads fighting the daemon's loop for the interpreter."""
+    """A thread per connection for reading its request (cheap: it sleeps in recv), MAX_HANDLERS
+    slots for answering, MAX_CONNECTIONS open at once: fifty scrapers never turn into fifty threads
+    fighting the daemon's loop for the interpreter, and a hundred idle ones block nobody."""
 
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 256
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, tls: ssl.SSLContext | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._slots = threading.BoundedSemaphore(MAX_HANDLERS)
+        self.tls = tls
+        self.head_deadline = HEAD_DEADLINE_S
+        self.slots = threading.BoundedSemaphore(MAX_HANDLERS)
+        self._open = 0
+        self._open_lock = threading.Lock()
+        self.refused = 0
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        self._slots.acquire()  # waits in the accept thread; the kernel's backlog holds the rest
+        with self._open_lock:
+            full = self._open >= MAX_CONNECTIONS
+            if not full:
+                self._open += 1
+        if full:
+            self.refused += 1
+            self.shutdown_request(request)
+            return
         try:
             super().process_request(request, client_address)
         except Exception:
-            self._slots.release()
+            with self._open_lock:
+                self._open -= 1
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            with self._open_lock:
+                self._open -= 1
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("HTTP connection from %s failed", client_address, exc_info=True)
 
 
 def serve(host: str, port: int, ep: Endpoints, tls: dict[str, Any] | None = None) -> tuple[Server, threading.Thread]:
     cls: type[Server] = Server
     if ":" in host:
-        import socket
-
         cls = type("Server6", (Server,), {"address_family": socket.AF_INET6})
-    srv = cls((host, port), make_handler(ep))
-    if tls:
-        srv.socket = ssl_context(tls).wrap_socket(srv.socket, server_side=True)
+    srv = cls((host, port), make_handler(ep), tls=ssl_context(tls) if tls else None)
     t = threading.Thread(target=srv.serve_forever, name="gpud-http", daemon=True)
     t.start()
     return srv, t

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import stat
 import subprocess
 import sys
 import threading
@@ -27,10 +26,9 @@ from gpud.errors import GpudError, InvalidInput
 from gpud.exporter import Observation, Renderer, TickStats
 from gpud.hw.machine import Machine
 from gpud.model import CheckResult, Snapshot, XidEvent, to_jsonable
-from gpud.paths import probe_output_path
+from gpud.paths import LockBusy, TuningLock, control_socket, probe_output_path, trusted
 from gpud.probe import history
 from gpud.tuning import engine
-from gpud.tuning import state as tuning_state
 from gpud.tuning.fanloop import FanControl
 from gpud.tuning.profile import Profile, load
 
@@ -39,22 +37,10 @@ XID_EVERY_S = 10.0
 ENFORCED = ("persistence_mode", "compute_mode", "power_limit_watts", "applications_clocks")
 
 
-def trusted(path: str, what: str) -> None:
-    """As root, refuse files another user could have written: a writable profile could stop the fans."""
-    if os.geteuid() != 0:
-        return
-    try:
-        st = os.stat(path)
-    except OSError as err:
-        raise InvalidInput(path, "", f"cannot read: {err.strerror}") from err
-    if st.st_uid != 0:
-        raise InvalidInput(path, "", f"{what} not owned by root (uid {st.st_uid}): refused while running as root")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise InvalidInput(path, "", f"{what} writable by group or others (mode {stat.S_IMODE(st.st_mode):o}): "
-                                     f"refused while running as root; `chmod go-w {path}`")
-
-
-def load_trusted_profile(name: str) -> Profile:
+def load_trusted_profile(name: str, peer: control.Peer | None = None) -> Profile:
+    if peer is not None and ("/" in name or name.endswith(".toml")) and not peer.may_read(name):
+        # Never parse a file for a peer who could not read it: no contents, no parse errors.
+        raise GpudError(f"refused: {name} is not readable by uid {peer.uid}; give a profile you can read")
     p = load(name)
     for file in p.files:
         trusted(file, "profile")
@@ -95,28 +81,68 @@ class Daemon:
         self.xids_at = 0.0
         self.probe_mtime = 0.0
         self.probe_latest: dict[str, Any] | None = None
+        self.lock = TuningLock("gpud daemon")
+        self.endpoints: http.Endpoints | None = None
+        self.web: dict[str, Any] = {}
+        self.bound: tuple[str, str] = ("", "")  # (listen, socket) actually served
+        self.lost: set[int] = set()
+        self.overrides: dict[str, Any] = {}  # command-line options: they win over a reloaded file too
 
     # -- life cycle ----------------------------------------------------------------------
     def start(self) -> None:
+        """Everything that can refuse to start does so before the hardware is touched: the web
+        configuration (exit 2), another daemon holding the tuning lock or the control socket, a
+        port in use (exit 1)."""
         d = self.config.daemon
+        self.web = http.load_web_config(d["web_config"]) if d["web_config"] else {}
+        try:
+            self.lock.acquire()
+        except LockBusy as busy:
+            err = GpudError(f"another gpud holds the tuning lock of {self.lock.path().parent} ({busy.holder}): "
+                            "one daemon per machine")
+            err.remedy = "stop the other one (`systemctl stop gpud`), or give this one its own GPUD_STATE_DIR"
+            raise err from None
+        self.endpoints = http.Endpoints(self.metrics, self.healthy, self.status, self.web.get("basic_auth_users"),
+                                        (self.web.get("http_server_config") or {}).get("headers"))
+        self.http_server = self._bind_http(d["listen"], self.web)
+        try:
+            self.control_server, _ = control.serve(self.socket_path(), self.handle, d["socket_group"])
+        except BaseException:
+            self.http_server.shutdown()
+            self.http_server.server_close()
+            raise
+        self.bound = (d["listen"], self.socket_path())
         self._load_profile_at_start()
         try:  # blocking readings (PCIe throughput, processes): a thread off the tick, first round now
             self.machine.nvml.start_sampler(self.stop_event)
         except GpudError as err:
             log.warning("off-tick sampler not started: %s", err)
-        self.tick()  # the first observation exists before anyone can scrape
-        host, port = cfg.parse_listen(d["listen"])
-        web = http.load_web_config(d["web_config"]) if d["web_config"] else {}
-        ep = http.Endpoints(self.metrics, self.healthy, self.status, web.get("basic_auth_users"))
-        self.http_server, _ = http.serve(host, port, ep, web.get("tls_server_config"))
-        self.control_server, _ = control.serve(self.socket_path(), self.handle, d["socket_group"])
-        log.info("gpud %s serving http://%s:%d/metrics, control socket %s, %d GPU(s), profile %s", __version__,
-                 host, self.http_server.server_address[1], self.socket_path(),
-                 len(self.snapshot.samples) if self.snapshot else 0, self.profile or "none")
+        self.tick()
+        log.info("gpud %s serving %s/metrics, control socket %s, %d GPU(s) of %s, profile %s", __version__,
+                 self.url(), self.socket_path(), len(self.snapshot.samples) if self.snapshot else 0,
+                 engine.target(self.machine), self.profile or "none")
         notify(f"READY=1\nSTATUS={self.status_line()}")
 
+    def _bind_http(self, listen: str, web: dict[str, Any]) -> http.Server:
+        host, port = cfg.parse_listen(listen)
+        assert self.endpoints is not None
+        try:
+            srv, _ = http.serve(host, port, self.endpoints, web.get("tls_server_config"))
+        except OSError as err:
+            e = GpudError(f"cannot listen on {listen}: {err.strerror or err}")
+            e.remedy = (f"another program uses it (`ss -ltnp 'sport = {port}'`): choose another [daemon] listen"
+                        if err.errno == 98 else "check the address in [daemon] listen")
+            raise e from err
+        return srv
+
+    def url(self) -> str:
+        assert self.http_server is not None
+        host, port = str(self.http_server.server_address[0]), self.http_server.server_address[1]
+        scheme = "https" if self.http_server.tls is not None else "http"
+        return f"{scheme}://{f'[{host}]' if ':' in str(host) else host}:{port}"
+
     def socket_path(self) -> str:
-        return os.environ.get("GPUD_SOCKET") or self.config.daemon["socket"]
+        return str(control_socket(self.config.daemon["socket"]))
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())
@@ -143,17 +169,18 @@ class Daemon:
         with self.tuning_lock:
             self.fans.release()  # fans back to the driver first, whatever else happens
             if self.config.daemon["restore_on_stop"]:
-                done, failed = engine.restore(self.machine)
+                try:
+                    done, failed = engine.restore(self.machine)
+                except GpudError as err:
+                    failed = [str(err)]
                 for line in failed:
                     log.error("restore on stop: %s", line)
         for srv in (self.http_server, self.control_server):
             if srv is not None:
                 srv.shutdown()
                 srv.server_close()
-        try:
-            os.unlink(self.socket_path())
-        except OSError:
-            pass
+        control.remove_if_ours(self.bound[1], self.control_server)
+        self.lock.release()
         if self.probe_proc is not None and self.probe_proc.poll() is None:
             self.probe_proc.terminate()
             try:
@@ -172,12 +199,58 @@ class Daemon:
             path = self.config_path or os.environ.get("GPUD_CONFIG") or str(cfg.DEFAULT_PATH)
             trusted(path, "configuration")
             new = cfg.load(path)
+            if self.overrides:
+                new = cfg.Config(new.path, new.machine, new.doctor, {**new.daemon, **self.overrides}, new.probe)
+            web = http.load_web_config(new.daemon["web_config"]) if new.daemon["web_config"] else {}
         except GpudError as err:
             log.error("reload refused, old configuration kept: %s", err)
             return {"ok": False, "error": f"reload refused, old configuration kept: {err}"}
+        notes = self._rebind(new, web)
         self.config = new
-        log.info("configuration reloaded from %s", path)
-        return {"ok": True, "message": f"configuration reloaded from {path}"}
+        if self.endpoints is not None:
+            self.endpoints.set_users(web.get("basic_auth_users"))
+            self.endpoints.headers = dict((web.get("http_server_config") or {}).get("headers") or {})
+        self.web = web
+        msg = f"configuration reloaded from {path}" + "".join(f"; {n}" for n in notes)
+        log.info("%s", msg)
+        return {"ok": True, "message": msg}
+
+    def _rebind(self, new: cfg.Config, web: dict[str, Any]) -> list[str]:
+        """Serve a changed listen address, TLS setting or control socket at once; where the new one
+        cannot be had, keep the old and say so (never "reloaded" while serving the old port silently)."""
+        notes = []
+        listen, sock = new.daemon["listen"], str(control_socket(new.daemon["socket"]))
+        tls_changed = (web.get("tls_server_config") or None) != (self.web.get("tls_server_config") or None)
+        if listen != self.bound[0] or tls_changed:
+            old = self.http_server
+            try:
+                if listen == self.bound[0] and old is not None:  # same port: TLS changes in place
+                    tls = web.get("tls_server_config")
+                    old.tls = http.ssl_context(tls) if tls else None
+                else:
+                    self.http_server = self._bind_http(listen, web)
+                    if old is not None:
+                        old.shutdown()
+                        old.server_close()
+                notes.append(f"now serving {self.url()}")
+                self.bound = (listen, self.bound[1])
+            except GpudError as err:
+                notes.append(f"listen unchanged ({self.bound[0]}): {err}")
+                new.daemon["listen"] = self.bound[0]
+        if sock != self.bound[1]:
+            try:
+                srv, _ = control.serve(sock, self.handle, new.daemon["socket_group"])
+                old_srv, old_path = self.control_server, self.bound[1]
+                self.control_server, self.bound = srv, (self.bound[0], sock)
+                if old_srv is not None:
+                    old_srv.shutdown()
+                    old_srv.server_close()
+                    control.remove_if_ours(old_path, old_srv)
+                notes.append(f"control socket now {sock}")
+            except (GpudError, OSError) as err:
+                notes.append(f"control socket unchanged ({self.bound[1]}): {err}")
+                new.daemon["socket"] = self.bound[1]
+        return notes
 
     # -- the tick -----------------------------------------------------------------------
     def tick(self) -> None:
@@ -195,10 +268,9 @@ class Daemon:
                 self.fans.failsafe_all(f"no NVML reading: {err}")
         if snap is not None:
             self.snapshot = snap
+            self._log_lost(snap)
             with self.tuning_lock:
-                for ev in self.fans.step(snap.samples, time.monotonic()):
-                    if ev.kind == "failsafe":
-                        log.warning("GPU %d: fan failsafe: %s", ev.gpu, ev.detail)
+                self.fans.step(snap.samples, time.monotonic())  # it logs entering and leaving failsafe
                 drift = self._enforce(snap)
             self._schedule(snap, now)
         else:
@@ -213,6 +285,15 @@ class Daemon:
             snapshot=self.snapshot, xids=self.xids, checks=self.checks, profile=self.profile, drift=drift,
             reapply_total=self.reapply_total, fan_failsafe_total=self.fans.failsafes, probe=self.probe_result(),
             nvml_errors=dict(self.machine.nvml.errors), tick=self._tick_copy(), last_tick=now)
+
+    def _log_lost(self, snap: Snapshot) -> None:
+        """A lost GPU is logged when it is lost and when it is back, not on every tick."""
+        lost = {s.index for s in snap.samples if s.lost}
+        for gpu in sorted(lost - self.lost):
+            log.error("GPU %d is lost (fell off the bus or needs a reset): `dmesg | grep -i xid`", gpu)
+        for gpu in sorted(self.lost - lost):
+            log.warning("GPU %d answers again", gpu)
+        self.lost = lost
 
     def probe_result(self) -> dict[str, Any] | None:
         """The latest probe result, re-read only when the history file changed."""
@@ -325,7 +406,11 @@ class Daemon:
     def _load_profile_at_start(self) -> None:
         """Apply the configured profile, else the last applied one: a reboot lost it."""
         name = self.config.daemon["profile"]
-        data = tuning_state.load()
+        try:
+            data = engine.read_state(self.machine)
+        except GpudError as err:
+            log.error("no profile applied at start: %s — remedy: %s", err, err.remedy)
+            return
         if name is None and data:
             name = data.get("source") or data.get("profile")
         if not name:
@@ -340,20 +425,23 @@ class Daemon:
         except GpudError as err:
             log.error("profile %s not applied at start: %s", name, err)
 
-    def apply(self, name: str, dry_run: bool = False) -> dict[str, Any]:
+    def apply(self, name: str, dry_run: bool = False, peer: control.Peer | None = None) -> dict[str, Any]:
         with self.tuning_lock:
-            p = load_trusted_profile(name)
+            p = load_trusted_profile(name, peer)
             changes, desired = engine.plan(self.machine, p, daemon=True)
-            plan = [{"gpu": c.gpu, "setting": c.setting, "current": c.current, "desired": c.desired,
-                     "action": c.action, "note": c.note} for c in changes]
             reply: dict[str, Any] = {"ok": True, "profile": p.name, "chain": list(p.chain), "source": p.source,
-                                     "plan": plan, "dry_run": dry_run}
+                                     "plan": [c.as_dict() for c in changes], "dry_run": dry_run,
+                                     "target": engine.target(self.machine)}
             if dry_run:
                 return reply
             out = engine.apply(self.machine, p, changes, desired, self.machine.host.cpu_governors())
             reply |= {"ok": out.ok, "applied": out.ok, "error": out.error, "rolled_back": out.rolled_back,
-                      "not_restored": out.not_restored, "written": len(out.written)}
+                      "not_restored": out.not_restored, "written": len(out.written), "messages": out.messages,
+                      "skipped": [c.as_dict() for c in out.skipped]}
             if out.ok:
+                for c in [*changes, *out.skipped]:
+                    if c.action == "skip" and c.gpu is not None and c.setting in desired.get(c.gpu, {}):
+                        desired[c.gpu][c.setting] = "unsupported"  # neither enforced nor verified
                 self.desired = desired
                 self.profile = p.name
                 self.fans.configure(desired)
@@ -375,15 +463,18 @@ class Daemon:
             return {"ok": not failed, "restored": done, "failed": failed}
 
     # -- requests ------------------------------------------------------------------------
-    def handle(self, req: dict[str, Any]) -> dict[str, Any]:
+    def handle(self, req: dict[str, Any], peer: control.Peer | None = None) -> dict[str, Any]:
+        why = control.check_request(req)
+        if why is not None:
+            return {"ok": False, "error": f"bad request: {why}"}
         cmd, args = req.get("cmd"), req.get("args") or {}
         try:
             if cmd == "ping":
-                return {"ok": True, "pid": os.getpid(), "version": __version__}
+                return {"ok": True, "pid": os.getpid(), "version": __version__, "target": engine.target(self.machine)}
             if cmd == "status":
-                return {"ok": True, **self.status()}
+                return {"ok": True, **self.status(full=True)}
             if cmd == "apply":
-                return self.apply(str(args["profile"]), bool(args.get("dry_run")))
+                return self.apply(str(args["profile"]), bool(args.get("dry_run")), peer)
             if cmd == "verify":
                 data, drifts = engine.verify(self.machine, daemon=True, snapshot=self.snapshot)
                 return {"ok": True, "profile": data.get("profile") if data else None, "applied": data is not None,
@@ -395,6 +486,8 @@ class Daemon:
             if cmd == "probe-now":
                 return self.start_probe("requested")
         except InvalidInput as err:
+            if peer is not None and peer.uid != 0 and err.file and not peer.may_read(err.file):
+                return {"ok": False, "error": "refused: the profile's files are not readable by this user"}
             return {"ok": False, "error": str(err), "invalid": True}
         except GpudError as err:
             return {"ok": False, "error": str(err), "remedy": err.remedy}
@@ -427,11 +520,21 @@ class Daemon:
             return False, f"last tick {age:.1f} s ago (limit {limit:.0f} s)"
         return True, f"ok: last tick {age:.2f} s ago"
 
-    def status(self) -> dict[str, Any]:
+    def show_processes(self) -> bool:
+        """Whether /status may name users and command lines: ``[daemon] status_processes``."""
+        mode = self.config.daemon["status_processes"]
+        return mode == "always" or (mode == "protected" and http.protected(self.web))
+
+    def status(self, full: bool = False) -> dict[str, Any]:
         obs = self.observation
+        snap = to_jsonable(obs.snapshot)
+        if not full and not self.show_processes() and isinstance(snap, dict):
+            for sample in snap.get("samples", []):
+                for proc in sample.get("processes", []) or []:
+                    proc["user"] = proc["command"] = None
         return {"version": __version__, "host": self.machine.label, "uptime_seconds": time.time() - self.started,
                 "ticks": self.ticks, "last_tick": self.last_tick, "profile": self.profile,
-                "snapshot": to_jsonable(obs.snapshot), "checks": [to_jsonable(c) for c in obs.checks],
+                "snapshot": snap, "checks": [to_jsonable(c) for c in obs.checks],
                 "drift": [{"gpu": g, "setting": s, "drift": d} for g, s, d in obs.drift],
                 "reapply_total": self.reapply_total, "fan_failsafe_total": self.fans.failsafes,
                 "probe": history.latest(), "probe_running": self.probe_running(), "tick": self.tick_summary()}
@@ -457,10 +560,13 @@ class Daemon:
         return f"{n} GPU(s){f', {lost} lost' if lost else ''}, profile {self.profile or 'none'}"
 
 
-def run(machine: Machine, config: cfg.Config, config_path: str | None) -> int:
+def run(machine: Machine, config: cfg.Config, config_path: str | None,
+        overrides: dict[str, Any] | None = None) -> int:
     if config_path:
         trusted(config_path, "configuration")
-    return Daemon(machine, config, config_path).run()
+    d = Daemon(machine, config, config_path)
+    d.overrides = dict(overrides or {})
+    return d.run()
 
 
 __all__ = ["Daemon", "run", "trusted"]

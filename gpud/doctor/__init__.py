@@ -58,7 +58,7 @@ def diagnose(machine: Machine, config: Config, *, only: list[str] | None = None,
              probe: dict[str, object] | None = None) -> Report:
     """Read the machine once (or use ``snapshot``) and run the selected checks."""
     ctx = Context(machine=machine, config=config, env=dict(os.environ if env is None else env),
-                  expect_gpus=expect_gpus, daemon_running=in_daemon or daemon_running(),
+                  expect_gpus=expect_gpus, daemon_running=in_daemon or daemon_running(config.daemon["socket"]),
                   profile_settings=tuning_state.profile_settings(tuning_state.load()), probe=probe)
     if snapshot is not None:
         ctx.snapshot = snapshot

@@ -71,7 +71,8 @@ def ecc_config(ctx: Context) -> Iterator[CheckResult]:
                and s.ecc_pending != s.ecc_enabled]
     if pending:
         yield warn("config.ecc", f"ECC mode change pending on GPU {', '.join(map(str, pending))}: applies at the "
-                   "next reboot or GPU reset", remedy="reboot (or `sudo nvidia-smi -r -i N`)")
+                   "next reboot or GPU reset", remedy="reboot (or, with the GPU idle, "
+                   + " and ".join(f"`sudo nvidia-smi -r -i {i}`" for i in pending) + ")")
     modes: dict[str, set[bool]] = {}
     for s in ctx.samples:
         if s.ecc_enabled is not None:
@@ -115,7 +116,8 @@ def xid(ctx: Context) -> Iterator[CheckResult]:
                            f" — {e.text}" for e in evs[-10:])
         make = fail if "hardware" in kinds else warn
         yield make("health.xid", f"{listed} since boot{where}: {d.meaning}", gpu=gpu, detail=detail,
-                   remedy=f"{d.action.replace('-i N', f'-i {gpu}' if gpu is not None else '-i N')}; read them with "
+                   remedy=f"{d.action.replace('-i N', f'-i {gpu if gpu is not None else worst.pci_bus_id}')}; "
+                          "read them with "
                           "`sudo dmesg -T | grep -i xid`")
 
 

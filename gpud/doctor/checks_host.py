@@ -82,10 +82,29 @@ def memory(ctx: Context) -> Iterator[CheckResult]:
         yield ok("host.memory", f"{ram / 2**30:.0f} GiB of RAM for {vram / 2**30:.0f} GiB of GPU memory")
 
 
+def dmi_supply_watts(ctx: Context) -> int | None:
+    """The largest power supply SMBIOS reports (type 39, "System Power Supply": Max Power Capacity,
+    a WORD in watts at offset 0x0C, 0x8000 = unknown), from /sys/firmware/dmi/entries/39-*/raw."""
+    base = ctx.host.path("/sys/firmware/dmi/entries")
+    best = None
+    for entry in sorted(base.glob("39-*")) if base.is_dir() else []:
+        try:
+            raw = (entry / "raw").read_bytes()[:256]
+        except OSError:
+            continue
+        if len(raw) >= 0x0E and raw[0] == 39 and raw[1] >= 0x0E:
+            watts = raw[0x0C] | raw[0x0D] << 8
+            if watts != 0x8000 and 0 < watts < 0x8000:
+                best = max(best or 0, watts)
+    return best
+
+
 @check("host.psu", "Host")
 def psu(ctx: Context) -> Iterator[CheckResult]:
     product = ctx.host.product_name() or ""
     supply = ctx.config.machine["psu_watts"]
+    if supply is None:
+        supply = dmi_supply_watts(ctx)
     if supply is None:
         supply = next((w for prefix, w in KNOWN_SUPPLIES.items() if product.startswith(prefix)), None)
     cpu = ctx.config.machine["cpu_tdp_watts"] or ctx.host.cpu_power_limit_watts()

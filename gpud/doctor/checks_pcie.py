@@ -149,19 +149,38 @@ def p2p(ctx: Context) -> Iterator[CheckResult]:
     if n < 2:
         yield skip("gpu.p2p", "one GPU: no pair to check")
         return
-    bad = []
+    lost = _lost(ctx)
+    bad: list[str] = []
+    with_lost: list[str] = []
     for a in range(n):
         for b in range(a + 1, n):
             r, w = t.p2p_read[a][b], t.p2p_write[a][b]
             if r != "OK" or w != "OK":
-                bad.append(f"GPU{t.gpus[a]}↔GPU{t.gpus[b]}: read {r}, write {w}")
+                pair = f"GPU{t.gpus[a]}↔GPU{t.gpus[b]}: read {r}, write {w}"
+                (with_lost if {t.gpus[a], t.gpus[b]} & lost else bad).append(pair)
+    if with_lost:  # not ACS's doing: the GPU itself is gone
+        gone = ", ".join(f"GPU{i}" for i in sorted(lost))
+        yield warn("gpu.p2p", f"P2P not available for {len(with_lost)} pair(s) with {gone}, which is lost "
+                   "(see gpu.count)", detail="\n".join(with_lost),
+                   remedy="bring the lost GPU back first (`sudo dmesg | grep -i xid`, reseat, reboot); then check "
+                          "P2P again with `nvidia-smi topo -p2p rw`")
     if bad:
         yield warn("gpu.p2p", f"P2P not available for {len(bad)} of {n * (n - 1) // 2} pairs: NCCL will fall back "
                    "to host memory for them", detail="\n".join(bad),
                    remedy="check ACS and IOMMU (pcie.acs, host.iommu), the BIOS (Above 4G decoding, "
                           "Resizable BAR); confirm with `nvidia-smi topo -p2p rw`")
-    else:
+    elif not with_lost:
         yield ok("gpu.p2p", f"P2P read/write OK for all {n * (n - 1) // 2} pairs")
+
+
+def _lost(ctx: Context) -> set[int]:
+    return {s.index for s in ctx.snapshot.samples if s.lost} if ctx.snapshot else set()
+
+
+def _unseen(ctx: Context) -> list[str]:
+    """NVIDIA GPUs on the PCI bus that NVML does not enumerate (off the bus for the driver)."""
+    seen = set(ctx.by_bus())
+    return [d.address for d in ctx.host.nvidia_gpus() if d.address not in seen]
 
 
 def _expected_pairs(ctx: Context, up: dict[tuple[int, int], int]) -> set[tuple[int, int]]:
@@ -202,6 +221,7 @@ def nvlink_links(ctx: Context) -> Iterator[CheckResult]:
         return
     expected = _expected_pairs(ctx, links_up)
     source = "gpud.toml" if ctx.config.machine["nvlink_pairs"] is not None else "seen"
+    lost, unseen = _lost(ctx), _unseen(ctx)
     for s in capable:
         total = ctx.infos[s.index].nvlink_count
         partners = [b if a == s.index else a for a, b in expected if s.index in (a, b)]
@@ -214,7 +234,17 @@ def nvlink_links(ctx: Context) -> Iterator[CheckResult]:
         down = [ln.link for ln in s.nvlinks if not ln.up]
         remedy = (f"power off and reseat the NVLink bridge GPU{min(s.index, j)}↔GPU{max(s.index, j)} (the cards must "
                   "sit in the slots the bridge spans); confirm with `nvidia-smi nvlink -s` and `nvidia-smi topo -m`")
-        if not to_j:
+        if not to_j and (j in lost or j not in ctx.infos or unseen):
+            # The partner is gone (or NVML numbers the GPUs differently while one is missing): the
+            # bridge cannot be judged, and reseating it is not the fix.
+            why = f"GPU{j} is lost" if j in lost else \
+                f"a GPU is off the bus: {', '.join(unseen)}" if unseen else f"GPU{j} does not exist"
+            yield fail("nvlink.links", f"0/{total} NVLinks up: the bridge partner is not answering ({why})",
+                       gpu=s.index, detail=f"bridge expected ({source}); see gpu.count",
+                       remedy="bring the missing GPU back first (`sudo dmesg | grep -iE 'NVRM|xid'`, `lspci -d 10de:`; "
+                              "reseat it and its power cables, reboot), then check the bridge with "
+                              "`nvidia-smi nvlink -s`")
+        elif not to_j:
             yield fail("nvlink.links", f"0/{total} NVLinks up: the bridge to GPU{j} is down or missing", gpu=s.index,
                        detail=f"bridge expected ({source}); all-reduce between GPU{s.index} and GPU{j} goes over PCIe",
                        remedy=remedy)
@@ -239,5 +269,8 @@ def numa(ctx: Context) -> Iterator[CheckResult]:
                        for i in sorted(ctx.infos))
     yield warn("topo.numa", f"GPUs span {len(known)} NUMA nodes: traffic between them crosses the CPU interconnect",
                detail=detail,
-               remedy="pin each rank to its GPU's node (`numactl --cpunodebind=N --membind=N`, or torchrun with "
-                      "per-rank affinity); keep each job's GPUs on one node; see `nvidia-smi topo -m`")
+               remedy="pin each rank to its GPU's node (" + ", ".join(
+                   f"GPU{ranges(gpus)}: `numactl --cpunodebind={node} --membind={node}`"
+                   for node, gpus in sorted(nodes.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))
+                   if node is not None) + "; or torchrun with per-rank affinity); keep each job's GPUs on one "
+                   "node; see `nvidia-smi topo -m`")

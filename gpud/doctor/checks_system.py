@@ -82,11 +82,16 @@ def gpu_count(ctx: Context) -> Iterator[CheckResult]:
     yield ok("gpu.count", f"{seen} GPU(s): {', '.join(parts)}")
 
 
+def xorg_name(name: str) -> str:
+    """An option name as Xorg compares it (xf86NameCmp): case, spaces, tabs and '_' ignored."""
+    return re.sub(r"[\s_]", "", name).lower()
+
+
 @check("sli.disabled", "Display", needs_nvml=False)
 def sli_disabled(ctx: Context) -> Iterator[CheckResult]:
     found = []
     for o in ctx.host.xorg_options():
-        if o.name.lower() in SLI_OPTIONS and (o.value is None or o.value.strip().lower() not in OFF):
+        if xorg_name(o.name) in SLI_OPTIONS and (o.value is None or o.value.strip().lower() not in OFF):
             value = f' "{o.value}"' if o.value is not None else ""
             found.append(f'{o.file}:{o.line}: Option "{o.name}"{value}')
     for file, line, text in ctx.host.xorg_log():

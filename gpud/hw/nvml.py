@@ -71,7 +71,9 @@ LOCKED_CLOCKS_FROM = "volta"  # nvmlDeviceSetGpuLockedClocks needs Volta or newe
 MAX_NVLINKS = 18  # per GPU on every generation up to Hopper
 SLOW_EVERY_S = 10.0  # ECC, page retirement, row remapping, PCIe replays: read this often
 # Answers that depend on the moment, not on the GPU's capability: asked again every time.
-CHANGING_SUPPORT = {"nvmlDeviceGetNvLinkRemotePciInfo", "nvmlDeviceGetNvLinkState"}
+# The temperature too: a GPU that read it once and fails now has a fault that may clear (a fan curve
+# must see it come back), not a missing capability.
+CHANGING_SUPPORT = {"nvmlDeviceGetNvLinkRemotePciInfo", "nvmlDeviceGetNvLinkState", "nvmlDeviceGetTemperature"}
 CPU_SET_WORDS = 16  # 64-bit words: up to 1024 CPUs
 THRESHOLD_GPU_MAX = 3  # NVML_TEMPERATURE_THRESHOLD_GPU_MAX ("GPU Max Operating Temp")
 # Ada and later: thresholds as offsets from T.Limit (nvml.h: NVML_FI_DEV_TEMPERATURE_*_TLIMIT), with the
@@ -179,6 +181,7 @@ class Nvml:
         self._pcie_sampled: dict[int, tuple[float, int, int]] = {}  # (when, TX B/s, RX B/s) off the tick
         self._procs: dict[int, tuple[float, Any]] = {}  # (when, processes) read off the tick
         self._pcie_counter_ok: set[int] = set()  # GPUs whose cumulative PCIe byte counters answer
+        self._gone: set[str] = set()  # functions the driver or the bindings do not have
         self.offtick = False  # a sampler thread reads the blocking readings; the tick uses its results
         self._unsupported: set[tuple[Any, ...]] = set()  # (function, GPU, arguments) that said NotSupported
         self.calls = 0  # NVML calls made (for the benchmarks)
@@ -266,9 +269,11 @@ class Nvml:
             return read()
         except (GpuLost, DriverNotLoaded):
             raise
-        except Unsupported:
+        except Unsupported as err:
             if name not in CHANGING_SUPPORT:
                 self._unsupported.add(key)
+            if err.code in (13, None):  # FUNCTION_NOT_FOUND, or not in these bindings: gone for good
+                self._gone.add(name)
             return None
         except NvmlError:
             return None
@@ -441,7 +446,7 @@ class Nvml:
         """GPU temperature: ``nvmlDeviceGetTemperature``, deprecated ("will be removed in CUDA 14.0"),
         then its successor ``nvmlDeviceGetTemperatureV`` where the first is gone."""
         t = self.get("nvmlDeviceGetTemperature", h, TEMPERATURE_GPU, gpu=index)
-        if t is None and ("nvmlDeviceGetTemperature", index, (TEMPERATURE_GPU,)) in self._unsupported:
+        if t is None and "nvmlDeviceGetTemperature" in self._gone:
             t = self.get("nvmlDeviceGetTemperatureV", h, TEMPERATURE_GPU, gpu=index)
         return int(t) if t is not None else None
 

@@ -201,11 +201,75 @@ def validate_fault(raw: Any, n: int, file: str, where: str) -> Fault:
         _pair(params["gpus"], n, file, f"{where}.gpus")
     if kind == "no_permission" and params["call"] is None and params["at_write"] is None:
         raise InvalidInput(file, f"{where}.call", "required (or at_write)")
+    if params.get("call") is not None and not _nvml_call(params["call"]):
+        raise InvalidInput(file, f"{where}.call", f"{params['call']!r} is not an NVML function: the fault could never "
+                                                  "fire (names look like nvmlDeviceSetGpuLockedClocks)")
+    for key in ("at_write", "width", "generation", "percent", "fan", "xid"):
+        v = params.get(key)
+        if v is not None and v < (1 if key in ("at_write", "width", "generation", "xid") else 0):
+            raise InvalidInput(file, f"{where}.{key}", f"must be {'positive' if key != 'fan' else 'at least 0'}")
+    if kind == "fan_stuck" and params["percent"] > 100:
+        raise InvalidInput(file, f"{where}.percent", "must be 0..100")
     if kind == "clock_events":
         for r in params["reasons"]:
             if r not in EVENT_NAMES:
                 raise InvalidInput(file, f"{where}.reasons", f"unknown reason {r!r} (known: {', '.join(EVENT_NAMES)})")
     return Fault(kind, params)
+
+
+def _nvml_call(name: str) -> bool:
+    """An entry point the simulated library exports, named with or without its ``_vN`` suffix."""
+    from gpud.sim.libnvml import ENTRIES, base_name  # imported late: libnvml builds on this module
+
+    return name in ENTRIES or name in {base_name(e) for e in ENTRIES}
+
+
+def _check_machine(machine: dict[str, Any], file: str) -> None:
+    for key, lo, hi in (("cores_per_socket", 1, 1024), ("threads_per_core", 1, 8), ("memory_gib", 1, 1 << 20),
+                        ("psu_watts", 1, 100_000), ("cpu_tdp_watts", 1, 10_000), ("sockets", 1, 16),
+                        ("numa_nodes_per_socket", 1, 64), ("ambient_celsius", -40, 60)):
+        if not lo <= machine[key] <= hi:
+            raise InvalidInput(file, f"machine.{key}", f"must be {lo}..{hi}, not {machine[key]}")
+    if machine["shm_mib"] is not None and machine["shm_mib"] < 0:
+        raise InvalidInput(file, "machine.shm_mib", "must not be negative")
+    if isinstance(machine["memlock_kib"], int) and machine["memlock_kib"] < 0:
+        raise InvalidInput(file, "machine.memlock_kib", "must not be negative")
+
+
+def _check_gpu(gpu: dict[str, Any], ambient: float, file: str, where: str) -> None:
+    """Physically impossible or self-contradicting values: the simulator would model nonsense."""
+    for key in ("power_default_watts", "power_min_watts", "power_max_watts"):
+        if not 0 < gpu[key] <= 5000:
+            raise InvalidInput(file, f"{where}.{key}", f"must be 0..5000 W, not {gpu[key]}")
+    if not gpu["power_min_watts"] <= gpu["power_default_watts"] <= gpu["power_max_watts"]:
+        raise InvalidInput(file, f"{where}.power_default_watts", "must lie within power_min_watts..power_max_watts")
+    for key in ("power_watts", "idle_power_watts"):
+        if gpu[key] is not None and not 0 <= gpu[key] <= 5000:
+            raise InvalidInput(file, f"{where}.{key}", f"must be 0..5000 W, not {gpu[key]}")
+    if not 0 < gpu["slowdown_celsius"] < gpu["shutdown_celsius"] <= 150:
+        raise InvalidInput(file, f"{where}.slowdown_celsius",
+                           f"must be above 0 and below shutdown_celsius ({gpu['shutdown_celsius']} °C, at most 150)")
+    if not ambient <= gpu["temperature_celsius"] < gpu["shutdown_celsius"]:
+        raise InvalidInput(file, f"{where}.temperature_celsius",
+                           f"must be between the ambient {ambient} °C and shutdown_celsius "
+                           f"{gpu['shutdown_celsius']} °C")
+    if gpu["fans"] < 0 or gpu["fans"] > 8:
+        raise InvalidInput(file, f"{where}.fans", "must be 0..8")
+    if gpu["fans"] and not 0 <= gpu["fan_min_percent"] <= gpu["fan_max_percent"] <= 100:
+        raise InvalidInput(file, f"{where}.fan_min_percent", "must be 0..100 and at most fan_max_percent")
+    for key in ("memory_mib", "pcie_max_generation", "pcie_max_width", "max_graphics_mhz", "max_sm_mhz",
+                "max_memory_mhz"):
+        if gpu[key] is not None and gpu[key] <= 0:
+            raise InvalidInput(file, f"{where}.{key}", "must be positive")
+    if gpu["nvlinks"] is not None and not 0 <= gpu["nvlinks"] <= 18:
+        raise InvalidInput(file, f"{where}.nvlinks", "must be 0..18")
+    if gpu["memory_used_mib"] < 0 or (gpu["memory_mib"] and gpu["memory_used_mib"] > gpu["memory_mib"]):
+        raise InvalidInput(file, f"{where}.memory_used_mib", f"must be 0..{gpu['memory_mib']} (the GPU's memory)")
+    for key in ("ecc_volatile_corrected", "ecc_volatile_uncorrected", "ecc_aggregate_corrected",
+                "ecc_aggregate_uncorrected", "retired_pages_sbe", "retired_pages_dbe", "remapped_rows_correctable",
+                "remapped_rows_uncorrectable", "pcie_replay_errors"):
+        if gpu[key] < 0:
+            raise InvalidInput(file, f"{where}.{key}", "a count must not be negative")
 
 
 def load(path: Path, shown: str | None = None) -> Description:
@@ -229,6 +293,7 @@ def parse(data: dict[str, Any], file: str, digest: str = "") -> Description:
         raise InvalidInput(file, "machine.memlock_kib", "must be an integer or \"unlimited\"")
     if machine["process_entry_bytes"] not in (24, 32):
         raise InvalidInput(file, "machine.process_entry_bytes", "must be 24 (nvml.h) or 32 (early R535 drivers)")
+    _check_machine(machine, file)
     if machine["shm_mib"] is None:
         machine["shm_mib"] = machine["memory_gib"] * 512
     defaults = data.get("gpu_defaults", {})
@@ -269,14 +334,24 @@ def parse(data: dict[str, Any], file: str, digest: str = "") -> Description:
                                f"must be within {gpu['power_min_watts']}..{gpu['power_max_watts']} W")
         if not 0 <= gpu["utilization_percent"] <= 100:
             raise InvalidInput(file, f"{where}.utilization_percent", "must be 0..100")
+        _check_gpu(gpu, float(machine["ambient_celsius"]), file, where)
         gpu["processes"] = [take(p, PROCESS_KEYS, file, f"{where}.processes[{k}]")
                             for k, p in enumerate(gpu["processes"])]
+        for k, proc in enumerate(gpu["processes"]):
+            if proc["pid"] < 1 or proc["uid"] < 0 or proc["used_mib"] < 0:
+                raise InvalidInput(file, f"{where}.processes[{k}]",
+                                   "pid must be positive, uid and used_mib not negative")
         gpu["uuid"] = gpu["uuid"] or _uuid(machine["name"], i)
         gpu["serial"] = gpu["serial"] or str(1320021000000 + int(_uuid(machine["name"], i)[4:12], 16) % 10**9)
         gpus.append(gpu)
     seen = [g["bus_id"] for g in gpus]
     if len(set(seen)) != len(seen):
         raise InvalidInput(file, "gpu", "two GPUs share a bus_id")
+    for i, g in enumerate(gpus):
+        for key in ("root_port", "switch"):
+            if g[key] is not None and g[key] in seen:
+                raise InvalidInput(file, f"gpu[{i}].{key}",
+                                   f"{g[key]} is a GPU's bus_id: two devices at one PCI address")
     nvlinks = []
     for k, raw in enumerate(data.get("nvlink", [])):
         link = take(raw, NVLINK_KEYS, file, f"nvlink[{k}]")
@@ -288,6 +363,10 @@ def parse(data: dict[str, Any], file: str, digest: str = "") -> Description:
             raise InvalidInput(file, f"nvlink[{k}].links", f"must be 1..{most} for these GPUs")
         nvlinks.append(link)
     faults = tuple(validate_fault(f, len(gpus), file, f"fault[{k}]") for k, f in enumerate(data.get("fault", [])))
+    for k, f in enumerate(faults):
+        if f.kind == "fan_stuck" and f.params["fan"] >= gpus[f.params["gpu"]]["fans"]:
+            raise InvalidInput(file, f"fault[{k}].fan", f"GPU {f.params['gpu']} has {gpus[f.params['gpu']]['fans']} "
+                                                        "fan(s): the fault could never fire")
     xorg = take(data.get("xorg", {}), XORG_KEYS, file, "xorg")
     return Description(file, digest, machine, tuple(gpus), tuple(nvlinks), faults, xorg)
 

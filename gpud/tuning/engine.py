@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpud.errors import GpudError, GpuLost, InvalidInput
+from gpud.errors import GpudError, GpuLost, InvalidInput, Unsupported
 from gpud.hw.machine import Machine
 from gpud.hw.nvml import ARCHITECTURES
 from gpud.model import GpuInfo, GpuSample, Snapshot
@@ -24,6 +24,42 @@ ORDER = ("persistence_mode", "compute_mode", "power_limit_watts", "applications_
 RESET = "reset"
 UNKNOWN = "unknown"  # NVML has no getter (locked clocks)
 _ARCH_RANK = {name: code for code, name in ARCHITECTURES.items()}
+# Lost when the last NVML client exits and the driver deinitialises the GPU, unless persistence
+# mode is on or nvidia-persistenced runs (NVIDIA's "Driver Persistence" documentation).
+NEED_PERSISTENCE = ("compute_mode", "power_limit_watts", "applications_clocks")
+PERSISTENCE_REMEDY = ("`sudo nvidia-smi -pm 1`, or enable nvidia-persistenced "
+                      "(`systemctl enable --now nvidia-persistenced`)")
+
+
+class TargetMismatch(GpudError):
+    """tuning.json belongs to another machine than the one this command acts on."""
+
+
+def target(machine: Machine) -> str:
+    """The machine a command acts on, as people read it (every hardware-changing command says it)."""
+    return f"simulated workstation {machine.label}" if machine.simulation is not None else f"host {machine.label}"
+
+
+def read_state(machine: Machine) -> dict[str, Any] | None:
+    """The state file for ``machine``: StateError when unusable, TargetMismatch when another machine's."""
+    data = st.read()
+    if data is not None and data.get("target") not in (None, target(machine)):
+        err = TargetMismatch(f"{st.path()} records profile {data.get('profile')!r} applied to {data['target']}, "
+                             f"not to {target(machine)}")
+        err.remedy = ("restore that machine first (`gpud restore` with the same --simulate), or use another "
+                      "GPUD_STATE_DIR")
+        raise err
+    return data
+
+
+def persistenced_running(machine: Machine) -> bool:
+    """Whether nvidia-persistenced runs (it keeps every GPU initialised, like persistence mode)."""
+    proc = machine.host.path("/proc")
+    try:
+        pids = [d.name for d in proc.iterdir() if d.name.isdigit()]
+    except OSError:
+        return False
+    return any((machine.host.read(f"/proc/{pid}/comm") or "").strip() == "nvidia-persistenced" for pid in pids)
 
 
 @dataclass(frozen=True)
@@ -36,6 +72,10 @@ class Change:
     note: str = ""
     required: bool = False
 
+    def as_dict(self) -> dict[str, Any]:
+        return {"gpu": self.gpu, "setting": self.setting, "current": self.current, "desired": self.desired,
+                "action": self.action, "note": self.note}
+
 
 @dataclass
 class Outcome:
@@ -45,6 +85,7 @@ class Outcome:
     rolled_back: list[str] = field(default_factory=list)
     not_restored: list[str] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)
+    skipped: list[Change] = field(default_factory=list)  # NVML said NOT_SUPPORTED when writing
 
     @property
     def ok(self) -> bool:
@@ -93,14 +134,21 @@ def plan(machine: Machine, profile: Profile, daemon: bool = False) -> tuple[list
     snap = machine.snapshot()
     infos = {g.index: g for g in snap.gpus}
     desired = resolve(profile, [infos[i] for i in sorted(infos)])
-    tuned = st.profile_settings(st.load())
+    tuned = st.profile_settings(read_state(machine))
     changes: list[Change] = []
+    daemon_keeps = daemon  # a running daemon is an NVML client that never exits: nothing is deinitialised
+    persistenced = None
     for s in snap.samples:
         if s.lost:
             raise GpuLost(f"GPU {s.index} is lost: cannot tune it", gpu=s.index)
         g = infos[s.index]
         want = desired[s.index]
         required = set(want.get("required", []))
+        persistent = want.get("persistence_mode", s.persistence_mode) is True or daemon_keeps
+        if not persistent:
+            if persistenced is None:
+                persistenced = persistenced_running(machine)
+            persistent = persistenced
         for setting in ORDER:
             if setting not in want:
                 continue
@@ -114,6 +162,10 @@ def plan(machine: Machine, profile: Profile, daemon: bool = False) -> tuple[list
                 continue
             cur = current_value(setting, s, tuned.get(s.index))
             skip = _unsupported(setting, g, value, cur)
+            if not skip and setting in NEED_PERSISTENCE and not persistent and not same(setting, cur, value) \
+                    and value != RESET:
+                skip = ("persistence mode is off: the driver would forget it when the last NVML client exits; "
+                        f"{PERSISTENCE_REMEDY}, or set persistence_mode = true in the profile")
             if skip:
                 changes.append(Change(s.index, setting, cur, value, "skip", skip, req))
             elif same(setting, cur, value):
@@ -138,9 +190,11 @@ def plan(machine: Machine, profile: Profile, daemon: bool = False) -> tuple[list
 def _unsupported(setting: str, g: GpuInfo, value: Any, cur: Any) -> str:
     if value is None or value == "unsupported":
         return "not supported by this GPU"
-    if setting in ("gpu_clocks", "memory_clocks") and g.architecture in _ARCH_RANK and \
-            _ARCH_RANK[g.architecture] < _ARCH_RANK["volta"]:
-        return "locked clocks need Volta or newer"
+    if setting == "gpu_clocks" and g.architecture in _ARCH_RANK and _ARCH_RANK[g.architecture] < _ARCH_RANK["volta"]:
+        return f"locked GPU clocks need Volta or newer ({g.name} is {g.architecture.title()})"
+    if setting == "memory_clocks" and g.architecture in _ARCH_RANK and \
+            _ARCH_RANK[g.architecture] < _ARCH_RANK["ampere"]:
+        return f"locked memory clocks need Ampere or newer ({g.name} is {g.architecture.title()})"
     if setting in ("persistence_mode", "compute_mode", "applications_clocks", "power_limit_watts") and cur is None:
         return "not reported by this GPU"
     return ""
@@ -152,7 +206,12 @@ def write(machine: Machine, gpu: int | None, setting: str, value: Any) -> Any:
     """Write one setting and return what was read back (None where NVML has no getter)."""
     n = machine.nvml
     if gpu is None:
-        return machine.host.set_cpu_governor(value) if isinstance(value, str) else _governors_back(machine, value)
+        try:
+            return machine.host.set_cpu_governor(value) if isinstance(value, str) else _governors_back(machine, value)
+        except OSError as err:
+            e = GpudError(f"cannot write the CPU governor ({err.strerror or err}: {err.filename or ''})")
+            e.remedy = "run as root; check `lsattr` and `cat /sys/devices/system/cpu/cpu0/cpufreq/scaling_governor`"
+            raise e from err
     if setting == "persistence_mode":
         return n.set_persistence_mode(gpu, bool(value))
     if setting == "compute_mode":
@@ -179,9 +238,20 @@ def write(machine: Machine, gpu: int | None, setting: str, value: Any) -> Any:
 
 
 def _governors_back(machine: Machine, per_cpu: dict[str, str]) -> dict[int, str]:
+    """Each CPU back to its own saved governor; CPUs already there are not written (a CPU whose
+    file could never be written was never changed, and must not stop the others)."""
+    now = machine.host.cpu_governors()
+    failed: OSError | None = None
     for cpu, gov in per_cpu.items():
-        machine.host.set_cpu_governor(gov, [int(cpu)])
-    return machine.host.cpu_governors()
+        if now.get(int(cpu)) != gov:
+            try:
+                machine.host.set_cpu_governor(gov, [int(cpu)])
+            except OSError as err:
+                failed = err
+    back = machine.host.cpu_governors()
+    if failed is not None and any(back.get(int(c)) != g for c, g in per_cpu.items()):
+        raise failed
+    return back
 
 
 def _read_back_ok(setting: str, wanted: Any, got: Any) -> bool:
@@ -203,7 +273,10 @@ def _original(change: Change) -> Any:
 
 def apply(machine: Machine, profile: Profile, changes: list[Change], desired: dict[int, dict[str, Any]],
           host_before: dict[int, str] | None = None) -> Outcome:
-    """Save originals, write, read back; roll back this apply's writes on any failure."""
+    """Save originals, write, read back; roll back this apply's writes on any failure.
+
+    The caller holds the tuning lock (``paths.TuningLock``) from the plan to the end.
+    """
     out = Outcome(plan=changes)
     missing = [c for c in changes if c.action == "skip" and c.required]
     if missing:
@@ -211,7 +284,7 @@ def apply(machine: Machine, profile: Profile, changes: list[Change], desired: di
         out.error = f"GPU {c.gpu}: required setting {c.setting} cannot be applied ({c.note}); nothing was written"
         return out
     todo = [c for c in changes if c.action == "set"]
-    previous = st.load()
+    previous = read_state(machine)  # corrupt or another machine's: refuse before anything is written
     originals: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (previous or {}).get("originals", {}).items()}
     for c in todo:
         key = "host" if c.gpu is None else str(c.gpu)
@@ -222,34 +295,69 @@ def apply(machine: Machine, profile: Profile, changes: list[Change], desired: di
             originals.setdefault(key, {}).setdefault(c.setting, _original(c))
     wanted: dict[str, dict[str, Any]] = {str(i): {k: v for k, v in d.items() if k != "required"}
                                          for i, d in desired.items()}
+    for c in changes:  # what is skipped is neither enforced nor verified
+        if c.action == "skip" and c.gpu is not None and c.setting in wanted.get(str(c.gpu), {}):
+            wanted[str(c.gpu)][c.setting] = "unsupported"
     if profile.host:
         wanted["host"] = dict(profile.host)
     record = {"profile": profile.name, "source": profile.source, "chain": list(profile.chain),
-              "desired": wanted, "originals": originals, "pending": True, "started_at": time.time()}
-    st.save(record)  # before the first write: a crash from here on is undone by `gpud restore`
+              "desired": wanted, "originals": originals, "pending": True, "started_at": time.time(),
+              "target": target(machine)}
+    try:
+        st.save(record)  # before the first write: a crash from here on is undone by `gpud restore`
+    except st.StateError as err:
+        out.error = f"{err}; nothing was written to the hardware"
+        return out
     for c in todo:
+        where = "host" if c.gpu is None else f"GPU {c.gpu}"
         try:
             got = write(machine, c.gpu, c.setting, c.desired)
-            if not _read_back_ok(c.setting, c.desired, got):
-                raise GpudError(f"read back {got!r}, wanted {c.desired!r}")
+        except Unsupported as err:
+            if c.required:
+                out.error = f"{where}: required setting {c.setting}: not supported by this GPU ({err})"
+                _fail(machine, out, host_before, previous, None)
+                return out
+            skipped = Change(c.gpu, c.setting, c.current, c.desired, "skip", f"not supported by this GPU ({err})")
+            out.skipped.append(skipped)
+            if c.gpu is not None:
+                wanted[str(c.gpu)][c.setting] = "unsupported"
+            continue
         except GpudError as err:
-            where = "host" if c.gpu is None else f"GPU {c.gpu}"
             out.error = f"{where}: {c.setting}: {err}"
-            _rollback(machine, out, host_before)
-            if previous is None:
-                st.clear()
-            else:
-                st.save(previous)
+            # A host write can fail half-way (some CPUs written): undo it with the rest.
+            _fail(machine, out, host_before, previous, c if c.gpu is None else None)
+            return out
+        if not _read_back_ok(c.setting, c.desired, got):
+            out.error = f"{where}: {c.setting}: read back {show(got)}, wanted {show(c.desired)}"
+            _fail(machine, out, host_before, previous, c)  # it was written: undo it too
             return out
         out.written.append(c)
     record["pending"] = False
     record["applied_at"] = time.time()
-    st.save(record)
+    try:
+        st.save(record)
+    except st.StateError as err:  # the pending record already saved is enough for restore
+        out.messages.append(f"{err} (the record saved before writing still holds the originals)")
     return out
 
 
-def _rollback(machine: Machine, out: Outcome, host_before: dict[int, str] | None) -> None:
-    for c in reversed(out.written):
+def _fail(machine: Machine, out: Outcome, host_before: dict[int, str] | None, previous: dict[str, Any] | None,
+          also: Change | None) -> None:
+    """Roll back, then put the state file back as it was before this apply."""
+    _rollback(machine, out, host_before, also)
+    try:
+        if previous is None:
+            why = st.clear()
+            if why:
+                out.messages.append(why)
+        else:
+            st.save(previous)
+    except st.StateError as err:
+        out.messages.append(str(err))
+
+
+def _rollback(machine: Machine, out: Outcome, host_before: dict[int, str] | None, also: Change | None = None) -> None:
+    for c in reversed(out.written + ([also] if also is not None else [])):
         where = "host" if c.gpu is None else f"GPU {c.gpu}"
         back = c.current if c.setting not in ("gpu_clocks", "memory_clocks") or c.current != UNKNOWN else RESET
         if c.setting == "cpu_governor":
@@ -290,7 +398,7 @@ class Drift:
 def verify(machine: Machine, daemon: bool = False, snapshot: Snapshot | None = None
            ) -> tuple[dict[str, Any] | None, list[Drift]]:
     """Drift of the applied profile; ``snapshot`` (a reading already taken) saves reading the GPUs again."""
-    data = st.load()
+    data = read_state(machine)
     if not data:
         return None, []
     snap = snapshot if snapshot is not None else machine.snapshot()
@@ -344,8 +452,15 @@ def _fan_drift(gpu: int, s: GpuSample, fan: dict[str, Any], daemon: bool) -> Dri
 # -- restore ---------------------------------------------------------------------------------
 
 def restore(machine: Machine, fans_only: bool = False) -> tuple[list[str], list[str]]:
-    """Write the originals back (reverse order). Returns (done, failed). Safe to run twice."""
-    data = st.load()
+    """Write the originals back (reverse order). Returns (done, failed). Safe to run twice.
+
+    Fans go back to the automatic policy first, whatever the state file says (or if it is
+    unusable: then StateError follows, after the fans are safe)."""
+    try:
+        data = read_state(machine)
+        problem: GpudError | None = None
+    except GpudError as err:
+        data, problem = None, err
     done: list[str] = []
     failed: list[str] = []
     originals = (data or {}).get("originals", {})
@@ -368,6 +483,8 @@ def restore(machine: Machine, fans_only: bool = False) -> tuple[list[str], list[
                     done.append(f"GPU {gpu}: fan {f.fan} → auto")
         except GpudError as err:
             failed.append(f"GPU {gpu}: fan: {err}")
+    if problem is not None:
+        raise problem
     if data is None:
         return done, failed
     if fans_only:
@@ -375,7 +492,10 @@ def restore(machine: Machine, fans_only: bool = False) -> tuple[list[str], list[
             originals[key].pop("fan", None)
         for key in list(data.get("desired", {})):
             data["desired"][key].pop("fan", None)
-        st.save(data)
+        try:
+            st.save(data)
+        except st.StateError as err:
+            failed.append(str(err))
         return done, failed
     keep: dict[str, dict[str, Any]] = {}
     for key, settings in sorted(originals.items()):
@@ -393,9 +513,14 @@ def restore(machine: Machine, fans_only: bool = False) -> tuple[list[str], list[
                 keep.setdefault(key, {})[setting] = value
     if keep:
         data["originals"] = keep
-        st.save(data)
+        try:
+            st.save(data)
+        except st.StateError as err:
+            failed.append(str(err))
     else:
-        st.clear()
+        why = st.clear()
+        if why:
+            failed.append(why)
     return done, failed
 
 

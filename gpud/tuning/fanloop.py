@@ -15,6 +15,7 @@ from typing import Any
 
 from gpud.errors import GpudError
 from gpud.hw.machine import Machine
+from gpud.hw.nvml import TEMPERATURE_GPU
 from gpud.model import GpuSample
 from gpud.tuning.fancurve import FAILSAFE, FanController, FanCurve
 
@@ -35,6 +36,7 @@ class FanControl:
     commanded: dict[int, int] = field(default_factory=dict)  # last duty written per GPU
     failsafes: int = 0
     in_failsafe: set[int] = field(default_factory=set)
+    unreleased: set[int] = field(default_factory=set)  # GPUs whose fans could not be handed back yet
 
     @classmethod
     def from_profile(cls, machine: Machine, desired: dict[int, dict[str, Any]]) -> FanControl:
@@ -65,10 +67,15 @@ class FanControl:
             if s is None or s.lost:
                 events.append(self._failsafe(gpu, ctl, "GPU lost"))
                 continue
-            duty = ctl.update(None if s.temperature_celsius is None else float(s.temperature_celsius), now)
+            temp: float | None = s.temperature_celsius
+            if temp is None:
+                temp = self._read_temperature(gpu)
+            duty = ctl.update(None if temp is None else float(temp), now)
             if duty == FAILSAFE:
                 events.append(self._failsafe(gpu, ctl, "temperature unreadable"))
                 continue
+            if gpu in self.in_failsafe:
+                log.warning("GPU %d: temperature readable again (%s °C): fans back on the curve", gpu, temp)
             if self.commanded.get(gpu) == duty and gpu not in self.in_failsafe:
                 continue
             try:
@@ -79,7 +86,7 @@ class FanControl:
                 continue
             self.commanded[gpu] = duty
             self.in_failsafe.discard(gpu)
-            events.append(FanEvent(gpu, "duty", f"{duty} % at {s.temperature_celsius} °C"))
+            events.append(FanEvent(gpu, "duty", f"{duty} % at {temp} °C"))
         return events
 
     def failsafe_all(self, why: str) -> list[FanEvent]:
@@ -87,23 +94,42 @@ class FanControl:
         driver's automatic policy, each counted and logged once, as for a single lost GPU."""
         return [self._failsafe(gpu, ctl, why) for gpu, ctl in self.controllers.items()]
 
+    def _read_temperature(self, gpu: int) -> float | None:
+        """Ask NVML again, past its cache of what a GPU "does not support": a GPU whose curve was
+        configured did report its temperature, so a failure now is a fault that may clear."""
+        n = self.machine.nvml
+        try:
+            value = n.call("nvmlDeviceGetTemperature", n.handle(gpu), TEMPERATURE_GPU, gpu=gpu)
+        except GpudError:
+            return None
+        return float(value) if isinstance(value, (int, float)) else None
+
     def _failsafe(self, gpu: int, ctl: FanController, why: str) -> FanEvent:
         ctl.reset()
         self.commanded.pop(gpu, None)
         if gpu not in self.in_failsafe:
             self.failsafes += 1
             self.in_failsafe.add(gpu)
-            log.warning("GPU %d: fan failsafe (%s): fans handed back to the driver's automatic policy", gpu, why)
-        self._to_auto(gpu, why)
+            log.warning("GPU %d: fan failsafe (%s): handing the fans back to the driver's automatic policy", gpu, why)
+            self._to_auto(gpu, why)
+        elif gpu in self.unreleased:
+            self._to_auto(gpu, why)  # tried again every tick, logged only when the outcome changes
         return FanEvent(gpu, "failsafe", why)
 
     def _to_auto(self, gpu: int, why: str) -> None:
         info = self.machine.info(gpu)
+        failed = None
         for fan in range(info.fan_count or 0 if info else 0):
             try:
                 self.machine.nvml.set_fan_auto(gpu, fan)
             except GpudError as err:
-                log.error("GPU %d: fan %d could not be handed back (%s): %s", gpu, fan, why, err)
+                failed = (fan, err)
+        if failed is not None and gpu not in self.unreleased:
+            log.error("GPU %d: fan %d could not be handed back (%s): %s", gpu, failed[0], why, failed[1])
+            self.unreleased.add(gpu)
+        elif failed is None and gpu in self.unreleased:
+            log.warning("GPU %d: fans handed back to the driver's automatic policy", gpu)
+            self.unreleased.discard(gpu)
 
     def release(self) -> None:
         """Every controlled fan back to the automatic policy (shutdown)."""
