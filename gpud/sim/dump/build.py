@@ -4,6 +4,7 @@ inferred because the dump does not say it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,6 +196,8 @@ def _gpu(i: int, r: Reader, placement: Placement, notes: Notes) -> dict[str, Any
             notes.gpu(i, "fan_min_percent", "nvidia-smi does not print the fan range (assumed)")
         else:
             notes.gpu(i, "fan_min_percent", f"nvidia-smi does not print the fan range ({model} preset)")
+    if (r.text("mig_mode") or "").lower() == "enabled":
+        notes.not_shown(i, "MIG mode enabled: the simulator has no MIG instances")
     _state(i, r, g, own, preset, notes)
     g.update(_changed(own, preset))
     return g
@@ -223,7 +226,8 @@ def _memory(i: int, r: Reader, g: dict[str, Any], own: dict[str, Any], preset: d
         notes.gpu(i, "memory_mib", "no FB Memory Usage Total (preset)")
         return
     if ecc:
-        own["memory_ecc_mib"] = total
+        if generic or preset.get("memory_ecc_mib") is not None or total != preset["memory_mib"]:
+            own["memory_ecc_mib"] = total  # (a preset without it reports memory_mib with ECC on)
         if generic:
             own["memory_mib"] = total
             notes.gpu(i, "memory_mib", "the total with ECC off is not in a dump taken with ECC on (assumed equal)")
@@ -443,8 +447,13 @@ def _machine(dump: Dump, name: str, gpus: list[dict[str, Any]], placement: Place
     if cuda and cuda[:1].isdigit():
         m["cuda_driver_version"] = cuda
     m.update(placement.machine)
-    notes.machine.append("machine: CPU model, memory, PSU, kernel command line, governor: nvidia-smi does "
-                         "not print them (defaults)")
+    vram = sum(int(g.get("memory_ecc_mib" if g.get("ecc_enabled") else "memory_mib")
+                   or GPU_MODELS[g["model"]]["memory_mib"]) for g in gpus) / 1024
+    m["memory_gib"] = max(128, 1 << max(0, math.ceil(math.log2(max(vram, 1)))))
+    notes.machine.append(f"machine.memory_gib: not in the dump; {m['memory_gib']} GiB, at least the GPUs' "
+                         f"{vram:.0f} GiB, so that host checks judge the GPUs rather than a guess")
+    notes.machine.append("machine: CPU model, PSU, kernel command line, governor: nvidia-smi does not print "
+                         "them (defaults)")
     return m
 
 

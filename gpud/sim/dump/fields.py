@@ -24,6 +24,7 @@ def _in(sections: tuple[str, ...], *keys: str) -> tuple[str, ...]:
 FIELDS: dict[str, tuple[str, ...]] = {
     "name": ("product name", "product_name"),
     "architecture": ("product architecture", "product_architecture"),
+    "mig_mode": ("mig mode/current", "mig_mode/current_mig"),
     "persistence": ("persistence mode", "persistence_mode"),
     "serial": ("serial number", "serial"),
     "uuid": ("gpu uuid", "uuid"),
