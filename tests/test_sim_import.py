@@ -389,6 +389,26 @@ def test_doctor_flags_a_link_trained_down_and_ecc_errors(capsys, tmp_path) -> No
     assert code == 1
 
 
+def test_a_gen3_slot_and_retired_pages_reach_doctor(capsys, tmp_path) -> None:
+    """"Host Max: 3" beside "Device Max: 4" is an older slot, not a link that trained down; 70 retired
+    pages are past the limit of 63 (the counts as a card with page retirement prints them)."""
+    text = (FIXTURES / "rtx-a6000-linux-550.txt").read_text()
+    gen_max = " " * 16 + "Max" + " " * 23 + ": "
+    text = in_gpu(text, 0, f"{gen_max}4\n", f"{gen_max}3\n")
+    text = in_gpu(text, 0, "Host Max                  : 4", "Host Max                  : 3")
+    text = in_gpu(text, 1, "Single Bit ECC                    : N/A", "Single Bit ECC                    : 40")
+    text = in_gpu(text, 1, "Double Bit ECC                    : N/A", "Double Bit ECC                    : 30")
+    code, checks = doctor(capsys, tmp_path, text)
+    gen = by_id(checks, "pcie.link_gen")
+    assert gen[0] == "warn" and "Gen3 slot" in next(c["summary"] for c in checks
+                                                   if c["id"] == "pcie.link_gen" and c["gpu"] == 0)
+    assert {s for i, s in gen.items() if i} == {"pass"}
+    ecc = by_id(checks, "health.ecc")
+    assert ecc[1] == "fail" and ecc[0] == "pass" and code == 1
+    data = tomllib.loads((tmp_path / "twin.toml").read_text())
+    assert data["gpu"][0]["slot_generation"] == 3 and "slot_generation" not in data["gpu"][2]
+
+
 def test_doctor_on_an_idle_h200_at_gen5_and_a_busy_l40s(capsys, tmp_path) -> None:
     _, checks = doctor(capsys, tmp_path, (FIXTURES / "h200-590-idle.txt").read_text(), "h200")
     assert by_id(checks, "pcie.link_gen") == {0: "pass"} and by_id(checks, "health.ecc") == {0: "pass"}
@@ -509,6 +529,19 @@ def test_an_older_driver_with_other_field_names_imports(capsys, tmp_path) -> Non
     msg = bad(capsys, tmp_path, broken)
     line = broken.splitlines().index("        Max Power Limit                   : lots") + 1
     assert msg == f"{tmp_path / 'q.txt'}:{line}: max power limit: expected a number in W, found 'lots'"
+
+
+def test_text_pasted_after_the_dump_is_ignored_but_not_inside_it(capsys, tmp_path) -> None:
+    text = (FIXTURES / "h200-590-idle.txt").read_text()
+    q = tmp_path / "pasted.txt"
+    q.write_text(text + "user@node17:~$ nvidia-smi topo -m\n\tGPU0\tCPU Affinity\n")
+    code, _, err = cli(capsys, "sim", "import", str(q), "-o", str(tmp_path / "t.toml"))
+    assert code == 0, err
+    ada = (FIXTURES / "rtx-6000-ada-550.txt").read_text()
+    at = ada.index("    Temperature")
+    msg = bad(capsys, tmp_path, ada[:at] + "oops\n" + ada[at:])
+    line = (ada[:at] + "oops\n").count("\n")
+    assert msg.endswith(f":{line}: expected an indented field of GPU 00000000:01:00.0, found 'oops'"), msg
 
 
 def test_a_huge_or_binary_file_is_refused_without_reading_it_whole(capsys, tmp_path) -> None:

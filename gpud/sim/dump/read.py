@@ -127,8 +127,8 @@ def parse_text(text: str, file: str) -> Dump:
                 continue
             raise fail(file, no, f"expected 'GPU <bus id>' or 'Key : value', found {raw.strip()[:60]!r}")
         if indent == 0:
-            if sep and key.lower() in top:  # a second log pasted after the first
-                break
+            if not any(GPU_LINE.match(rest) for rest in lines[k + 1:]):
+                break  # text pasted after the dump (a shell prompt, a second command's output)
             raise fail(file, no, f"expected an indented field of GPU {current.bus_id}, "
                                  f"found {raw.strip()[:60]!r}")
         while stack and stack[-1][0] >= indent:
