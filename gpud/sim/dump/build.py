@@ -11,7 +11,7 @@ from typing import Any
 from gpud.errors import InvalidInput
 from gpud.sim.dump.fields import Reader
 from gpud.sim.dump.place import Placement, place
-from gpud.sim.dump.read import Dump, fail
+from gpud.sim.dump.read import Dump, GpuDump, fail
 from gpud.sim.dump.topo import Topo
 from gpud.sim.presets import GPU_MODELS
 
@@ -144,11 +144,18 @@ def _check_complete(dump: Dump) -> None:
         return
     last, before = dump.gpus[-1], dump.gpus[-2]
     have = {e.path.split("/")[0] for e in last.entries}
-    lacking = [e for e in before.entries if "/" not in e.path and e.path not in have]
-    if lacking:
+    sections = [e for e in before.entries if "/" not in e.path]
+    lacking = [e for e in sections if e.path not in have]
+    # the same model prints the same sections; cut off, the last GPU lacks at least the final one
+    if lacking and _product(last) == _product(before) and sections[-1] in lacking:
         end = last.entries[-1].line if last.entries else last.line
         raise fail(dump.file, end, f"the dump ends inside GPU {last.bus_id}: it lacks '{lacking[0].path}' and "
                                    f"{len(lacking) - 1} more section(s) the GPU before it has (truncated?)")
+
+
+def _product(g: GpuDump) -> str:
+    e = g.find("product name") or g.find("product_name")
+    return e.value if e else ""
 
 
 def _gpu(i: int, r: Reader, placement: Placement, notes: Notes) -> dict[str, Any]:
@@ -337,7 +344,9 @@ def _state(i: int, r: Reader, g: dict[str, Any], own: dict[str, Any], preset: di
     limit = r.number("power_limit", "W")
     put("power_limit_watts", limit, "no Current Power Limit (the default)")
     persistence = r.flag("persistence", ("enabled",), ("disabled",))
-    if persistence is None:
+    if persistence is None and not r.has_section("persistence"):
+        notes.gpu(i, "persistence_mode", "no Persistence Mode in the dump (on)")
+    elif persistence is None:
         g["persistence_mode"] = False
         g.setdefault("_faults", []).append({"kind": "unsupported", "gpu": i, "call": "nvmlDeviceGetPersistenceMode"})
         notes.not_shown(i, "Persistence Mode N/A (Windows): the twin's NVML says Not Supported")
