@@ -302,6 +302,25 @@ def test_hgx_every_pair_nv18_is_an_nvswitch_fabric(capsys, tmp_path) -> None:
     assert "nvlink" not in data
 
 
+def test_newer_topo_with_nic_columns_and_gpu_numa_id(capsys, tmp_path) -> None:
+    """Drivers since 535 add NIC columns and rows, a GPU NUMA ID column and a NIC legend (the layout
+    of the HGX matrix above with two NICs added, as such machines print it)."""
+    hgx = (FIXTURES / "topo-hgx-h100.txt").read_text()
+    rows = [line.split() for line in hgx.splitlines() if re.match(r"^GPU\d\s", line)]
+    nic = ["PXB", "NODE", "NODE", "NODE", "SYS", "SYS", "SYS", "SYS"]
+    lines = ["\t" + "\t".join([f"GPU{i}" for i in range(8)] + ["NIC0", "NIC1", "CPU Affinity", "NUMA Affinity",
+                                                                "GPU NUMA ID"])]
+    for i, r in enumerate(rows):
+        lines.append("\t".join(r[:9] + [nic[i], nic[7 - i], r[9], r[10], "N/A"]))
+    lines += ["NIC0\t" + "\t".join(nic) + "\t X \tSYS", "NIC1\t" + "\t".join(nic[::-1]) + "\tSYS\t X ",
+              "", "Legend:", "", "  X    = Self", "", "NIC Legend:", "", "  NIC0: mlx5_0", "  NIC1: mlx5_1"]
+    topo = tmp_path / "topo.txt"
+    topo.write_text("\n".join(lines) + "\n")
+    got = topo_roundtrip(capsys, tmp_path, FIXTURES / "h100-sxm-565-hgx.txt", topo)
+    assert got["matrix"] == [r[1:9] for r in rows]
+    assert [g["numa_node"] for g in got["gpus"]] == [0] * 4 + [1] * 4
+
+
 def test_pcie_levels_make_switches_root_ports_and_host_bridges(capsys, tmp_path) -> None:
     """A matrix with every PCIe level (written for this test over a real 5-GPU dump)."""
     q = tmp_path / "q.txt"
@@ -502,6 +521,11 @@ def test_another_tools_output_is_refused_with_the_reason(capsys, tmp_path, other
     text = texts.get(other) or (FIXTURES / other).read_text()
     msg = bad(capsys, tmp_path, text)
     assert re.match(rf"{re.escape(str(tmp_path / 'q.txt'))}:\d+: ", msg) and reason in msg, msg
+
+
+def test_xml_asked_for_a_text_dump(capsys, tmp_path) -> None:
+    msg = bad(capsys, tmp_path, (FIXTURES / "h200-590-idle.txt").read_text(), "--xml")
+    assert msg.endswith(":1: --xml given but this is not XML (`nvidia-smi -q -x` starts with '<?xml')")
 
 
 def test_two_gpus_with_one_bus_id(capsys, tmp_path) -> None:
