@@ -193,7 +193,7 @@ def _gpu(i: int, r: Reader, placement: Placement, notes: Notes) -> dict[str, Any
                      ("default_app_memory_mhz", "default_app_memory")):
         model_key(key, r.integer(src, "MHz"), f"{src.replace('_', ' ')} clock not in the dump")
     _thresholds(i, r, own, preset, model, notes)
-    _pcie(i, r, g, own, preset, notes)
+    _pcie(i, r, g, own, preset, generic, notes)
     if fan is None:
         own["fans"] = 0
     else:
@@ -286,21 +286,24 @@ def _thresholds(i: int, r: Reader, own: dict[str, Any], preset: dict[str, Any], 
             own[key] = tlimit - off
 
 
-def _pcie(i: int, r: Reader, g: dict[str, Any], own: dict[str, Any], preset: dict[str, Any],
+def _pcie(i: int, r: Reader, g: dict[str, Any], own: dict[str, Any], preset: dict[str, Any], generic: bool,
           notes: Notes) -> None:
     gen_max, gen_cur = r.integer("gen_max"), r.integer("gen_current")
     dev_max, host_max = r.integer("gen_device_max"), r.integer("gen_host_max")
     width_max, width_cur = r.integer("width_max", "x"), r.integer("width_current", "x")
     busy = (r.integer("utilization", "%") or 0) > 0
-    own_gen = dev_max or (max(gen_max, preset["pcie_max_generation"]) if gen_max else None)
+    # "Max" is the lower of the GPU's and the slot's; a model without a preset is taken at "Max"
+    known_gen = 0 if generic else int(preset["pcie_max_generation"])
+    own_gen = dev_max or (max(gen_max, known_gen) if gen_max else None)
     if dev_max is None:
-        notes.gpu(i, "pcie_max_generation", "no Device Max in the dump: the GPU's own maximum is the "
-                                            "larger of Max and the preset's")
+        notes.gpu(i, "pcie_max_generation", "no Device Max in the dump: the GPU's own maximum is the larger of "
+                                            "Max and the preset's" if not generic else "no Device Max (Max)")
     if own_gen:
         own["pcie_max_generation"] = own_gen
-    own_width = max(width_max or 0, int(preset["pcie_max_width"]))
+    own_width = max(width_max or 0, 0 if generic and width_max else int(preset["pcie_max_width"]))
     own["pcie_max_width"] = own_width
-    notes.gpu(i, "pcie_max_width", "the GPU's own width is not printed (the larger of Max and the preset's)")
+    notes.gpu(i, "pcie_max_width", "the GPU's own width is not printed (the larger of Max and the preset's)"
+              if not generic else "the GPU's own width is not printed (Max)")
     slot_gen = host_max if host_max is not None else gen_max
     if slot_gen is not None and own_gen and slot_gen < own_gen:
         g["slot_generation"] = slot_gen
