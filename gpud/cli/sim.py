@@ -1,8 +1,9 @@
-"""``gpud sim``: the simulated workstations (list, reset, inject faults)."""
+"""``gpud sim``: the simulated workstations (list, reset, inject faults, import a real machine)."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated, List
 
 import typer
@@ -77,6 +78,40 @@ def sim_clear(simulate: Simulate = None) -> None:
     sim.machine.clear_faults()
     sim.refresh_root()
     sys.stdout.write(f"{sim.description.name}: injected faults cleared\n")
+
+
+@sim_app.command("import")
+def sim_import(
+    dump: Annotated[Path, typer.Argument(metavar="NVIDIA_SMI_Q", help="Output of `nvidia-smi -q` (or `-q -x`).")],
+    topo: Annotated[Path | None, typer.Option("--topo", metavar="TOPO_M",
+                                              help="Output of `nvidia-smi topo -m` of the same machine.")] = None,
+    xml: Annotated[bool, typer.Option("--xml", help="The dump is `nvidia-smi -q -x` (found by itself "
+                                                    "when it starts with '<?xml').")] = False,
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="FILE",
+                                                help="Write the description here (default: stdout).")] = None,
+) -> None:
+    """A simulated twin of a real machine from its nvidia-smi output (a description TOML)."""
+    from gpud.paths import atomic_write
+    from gpud.sim.dump import import_dump, render
+
+    name = output.stem if output else dump.stem
+    twin = import_dump(dump, topo, True if xml else None, name, str(dump), str(topo) if topo else None)
+    text = render(twin)
+    inferred, unread = twin.notes.lines(len(twin.data["gpu"]))
+    target = str(output) if output else "stdout"
+    lines = [f"{target}: {len(twin.data['gpu'])} GPU(s) from {dump}; {len(inferred)} inferred key group(s):"]
+    lines += [f"  {line}" for line in inferred]
+    if unread:
+        lines.append(f"{len(unread)} thing(s) in the dump not reproduced:")
+        lines += [f"  {line}" for line in unread]
+    if output:
+        try:
+            atomic_write(output, text)
+        except OSError as err:
+            raise InvalidInput(str(output), "", f"cannot write: {err.strerror}") from err
+    else:
+        sys.stdout.write(text)
+    sys.stderr.write("\n".join(lines) + "\n")
 
 
 def register(app: typer.Typer) -> None:

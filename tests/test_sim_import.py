@@ -1,0 +1,607 @@
+"""``gpud sim import``: twins of real machines from their ``nvidia-smi -q`` / ``-q -x`` / ``topo -m``.
+
+The fixtures in ``tests/fixtures/nvidia-smi/`` are real outputs (the first line or comment names
+the source). The expected values here are read from the dumps by this file's own small readers,
+not by the importer, and compared with what gpud reads back from the twin.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO, run_gpud
+
+from gpud.cli import main
+from gpud.sim.presets import GPU_MODELS
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+FIXTURES = REPO / "tests" / "fixtures" / "nvidia-smi"
+TEXT_DUMPS = ["rtx-a6000-linux-550.txt", "rtx-6000-ada-550.txt", "h200-590-idle.txt", "h100-sxm-565-hgx.txt",
+              "l40s-595-load.txt", "rtx-a6000-windows-537.txt", "rtx-3090-525.txt"]
+XML_DUMPS = ["a100-sxm4-535.xml", "rtx-4000-sff-ada-595.xml"]
+REASONS = {"Idle": "gpu_idle", "Applications Clocks Setting": "applications_clocks_setting",
+           "SW Power Cap": "sw_power_cap", "HW Slowdown": "hw_slowdown", "HW Thermal Slowdown": "hw_thermal_slowdown",
+           "HW Power Brake Slowdown": "hw_power_brake_slowdown", "Sync Boost": "sync_boost",
+           "SW Thermal Slowdown": "sw_thermal_slowdown", "Display Clock Setting": "display_clock_setting"}
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """Run the command line in this process: (exit code, stdout, stderr)."""
+    code = 0
+    try:
+        main(list(args))
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# -- the test's own readers of the dumps --------------------------------------------------------------
+
+def text_gpus(text: str) -> list[dict[str, Any]]:
+    """``nvidia-smi -q`` as one dict per GPU: "Section/Sub/Key" → value (first occurrence), plus the
+    active clock-event reasons and the processes."""
+    gpus: list[dict[str, Any]] = []
+    stack: list[tuple[int, str]] = []
+    for raw in text.splitlines():
+        if raw.startswith("GPU 0000"):
+            gpus.append({"bus": raw[4:].strip(), "reasons": set(), "pids": {}})
+            stack = []
+            continue
+        if not gpus or not raw.strip() or raw.startswith("```"):
+            continue
+        indent = len(raw) - len(raw.lstrip())
+        key, sep, value = raw.strip().partition(":")
+        key, value = key.strip(), value.strip()
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        path = "/".join([s for _, s in stack] + [key])
+        g = gpus[-1]
+        if sep and value:
+            g.setdefault(path, value)
+            if path.split("/")[0] in ("Clocks Event Reasons", "Clocks Throttle Reasons") and value == "Active":
+                g["reasons"].add(REASONS[key])
+            if path == "Processes/Process ID":
+                g["pids"][int(value)] = "C"
+                g["_pid"] = int(value)
+            if path == "Processes/Type":
+                g["pids"][g["_pid"]] = value
+        else:
+            stack.append((indent, key))
+    return gpus
+
+
+TEXT_KEYS = {  # our names → the paths in text dumps (new, then old drivers)
+    "name": ["Product Name"], "total": ["FB Memory Usage/Total"],
+    "default": ["GPU Power Readings/Default Power Limit", "Power Readings/Default Power Limit"],
+    "min": ["GPU Power Readings/Min Power Limit", "Power Readings/Min Power Limit"],
+    "max": ["GPU Power Readings/Max Power Limit", "Power Readings/Max Power Limit"],
+    "limit": ["GPU Power Readings/Current Power Limit", "Power Readings/Power Limit"],
+    "max_graphics": ["Max Clocks/Graphics"], "max_sm": ["Max Clocks/SM"], "max_memory": ["Max Clocks/Memory"],
+    "app_graphics": ["Default Applications Clocks/Graphics"], "app_memory": ["Default Applications Clocks/Memory"],
+    "sm": ["Clocks/SM"], "memory": ["Clocks/Memory"],
+    "shutdown": ["Temperature/GPU Shutdown Temp"], "slowdown": ["Temperature/GPU Slowdown Temp"],
+    "max_operating": ["Temperature/GPU Max Operating Temp"],
+    "tl_shutdown": ["Temperature/GPU Shutdown T.Limit Temp"], "tl_slowdown": ["Temperature/GPU Slowdown T.Limit Temp"],
+    "temp": ["Temperature/GPU Current Temp"],
+    "gen": ["PCI/GPU Link Info/PCIe Generation/Current"], "gen_max": ["PCI/GPU Link Info/PCIe Generation/Max"],
+    "width": ["PCI/GPU Link Info/Link Width/Current"], "width_max": ["PCI/GPU Link Info/Link Width/Max"],
+    "persistence": ["Persistence Mode"], "ecc": ["ECC Mode/Current", "Ecc Mode/Current"],
+    "util": ["Utilization/Gpu", "Utilization/GPU"], "fan": ["Fan Speed"], "compute": ["Compute Mode"],
+    "draw": ["GPU Power Readings/Power Draw", "GPU Power Readings/Average Power Draw", "Power Readings/Power Draw"],
+}
+XML_KEYS = {
+    "name": ["product_name"], "total": ["fb_memory_usage/total"],
+    "default": ["gpu_power_readings/default_power_limit"], "min": ["gpu_power_readings/min_power_limit"],
+    "max": ["gpu_power_readings/max_power_limit"], "limit": ["gpu_power_readings/current_power_limit"],
+    "max_graphics": ["max_clocks/graphics_clock"], "max_sm": ["max_clocks/sm_clock"],
+    "max_memory": ["max_clocks/mem_clock"], "app_graphics": ["default_applications_clocks/graphics_clock"],
+    "app_memory": ["default_applications_clocks/mem_clock"], "sm": ["clocks/sm_clock"], "memory": ["clocks/mem_clock"],
+    "shutdown": ["temperature/gpu_temp_max_threshold"], "slowdown": ["temperature/gpu_temp_slow_threshold"],
+    "max_operating": ["temperature/gpu_temp_max_gpu_threshold"],
+    "tl_shutdown": ["temperature/gpu_temp_max_tlimit_threshold"],
+    "tl_slowdown": ["temperature/gpu_temp_slow_tlimit_threshold"], "temp": ["temperature/gpu_temp"],
+    "gen": ["pci/pci_gpu_link_info/pcie_gen/current_link_gen"],
+    "gen_max": ["pci/pci_gpu_link_info/pcie_gen/max_link_gen"],
+    "width": ["pci/pci_gpu_link_info/link_widths/current_link_width"],
+    "width_max": ["pci/pci_gpu_link_info/link_widths/max_link_width"],
+    "persistence": ["persistence_mode"], "ecc": ["ecc_mode/current_ecc"], "util": ["utilization/gpu_util"],
+    "fan": ["fan_speed"], "compute": ["compute_mode"], "draw": ["gpu_power_readings/average_power_draw",
+                                                                          "gpu_power_readings/power_draw"],
+}
+
+
+def xml_gpus(text: str) -> list[dict[str, Any]]:
+    root = ET.fromstring(text)
+    gpus = []
+    for gpu in root.findall("gpu"):
+        g: dict[str, Any] = {"bus": gpu.get("id"), "reasons": set(), "pids": {}}
+
+        stack = [(gpu, "")]
+        while stack:
+            el, path = stack.pop(0)
+            for child in el:
+                p = f"{path}/{child.tag}" if path else child.tag
+                if len(child):
+                    stack.append((child, p))
+                else:
+                    g.setdefault(p, (child.text or "").strip())
+        for el in gpu.find("clocks_event_reasons") or []:
+            if (el.text or "").strip() == "Active":
+                g["reasons"].add(el.tag.removeprefix("clocks_event_reason_").replace("display_clocks", "display_clock"))
+        for p in gpu.iter("process_info"):
+            g["pids"][int(p.findtext("pid") or 0)] = p.findtext("type")
+        gpus.append(g)
+    return gpus
+
+
+def want(g: dict[str, Any], keys: dict[str, list[str]], name: str) -> str | None:
+    """The dump's value for ``name``, None where the dump has none (N/A, deprecated, absent)."""
+    for path in keys[name]:
+        v = g.get(path)
+        if v is not None and re.match(r"^-?\d", v) or (v and name in ("name", "persistence", "ecc", "compute")):
+            return v
+    return None
+
+
+def num(v: str | None) -> float | None:
+    return None if v is None else float(re.match(r"-?\d+(\.\d+)?", v).group(0))  # type: ignore[union-attr]
+
+
+def bus(b: str) -> str:
+    dom, rest = b.split(":", 1)
+    return f"{int(dom, 16):04x}:{rest.lower()}"
+
+
+def import_and_status(capsys: pytest.CaptureFixture[str], tmp_path: Path, dump: Path, *extra: str
+                      ) -> tuple[dict[str, Any], str]:
+    twin = tmp_path / "twin.toml"
+    code, _, err = cli(capsys, "sim", "import", str(dump), "-o", str(twin), *extra)
+    assert code == 0, err
+    code, out, err = cli(capsys, "status", "--json", "--simulate", str(twin))
+    assert code == 0, err
+    return json.loads(out), twin.read_text()
+
+
+# -- the round trip ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dump", TEXT_DUMPS + XML_DUMPS)
+def test_the_twin_reads_back_what_the_dump_says(capsys, tmp_path, dump: str) -> None:
+    path = FIXTURES / dump
+    text = path.read_text()
+    gpus, keys = (xml_gpus(text), XML_KEYS) if dump.endswith(".xml") else (text_gpus(text), TEXT_KEYS)
+    status, _ = import_and_status(capsys, tmp_path, path)
+    assert len(status["gpus"]) == len(gpus)
+    for g, got in zip(gpus, status["gpus"], strict=True):
+        info, s = got["info"], got["sample"]
+        w = functools.partial(want, g, keys)
+        assert info["name"] == w("name")
+        assert info["pci_bus_id"] == bus(g["bus"])
+        assert info["memory_total_bytes"] == int(num(w("total"))) << 20  # type: ignore[arg-type]
+        assert (info["power_default_limit_watts"], info["power_min_limit_watts"], info["power_max_limit_watts"]) == (
+            num(w("default")), num(w("min")), num(w("max")))
+        assert s["power_limit_watts"] == num(w("limit"))
+        assert info["max_clocks_mhz"] == {"graphics": num(w("max_graphics")), "sm": num(w("max_sm")),
+                                          "memory": num(w("max_memory"))}
+        if w("app_graphics") is not None:
+            assert info["default_applications_clocks_mhz"] == {"graphics": num(w("app_graphics")),
+                                                               "memory": num(w("app_memory"))}
+        if w("shutdown") is not None:
+            assert (info["temperature_shutdown_celsius"], info["temperature_slowdown_celsius"]) == (
+                num(w("shutdown")), num(w("slowdown")))
+            if w("max_operating") is not None:
+                assert info["temperature_max_operating_celsius"] == num(w("max_operating"))
+        else:  # Ada, Hopper: offsets from T.Limit only
+            top = info["temperature_max_operating_celsius"]
+            assert top - info["temperature_shutdown_celsius"] == num(w("tl_shutdown"))
+            assert top - info["temperature_slowdown_celsius"] == num(w("tl_slowdown"))
+        assert (s["pcie_generation"], s["pcie_width"]) == (num(w("gen")), num(w("width")))
+        assert (info["pcie_max_generation"], info["pcie_max_width"]) == (num(w("gen_max")), num(w("width_max")))
+        assert s["persistence_mode"] == {"Enabled": True, "Disabled": False}.get(w("persistence") or "")
+        assert s["ecc_enabled"] == {"Enabled": True, "Disabled": False}.get(w("ecc") or "")
+        assert s["compute_mode"] == (w("compute") or "").lower()
+        assert s["temperature_celsius"] == num(w("temp"))
+        assert s["utilization_gpu_percent"] == num(w("util") or "0")
+        assert s["power_watts"] == pytest.approx(num(w("draw")), abs=0.01)
+        assert info["fan_count"] == 1 if w("fan") is not None else not info["fan_count"]  # passive: Not Supported
+        if not num(w("util")):
+            assert (s["clocks_mhz"]["sm"], s["clocks_mhz"]["memory"]) == (num(w("sm")), num(w("memory")))
+        assert {p["pid"] for p in s["processes"]} == {pid for pid, kind in g["pids"].items() if "C" in str(kind)}
+        assert g["reasons"] - {"gpu_idle"} <= set(s["clock_events"]), (g["reasons"], s["clock_events"])
+
+
+def test_the_output_names_what_was_inferred(capsys, tmp_path) -> None:
+    twin = tmp_path / "ada.toml"
+    code, _, err = cli(capsys, "sim", "import", str(FIXTURES / "rtx-6000-ada-550.txt"), "-o", str(twin))
+    assert code == 0
+    head = [line for line in twin.read_text().splitlines() if line.startswith("#")]
+    assert "# Inferred (the dump does not say it):" in head
+    # the absolute T.Limit is not printed by the driver: it comes from the preset, and says so
+    assert any("gpu[*].max_operating_celsius" in line and "T.Limit 89 C" in line for line in head)
+    assert "gpu[*].max_operating_celsius" in err and "inferred" in err
+    data = tomllib.loads(twin.read_text())
+    assert data["machine"]["name"] == "ada" and len(data["gpu"]) == 8
+    assert data["gpu"][3]["uuid"] == "GPU-" + text_gpus((FIXTURES / "rtx-6000-ada-550.txt").read_text())[3][
+        "GPU UUID"].removeprefix("GPU-")
+
+
+def test_stdout_without_output_file_is_a_loadable_description(capsys, tmp_path) -> None:
+    code, out, err = cli(capsys, "sim", "import", str(FIXTURES / "h200-590-idle.txt"))
+    assert code == 0 and "stdout: 1 GPU(s)" in err
+    (tmp_path / "h200.toml").write_text(out)
+    from gpud.sim.description import load
+
+    desc = load(tmp_path / "h200.toml")
+    g = desc.gpus[0]
+    assert g["model"] == "H200" and g["tlimit_thresholds"] and g["fans"] == 0
+    assert g["vbios"] == "96.00.A5.00.03" and g["pci_subsystem_id"] == 0x18BE10DE  # this board, not the preset's
+
+
+def test_an_unknown_model_is_generic_from_its_own_numbers(capsys, tmp_path) -> None:
+    status, text = import_and_status(capsys, tmp_path, FIXTURES / "rtx-3090-525.txt")
+    info = status["gpus"][0]["info"]
+    assert info["name"] == "NVIDIA GeForce RTX 3090" and info["pci_device_id"] == 0x220410DE
+    assert info["power_max_limit_watts"] == 385.0 and info["architecture"] == "ampere"
+    assert "no preset for 'NVIDIA GeForce RTX 3090'" in text
+    assert "graphics process 1624 (/usr/lib/xorg/Xorg) not modelled" in text
+
+
+# -- topo -m ----------------------------------------------------------------------------------------
+
+def first_gpus(text: str, k: int) -> str:
+    """The dump of its first ``k`` GPUs (as `nvidia-smi -q -i 0,1,…` would print)."""
+    starts = [m.start() for m in re.finditer(r"^GPU 0000", text, re.M)]
+    return re.sub(r"(Attached GPUs\s*:\s*)\d+", rf"\g<1>{k}", text[:starts[k]] if k < len(starts) else text)
+
+
+def matrix_of(topo_text: str) -> list[list[str]]:
+    rows = [line.split() for line in topo_text.splitlines() if re.match(r"^GPU\d+\s", line)]
+    n = len(rows)
+    return [row[1:n + 1] for row in rows]
+
+
+def topo_roundtrip(capsys, tmp_path: Path, q: Path, topo: Path) -> dict[str, Any]:
+    twin = tmp_path / "twin.toml"
+    code, _, err = cli(capsys, "sim", "import", str(q), "--topo", str(topo), "-o", str(twin))
+    assert code == 0, err
+    code, out, err = cli(capsys, "topo", "--json", "--simulate", str(twin))
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_nvlink_pair_numa_and_cpus_from_topo(capsys, tmp_path) -> None:
+    q = tmp_path / "q.txt"
+    q.write_text(first_gpus((FIXTURES / "rtx-a6000-linux-550.txt").read_text(), 3))
+    topo_text = (FIXTURES / "topo-a6000-nvlink-pair.txt").read_text()
+    got = topo_roundtrip(capsys, tmp_path, q, FIXTURES / "topo-a6000-nvlink-pair.txt")
+    assert got["matrix"] == matrix_of(topo_text)
+    assert [g["cpu_affinity"] for g in got["gpus"]] == ["0-31,64-95"] * 3
+    assert [g["numa_node"] for g in got["gpus"]] == [0, 0, 0]
+    assert [g["nvlinks_up"] for g in got["gpus"]] == [4, 4, 0]
+
+
+def test_hgx_every_pair_nv18_is_an_nvswitch_fabric(capsys, tmp_path) -> None:
+    topo = FIXTURES / "topo-hgx-h100.txt"
+    got = topo_roundtrip(capsys, tmp_path, FIXTURES / "h100-sxm-565-hgx.txt", topo)
+    assert got["matrix"] == matrix_of(topo.read_text())
+    assert [g["numa_node"] for g in got["gpus"]] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [g["cpu_affinity"] for g in got["gpus"]] == ["0-51,104-155"] * 4 + ["52-103,156-207"] * 4
+    data = tomllib.loads((tmp_path / "twin.toml").read_text())
+    assert len(data["machine"]["nvswitches"]) == 4 and all(g["nvswitch"] for g in data["gpu"])
+    assert "nvlink" not in data
+
+
+def test_newer_topo_with_nic_columns_and_gpu_numa_id(capsys, tmp_path) -> None:
+    """Drivers since 535 add NIC columns and rows, a GPU NUMA ID column and a NIC legend (the layout
+    of the HGX matrix above with two NICs added, as such machines print it)."""
+    hgx = (FIXTURES / "topo-hgx-h100.txt").read_text()
+    rows = [line.split() for line in hgx.splitlines() if re.match(r"^GPU\d\s", line)]
+    nic = ["PXB", "NODE", "NODE", "NODE", "SYS", "SYS", "SYS", "SYS"]
+    lines = ["\t" + "\t".join([f"GPU{i}" for i in range(8)] + ["NIC0", "NIC1", "CPU Affinity", "NUMA Affinity",
+                                                                "GPU NUMA ID"])]
+    for i, r in enumerate(rows):
+        lines.append("\t".join(r[:9] + [nic[i], nic[7 - i], r[9], r[10], "N/A"]))
+    lines += ["NIC0\t" + "\t".join(nic) + "\t X \tSYS", "NIC1\t" + "\t".join(nic[::-1]) + "\tSYS\t X ",
+              "", "Legend:", "", "  X    = Self", "", "NIC Legend:", "", "  NIC0: mlx5_0", "  NIC1: mlx5_1"]
+    topo = tmp_path / "topo.txt"
+    topo.write_text("\n".join(lines) + "\n")
+    got = topo_roundtrip(capsys, tmp_path, FIXTURES / "h100-sxm-565-hgx.txt", topo)
+    assert got["matrix"] == [r[1:9] for r in rows]
+    assert [g["numa_node"] for g in got["gpus"]] == [0] * 4 + [1] * 4
+
+
+def test_pcie_levels_make_switches_root_ports_and_host_bridges(capsys, tmp_path) -> None:
+    """A matrix with every PCIe level (written for this test over a real 5-GPU dump)."""
+    q = tmp_path / "q.txt"
+    q.write_text(first_gpus((FIXTURES / "rtx-a6000-linux-550.txt").read_text(), 5))
+    rows = [["X", "PIX", "PXB", "PHB", "SYS"], ["PIX", "X", "PXB", "PHB", "SYS"], ["PXB", "PXB", "X", "PHB", "SYS"],
+            ["PHB", "PHB", "PHB", "X", "SYS"], ["SYS", "SYS", "SYS", "SYS", "X"]]
+    cpus = ["0-15,32-47"] * 4 + ["16-31,48-63"]
+    lines = ["\tGPU0\tGPU1\tGPU2\tGPU3\tGPU4\tCPU Affinity\tNUMA Affinity"]
+    lines += [f"GPU{i}\t" + "\t".join(r) + f"\t{cpus[i]}\t{0 if i < 4 else 1}" for i, r in enumerate(rows)]
+    topo = tmp_path / "topo.txt"
+    topo.write_text("\n".join(lines) + "\n\nLegend:\n\n  X    = Self\n")
+    got = topo_roundtrip(capsys, tmp_path, q, topo)
+    assert got["matrix"] == rows
+    assert [g["cpu_affinity"] for g in got["gpus"]] == cpus
+    data = tomllib.loads((tmp_path / "twin.toml").read_text())
+    g = data["gpu"]
+    assert g[0]["switch"] == g[1]["switch"] and "switch" not in g[2]
+    assert g[0]["root_port"] == g[2]["root_port"] != g[3]["root_port"]
+    assert g[0]["root_port"].rsplit(":", 1)[0] == g[3]["root_port"].rsplit(":", 1)[0]
+    assert data["machine"]["sockets"] == 2 and data["machine"]["cores_per_socket"] == 16
+
+
+# -- doctor on a twin reports what a person reading the dump would ---------------------------------------
+
+def doctor(capsys, tmp_path: Path, q_text: str, name: str = "twin") -> tuple[int, list[dict[str, Any]]]:
+    q = tmp_path / f"{name}.txt"
+    q.write_text(q_text)
+    twin = tmp_path / f"{name}.toml"
+    code, _, err = cli(capsys, "sim", "import", str(q), "-o", str(twin))
+    assert code == 0, err
+    code, out, _ = cli(capsys, "doctor", "--json", "--simulate", str(twin))
+    return code, json.loads(out)["checks"]
+
+
+def by_id(checks: list[dict[str, Any]], check_id: str) -> dict[int | None, str]:
+    return {c["gpu"]: c["status"] for c in checks if c["id"] == check_id}
+
+
+def in_gpu(text: str, k: int, old: str, new: str) -> str:
+    """Replace ``old`` with ``new`` in the k-th GPU's section only."""
+    starts = [m.start() for m in re.finditer(r"^GPU 0000", text, re.M)] + [len(text)]
+    part = text[starts[k]:starts[k + 1]]
+    assert old in part
+    return text[:starts[k]] + part.replace(old, new, 1) + text[starts[k + 1]:]
+
+
+def test_doctor_on_the_a6000_twin_finds_idle_gen1_fine(capsys, tmp_path) -> None:
+    code, checks = doctor(capsys, tmp_path, (FIXTURES / "rtx-a6000-linux-550.txt").read_text())
+    assert set(by_id(checks, "pcie.link_gen").values()) == {"pass"}  # Gen1 beside Max 4, idle: power saving
+    assert set(by_id(checks, "pcie.link_width").values()) == {"pass"}
+    assert set(by_id(checks, "health.ecc").values()) == {"pass"}
+    assert set(by_id(checks, "config.persistence_mode").values()) == {"pass"}
+    assert not [c for c in checks if c["status"] == "fail"]
+    assert code == 0
+    # the dump shows SW Power Cap active on three idle GPUs: a reader would ask why, so does doctor
+    events = by_id(checks, "health.clock_events")
+    text = text_gpus((FIXTURES / "rtx-a6000-linux-550.txt").read_text())
+    assert {i for i, g in enumerate(text) if "sw_power_cap" in g["reasons"]} == {
+        i for i, st in events.items() if st == "warn"}
+
+
+def test_doctor_fails_a_remapping_failure_and_a_pending_remap(capsys, tmp_path) -> None:
+    text = (FIXTURES / "rtx-a6000-linux-550.txt").read_text()
+    text = in_gpu(text, 4, "Remapping Failure Occurred        : No", "Remapping Failure Occurred        : Yes")
+    text = in_gpu(text, 6, "        Pending                           : No\n        Remapping",
+                  "        Pending                           : Yes\n        Remapping")
+    code, checks = doctor(capsys, tmp_path, text)
+    ecc = by_id(checks, "health.ecc")
+    assert ecc[4] == "fail" and ecc[6] == "fail"
+    assert {s for i, s in ecc.items() if i not in (4, 6)} == {"pass"}
+    summaries = {c["gpu"]: c["summary"] for c in checks if c["id"] == "health.ecc"}
+    assert "row remapping failed" in summaries[4] and "row remapping pending" in summaries[6]
+    assert code == 1
+
+
+def test_doctor_flags_a_link_trained_down_and_ecc_errors(capsys, tmp_path) -> None:
+    text = (FIXTURES / "rtx-a6000-linux-550.txt").read_text()
+    pad = " " * 19
+    text = in_gpu(text, 2, f"Current{pad}: 16x", f"Current{pad}: 8x")
+    text = in_gpu(text, 5, "DRAM Uncorrectable            : 0", "DRAM Uncorrectable            : 2")
+    code, checks = doctor(capsys, tmp_path, text)
+    width = by_id(checks, "pcie.link_width")
+    assert width[2] in ("warn", "fail") and {s for i, s in width.items() if i != 2} == {"pass"}
+    assert by_id(checks, "health.ecc")[5] == "fail"
+    assert code == 1
+
+
+def test_a_gen3_slot_and_retired_pages_reach_doctor(capsys, tmp_path) -> None:
+    """"Host Max: 3" beside "Device Max: 4" is an older slot, not a link that trained down; 70 retired
+    pages are past the limit of 63 (the counts as a card with page retirement prints them)."""
+    text = (FIXTURES / "rtx-a6000-linux-550.txt").read_text()
+    gen_max = " " * 16 + "Max" + " " * 23 + ": "
+    text = in_gpu(text, 0, f"{gen_max}4\n", f"{gen_max}3\n")
+    text = in_gpu(text, 0, "Host Max                  : 4", "Host Max                  : 3")
+    text = in_gpu(text, 1, "Single Bit ECC                    : N/A", "Single Bit ECC                    : 40")
+    text = in_gpu(text, 1, "Double Bit ECC                    : N/A", "Double Bit ECC                    : 30")
+    code, checks = doctor(capsys, tmp_path, text)
+    gen = by_id(checks, "pcie.link_gen")
+    assert gen[0] == "warn" and "Gen3 slot" in next(c["summary"] for c in checks
+                                                   if c["id"] == "pcie.link_gen" and c["gpu"] == 0)
+    assert {s for i, s in gen.items() if i} == {"pass"}
+    ecc = by_id(checks, "health.ecc")
+    assert ecc[1] == "fail" and ecc[0] == "pass" and code == 1
+    data = tomllib.loads((tmp_path / "twin.toml").read_text())
+    assert data["gpu"][0]["slot_generation"] == 3 and "slot_generation" not in data["gpu"][2]
+
+
+def test_doctor_on_an_idle_h200_at_gen5_and_a_busy_l40s(capsys, tmp_path) -> None:
+    _, checks = doctor(capsys, tmp_path, (FIXTURES / "h200-590-idle.txt").read_text(), "h200")
+    assert by_id(checks, "pcie.link_gen") == {0: "pass"} and by_id(checks, "health.ecc") == {0: "pass"}
+    _, checks = doctor(capsys, tmp_path, (FIXTURES / "l40s-595-load.txt").read_text(), "l40s")
+    assert by_id(checks, "config.persistence_mode")[0] != "pass"  # the dump says Disabled
+    assert by_id(checks, "pcie.link_gen")[0] == "pass"
+
+
+# -- the presets against every fixture of their model ---------------------------------------------------
+
+PRESET_KEYS = ("slowdown_celsius", "shutdown_celsius", "max_operating_celsius", "memory_mib", "memory_ecc_mib",
+               "power_default_watts", "power_min_watts", "power_max_watts", "max_graphics_mhz", "max_sm_mhz",
+               "max_memory_mhz", "default_app_graphics_mhz", "default_app_memory_mhz", "pci_device_id",
+               "pcie_max_generation", "idle_memory_mhz")
+
+
+def preset_disagreements(capsys, tmp_path: Path, dump: str) -> list[str]:
+    """Model keys the twin had to override because the dump differs from the preset."""
+    twin = tmp_path / f"{dump}.toml"
+    code, _, err = cli(capsys, "sim", "import", str(FIXTURES / dump), "-o", str(twin))
+    assert code == 0, err
+    data = tomllib.loads(twin.read_text())
+    return [f"gpu[{i}].{k} = {g[k]!r} (preset {GPU_MODELS[g['model']].get(k)!r})"
+            for i, g in enumerate(data["gpu"]) if "name" not in g for k in PRESET_KEYS if k in g]
+
+
+@pytest.mark.parametrize("dump", ["rtx-a6000-linux-550.txt", "rtx-a6000-windows-537.txt", "rtx-6000-ada-550.txt",
+                                  "h200-590-idle.txt"])
+def test_presets_agree_with_every_gpu_of_every_dump_of_their_model(capsys, tmp_path, dump: str) -> None:
+    assert preset_disagreements(capsys, tmp_path, dump) == []
+
+
+def test_a_wrong_preset_threshold_fails(capsys, tmp_path, monkeypatch) -> None:
+    monkeypatch.setitem(GPU_MODELS["RTX A6000"], "slowdown_celsius", 93)
+    wrong = preset_disagreements(capsys, tmp_path, "rtx-a6000-linux-550.txt")
+    assert wrong and all(".slowdown_celsius = 95 (preset 93)" in w for w in wrong) and len(wrong) == 9
+
+
+# -- bad input ------------------------------------------------------------------------------------
+
+def bad(capsys, tmp_path: Path, text: str | bytes, *extra: str, name: str = "q.txt") -> str:
+    """Import that must be refused: exit 2, one line ``gpud: error: FILE:LINE: reason``."""
+    q = tmp_path / name
+    q.write_bytes(text if isinstance(text, bytes) else text.encode())
+    code, out, err = cli(capsys, "sim", "import", str(q), *extra, "-o", str(tmp_path / "twin.toml"))
+    assert code == 2, err
+    assert "Traceback" not in err and not (tmp_path / "twin.toml").exists()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpud: error: "), err
+    return lines[0].removeprefix("gpud: error: ")
+
+
+def test_a_dump_cut_off_inside_a_gpu_names_the_line(capsys, tmp_path) -> None:
+    text = (FIXTURES / "rtx-a6000-linux-550.txt").read_text()
+    cut = text[:text.index("    Temperature", text.index("GPU 00000000:D6:00.0"))]
+    msg = bad(capsys, tmp_path, cut)
+    last = len(cut.rstrip("\n").splitlines())
+    assert msg.startswith(f"{tmp_path / 'q.txt'}:{last}: the dump ends inside GPU 00000000:D6:00.0")
+    assert "truncated" in msg
+
+
+def test_a_single_gpu_dump_cut_short_imports_and_names_what_it_could_not_read(capsys, tmp_path) -> None:
+    text = (FIXTURES / "h200-590-idle.txt").read_text()
+    q = tmp_path / "q.txt"
+    q.write_text(text[:text.index("    Temperature")])
+    code, _, err = cli(capsys, "sim", "import", str(q), "-o", str(tmp_path / "t.toml"))
+    assert code == 0, err
+    for missing in ("temperature_celsius: no GPU Current Temp", "power_watts: no Power Draw",
+                    "power_limit_watts: no Current Power Limit", "max_graphics_mhz: max graphics clock not in"):
+        assert missing in err, missing
+
+
+def test_truncated_xml_names_the_line(capsys, tmp_path) -> None:
+    text = (FIXTURES / "a100-sxm4-535.xml").read_text()
+    cut = text[:text.index("<temperature>")]
+    msg = bad(capsys, tmp_path, cut, name="q.xml")
+    assert re.match(rf"{re.escape(str(tmp_path / 'q.xml'))}:\d+: not well-formed XML", msg), msg
+
+
+@pytest.mark.parametrize("other, reason", [
+    ("rtx-a6000-linux-550-summary.txt", "nvidia-smi's summary table"),
+    ("topo-hgx-h100.txt", "pass it with --topo"),
+    ("empty", "not the output of `nvidia-smi -q`"),
+    ("lspci", "lspci output"),
+    ("no-driver", "could not reach the driver"),
+])
+def test_another_tools_output_is_refused_with_the_reason(capsys, tmp_path, other: str, reason: str) -> None:
+    texts = {"empty": "\n\n", "lspci": "17:00.0 VGA compatible controller: NVIDIA Corporation GA102GL [RTX A6000]\n",
+             "no-driver": "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure "
+                          "that the latest NVIDIA driver is installed and running.\n"}
+    text = texts.get(other) or (FIXTURES / other).read_text()
+    msg = bad(capsys, tmp_path, text)
+    assert re.match(rf"{re.escape(str(tmp_path / 'q.txt'))}:\d+: ", msg) and reason in msg, msg
+
+
+def test_xml_asked_for_a_text_dump(capsys, tmp_path) -> None:
+    msg = bad(capsys, tmp_path, (FIXTURES / "h200-590-idle.txt").read_text(), "--xml")
+    assert msg.endswith(":1: --xml given but this is not XML (`nvidia-smi -q -x` starts with '<?xml')")
+
+
+def test_two_gpus_with_one_bus_id(capsys, tmp_path) -> None:
+    text = (FIXTURES / "rtx-6000-ada-550.txt").read_text()
+    first = re.search(r"^GPU (0000\S+)", text, re.M).group(1)  # type: ignore[union-attr]
+    second = re.findall(r"^GPU (0000\S+)", text, re.M)[1]
+    text = text.replace(f"GPU {second}", f"GPU {first}")
+    msg = bad(capsys, tmp_path, text)
+    line = text.splitlines().index(f"GPU {first}", text.splitlines().index(f"GPU {first}") + 1) + 1
+    assert msg == (f"{tmp_path / 'q.txt'}:{line}: GPU {first} appears twice (first at line "
+                   f"{text.splitlines().index(f'GPU {first}') + 1}): two GPUs cannot share a bus id")
+
+
+def test_an_older_driver_with_other_field_names_imports(capsys, tmp_path) -> None:
+    """Driver 525: "Clocks Throttle Reasons", "Power Readings" / "Power Limit", "Ecc Mode", "Remapped
+    Rows: N/A" — read under their old names, as the round trip above shows; here the names it
+    could not find are said, and a value it cannot parse is refused with its line."""
+    text = (FIXTURES / "rtx-3090-525.txt").read_text()
+    renamed = text.replace("    FB Memory Usage\n", "    Framebuffer Memory\n")
+    q = tmp_path / "renamed.txt"
+    q.write_text(renamed)
+    code, _, err = cli(capsys, "sim", "import", str(q), "-o", str(tmp_path / "t.toml"))
+    assert code == 0 and "memory_mib: no FB Memory Usage Total" in err, err
+    broken = text.replace("Max Power Limit                   : 385.00 W", "Max Power Limit                   : lots")
+    msg = bad(capsys, tmp_path, broken)
+    line = broken.splitlines().index("        Max Power Limit                   : lots") + 1
+    assert msg == f"{tmp_path / 'q.txt'}:{line}: max power limit: expected a number in W, found 'lots'"
+
+
+def test_text_pasted_after_the_dump_is_ignored_but_not_inside_it(capsys, tmp_path) -> None:
+    text = (FIXTURES / "h200-590-idle.txt").read_text()
+    q = tmp_path / "pasted.txt"
+    q.write_text(text + "user@node17:~$ nvidia-smi topo -m\n\tGPU0\tCPU Affinity\n")
+    code, _, err = cli(capsys, "sim", "import", str(q), "-o", str(tmp_path / "t.toml"))
+    assert code == 0, err
+    ada = (FIXTURES / "rtx-6000-ada-550.txt").read_text()
+    at = ada.index("    Temperature")
+    msg = bad(capsys, tmp_path, ada[:at] + "oops\n" + ada[at:])
+    line = (ada[:at] + "oops\n").count("\n")
+    assert msg.endswith(f":{line}: expected an indented field of GPU 00000000:01:00.0, found 'oops'"), msg
+
+
+def test_a_huge_or_binary_file_is_refused_without_reading_it_whole(capsys, tmp_path) -> None:
+    huge = tmp_path / "huge.txt"
+    with open(huge, "wb") as f:
+        f.truncate(250 << 20)  # sparse: 250 MB
+    code, _, err = cli(capsys, "sim", "import", str(huge))
+    assert code == 2 and "huge.txt:1: larger than 16 MiB" in err
+    assert "binary data" in bad(capsys, tmp_path, b"\x7fELF\x02\x01\x00\x00" * 16)
+
+
+@pytest.mark.parametrize("change, reason", [
+    (lambda t: t.replace("GPU0\t X \tNV4", "GPU0\t X \tPIX"), "GPU1–GPU0 is NV4 but GPU0–GPU1 is PIX"),
+    (lambda t: t.replace("GPU2\tNODE\tNODE\t X", "GPU2\tNODE\tNODE\t Q"), "against itself is 'Q'"),
+    (lambda t: t.replace("GPU1\tNV4\t X \tNODE", "GPU1\tNV4\t X \tFAST"), "unknown level 'FAST'"),
+    (lambda t: "\n".join(t.splitlines()[:5]), "no row for GPU2"),
+])
+def test_a_malformed_topo_is_refused_with_the_line(capsys, tmp_path, change, reason: str) -> None:
+    q = tmp_path / "q.txt"
+    q.write_text(first_gpus((FIXTURES / "rtx-a6000-linux-550.txt").read_text(), 3))
+    topo = tmp_path / "topo.txt"
+    topo.write_text(change((FIXTURES / "topo-a6000-nvlink-pair.txt").read_text()))
+    code, _, err = cli(capsys, "sim", "import", str(q), "--topo", str(topo))
+    assert code == 2 and reason in err and re.search(rf"{re.escape(str(topo))}:\d+: ", err), err
+
+
+def test_a_topo_of_another_machine_is_refused(capsys, tmp_path) -> None:
+    code, _, err = cli(capsys, "sim", "import", str(FIXTURES / "rtx-a6000-linux-550.txt"), "--topo",
+                       str(FIXTURES / "topo-a6000-nvlink-pair.txt"))
+    assert code == 2 and "3 GPUs in topo -m but 9 in" in err
+
+
+def test_bad_input_never_shows_a_traceback_in_a_child_process(tmp_path) -> None:
+    q = tmp_path / "q.txt"
+    q.write_text("==============NVSMI LOG==============\n\nAttached GPUs : 1\nGPU 00000000:01:00.0\n"
+                 "    Product Name : NVIDIA RTX A6000\n    FB Memory Usage\n        Total : 12 GiB\n")
+    r = run_gpud("sim", "import", str(q))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == f"gpud: error: {q}:7: total: expected a number in MiB, found '12 GiB'"
