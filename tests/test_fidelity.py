@@ -549,3 +549,9 @@ def test_gpus_with_byte_counters_are_not_sampled_for_20_ms(tmp_path) -> None:
     m.nvml.sample_pcie_all([0, 1], processes=True)
     stop.set()
     assert m.simulation.library.called["nvmlDeviceGetPcieThroughput"] == before
+
+
+def test_a_descriptions_power_supply_reaches_doctor_through_smbios(tmp_path) -> None:
+    """psu_watts is laid out as SMBIOS type 39 (Max Power Capacity), which host.psu reads first."""
+    res = _doctor(describe(tmp_path, machine="psu_watts = 900"), "host.psu")[None]
+    assert "900 W supply" in res["summary"] and res["status"] in ("warn", "fail")
