@@ -42,7 +42,7 @@ MACHINE_KEYS: dict[str, tuple[Any, Any]] = {
     "threads_per_core": (int, 2),
     "numa_nodes_per_socket": (int, 1),
     "memory_gib": (int, 128),
-    "psu_watts": (int, 1500),
+    "psu_watts": (int, None),  # none: the firmware does not say (SMBIOS has no type 39 entry)
     "cpu_tdp_watts": (int, 350),
     "driver_version": (str, "550.54.15"),
     "cuda_driver_version": (str, "12.4"),
@@ -226,10 +226,12 @@ def _nvml_call(name: str) -> bool:
 
 def _check_machine(machine: dict[str, Any], file: str) -> None:
     for key, lo, hi in (("cores_per_socket", 1, 1024), ("threads_per_core", 1, 8), ("memory_gib", 1, 1 << 20),
-                        ("psu_watts", 1, 100_000), ("cpu_tdp_watts", 1, 10_000), ("sockets", 1, 16),
+                        ("cpu_tdp_watts", 1, 10_000), ("sockets", 1, 16),
                         ("numa_nodes_per_socket", 1, 64), ("ambient_celsius", -40, 60)):
         if not lo <= machine[key] <= hi:
             raise InvalidInput(file, f"machine.{key}", f"must be {lo}..{hi}, not {machine[key]}")
+    if machine["psu_watts"] is not None and not 1 <= machine["psu_watts"] <= 100_000:
+        raise InvalidInput(file, "machine.psu_watts", f"must be 1..100000, not {machine['psu_watts']}")
     if machine["shm_mib"] is not None and machine["shm_mib"] < 0:
         raise InvalidInput(file, "machine.shm_mib", "must not be negative")
     if isinstance(machine["memlock_kib"], int) and machine["memlock_kib"] < 0:

@@ -112,11 +112,12 @@ def _proc(root: Path, m: dict[str, Any], gpus: tuple[dict[str, Any], ...]) -> No
             cpu += 1
     _write(root, "/proc/cpuinfo", "\n".join(lines) + "\n")
     _write(root, "/sys/class/dmi/id/product_name", m["vendor_model"] + "\n")
-    # SMBIOS type 39 ("System Power Supply", DSP0134): Max Power Capacity is the WORD at 0x0C, in W.
-    psu = bytearray(0x16)
-    psu[0], psu[1], psu[2:4], psu[4] = 39, 0x16, (0x3900).to_bytes(2, "little"), 1
-    psu[0x0C:0x0E] = int(m["psu_watts"]).to_bytes(2, "little")
-    _write(root, "/sys/firmware/dmi/entries/39-0/raw", bytes(psu) + b"\0\0")
+    if m["psu_watts"] is not None:
+        # SMBIOS type 39 ("System Power Supply", DSP0134): Max Power Capacity is the WORD at 0x0C, in W.
+        psu = bytearray(0x16)
+        psu[0], psu[1], psu[2:4], psu[4] = 39, 0x16, (0x3900).to_bytes(2, "little"), 1
+        psu[0x0C:0x0E] = int(m["psu_watts"]).to_bytes(2, "little")
+        _write(root, "/sys/firmware/dmi/entries/39-0/raw", bytes(psu) + b"\0\0")
     for s in range(m["sockets"]):
         uw = int(m["cpu_tdp_watts"] / m["sockets"] * 1e6)
         _write(root, f"/sys/class/powercap/intel-rapl:{s}/constraint_0_power_limit_uw", f"{uw}\n")
