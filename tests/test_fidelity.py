@@ -177,13 +177,10 @@ def test_an_entry_point_the_library_lacks_is_function_not_found(tmp_path) -> Non
     assert exc.value.value == mod.NVML_ERROR_FUNCTION_NOT_FOUND
     # newer bindings' unversioned wrapper raises NVMLLibraryMismatchError there: Unsupported, not a crash
     assert m.nvml.get("nvmlDeviceGetComputeRunningProcesses", h, gpu=0) is None
-    # and gpud falls back to the _v2 entry point an older driver has, where the bindings wrap it
-    # (nvidia-ml-py 12.535 wraps only _v3: the processes are then unknown, None, not an empty list)
+    # and gpud falls back to the _v2 entry point an older driver has — which it calls itself, with
+    # its own buffer, so bindings without a _v2 wrapper (12.535) read the processes too
     procs = m.snapshot().samples[0].processes
-    if hasattr(mod, "nvmlDeviceGetComputeRunningProcesses_v2"):
-        assert procs is not None and [p.pid for p in procs] == [4242]
-    else:
-        assert procs is None
+    assert procs is not None and [p.pid for p in procs] == [4242]
 
 
 # -- fans -------------------------------------------------------------------------------------------
