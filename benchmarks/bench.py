@@ -63,8 +63,8 @@ def tick_cost(name: str, ticks: int = 300) -> tuple[float, float, float, float]:
     import threading
 
     from gpud import config as cfg
+    from gpud.backends import open_machine
     from gpud.daemon.service import Daemon
-    from gpud.hw.machine import open_machine
 
     m = open_machine(name)
     d = Daemon(m, cfg.Config())

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpud.hw.machine import Machine, open_machine
+from gpud.backends import open_machine
+from gpud.hw.machine import Machine
 from gpud.sim.description import shipped_names
 
 REPO = Path(__file__).resolve().parent.parent

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpud.backends import open_machine
 from gpud.config import Config, parse
 from gpud.doctor import Report, diagnose
-from gpud.hw.machine import open_machine
 from gpud.model import CheckResult
 
 

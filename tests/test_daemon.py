@@ -18,8 +18,8 @@ import pytest
 from conftest import REPO, run_gpud
 from daemon_helpers import METRICS, RunningDaemon
 
+from gpud.backends import open_machine
 from gpud.daemon.control import request
-from gpud.hw.machine import open_machine
 from gpud.probe.runner import torch_available
 
 

@@ -6,7 +6,7 @@ import re
 
 from conftest import REPO
 
-from gpud.hw.machine import open_machine
+from gpud.backends import open_machine
 
 
 def _example() -> str:

@@ -111,9 +111,9 @@ def test_nvlink_bridge_missing_when_configured(tmp_path: Path) -> None:
 
 
 def test_power_limit_asked_by_a_profile_is_fine(tmp_path: Path) -> None:
+    from gpud.backends import open_machine
     from gpud.config import Config
     from gpud.doctor.registry import CHECKS, Context, run
-    from gpud.hw.machine import open_machine
 
     p = tmp_path / "b.toml"
     p.write_text(d(defaults="power_limit_watts = 200"))
@@ -227,8 +227,8 @@ def test_a_crashing_check_is_reported_not_fatal(tmp_path: Path, monkeypatch: pyt
 
     p = tmp_path / "b.toml"
     p.write_text(d())
+    from gpud.backends import open_machine
     from gpud.config import Config
-    from gpud.hw.machine import open_machine
 
     ctx = reg.Context(open_machine(str(p)), Config(), {})
     [r] = reg.run(ctx, reg.CHECKS)
@@ -262,9 +262,9 @@ def _probe_result(eff: float = 0.95, pipeline_ok: bool = True, p2p_bw: float = 4
     ("probe.allreduce", None, None),
 ])
 def test_probe_checks_both_ways(tmp_path: Path, check: str, bad: dict | None, status: str | None) -> None:
+    from gpud.backends import open_machine
     from gpud.config import Config
     from gpud.doctor import diagnose
-    from gpud.hw.machine import open_machine
 
     p = tmp_path / "two.toml"
     p.write_text(d(2, extra=TWO_BRIDGED))

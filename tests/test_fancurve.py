@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpud.hw.machine import open_machine
+from gpud.backends import open_machine
 from gpud.tuning.fancurve import FAILSAFE, FanController, FanCurve
 from gpud.tuning.fanloop import FanControl
 from gpud.tuning.profile import load, resolve

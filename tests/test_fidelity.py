@@ -19,9 +19,10 @@ import pytest
 from conftest import REPO, run_gpud
 from typer.testing import CliRunner
 
+from gpud.backends import open_machine
 from gpud.errors import GpudError, NvmlError, Unsupported
 from gpud.hw.host import Host, this_boot
-from gpud.hw.machine import Machine, open_machine
+from gpud.hw.machine import Machine
 from gpud.hw.nvml import Nvml
 from gpud.sim.bindings import bindings_over
 
@@ -207,7 +208,7 @@ def test_a_stalled_fan_reads_as_asked_and_is_found_by_its_effect(tmp_path) -> No
 def test_settings_are_lost_when_the_last_client_exits_without_persistence(tmp_path) -> None:
     path = describe(tmp_path, gpu0="persistence_mode = true", extra="persistence_mode = false")
     code = textwrap.dedent(f"""
-        from gpud.hw.machine import open_machine
+        from gpud.backends import open_machine
         m = open_machine({path!r})
         m.nvml.set_power_limit(0, 250)
         m.nvml.set_power_limit(1, 250)

@@ -186,7 +186,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory):
             r = run_gpud("sim", "inject", *args, env=env)
             assert r.returncode == 0, r.stderr
         os.environ["GPUD_STATE_DIR"] = env["GPUD_STATE_DIR"]
-        from gpud.hw.machine import open_machine
+        from gpud.backends import open_machine
 
         m = open_machine("z8-fury-4x-rtx6000ada")
         m.simulation.machine.state["faults"] = [f for f in m.simulation.machine.state["faults"]

@@ -121,7 +121,7 @@ def test_bad_daemon_options_are_one_line_and_exit_2(argv: list[str], needle: str
 
 
 def test_fans_return_to_their_curve_when_the_temperature_reads_again(state_dir, caplog) -> None:
-    from gpud.hw.machine import open_machine
+    from gpud.backends import open_machine
     from gpud.tuning.fanloop import FanControl
 
     m = open_machine("z8-fury-4x-a6000")
@@ -146,8 +146,8 @@ def test_fans_return_to_their_curve_when_the_temperature_reads_again(state_dir, 
 
 def test_a_lost_gpu_is_logged_once_and_when_it_changes(state_dir, caplog) -> None:
     from gpud import config as cfg
+    from gpud.backends import open_machine
     from gpud.daemon.service import Daemon
-    from gpud.hw.machine import open_machine
 
     d = Daemon(open_machine("z8-fury-4x-a6000"), cfg.Config())
     assert d.apply("training")["ok"]  # fan curves on every GPU

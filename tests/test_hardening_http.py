@@ -231,8 +231,8 @@ def test_daemon_with_a_bad_web_configuration_exits_2_before_touching_anything(tm
 
 def test_status_hides_users_and_command_lines_unless_protected(state_dir) -> None:
     from gpud import config as cfg
+    from gpud.backends import open_machine
     from gpud.daemon.service import Daemon
-    from gpud.hw.machine import open_machine
 
     d = Daemon(open_machine("z8-fury-4x-a6000-degraded"), cfg.Config())
     d.tick()
@@ -268,9 +268,9 @@ def test_control_requests_of_the_wrong_shape_are_refused(state_dir) -> None:
 
 def test_a_group_member_never_sees_root_only_files(tmp_path: Path, state_dir) -> None:
     from gpud import config as cfg
+    from gpud.backends import open_machine
     from gpud.daemon.control import Peer
     from gpud.daemon.service import Daemon
-    from gpud.hw.machine import open_machine
 
     secret = tmp_path / "secret.toml"
     secret.write_text("secret_token_value = 1\n")

@@ -6,8 +6,8 @@ import math
 import os
 from pathlib import Path
 
+from gpud.backends import open_machine
 from gpud.hw.host import Host, acs_capability, parse_size
-from gpud.hw.machine import open_machine
 
 
 def _w(root: Path, rel: str, text: str | bytes) -> None:

@@ -12,8 +12,9 @@ import pynvml
 import pytest
 from conftest import SHIPPED
 
+from gpud.backends import open_machine
 from gpud.errors import DriverNotLoaded, GpudError, GpuLost, PermissionDenied, Unsupported
-from gpud.hw.machine import Machine, open_machine
+from gpud.hw.machine import Machine
 from gpud.hw.nvml import Nvml
 from gpud.model import TOPO_LEVELS, GpuSample
 

@@ -8,7 +8,7 @@ import pytest
 from conftest import SHIPPED
 from probe_helpers import gpu, result, sample, topology, view
 
-from gpud.hw.machine import open_machine
+from gpud.backends import open_machine
 from gpud.probe import expect
 from gpud.probe.diagnose import Seen, View, explain
 from gpud.probe.runner import acs_above, parse_nccl_transports

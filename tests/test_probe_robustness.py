@@ -17,8 +17,8 @@ import pytest
 from conftest import REPO, run_gpud
 from daemon_helpers import RunningDaemon, free_port
 
+from gpud.backends import open_machine
 from gpud.daemon.control import request
-from gpud.hw.machine import open_machine
 from gpud.probe import runner
 from gpud.probe.runner import (
     ProbeBusy,

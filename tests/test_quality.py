@@ -52,3 +52,10 @@ def test_ci_checks_the_lowest_nvidia_ml_py_that_pyproject_allows() -> None:
     bound = re.search(r'"nvidia-ml-py>=([\d.]+)"', (REPO / "pyproject.toml").read_text())
     pinned = re.search(r"LOWEST_NVML_PY=([\d.]+)", (REPO / ".ci" / "run").read_text())
     assert bound and pinned and pinned.group(1).startswith(bound.group(1) + ".")
+
+
+def test_import_contracts_hold() -> None:
+    """The layers of docs/architecture.md, checked by import-linter (contracts in pyproject.toml)."""
+    r = subprocess.run([_tool("lint-imports")], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    assert "0 broken" in r.stdout

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from conftest import MINIMAL, SHIPPED
 
+from gpud.backends import open_machine
 from gpud.errors import InvalidInput
-from gpud.hw.machine import open_machine
 from gpud.sim import reset
 from gpud.sim.description import load, parse
 

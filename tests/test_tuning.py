@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 from tuning_helpers import RICH, cli, fingerprint, fresh, write_profile
 
+from gpud.backends import open_machine
 from gpud.errors import InvalidInput
-from gpud.hw.machine import open_machine
 from gpud.tuning import engine
 from gpud.tuning import state as st
 from gpud.tuning.profile import available, load, resolve

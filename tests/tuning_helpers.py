@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from gpud.hw.machine import Machine, open_machine
+from gpud.backends import open_machine
+from gpud.hw.machine import Machine
 
 
 def _value(v: Any) -> str:

@@ -6,7 +6,8 @@ from typing import Annotated
 
 import typer
 
-from gpud.hw.machine import Machine, open_machine
+from gpud.backends import open_machine
+from gpud.hw.machine import Machine
 
 Simulate = Annotated[
     str | None,

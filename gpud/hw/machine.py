@@ -1,14 +1,13 @@
 """The workstation gpud runs on: NVML + host files, and one snapshot per tick.
 
-``open_machine`` is the single place that chooses real hardware or a simulated workstation;
-everything above works on a ``Machine`` and cannot tell which.
+A ``Machine`` is built by ``gpud.backends.open_machine``, the one place that chooses real hardware
+or a simulated workstation (this layer never imports the simulator); everything above works on a
+``Machine`` and cannot tell which.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import socket
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -63,13 +62,3 @@ class Machine:
             return self.nvml.info(index)  # cached after the first read
         except GpuLost:
             return self.nvml.cached_info(index)
-
-
-def open_machine(simulate: str | None = None) -> Machine:
-    """Real NVML and ``/``, or the simulated workstation ``simulate`` (a name or a path)."""
-    if simulate:
-        from gpud.sim import open_simulation  # the simulator is never imported otherwise
-
-        sim = open_simulation(simulate)
-        return Machine(Nvml(sim.module), Host(sim.root), sim.description.name, simulation=sim)
-    return Machine(Nvml(), Host(os.environ.get("GPUD_ROOT", "/")), socket.gethostname())

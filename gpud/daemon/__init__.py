@@ -1,0 +1,1 @@
+"""The gpud service: tick loop, HTTP exporter, control socket, systemd notifications."""
