@@ -23,6 +23,11 @@ CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (
 )
 
 
+# nvmlGpuP2PStatus_t, by code (nvml.h): the names gpud uses for P2P status everywhere.
+P2P_STATUSES: tuple[str, ...] = ("OK", "chipset_not_supported", "gpu_not_supported", "topology_not_supported",
+                                 "disabled_by_regkey", "not_supported", "unknown")
+
+
 def decode_clock_events(mask: int) -> tuple[str, ...]:
     """Names of the reasons set in an NVML clock-event bitmask."""
     return tuple(name for bit, name in CLOCK_EVENT_REASONS if mask & bit)

@@ -19,6 +19,7 @@ from typing import Any, Callable, TypeVar
 
 from gpud.errors import DriverNotLoaded, GpuLost, NvmlError, PermissionDenied, Unsupported
 from gpud.model import (
+    P2P_STATUSES,
     EccCounts,
     FanReading,
     GpuInfo,
@@ -54,15 +55,7 @@ RETIRE_SBE, RETIRE_DBE = 0, 1  # NVML_PAGE_RETIREMENT_CAUSE_*
 NVLINK_CAP_SLI_BRIDGE = 4
 AFFINITY_SCOPE_NODE = 0
 P2P_READ, P2P_WRITE, P2P_NVLINK = 0, 1, 2
-P2P_STATUS = {
-    0: "OK",
-    1: "chipset_not_supported",
-    2: "gpu_not_supported",
-    3: "topology_not_supported",
-    4: "disabled_by_regkey",
-    5: "not_supported",
-    6: "unknown",
-}
+P2P_STATUS = dict(enumerate(P2P_STATUSES))  # nvmlGpuP2PStatus_t
 # nvmlDeviceGetTopologyCommonAncestor → nvidia-smi topo -m legend.
 TOPO_LEVEL = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
 ARCHITECTURES = {2: "kepler", 3: "maxwell", 4: "pascal", 5: "volta", 6: "turing", 7: "ampere", 8: "ada",

@@ -7,12 +7,12 @@ timed windows, when that is larger — is a regression.
 
 from __future__ import annotations
 
+import fcntl
 import json
-import os
 from pathlib import Path
 from typing import Any
 
-from gpud.paths import state_dir
+from gpud.paths import atomic_write, state_dir
 
 KEEP = 500  # results kept in the file
 RECENT = 20  # results the regression check compares against
@@ -44,12 +44,14 @@ def latest() -> dict[str, Any] | None:
 
 
 def append(result: dict[str, Any]) -> None:
+    """Add a result: under a lock (a CLI probe and the daemon's may finish together), written
+    atomically (temp, fsync, rename), the oldest beyond KEEP dropped."""
     p = path()
     p.parent.mkdir(parents=True, exist_ok=True)
-    runs = load()[-(KEEP - 1):] + [result]
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in runs))
-    os.replace(tmp, p)
+    with open(p.with_name(p.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        runs = load()[-(KEEP - 1):] + [result]
+        atomic_write(p, "".join(json.dumps(r, sort_keys=True) + "\n" for r in runs))
 
 
 def workload(result: dict[str, Any], model: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -13,22 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from gpud.errors import InvalidInput
-from gpud.model import CLOCK_EVENT_REASONS
+from gpud.model import CLOCK_EVENT_REASONS, P2P_STATUSES
 from gpud.schema import REQUIRED as _ANY
 from gpud.schema import load_toml, take
 from gpud.sim.presets import GPU_MODELS
 
 SHIPPED = Path(__file__).parent / "descriptions"
 BUS_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
-P2P_STATUSES = (
-    "OK",
-    "chipset_not_supported",
-    "gpu_not_supported",
-    "topology_not_supported",
-    "disabled_by_regkey",
-    "not_supported",
-    "unknown",
-)
 EVENT_NAMES = tuple(name for _, name in CLOCK_EVENT_REASONS)
 
 MACHINE_KEYS: dict[str, tuple[Any, Any]] = {

@@ -26,6 +26,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpud.model import P2P_STATUSES
 from gpud.sim.machine import SimMachine
 from gpud.sim.topology import common_ancestor, link_state, node_cpus
 
@@ -50,8 +51,7 @@ ERROR_TEXT = {26: "Requested functionality has been deprecated",
 IDLE_SM_MHZ, IDLE_MEM_MHZ = 210, 405
 ARCH_CODES = {"kepler": 2, "maxwell": 3, "pascal": 4, "volta": 5, "turing": 6, "ampere": 7, "ada": 8,
               "hopper": 9, "blackwell": 10}
-P2P_CODES = {"OK": 0, "chipset_not_supported": 1, "gpu_not_supported": 2, "topology_not_supported": 3,
-             "disabled_by_regkey": 4, "not_supported": 5, "unknown": 6}
+P2P_CODES = {name: code for code, name in enumerate(P2P_STATUSES)}
 EVENT_BITS = {"gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4, "hw_slowdown": 0x8,
               "sync_boost": 0x10, "sw_thermal_slowdown": 0x20, "hw_thermal_slowdown": 0x40,
               "hw_power_brake_slowdown": 0x80, "display_clock_setting": 0x100}

@@ -76,6 +76,7 @@ class SimMachine:
         self._checked = 0.0
         self.state: dict[str, Any] = {}
         self._faults_key: tuple[int, int] | None = None
+        self._generation = 0
         self._faults: list[Fault] = []
         self._lost: set[int] = set()
         self._refused: set[tuple[str, Any, Any]] = set()
@@ -100,6 +101,7 @@ class SimMachine:
         return {"digest": self.desc.digest, "gpus": gpus, "faults": [], "writes": 0}
 
     def _load_state(self) -> None:
+        self._generation += 1  # the fault index below is rebuilt for each state read from disk
         try:
             st = os.stat(self.state_file)
             data = json.loads(self.state_file.read_text())
@@ -168,7 +170,7 @@ class SimMachine:
     # -- faults -----------------------------------------------------------------------
     @property
     def faults(self) -> list[Fault]:
-        key = id(self.state), len(self.state.get("faults", []))
+        key = self._generation, len(self.state.get("faults", []))
         if self._faults_key != key:  # rebuilt only when the state was reloaded or faults added
             self._faults_key = key
             self._faults = list(self.desc.faults) + [Fault(f["kind"], f["params"])
@@ -180,7 +182,7 @@ class SimMachine:
         return self._faults
 
     def _indexed(self) -> None:
-        if self._faults_key != (id(self.state), len(self.state.get("faults", []))):
+        if self._faults_key != (self._generation, len(self.state.get("faults", []))):
             self.faults  # noqa: B018 - rebuilds the index
 
     def inject(self, kind: str, **params: Any) -> Fault:
