@@ -76,8 +76,9 @@ def _kind_name(kind: Any) -> str:
         return "one of " + ", ".join(repr(k) for k in kind)
     if isinstance(kind, tuple):
         return " or ".join(k.__name__ for k in kind)
+    name = str(kind.__name__)
     return {"str": "a string", "int": "an integer", "bool": "true or false", "list": "a list",
-            "dict": "a table"}.get(kind.__name__, kind.__name__)
+            "dict": "a table"}.get(name, name)
 
 
 def take(table: Any, spec: dict[str, tuple[Any, Any]], file: str, where: str) -> dict[str, Any]:

@@ -4,6 +4,7 @@ events, temperature, fans, PCIe replays, processes."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from gpud.doctor.registry import Context, check, fail, ok, skip, warn
 from gpud.doctor.xid import describe
@@ -100,7 +101,7 @@ def xid(ctx: Context) -> Iterator[CheckResult]:
         yield ok("health.xid", "no Xid in the kernel log since boot")
         return
     bus = ctx.by_bus()
-    by_gpu: dict[int | None, list] = {}
+    by_gpu: dict[int | None, list[Any]] = {}
     for e in events:
         by_gpu.setdefault(bus.get(e.pci_bus_id), []).append(e)
     for gpu, evs in sorted(by_gpu.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):

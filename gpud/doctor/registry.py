@@ -88,7 +88,7 @@ class Context:
         return self.machine.topology(self.snapshot) if self.snapshot else None
 
     def loaded(self, s: GpuSample) -> bool:
-        return (s.utilization_gpu_percent or 0) >= self.threshold("load_utilization_percent")
+        return bool((s.utilization_gpu_percent or 0) >= self.threshold("load_utilization_percent"))
 
     def idle(self, s: GpuSample) -> bool:
         return (s.utilization_gpu_percent or 0) < 10 and not s.processes

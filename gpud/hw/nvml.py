@@ -848,8 +848,8 @@ class Nvml:
 
     def set_power_limit(self, index: int, watts: float) -> float:
         """``nvidia-smi -i N -pl W``; returns the limit read back (W)."""
-        return self._set(index, "nvmlDeviceSetPowerManagementLimit", (int(round(watts * 1000)),),
-                         "nvmlDeviceGetPowerManagementLimit", convert=lambda mw: mw / 1000.0)
+        return float(self._set(index, "nvmlDeviceSetPowerManagementLimit", (int(round(watts * 1000)),),
+                         "nvmlDeviceGetPowerManagementLimit", convert=lambda mw: mw / 1000.0))
 
     def set_locked_gpu_clocks(self, index: int, min_mhz: int, max_mhz: int) -> None:
         """``nvidia-smi -i N -lgc MIN,MAX``. NVML has no getter: nothing to read back."""
@@ -882,19 +882,19 @@ class Nvml:
 
     def set_persistence_mode(self, index: int, enabled: bool) -> bool:
         """``nvidia-smi -i N -pm 1|0``; returns the mode read back."""
-        return self._set(index, "nvmlDeviceSetPersistenceMode", (1 if enabled else 0,),
-                         "nvmlDeviceGetPersistenceMode", convert=bool)
+        return bool(self._set(index, "nvmlDeviceSetPersistenceMode", (1 if enabled else 0,),
+                         "nvmlDeviceGetPersistenceMode", convert=bool))
 
     def set_compute_mode(self, index: int, mode: str) -> str:
         """``nvidia-smi -i N -c MODE``; returns the mode read back."""
         code = {v: k for k, v in COMPUTE_MODES.items()}[mode]
-        return self._set(index, "nvmlDeviceSetComputeMode", (code,), "nvmlDeviceGetComputeMode",
-                         convert=lambda c: COMPUTE_MODES.get(c, str(c)))
+        return str(self._set(index, "nvmlDeviceSetComputeMode", (code,), "nvmlDeviceGetComputeMode",
+                         convert=lambda c: COMPUTE_MODES.get(c, str(c))))
 
     def set_fan_speed(self, index: int, fan: int, percent: int) -> int:
         """Manual fan duty (``nvidia-settings -a GPUTargetFanSpeed``); returns the target read back."""
-        return self._set(index, "nvmlDeviceSetFanSpeed_v2", (fan, int(percent)),
-                         "nvmlDeviceGetTargetFanSpeed", (fan,), convert=int)
+        return int(self._set(index, "nvmlDeviceSetFanSpeed_v2", (fan, int(percent)),
+                         "nvmlDeviceGetTargetFanSpeed", (fan,), convert=int))
 
     def set_fan_auto(self, index: int, fan: int) -> str:
         """Hand the fan back to the driver's automatic policy; returns the policy read back."""

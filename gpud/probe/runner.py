@@ -550,16 +550,14 @@ def run_distributed(*, quick: bool, suites: list[str], host: str,
     from gpud.probe import worker  # torch: only here, only under torchrun
 
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
-    device = "cuda" if worker.torch.cuda.is_available() else "cpu"
+    device = "cuda" if worker.cuda_available() else "cpu"
     tasks = [t for t in ("ddp", "allreduce") if t in suites]
     started = time.time()
     full = worker.run({"device": device, "tasks": tasks, "quick": quick, "collective_timeout": 300}, rank, world,
                       local)
     # The one-GPU baseline after the group's run, on rank 0's GPU alone, while the others wait.
     baseline = worker.run({"device": device, "tasks": ["ddp"], "quick": quick}, 0, 1, local) if rank == 0 else None
-    if worker.dist.is_initialized():
-        worker.dist.barrier()
-        worker.dist.destroy_process_group()
+    worker.finish_group()
     if rank != 0:
         return None
     plan = Plan(device, [1, world], suites, quick, world)

@@ -602,5 +602,18 @@ def main() -> int:
     return 0
 
 
+def cuda_available() -> bool:
+    """For the torchrun path of the runner, which must not import torch itself."""
+    return bool(torch.cuda.is_available())
+
+
+def finish_group() -> None:
+    """Leave the process group together (the torchrun path), if one was made."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     sys.exit(main())
+

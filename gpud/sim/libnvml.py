@@ -511,7 +511,7 @@ def _fan(lib: SimLibrary, i: int, fan: int) -> dict[str, Any]:
 
 @entry("nvmlDeviceGetFanSpeed")
 def _fan_speed_v1(lib: SimLibrary, i: int) -> int:
-    return _fan_speed(lib, i, 0)
+    return int(_fan_speed(lib, i, 0))
 
 
 @entry("nvmlDeviceGetFanSpeed_v2")

@@ -153,7 +153,8 @@ class SimMachine:
             pass
 
     def settings(self, gpu: int) -> dict[str, Any]:
-        return self.state["gpus"][str(gpu)]
+        settings: dict[str, Any] = self.state["gpus"][str(gpu)]
+        return settings
 
     def count_write(self) -> int:
         """Count a hardware write (kept in the state file, under ``mutate``); returns its number, from 1."""
@@ -245,7 +246,7 @@ class SimMachine:
         return float(load[1]) if load else float(self.desc.gpus[gpu]["power_watts"])
 
     def draw_watts(self, gpu: int) -> float:
-        return min(self.demand_watts(gpu), self.settings(gpu)["power_limit_mw"] / 1000.0)
+        return min(self.demand_watts(gpu), float(self.settings(gpu)["power_limit_mw"]) / 1000.0)
 
     def intended_duty(self, gpu: int, fan: int, temp: float | None = None) -> int:
         """What the fan is asked to do: the manual target, or the driver's curve. This is what NVML
@@ -330,7 +331,7 @@ class SimMachine:
         n = self.desc.gpus[gpu]["fans"]
         if not n:
             return 100.0  # passive card: the chassis fans do the work
-        return sum(self.fan_duty(gpu, f, temp) for f in range(n)) / n
+        return float(sum(self.fan_duty(gpu, f, temp) for f in range(n))) / int(n)
 
     def _calibrate(self, gpu: int) -> Thermal:
         """Choose conductance so the described temperature is the equilibrium as described."""
@@ -355,7 +356,7 @@ class SimMachine:
             stuck = [f.params for f in self.desc.faults if f.kind == "fan_stuck"
                      and f.params["gpu"] == gpu and f.params["fan"] == fan]
             duties.append(stuck[0]["percent"] if stuck else auto_fan_percent(temp, g["fan_min_percent"] or 0))
-        return sum(duties) / n
+        return float(sum(duties)) / int(n)
 
     def step(self) -> None:
         """Integrate the thermal model up to now (1 s steps; calls closer than 50 ms apart do nothing)."""

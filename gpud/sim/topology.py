@@ -23,7 +23,7 @@ def node_cpus(machine: dict[str, Any], node: int) -> list[int]:
 
 
 def socket_of(machine: dict[str, Any], node: int) -> int:
-    return node // machine["numa_nodes_per_socket"]
+    return node // int(machine["numa_nodes_per_socket"])
 
 
 def host_bridge(g: dict[str, Any]) -> str:
