@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,11 +20,8 @@ from gpud.paths import CONFIG_DIR
 from gpud.schema import Spec, load_toml, take
 
 USER_DIR = CONFIG_DIR / "profiles"
-# Shipped profiles: the checkout's profiles/ (also an editable install), else where the wheel
-# installs them (share/gpud/profiles under the environment's prefix).
-SHIPPED = next((p for p in (Path(__file__).resolve().parent.parent.parent / "profiles",
-                            Path(sys.prefix) / "share" / "gpud" / "profiles") if p.is_dir()),
-               Path(sys.prefix) / "share" / "gpud" / "profiles")
+# Shipped profiles: package data beside this module, as the simulated workstations' descriptions are.
+SHIPPED = Path(__file__).resolve().parent / "profiles"
 NUM = (int, float)
 SETTINGS = ("persistence_mode", "compute_mode", "power_limit", "applications_clocks", "gpu_clocks", "memory_clocks",
             "fan")
