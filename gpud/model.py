@@ -297,3 +297,14 @@ def document(kind: str, gpud_version: str, host: dict[str, Any], **body: Any) ->
     """The envelope of every JSON document: schema version, kind, gpud version, host."""
     return {"schema_version": SCHEMA_VERSION, "kind": kind, "gpud_version": gpud_version, "host": host,
             **{k: to_jsonable(v) for k, v in body.items()}}
+
+
+def probe_document(result: dict[str, Any], gpud_version: str, host: dict[str, Any]) -> dict[str, Any]:
+    """A probe result (as runner and history keep it) in the shared schema: ``host`` the one host
+    shape, ``gpu_count`` for the number of GPUs, ``cpu_affinity_by_rank`` for the CPUs each rank
+    was pinned to (``cpu_affinity`` is one GPU's CPU list everywhere else)."""
+    body = {k: v for k, v in result.items() if k not in ("host", "gpus", "cpu_affinity", "version")}
+    body["gpu_count"] = result.get("gpus") or 0
+    body["cpu_affinity_by_rank"] = result.get("cpu_affinity") or []
+    body["result_version"] = result.get("version")
+    return document("probe", gpud_version, host, **body)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -48,7 +48,7 @@ def test_degraded_workstation_fails_exactly_what_is_broken(state_dir) -> None:
     for c in data["checks"]:
         if c["status"] in ("warn", "fail"):
             assert c["remedy"], c
-    assert data["counts"]["fail"] == 8 and sum(data["counts"].values()) == len(data["checks"])
+    assert data["counts"]["fail"] == 9 and sum(data["counts"].values()) == len(data["checks"])
 
 
 def test_healthy_workstation_passes(state_dir) -> None:
@@ -56,7 +56,7 @@ def test_healthy_workstation_passes(state_dir) -> None:
     assert code == 0
     assert by_status(data, "fail") == set()
     assert by_status(data, "warn") == set()  # the description warrants none
-    assert data["host"]["gpus"] == 4 and data["host"]["driver_version"] == "550.127.05"
+    assert data["host"]["gpu_count"] == 4 and data["host"]["driver_version"] == "550.127.05"
     assert {c["status"] for c in data["checks"]} <= {"pass", "warn", "fail", "skip"}
 
 

@@ -16,12 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from gpud.text import ranges
 from conftest import REPO, run_gpud
 
 from gpud.cli import main
 from gpud.sim.presets import GPU_MODELS
+from gpud.text import ranges
 
 if sys.version_info >= (3, 11):
     import tomllib

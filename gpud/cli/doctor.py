@@ -11,7 +11,7 @@ import typer
 from gpud import __version__
 from gpud.cli.common import Json, Simulate, machine
 from gpud.cli.output import colour, emit_json, plural, width, wrap
-from gpud.model import CheckResult
+from gpud.model import CheckResult, document
 from gpud.text import ranges
 
 MARK = {"pass": ("ok", "32"), "warn": ("WARN", "33"), "fail": ("FAIL", "31"), "skip": ("skip", "2")}
@@ -38,9 +38,9 @@ def render(report, verbose: bool = False) -> None:  # type: ignore[no-untyped-de
 
     h = report.host
     head = f"gpud doctor — {h['name']}"
-    if "driver_version" in h:
+    if h.get("gpu_count") is not None:
         head += (f" (driver {h['driver_version']}, CUDA {h['cuda_driver_version']}, "
-                 f"{plural(int(h['gpus']), 'GPU')})")
+                 f"{plural(int(h['gpu_count']), 'GPU')})")
     out = wrap(head)
     limit = width()
     shown: Counter[str] = Counter()
@@ -112,9 +112,9 @@ def doctor(
     report = diagnose(m, conf, only=only, skip=skip, expect_gpus=expect_gpus, debug=debug_enabled(), probe=result)
     code = report.exit_code(strict)
     if json:
-        emit_json({"gpud_version": __version__, "host": report.host, "checks": [
+        emit_json(document("doctor", __version__, report.host, checks=[
             {"id": r.id, "status": r.status, "gpu": r.gpu, "summary": r.summary, "detail": r.detail,
-             "remedy": r.remedy} for r in report.checks], "counts": report.counts})
+             "remedy": r.remedy} for r in report.checks], counts=report.counts, exit_code=code))
     elif quiet:
         for r in report.checks:
             if r.status == "fail" or (strict and r.status == "warn"):

@@ -124,7 +124,7 @@ def probe(
     every rank runs it and rank 0 reports.
     """
     from gpud import config as cfg
-    from gpud.errors import InvalidInput
+    from gpud.errors import GpudError, InvalidInput
     from gpud.probe import runner
 
     conf = cfg.load(config)
@@ -156,7 +156,18 @@ def probe(
                                host=m.label, thresholds=conf.efficiency_thresholds(), progress=_progress(json),
                                allow_busy=allow_busy)
     if json:
-        emit_json(res)
+        from gpud import __version__
+        from gpud.cli.common import host as host_of
+        from gpud.model import host_json, probe_document
+
+        if runner.under_torchrun():
+            where = host_json(res.get("host"))
+        else:
+            try:
+                where = host_of(m, m.snapshot())
+            except GpudError:  # the probe ran without NVML (a CPU run on a machine without the driver)
+                where = host_json(res.get("host"))
+        emit_json(probe_document(res, __version__, where))
     else:
         render(res)
     if not res["ok"]:

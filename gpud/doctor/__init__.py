@@ -22,7 +22,7 @@ from gpud.doctor import (  # noqa: F401 (they register their checks)
 from gpud.doctor.registry import AREAS, CHECKS, Check, Context, run, selected
 from gpud.errors import DriverNotLoaded, NvmlError
 from gpud.hw.machine import Machine
-from gpud.model import CheckResult, Snapshot
+from gpud.model import CheckResult, Snapshot, host_json
 from gpud.paths import daemon_running
 from gpud.tuning import state as tuning_state
 
@@ -71,10 +71,8 @@ def diagnose(machine: Machine, config: Config, *, only: list[str] | None = None,
         skip = [*(skip or []), *NOT_IN_DAEMON]
     checks: list[Check] = selected(CHECKS, only or [], [*(skip or []), *config.doctor["skip"]], probe is not None)
     results = run(ctx, checks, debug=debug)
-    host: dict[str, object] = {"name": machine.label}
-    if ctx.snapshot is not None:
-        v = ctx.snapshot.versions
-        host |= {"driver_version": v.driver, "cuda_driver_version": v.cuda_driver, "gpus": len(ctx.snapshot.samples)}
-    cpu = machine.host.cpu_info()
-    host |= {"cpu": cpu.model, "sockets": cpu.sockets, "memory_bytes": machine.host.memory_total_bytes()}
+    snap = ctx.snapshot
+    host: dict[str, object] = host_json(machine.label, snap.versions if snap else None,
+                                        len(snap.samples) if snap else None, machine.host.cpu_info(),
+                                        machine.host.memory_total_bytes())
     return Report(host, tuple(results))
