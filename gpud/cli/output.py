@@ -66,14 +66,26 @@ def _pad(text: str, n: int) -> str:
 
 def table_lines(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None,
                 max_width: int | None = None) -> list[str]:
-    """Aligned columns two spaces apart; column groups when wider than ``max_width``."""
+    """Aligned columns two spaces apart, never wider than ``max_width``.
+
+    Too wide: when the last column can shrink to a readable width its text wraps inside the column;
+    otherwise the table splits into column groups, each repeating the first column; a cell still too
+    long for its group wraps inside its column.
+    """
     limit = max_width or width()
     cells = [["" if c is None else str(c) for c in row] for row in rows]
     widths = [max([visible_len(h)] + [visible_len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    n = len(headers)
+    others = sum(widths[:-1]) + 2 * (n - 1)
+    if n > 1 and others + widths[-1] > limit and limit - others >= 20:
+        widths[-1] = limit - others
+    else:
+        cap = max(12, limit - widths[0] - 2) if n > 1 else limit
+        widths = [min(w, cap) for w in widths]
     groups: list[list[int]] = []
     current: list[int] = [0]
     used = widths[0]
-    for i in range(1, len(headers)):
+    for i in range(1, n):
         if used + 2 + widths[i] > limit and len(current) > 1:
             groups.append(current)
             current, used = [0], widths[0]
@@ -84,9 +96,12 @@ def table_lines(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: st
     for k, cols in enumerate(groups):
         if k:
             out.append("")
-        head = "  ".join(_pad(headers[i], widths[i]) for i in cols).rstrip()
-        out.append(colour(head, "1"))
-        out.extend("  ".join(_pad(r[i], widths[i]) for i in cols).rstrip() for r in cells)
+        out.append(colour("  ".join(_pad(headers[i], widths[i]) for i in cols).rstrip(), "1"))
+        for r in cells:
+            parts = [wrap(r[i], widths[i]) if visible_len(r[i]) > widths[i] else [r[i]] for i in cols]
+            for j in range(max(len(p) for p in parts)):
+                out.append("  ".join(_pad(p[j] if j < len(p) else "", widths[i])
+                                     for p, i in zip(parts, cols, strict=True)).rstrip())
     return out
 
 
