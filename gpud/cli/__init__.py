@@ -44,7 +44,7 @@ def debug_enabled() -> bool:
 
 
 def _register() -> None:
-    from gpud.cli import daemon, doctor, metrics, probe, sim, status, topo, tune
+    from gpud.cli import daemon, doctor, metrics, probe, report, sim, status, topo, tune
 
     status.register(app)
     topo.register(app)
@@ -54,6 +54,7 @@ def _register() -> None:
     probe.register(app)
     daemon.register(app)
     sim.register(app)
+    report.register(app)
 
 
 _register()

@@ -23,10 +23,8 @@ LEGEND = """Legend:
   NV#  = through a bonded set of # NVLinks"""
 
 
-def topo(simulate: Simulate = None, json: Json = False) -> None:
-    """GPU-to-GPU topology: NVLink/PCIe levels, CPU and NUMA affinity, link widths, P2P."""
-    m = machine(simulate)
-    snap = m.snapshot()
+def topo_document(m, snap) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """``gpud topo --json``'s document (docs/json.md)."""
     t = m.topology(snap)
     infos = {g.index: g for g in snap.gpus}
     samples = {s.index: s for s in snap.samples}
@@ -47,11 +45,20 @@ def topo(simulate: Simulate = None, json: Json = False) -> None:
             "nvlinks_up": sum(1 for ln in s.nvlinks if ln.up),
             "nvlink_count": g.nvlink_count if g else None,
         })
+    return document("topo", __version__, host(m, snap), gpus=gpus, matrix=t.level, pcie_level=t.pcie_level,
+                    nvlinks=t.nvlinks, p2p={"read": t.p2p_read, "write": t.p2p_write, "nvlink": t.p2p_nvlink})
+
+
+def topo(simulate: Simulate = None, json: Json = False) -> None:
+    """GPU-to-GPU topology: NVLink/PCIe levels, CPU and NUMA affinity, link widths, P2P."""
+    m = machine(simulate)
+    snap = m.snapshot()
+    doc = topo_document(m, snap)
     if json:
-        emit_json(document("topo", __version__, host(m, snap), gpus=gpus, matrix=t.level,
-                           pcie_level=t.pcie_level, nvlinks=t.nvlinks,
-                           p2p={"read": t.p2p_read, "write": t.p2p_write, "nvlink": t.p2p_nvlink}))
+        emit_json(doc)
         return
+    t = m.topology(snap)
+    gpus = doc["gpus"]
     names = [f"GPU{i}" for i in t.gpus]
     rows = [[names[a], *t.level[a], ranges(g["cpu_affinity"]), fmt(g["numa_node"])] for a, g in enumerate(gpus)]
     table(["", *names, "CPU Affinity", "NUMA"], rows)
