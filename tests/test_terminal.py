@@ -118,3 +118,42 @@ def test_lost_gpu_makes_status_exit_1(state_dir) -> None:
     assert r.returncode == 1, r.stderr
     assert "LOST!" in r.stdout and "GPU2  GPU: lost" in r.stdout
     assert run_gpud("status", "--json", env=env).returncode == 1
+
+
+def test_doctor_probe_lists_each_check_once(state_dir) -> None:
+    from collections import Counter
+
+    r = run_gpud("doctor", "--probe", "--json", "--simulate", "z8-fury-4x-a6000", timeout=300)
+    doc = json.loads(r.stdout)
+    link_gen = [c for c in doc["checks"] if c["id"] == "pcie.link_gen"]
+    assert Counter(c["gpu"] for c in link_gen) == Counter({0: 1, 1: 1, 2: 1, 3: 1}), link_gen
+    assert all("re-checked under load by the probe" not in c["summary"] for c in link_gen)
+    assert {c["id"] for c in doc["checks"]} >= {"probe.ddp_scaling", "probe.allreduce"}
+
+
+def test_shell_completion_is_installable() -> None:
+    r = run_gpud("--show-completion", "bash", env={"_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"})
+    assert r.returncode == 0 and "_gpud_completion" in r.stdout and "complete " in r.stdout
+    assert "--install-completion" in run_gpud("--help").stdout
+
+
+def test_watch_shows_the_time_of_each_refresh(state_dir) -> None:
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    p = subprocess.Popen([sys.executable, "-m", "gpud", "status", "--watch", "--interval", "1.1",
+                          "--simulate", "z8-fury-4x-a6000"], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert p.stdout is not None
+        heads = []
+        while len(heads) < 2:
+            line = p.stdout.readline()
+            if line.startswith("z8-fury-4x-a6000 — "):
+                heads.append(line)
+    finally:
+        p.kill()
+        p.wait()
+    times = [re.search(r"— (\d\d:\d\d:\d\d)$", h.strip()) for h in heads]
+    assert all(times) and times[0].group(1) != times[1].group(1)  # type: ignore[union-attr]

@@ -16,7 +16,7 @@ app = typer.Typer(
     name="gpud",
     help="Keeps multi-GPU deep-learning workstations fast and healthy.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion, --show-completion (bash, zsh, fish)
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
