@@ -17,7 +17,8 @@ COLUMNS = 80
 
 def _fits(out: str) -> None:
     assert not too_wide(out, COLUMNS), too_wide(out, COLUMNS)
-    assert "…" not in out and "..." not in plain(out).replace("...)", "")  # no ellipsis for a cut value
+    # no ellipsis for a cut value (rich's "…", click's "word,..."); usage's "[ARGS]..." is not one
+    assert "…" not in out and not re.search(r"[\w,]\.\.\.", plain(out)), re.findall(r".{20}[\w,]\.\.\.", plain(out))
 
 
 def _json(*args: str) -> dict:
@@ -85,6 +86,15 @@ def test_doctor_fits_and_keeps_commands_whole(desc: str, state_dir) -> None:
             if c["status"] in ("warn", "fail"):
                 for cmd in re.findall(r"`[^`]+`", c["remedy"]):
                     assert cmd in joined, cmd  # whole, on a line of its own or continued as a shell reads it
+
+
+@pytest.mark.parametrize("args", [("--help",), ("status", "--help"), ("doctor", "--help"), ("sim", "list"),
+                                  ("profile", "list"), ("profile", "show", "training", "--simulate", NAMES[0]),
+                                  ("apply", "training", "--dry-run", "--simulate", "z8-fury-4x-a6000-degraded")])
+def test_other_commands_fit(args: tuple[str, ...], state_dir) -> None:
+    code, out = run_in_pty(*args)
+    assert code == 0, plain(out)
+    _fits(out)
 
 
 def test_probe_fits(state_dir) -> None:

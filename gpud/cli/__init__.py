@@ -59,6 +59,19 @@ def _register() -> None:
 
 _register()
 
+# One line each in `gpud --help`, whole at 80 columns (click would cut a longer first sentence with "...").
+SHORT_HELP = {"status": "GPU telemetry, with what is outside its limits.",
+              "topo": "GPU topology: NVLink/PCIe levels, affinity, P2P.", "doctor": "Pre-flight checks with remedies.",
+              "apply": "Apply a tuning profile (--dry-run: the plan).",
+              "verify": "Compare the GPUs with the applied profile.", "restore": "Put back what gpud changed.",
+              "metrics": "Print one Prometheus exposition.", "probe": "A short training run: scaling, and why.",
+              "daemon": "Run the service (systemd).", "reload": "Ask the daemon to read its configuration again.",
+              "probe-now": "Ask the daemon to run its probe now.", "report": "Write an archive for a support ticket."}
+for _cmd in app.registered_commands:
+    _name = _cmd.name or (_cmd.callback.__name__.replace("_", "-") if _cmd.callback else None)
+    if _name in SHORT_HELP and _cmd.short_help is None:
+        _cmd.short_help = SHORT_HELP[_name]
+
 
 def main(argv: list[str] | None = None) -> None:
     """The console script; ``argv`` for tests that run the CLI in-process."""

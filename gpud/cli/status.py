@@ -113,8 +113,12 @@ def _row(s: GpuSample, info: GpuInfo | None, bad: dict[str, str]) -> list[str]:
            if s.memory_used_bytes is not None and s.memory_total_bytes else "n/a")
     events = [e for e in (s.clock_events or ()) if e != "gpu_idle"]
     up = sum(1 for ln in s.nvlinks if ln.up)
-    power = ("n/a" if s.power_watts is None and s.power_limit_watts is None
-             else f"{fmt(s.power_watts)} / {fmt(s.power_limit_watts)} W")
+    if s.power_watts is not None and s.power_limit_watts is not None:
+        power = f"{s.power_watts:.0f} / {s.power_limit_watts:.0f} W"
+    elif s.power_limit_watts is not None:  # a board without a power reading (never "n/a/300 W")
+        power = f"limit {s.power_limit_watts:.0f} W"
+    else:
+        power = fmt(s.power_watts, " W")
     sm, memclk = s.clocks_mhz.get("sm"), s.clocks_mhz.get("memory")
     cells = {
         "GPU": str(s.index),
