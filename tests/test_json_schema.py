@@ -13,7 +13,7 @@ from conftest import REPO, run_gpud
 
 from gpud.json_schema import SCHEMAS, check, validate
 
-DESCRIPTIONS = sorted(p.stem for p in (REPO / "gpud" / "sim" / "descriptions").glob("*.toml"))
+DESCRIPTIONS = [d["name"] for d in json.loads(run_gpud("sim", "list", "--json").stdout)]  # every shipped one
 
 
 def _doc(*args: str) -> dict:
@@ -102,3 +102,17 @@ def test_docs_describe_every_document_and_field() -> None:
         assert f"`{kind}`" in text, kind
         for field in schema["properties"]:
             assert f"`{field}`" in text, (kind, field)
+
+
+def test_metrics_export_lifetime_ecc_counts_as_status_shows_them(state_dir: Path) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    doc = _doc("status", "--simulate", "z8-fury-4x-a6000-degraded")
+    r = run_gpud("metrics", "--simulate", "z8-fury-4x-a6000-degraded")
+    samples = {(s.name, s.labels.get("gpu"), s.labels.get("type")): s.value
+               for f in text_string_to_metric_families(r.stdout) for s in f.samples}
+    for g in doc["gpus"]:
+        e, i = g["sample"]["ecc_errors"], str(g["sample"]["index"])
+        assert samples[("gpud_gpu_ecc_errors_aggregate_total", i, "uncorrected")] == e["aggregate_uncorrected"]
+        assert samples[("gpud_gpu_ecc_errors_total", i, "uncorrected")] == e["volatile_uncorrected"]
+    assert samples[("gpud_gpu_ecc_errors_aggregate_total", "3", "uncorrected")] > 0
