@@ -149,6 +149,8 @@ class GpudCollector(Collector):
         events = g("gpud_gpu_clock_event_active", "1 while the clock-event reason is active", ["reason"])
         persistence = g("gpud_gpu_persistence_mode", "1 if persistence mode is on")
         ecc = CounterMetricFamily("gpud_gpu_ecc_errors", "ECC errors since boot (volatile)", labels=L + ["type"])
+        ecc_life = CounterMetricFamily("gpud_gpu_ecc_errors_aggregate", "ECC errors over the GPU's lifetime "
+                                       "(aggregate, kept across reboots)", labels=L + ["type"])
         rows = g("gpud_gpu_remapped_rows", "Rows remapped", ["type"])
         rows_pending = g("gpud_gpu_remapped_rows_pending", "1 if a row remapping waits for a GPU reset")
         rows_failed = g("gpud_gpu_remapped_rows_failure", "1 if a row remapping failed")
@@ -212,6 +214,10 @@ class GpudCollector(Collector):
                                 ("uncorrected", s.ecc_errors.volatile_uncorrected)):
                     if v is not None:
                         ecc.add_metric(lab + [kind], v)
+                for kind, v in (("corrected", s.ecc_errors.aggregate_corrected),
+                                ("uncorrected", s.ecc_errors.aggregate_uncorrected)):
+                    if v is not None:
+                        ecc_life.add_metric(lab + [kind], v)
             _opt(rows, lab + ["correctable"], s.remapped_rows_correctable)
             _opt(rows, lab + ["uncorrectable"], s.remapped_rows_uncorrectable)
             if s.remapped_rows_pending is not None:
@@ -232,7 +238,7 @@ class GpudCollector(Collector):
             xid.add_metric(_gpu_labels(i, uuid) + [str(x)], n)
         yield from (info, up, temp, slow, shut, fan, fan_target, fan_manual, power, limit, default, pmin, pmax,
                     energy, clock, max_clock, util, mem_util, used, total, gen, width, thr, replay, nvl, events,
-                    persistence, ecc, rows, rows_pending, rows_failed, xid, procs)
+                    persistence, ecc, ecc_life, rows, rows_pending, rows_failed, xid, procs)
 
     @staticmethod
     def _checks_and_tuning(obs: Observation) -> Iterator[Metric]:

@@ -271,3 +271,45 @@ class CheckResult:
     gpu: int | None = None
     detail: str = ""
     remedy: str = ""
+
+
+# -- the JSON every command and the daemon's /status write (docs/json.md) -------------------
+
+SCHEMA_VERSION = 1
+
+
+def host_json(name: str | None, versions: Versions | None = None, gpu_count: int | None = None,
+              cpu: CpuInfo | None = None, memory_bytes: int | None = None) -> dict[str, Any]:
+    """The one shape of ``host`` in every JSON document; what is not known is null."""
+    return {"name": name, "driver_version": versions.driver if versions else None,
+            "cuda_driver_version": versions.cuda_driver if versions else None,
+            "nvml_version": versions.nvml if versions else None, "gpu_count": gpu_count,
+            "cpu": cpu.model if cpu else None, "sockets": cpu.sockets if cpu else None,
+            "memory_bytes": memory_bytes}
+
+
+def sample_json(s: GpuSample) -> dict[str, Any]:
+    """A sample as JSON. ``ecc_pending`` is whether an ECC mode change waits for a reboot (the mode
+    after reboot differs from the mode now); ``ecc_enabled_after_reboot`` is that pending mode."""
+    out = to_jsonable(s)
+    after = s.ecc_pending  # the reading holds NVML's pending mode (nvmlDeviceGetEccMode's second output)
+    out["ecc_enabled_after_reboot"] = after
+    out["ecc_pending"] = (after != s.ecc_enabled) if after is not None and s.ecc_enabled is not None else None
+    return out
+
+
+def document(kind: str, gpud_version: str, host: dict[str, Any], **body: Any) -> dict[str, Any]:
+    """The envelope of every JSON document: schema version, kind, gpud version, host."""
+    return {"schema_version": SCHEMA_VERSION, "kind": kind, "gpud_version": gpud_version, "host": host,
+            **{k: to_jsonable(v) for k, v in body.items()}}
+
+
+def probe_document(result: dict[str, Any], gpud_version: str, host: dict[str, Any]) -> dict[str, Any]:
+    """A probe result (as runner and history keep it) in the shared schema: ``host`` the one host
+    shape, ``gpu_count`` for the number of GPUs, ``cpu_affinity_by_rank`` for the CPUs each rank
+    was pinned to (``cpu_affinity`` is one GPU's CPU list everywhere else)."""
+    body = {k: v for k, v in result.items() if k not in ("host", "gpus", "cpu_affinity", "version")}
+    body["gpu_count"] = result.get("gpus") or 0
+    body["cpu_affinity_by_rank"] = result.get("cpu_affinity") or []
+    body["result_version"] = result.get("version")
+    return document("probe", gpud_version, host, **body)

@@ -18,3 +18,8 @@ def ranges(ids: Sequence[int] | None) -> str:
         if i is not None:
             start = prev = i
     return ",".join(out)
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """1 warning, 2 warnings; 1 process, 3 processes (``words`` for irregular plurals)."""
+    return f"{n} {word if n == 1 else (words or word + 's')}"

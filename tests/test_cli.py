@@ -42,7 +42,7 @@ def test_topo_shows_nv4_pairs_and_pcie_between(state_dir) -> None:
     j = run_gpud("topo", "--json", env={"GPUD_SIMULATE": "z8-fury-4x-a6000"})
     data = json.loads(j.stdout)
     assert data["matrix"] == [[c for c in rows[f"GPU{i}"]] for i in range(4)]
-    assert data["gpus"][0]["cpu_affinity"] == "0-111" and data["gpus"][2]["numa_node"] == 0
+    assert data["gpus"][0]["cpu_affinity"] == list(range(112)) and data["gpus"][2]["numa_node"] == 0
     assert data["p2p"]["nvlink"][0][1] == "OK" and data["p2p"]["nvlink"][0][2] == "not_supported"
 
 
@@ -50,7 +50,7 @@ def test_status_json_lists_8_gpus_with_every_field(state_dir) -> None:
     r = run_gpud("status", "--simulate", "2s-8x-a6000", "--json")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
-    assert data["versions"]["driver"] == "550.127.05"
+    assert data["host"]["driver_version"] == "550.127.05"
     assert len(data["gpus"]) == 8
     for g in data["gpus"]:
         assert STATUS_INFO_FIELDS <= set(g["info"])

@@ -64,7 +64,7 @@ def test_metrics_carry_every_metric_for_four_gpus_and_pass_promtool(daemon: Runn
     assert code == 200 and text.startswith("ok")
     code, text = daemon.get("/status")
     status = json.loads(text)
-    assert status["profile"] == "training" and len(status["snapshot"]["samples"]) == 4
+    assert status["profile"] == "training" and len(status["gpus"]) == 4
     assert daemon.get("/nope")[0] == 404
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,8 @@ def test_degraded_workstation_fails_exactly_what_is_broken(state_dir) -> None:
     # health.fans names both; GPU3 at 94 °C is 1 °C from slowdown.
     assert by_status(data, "fail") == {
         ("pcie.link_width", 2), ("nvlink.links", 2), ("nvlink.links", 3), ("health.clock_events", 1),
-        ("health.xid", 3), ("health.fans", 3), ("health.fans", 1), ("health.thermal", 3)}
+        ("health.xid", 3), ("health.fans", 3), ("health.fans", 1), ("health.thermal", 3),
+        ("health.ecc", 3)}  # Xid 48 and an uncorrected aggregate count: not "no uncorrectable error"
     warns = by_status(data, "warn")
     asked = {("pcie.acs", None), ("host.cpu_governor", None), ("host.shm", None), ("config.power_limit", 0)}
     assert asked <= warns
@@ -46,7 +48,7 @@ def test_degraded_workstation_fails_exactly_what_is_broken(state_dir) -> None:
     for c in data["checks"]:
         if c["status"] in ("warn", "fail"):
             assert c["remedy"], c
-    assert data["counts"]["fail"] == 8 and sum(data["counts"].values()) == len(data["checks"])
+    assert data["counts"]["fail"] == 9 and sum(data["counts"].values()) == len(data["checks"])
 
 
 def test_healthy_workstation_passes(state_dir) -> None:
@@ -54,7 +56,7 @@ def test_healthy_workstation_passes(state_dir) -> None:
     assert code == 0
     assert by_status(data, "fail") == set()
     assert by_status(data, "warn") == set()  # the description warrants none
-    assert data["host"]["gpus"] == 4 and data["host"]["driver_version"] == "550.127.05"
+    assert data["host"]["gpu_count"] == 4 and data["host"]["driver_version"] == "550.127.05"
     assert {c["status"] for c in data["checks"]} <= {"pass", "warn", "fail", "skip"}
 
 
@@ -131,9 +133,12 @@ def test_check_and_skip_globs(state_dir) -> None:
 def test_human_output_groups_and_counts(state_dir) -> None:
     r = run_gpud("doctor", "--simulate", "z8-fury-4x-a6000-degraded", *ENV_DEPENDENT, env=CLEAN_ENV)
     out = r.stdout.splitlines()
-    assert out[0] == "gpud doctor — z8-fury-4x-a6000-degraded (driver 550.127.05, CUDA 12.4, 4 GPU(s))"
+    assert out[0] == "gpud doctor — z8-fury-4x-a6000-degraded (driver 550.127.05, CUDA 12.4, 4 GPUs)"
     assert out.index("Driver") < out.index("PCIe and topology") < out.index("Health") < out.index("Host")
-    assert out[-1].endswith("8 failed, 0 skipped") and "warnings" in out[-1]
+    assert out[-1].endswith("9 failed, 0 skipped") and "warnings" in out[-1]
+    shown = [line for line in out if re.match(r"^  \[(  ok|WARN|FAIL|skip)\] ", line)]
+    assert out[-1] == (f"{sum('[  ok]' in x for x in shown)} passed, {sum('[WARN]' in x for x in shown)} warnings, "
+                       f"{sum('[FAIL]' in x for x in shown)} failed, 0 skipped")  # counts the lines shown
     fail = next(i for i, line in enumerate(out) if "[FAIL] pcie.link_width" in line)
     assert "GPU2" in out[fail] and any(line.strip().startswith("→ power off") for line in out[fail + 1:fail + 3])
     assert any("config.persistence_mode GPU1-3" in line for line in out)

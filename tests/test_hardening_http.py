@@ -238,7 +238,7 @@ def test_status_hides_users_and_command_lines_unless_protected(state_dir) -> Non
     d.tick()
 
     def procs() -> list[dict[str, object]]:
-        return [p for s in d.status()["snapshot"]["samples"] for p in s.get("processes") or []]
+        return [p for g in d.status()["gpus"] for p in g["sample"].get("processes") or []]
 
     assert procs() and all(p["user"] is None and p["command"] is None for p in procs())
     d.web = {"basic_auth_users": {"prom": "$2b$04$" + "a" * 53}}
@@ -246,8 +246,8 @@ def test_status_hides_users_and_command_lines_unless_protected(state_dir) -> Non
     d.web = {}
     d.config = cfg.parse({"daemon": {"status_processes": "always"}}, "gpud.toml")
     assert all(p["user"] and p["command"] for p in procs())
-    assert all(p["user"] for s in d.handle({"cmd": "status"})["snapshot"]["samples"]
-               for p in s.get("processes") or [])  # the control socket's members see them
+    assert all(p["user"] for g in d.handle({"cmd": "status"})["gpus"]
+               for p in g["sample"].get("processes") or [])  # the control socket's members see them
 
 
 def test_control_requests_of_the_wrong_shape_are_refused(state_dir) -> None:

@@ -231,7 +231,7 @@ def test_locked_memory_clocks_need_ampere(capsys, tmp_path, state_dir) -> None:
     assert code == 0, err
     plan = {c["setting"]: c for c in json.loads(out)["plan"]}
     assert plan["memory_clocks"]["action"] == "skip" and "Ampere or newer" in plan["memory_clocks"]["note"]
-    assert plan["gpu_clocks"]["action"] == "set"
+    assert plan["gpu_clocks"]["action"] == "change"
 
 
 def test_every_tuning_command_says_which_machine_it_acts_on(capsys, tmp_path, state_dir) -> None:

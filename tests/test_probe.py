@@ -14,7 +14,7 @@ from gpud.probe import history
 from gpud.probe.runner import SUITES, ProbeError, launch, make_plan, torch_available
 
 needs_torch = pytest.mark.skipif(not torch_available() and os.environ.get("CI") != "true",
-                                 reason="PyTorch not installed: pip install -e '.[probe]'")
+                                 reason="PyTorch not installed: README, Run the tests, says how to add the CPU build")
 
 
 @needs_torch

@@ -33,7 +33,7 @@ from gpud.probe.runner import (
 )
 
 needs_torch = pytest.mark.skipif(not torch_available() and os.environ.get("CI") != "true",
-                                 reason="PyTorch not installed: pip install -e '.[probe]'")
+                                 reason="PyTorch not installed: README, Run the tests, says how to add the CPU build")
 
 # Runs a worker rank with torch's default device set to `meta`: a tensor made without an explicit device
 # (on a GPU run: a CPU tensor handed to NCCL) cannot take part in any computation or collective.

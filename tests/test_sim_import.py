@@ -20,6 +20,7 @@ from conftest import REPO, run_gpud
 
 from gpud.cli import main
 from gpud.sim.presets import GPU_MODELS
+from gpud.text import ranges
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -286,7 +287,7 @@ def test_nvlink_pair_numa_and_cpus_from_topo(capsys, tmp_path) -> None:
     topo_text = (FIXTURES / "topo-a6000-nvlink-pair.txt").read_text()
     got = topo_roundtrip(capsys, tmp_path, q, FIXTURES / "topo-a6000-nvlink-pair.txt")
     assert got["matrix"] == matrix_of(topo_text)
-    assert [g["cpu_affinity"] for g in got["gpus"]] == ["0-31,64-95"] * 3
+    assert [ranges(g["cpu_affinity"]) for g in got["gpus"]] == ["0-31,64-95"] * 3
     assert [g["numa_node"] for g in got["gpus"]] == [0, 0, 0]
     assert [g["nvlinks_up"] for g in got["gpus"]] == [4, 4, 0]
 
@@ -296,7 +297,7 @@ def test_hgx_every_pair_nv18_is_an_nvswitch_fabric(capsys, tmp_path) -> None:
     got = topo_roundtrip(capsys, tmp_path, FIXTURES / "h100-sxm-565-hgx.txt", topo)
     assert got["matrix"] == matrix_of(topo.read_text())
     assert [g["numa_node"] for g in got["gpus"]] == [0, 0, 0, 0, 1, 1, 1, 1]
-    assert [g["cpu_affinity"] for g in got["gpus"]] == ["0-51,104-155"] * 4 + ["52-103,156-207"] * 4
+    assert [ranges(g["cpu_affinity"]) for g in got["gpus"]] == ["0-51,104-155"] * 4 + ["52-103,156-207"] * 4
     data = tomllib.loads((tmp_path / "twin.toml").read_text())
     assert len(data["machine"]["nvswitches"]) == 4 and all(g["nvswitch"] for g in data["gpu"])
     assert "nvlink" not in data
@@ -334,7 +335,7 @@ def test_pcie_levels_make_switches_root_ports_and_host_bridges(capsys, tmp_path)
     topo.write_text("\n".join(lines) + "\n\nLegend:\n\n  X    = Self\n")
     got = topo_roundtrip(capsys, tmp_path, q, topo)
     assert got["matrix"] == rows
-    assert [g["cpu_affinity"] for g in got["gpus"]] == cpus
+    assert [ranges(g["cpu_affinity"]) for g in got["gpus"]] == cpus
     data = tomllib.loads((tmp_path / "twin.toml").read_text())
     g = data["gpu"]
     assert g[0]["switch"] == g[1]["switch"] and "switch" not in g[2]

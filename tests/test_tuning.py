@@ -87,7 +87,7 @@ def test_dry_run_writes_nothing(capsys, tmp_path, state_dir) -> None:
     plan = json.loads(out)["plan"]
     assert code == 0 and fresh().simulation.machine.state["writes"] == writes and st.load() is None
     power = next(c for c in plan if c["gpu"] == 0 and c["setting"] == "power_limit_watts")
-    assert (power["current"], power["desired"], power["action"]) == (300.0, 250.0, "set")
+    assert (power["current"], power["desired"], power["action"]) == (300.0, 250.0, "change")
 
 
 def _n_writes(tmp_path: Path) -> int:

@@ -16,7 +16,7 @@ app = typer.Typer(
     name="gpud",
     help="Keeps multi-GPU deep-learning workstations fast and healthy.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion, --show-completion (bash, zsh, fish)
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
@@ -44,7 +44,7 @@ def debug_enabled() -> bool:
 
 
 def _register() -> None:
-    from gpud.cli import daemon, doctor, metrics, probe, sim, status, topo, tune
+    from gpud.cli import daemon, doctor, metrics, probe, report, sim, status, topo, tune
 
     status.register(app)
     topo.register(app)
@@ -54,9 +54,23 @@ def _register() -> None:
     probe.register(app)
     daemon.register(app)
     sim.register(app)
+    report.register(app)
 
 
 _register()
+
+# One line each in `gpud --help`, whole at 80 columns (click would cut a longer first sentence with "...").
+SHORT_HELP = {"status": "GPU telemetry, with what is outside its limits.",
+              "topo": "GPU topology: NVLink/PCIe levels, affinity, P2P.", "doctor": "Pre-flight checks with remedies.",
+              "apply": "Apply a tuning profile (--dry-run: the plan).",
+              "verify": "Compare the GPUs with the applied profile.", "restore": "Put back what gpud changed.",
+              "metrics": "Print one Prometheus exposition.", "probe": "A short training run: scaling, and why.",
+              "daemon": "Run the service (systemd).", "reload": "Ask the daemon to read its configuration again.",
+              "probe-now": "Ask the daemon to run its probe now.", "report": "Write an archive for a support ticket."}
+for _cmd in app.registered_commands:
+    _name = _cmd.name or (_cmd.callback.__name__.replace("_", "-") if _cmd.callback else None)
+    if _name in SHORT_HELP and _cmd.short_help is None:
+        _cmd.short_help = SHORT_HELP[_name]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -24,3 +24,16 @@ Json = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
 def machine(simulate: str | None) -> Machine:
     return open_machine(simulate or None)
+
+
+def host(m: Machine, snap) -> dict:  # type: ignore[no-untyped-def]
+    """``host`` as every JSON document writes it (gpud.model.host_json)."""
+    from gpud.model import host_json
+
+    try:
+        cpu = m.host.cpu_info()
+        mem = m.host.memory_total_bytes()
+    except OSError:
+        cpu, mem = None, None
+    return host_json(m.label, snap.versions if snap is not None else None,
+                     len(snap.samples) if snap is not None else None, cpu, mem)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
@@ -44,5 +45,51 @@ def daemon(
     raise typer.Exit(run(machine(simulate), conf, config, overrides))
 
 
+def _ask(cmd: str, config: str | None, json: bool) -> None:
+    """Send one control-socket request to the running daemon; no daemon → one line, exit 1."""
+    from gpud import config as cfg
+    from gpud.cli.output import echo_wrapped, emit_json
+    from gpud.daemon.control import request
+    from gpud.errors import GpudError
+    from gpud.paths import control_socket
+
+    conf = cfg.load(config)
+    sock = control_socket(conf.daemon["socket"])
+    reply = request(sock, cmd, timeout=60)
+    if reply is None:
+        err = GpudError(f"no gpud daemon listens on {sock}")
+        err.remedy = "start it (`sudo systemctl start gpud`), or pass the --config naming its socket"
+        raise err
+    if json:
+        emit_json(reply)
+    elif reply.get("ok"):
+        echo_wrapped(f"gpud {cmd}: {reply.get('message', 'done')}")
+    else:
+        remedy = f" — remedy: {reply['remedy']}" if reply.get("remedy") else ""
+        print(f"gpud: error: {reply.get('error')}{remedy}", file=sys.stderr)
+    if not reply.get("ok"):
+        raise typer.Exit(1)
+
+
+Config = Annotated[str | None, typer.Option("--config", metavar="PATH", help="gpud.toml (names the daemon's "
+                                                                            "control socket)")]
+JsonOut = Annotated[bool, typer.Option("--json", help="The daemon's answer as JSON.")]
+
+
+def reload(config: Config = None, json: JsonOut = False) -> None:
+    """Make the running daemon read its configuration again (as `systemctl reload gpud`, SIGHUP).
+
+    An invalid file is refused and the old configuration kept (exit 1).
+    """
+    _ask("reload", config, json)
+
+
+def probe_now(config: Config = None, json: JsonOut = False) -> None:
+    """Make the running daemon start its quick probe now (the result appears in /metrics and /status)."""
+    _ask("probe-now", config, json)
+
+
 def register(app: typer.Typer) -> None:
     app.command("daemon")(daemon)
+    app.command("reload")(reload)
+    app.command("probe-now")(probe_now)

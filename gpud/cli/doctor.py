@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-import os
 import sys
+from collections import Counter
 from typing import Annotated, List
 
 import typer
 
 from gpud import __version__
 from gpud.cli.common import Json, Simulate, machine
-from gpud.cli.output import emit_json, is_tty
-from gpud.model import CheckResult
+from gpud.cli.output import colour, emit_json, plural, width, wrap
+from gpud.model import CheckResult, document
 from gpud.text import ranges
 
 MARK = {"pass": ("ok", "32"), "warn": ("WARN", "33"), "fail": ("FAIL", "31"), "skip": ("skip", "2")}
-
-
-def _color(text: str, code: str) -> str:
-    if not is_tty() or os.environ.get("NO_COLOR"):
-        return text
-    return f"\033[{code}m{text}\033[0m"
 
 
 def _collapse(rows: list[CheckResult]) -> list[tuple[CheckResult, list[int]]]:
@@ -38,32 +32,43 @@ def _collapse(rows: list[CheckResult]) -> list[tuple[CheckResult, list[int]]]:
 
 
 def render(report, verbose: bool = False) -> None:  # type: ignore[no-untyped-def]
+    """Areas, one line per (collapsed) result, wrapped to the terminal; details and remedies under
+    each warn and fail with an indent, every `command` whole on its own line."""
     from gpud.doctor import AREAS, area_of
 
     h = report.host
     head = f"gpud doctor — {h['name']}"
-    if "driver_version" in h:
-        head += f" (driver {h['driver_version']}, CUDA {h['cuda_driver_version']}, {h['gpus']} GPU(s))"
-    out = [head]
-    width = max((len(r.id) for r in report.checks), default=10)
+    if h.get("gpu_count") is not None:
+        head += (f" (driver {h['driver_version']}, CUDA {h['cuda_driver_version']}, "
+                 f"{plural(int(h['gpu_count']), 'GPU')})")
+    out = wrap(head)
+    limit = width()
+    shown: Counter[str] = Counter()
     for area in AREAS:
         rows = [r for r in report.checks if area_of(r.id) == area]
         if not rows:
             continue
         out.append("")
-        out.append(_color(area, "1"))
+        out.append(colour(area, "1"))
         for r, gpus in _collapse(rows):
+            shown[r.status] += 1
             word, code = MARK[r.status]
-            gpu = f"GPU{ranges(gpus)}" if gpus else ""
-            out.append(f"  {_color(f'[{word:>4}]', code)} {r.id:<{width}} {gpu:<7} {r.summary}")
+            gpu = f" GPU{ranges(gpus)}" if gpus else ""
+            mark = colour(f"[{word:>4}]", code)
+            out += wrap(f"{r.id}{gpu}: {r.summary}", limit, indent=" " * 9, first=f"  {mark} ")
             if r.status in ("warn", "fail") or verbose:
                 for line in r.detail.splitlines() if r.detail and (verbose or r.status == "fail") else []:
-                    out.append(f"{'':>{width + 18}}{line}")
+                    out += wrap(line, limit, indent=" " * 9)
                 if r.remedy and r.status != "pass":
-                    out.append(f"{'':>{width + 18}}→ {r.remedy}")
-    n = report.counts
-    out += ["", f"{n['pass']} passed, {n['warn']} warnings, {n['fail']} failed, {n['skip']} skipped"]
+                    out += _remedy(r.remedy, limit)
+    out += ["", ", ".join([plural(shown["pass"], "passed", "passed"), plural(shown["warn"], "warning"),
+                           plural(shown["fail"], "failed", "failed"), plural(shown["skip"], "skipped", "skipped")])]
     sys.stdout.write("\n".join(out) + "\n")
+
+
+def _remedy(text: str, limit: int) -> list[str]:
+    """→ the remedy, wrapped; each `command` that does not fit the line starts a line of its own."""
+    return wrap(text, limit, indent=" " * 11, first=" " * 9 + "→ ")
 
 
 def doctor(
@@ -107,9 +112,9 @@ def doctor(
     report = diagnose(m, conf, only=only, skip=skip, expect_gpus=expect_gpus, debug=debug_enabled(), probe=result)
     code = report.exit_code(strict)
     if json:
-        emit_json({"gpud_version": __version__, "host": report.host, "checks": [
+        emit_json(document("doctor", __version__, report.host, checks=[
             {"id": r.id, "status": r.status, "gpu": r.gpu, "summary": r.summary, "detail": r.detail,
-             "remedy": r.remedy} for r in report.checks], "counts": report.counts})
+             "remedy": r.remedy} for r in report.checks], counts=report.counts, exit_code=code))
     elif quiet:
         for r in report.checks:
             if r.status == "fail" or (strict and r.status == "warn"):

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from gpud.cli.common import Json, Simulate, machine
-from gpud.cli.output import emit_json, is_tty, table
+from gpud.cli.output import echo_wrapped, emit_json, is_tty, table
 
 GB = 1e9
 
@@ -40,16 +40,16 @@ def render(r: dict[str, Any]) -> None:
     out = sys.stdout
     cpu = r.get("device") != "cuda"
     dev = r.get("gpu_name") or "CPU"
-    out.write(f"gpud probe — {r.get('host') or 'this machine'} ({dev}, torch {r.get('torch')}, {r.get('dtype')}"
-              + (f", NCCL {r['nccl']['version']}" if (r.get("nccl") or {}).get("version") else "") + ")"
-              + (" — quick" if r.get("quick") else "") + "\n")
+    echo_wrapped(f"gpud probe — {r.get('host') or 'this machine'} ({dev}, torch {r.get('torch')}, {r.get('dtype')}"
+                 + (f", NCCL {r['nccl']['version']}" if (r.get("nccl") or {}).get("version") else "") + ")"
+                 + (" — quick" if r.get("quick") else ""))
     if r.get("note"):
-        out.write(f"  {r['note']}\n")
+        echo_wrapped(r["note"], indent="  ")
     env = (r.get("nccl") or {}).get("env") or {}
     if env:
-        out.write("  NCCL settings: " + ", ".join(f"{k}={v}" for k, v in env.items()) + "\n")
+        echo_wrapped("NCCL settings: " + ", ".join(f"{k}={v}" for k, v in env.items()), indent="    ", first="  ")
     for line in r.get("busy_at_start") or []:
-        out.write(f"  busy at start: {line}\n")
+        echo_wrapped(f"busy at start: {line}", indent="    ", first="  ")
     ddp = r["ddp"]["by_world_size"]
     verdicts = r["diagnosis"]["verdicts"]
     if ddp:
@@ -77,12 +77,14 @@ def render(r: dict[str, Any]) -> None:
         table(["ranks", "size", "algbw GB/s", "busbw GB/s", "spread"], rows,
               title="\nAll-reduce (algbw = S/t, busbw = algbw·2(n−1)/n)")
     for k, p in sorted(r["pipeline"]["by_stages"].items()):
-        out.write(f"\nPipeline, {k} stages of {'/'.join(map(str, p.get('stage_layers', [])))} blocks, "
-                  f"{p['micro_batches']} micro-batches: GPipe {p['pipeline_samples_per_second']:.1f} samples/s")
+        text = (f"Pipeline, {k} stages of {'/'.join(map(str, p.get('stage_layers', [])))} blocks, "
+                f"{p['micro_batches']} micro-batches: GPipe {p['pipeline_samples_per_second']:.1f} samples/s")
         if not cpu and "speedup" in p:
-            out.write(f" ({p['speedup']:.2f}× one GPU, naive split {p['naive_speedup']:.2f}×)")
-        out.write(f"; activations {p['activation_bytes_per_second'] / GB:.2f} GB/s between stages (measured); "
-                  f"output vs unsplit: max difference {p['output_max_abs_diff']:.2g}\n")
+            text += f" ({p['speedup']:.2f}× one GPU, naive split {p['naive_speedup']:.2f}×)"
+        text += (f"; activations {p['activation_bytes_per_second'] / GB:.2f} GB/s between stages (measured); "
+                 f"output vs unsplit: max difference {p['output_max_abs_diff']:.2g}")
+        out.write("\n")
+        echo_wrapped(text)
     pairs = r["p2p"].get("pairs", [])
     if pairs:
         lat_key = "copy_latency_seconds" if "copy_latency_seconds" in pairs[0] else "one_way_latency_seconds"
@@ -94,12 +96,13 @@ def render(r: dict[str, Any]) -> None:
     names = {"params_identical_across_ranks": "parameters identical on every rank",
              "ddp_matches_one_process": "DDP step = one-process step on the global batch",
              "pipeline_matches_unsplit": "pipeline output = unsplit model output"}
-    out.write("\nCorrectness: " + "; ".join(f"{names.get(k, k)}: {'yes' if v else 'NO'}"
-                                             for k, v in r["correctness"].items()) + "\n")
+    out.write("\n")
+    echo_wrapped("Correctness: " + "; ".join(f"{names.get(k, k)}: {'yes' if v else 'NO'}"
+                                             for k, v in r["correctness"].items()), indent="  ")
     for s in r["diagnosis"]["sentences"]:
-        out.write(f"  → {s}\n")
+        echo_wrapped(s, indent="    ", first="  → ")
     for s in r.get("regressions", []):
-        out.write(f"  REGRESSION: {s}\n")
+        echo_wrapped(f"REGRESSION: {s}", indent="    ", first="  ")
     out.write(f"\n{'OK' if r['ok'] else 'FAILED'}\n")
 
 
@@ -124,7 +127,7 @@ def probe(
     every rank runs it and rank 0 reports.
     """
     from gpud import config as cfg
-    from gpud.errors import InvalidInput
+    from gpud.errors import GpudError, InvalidInput
     from gpud.probe import runner
 
     conf = cfg.load(config)
@@ -156,7 +159,18 @@ def probe(
                                host=m.label, thresholds=conf.efficiency_thresholds(), progress=_progress(json),
                                allow_busy=allow_busy)
     if json:
-        emit_json(res)
+        from gpud import __version__
+        from gpud.cli.common import host as host_of
+        from gpud.model import host_json, probe_document
+
+        if runner.under_torchrun():
+            where = host_json(res.get("host"))
+        else:
+            try:
+                where = host_of(m, m.snapshot())
+            except GpudError:  # the probe ran without NVML (a CPU run on a machine without the driver)
+                where = host_json(res.get("host"))
+        emit_json(probe_document(res, __version__, where))
     else:
         render(res)
     if not res["ok"]:

@@ -7,8 +7,10 @@ from typing import Any
 
 import typer
 
-from gpud.cli.common import Json, Simulate, machine
-from gpud.cli.output import emit_json, fmt, table
+from gpud import __version__
+from gpud.cli.common import Json, Simulate, host, machine
+from gpud.cli.output import echo_wrapped, emit_json, fmt, table
+from gpud.model import document
 from gpud.text import ranges
 
 LEGEND = """Legend:
@@ -21,10 +23,8 @@ LEGEND = """Legend:
   NV#  = through a bonded set of # NVLinks"""
 
 
-def topo(simulate: Simulate = None, json: Json = False) -> None:
-    """GPU-to-GPU topology: NVLink/PCIe levels, CPU and NUMA affinity, link widths, P2P."""
-    m = machine(simulate)
-    snap = m.snapshot()
+def topo_document(m, snap) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """``gpud topo --json``'s document (docs/json.md)."""
     t = m.topology(snap)
     infos = {g.index: g for g in snap.gpus}
     samples = {s.index: s for s in snap.samples}
@@ -38,27 +38,36 @@ def topo(simulate: Simulate = None, json: Json = False) -> None:
             "pci_bus_id": g.pci_bus_id if g else None,
             "lost": s.lost,
             "numa_node": g.numa_node if g else None,
-            "cpu_affinity": ranges(g.cpu_affinity) if g and g.cpu_affinity else None,
-            "pcie": {"generation": s.pcie_generation, "width": s.pcie_width,
-                     "max_generation": g.pcie_max_generation if g else None,
-                     "max_width": g.pcie_max_width if g else None},
+            "cpu_affinity": list(g.cpu_affinity) if g and g.cpu_affinity is not None else None,
+            "pcie_generation": s.pcie_generation, "pcie_width": s.pcie_width,
+            "pcie_max_generation": g.pcie_max_generation if g else None,
+            "pcie_max_width": g.pcie_max_width if g else None,
             "nvlinks_up": sum(1 for ln in s.nvlinks if ln.up),
-            "nvlinks": g.nvlink_count if g else None,
+            "nvlink_count": g.nvlink_count if g else None,
         })
+    return document("topo", __version__, host(m, snap), gpus=gpus, matrix=t.level, pcie_level=t.pcie_level,
+                    nvlinks=t.nvlinks, p2p={"read": t.p2p_read, "write": t.p2p_write, "nvlink": t.p2p_nvlink})
+
+
+def topo(simulate: Simulate = None, json: Json = False) -> None:
+    """GPU-to-GPU topology: NVLink/PCIe levels, CPU and NUMA affinity, link widths, P2P."""
+    m = machine(simulate)
+    snap = m.snapshot()
+    doc = topo_document(m, snap)
     if json:
-        emit_json({"host": m.label, "gpus": gpus, "matrix": t.level, "pcie_level": t.pcie_level,
-                   "nvlinks": t.nvlinks, "p2p": {"read": t.p2p_read, "write": t.p2p_write,
-                                                 "nvlink": t.p2p_nvlink}})
+        emit_json(doc)
         return
+    t = m.topology(snap)
+    gpus = doc["gpus"]
     names = [f"GPU{i}" for i in t.gpus]
-    rows = [[names[a], *t.level[a], fmt(g["cpu_affinity"]), fmt(g["numa_node"])] for a, g in enumerate(gpus)]
-    table(["", *names, "CPU Affinity", "NUMA Affinity"], rows)
+    rows = [[names[a], *t.level[a], ranges(g["cpu_affinity"]), fmt(g["numa_node"])] for a, g in enumerate(gpus)]
+    table(["", *names, "CPU Affinity", "NUMA"], rows)
     sys.stdout.write("\n" + LEGEND + "\n\n")
     table(["GPU", "Bus id", "PCIe now", "PCIe max", "NVLinks up"],
           [[f"GPU{g['index']}", fmt(g["pci_bus_id"]),
-            f"Gen{fmt(g['pcie']['generation'])} x{fmt(g['pcie']['width'])}",
-            f"Gen{fmt(g['pcie']['max_generation'])} x{fmt(g['pcie']['max_width'])}",
-            f"{g['nvlinks_up']}/{fmt(g['nvlinks'])}"] for g in gpus], title="Links")
+            f"Gen{fmt(g['pcie_generation'])} x{fmt(g['pcie_width'])}",
+            f"Gen{fmt(g['pcie_max_generation'])} x{fmt(g['pcie_max_width'])}",
+            f"{g['nvlinks_up']}/{fmt(g['nvlink_count'])}"] for g in gpus], title="Links")
     sys.stdout.write("\n")
     short = {"OK": "OK", "not_supported": "NS", "chipset_not_supported": "CNS", "gpu_not_supported": "GNS",
              "topology_not_supported": "TNS", "disabled_by_regkey": "DIS", "unknown": "U", "X": "X"}
@@ -66,8 +75,8 @@ def topo(simulate: Simulate = None, json: Json = False) -> None:
                          f"{short.get(t.p2p_nvlink[a][b], '?')}" if a != b else "X" for b in range(len(names)))]
             for a in range(len(names))]
     table(["P2P r/w/nvl", *names], rows, title="Peer-to-peer (read/write/NVLink)")
-    sys.stdout.write("  OK = supported, NS = not supported, CNS = chipset, GNS = GPU, TNS = topology, "
-                     "DIS = disabled by registry key, U = unknown\n")
+    echo_wrapped("OK = supported, NS = not supported, CNS = chipset, GNS = GPU, TNS = topology, "
+                 "DIS = disabled by registry key, U = unknown", indent="  ", first="  ")
 
 
 def register(app: typer.Typer) -> None:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from gpud.cli.common import Json, Simulate, machine
-from gpud.cli.output import emit_json, table
+from gpud.cli.output import echo_wrapped, emit_json, plural, table, table_lines, wrap
 
 Config = Annotated[str | None, typer.Option("--config", metavar="PATH",
                                             help="gpud.toml (its [daemon] socket is where the daemon listens)")]
@@ -64,30 +64,43 @@ def profile_show(name: Annotated[str, typer.Argument(help="Profile name or path.
         emit_json(data)
         return
     out = [f"{p.name}: {p.description}", f"  file: {p.source}", f"  inherits: {' → '.join(p.chain)}"]
+    out = [x for line in out for x in wrap(line, indent="    ")]
     if resolved is None:
-        out.append(f"  {resolved_note}")
-    for gpu, settings in sorted((resolved or {}).items()):
-        for k, v in settings.items():
-            if k != "required":
-                out.append(f"  GPU{gpu}  {k:<20} {_describe(k, v)}")
-    for k, v in p.host.items():
-        out.append(f"  host  {k:<20} {v}")
+        out += wrap(resolved_note, indent="    ", first="  ")
+    rows = [[f"GPU{gpu}", k, _describe(k, v)] for gpu, settings in sorted((resolved or {}).items())
+            for k, v in settings.items() if k != "required"]
+    rows += [["host", k, str(v)] for k, v in p.host.items()]
+    if rows:
+        out += table_lines(["", "Setting", "Value"], rows)
     sys.stdout.write("\n".join(out) + "\n")
 
 
 def _describe(key: str, v: Any) -> str:
     if key == "fan" and isinstance(v, dict):
         if v["mode"] == "curve":
-            pts = " ".join(f"{t}°C→{d}%" for t, d in v["points"])
+            pts = ", ".join(f"{t} °C → {d} %" for t, d in v["points"])
             return f"curve {pts} (hysteresis {v['hysteresis']} °C, minimum {v['minimum']} %, ramp {v['max_ramp']} %/s)"
         return f"fixed {v['percent']} %" if v["mode"] == "fixed" else "auto"
     return _show(v)
 
 
+# The one vocabulary of plan actions, in text, JSON and docs/profiles.md (the engine's own words: set, none).
+ACTIONS = {"set": "change", "none": "ok", "skip": "skip", "daemon": "daemon"}
+
+
+def _public(result: dict[str, Any]) -> dict[str, Any]:
+    """The apply result with plan actions in the documented vocabulary (change, ok, skip, daemon)."""
+    out = dict(result)
+    for key in ("plan", "skipped"):
+        if isinstance(out.get(key), list):
+            out[key] = [{**c, "action": ACTIONS.get(c.get("action"), c.get("action"))} for c in out[key]]
+    return out
+
+
 def _plan_rows(plan: list[dict[str, Any]]) -> list[list[str]]:
     rows = []
     for c in plan:
-        action = {"set": "change", "none": "ok", "skip": "skip", "daemon": "daemon"}[c["action"]]
+        action = ACTIONS[c["action"]]
         rows.append(["host" if c["gpu"] is None else f"GPU{c['gpu']}", c["setting"], _show(c["current"]),
                      _show(c["desired"]), action + (f": {c['note']}" if c["note"] else "")])
     return rows
@@ -203,21 +216,21 @@ def apply(
     plan = result["plan"] + skipped
     todo = sum(1 for c in plan if c["action"] == "set")
     if json:
-        emit_json(result)
+        emit_json(_public(result))
     else:
         table(["GPU", "Setting", "Current", "Desired", "Action"], _plan_rows(plan),
               title=f"Profile {result['profile']} ({' → '.join(result['chain'])}) on {result['target']}: "
-                    f"{todo - len(skipped)} change(s)")
+                    f"{plural(todo - len(skipped), 'change')}")
         if any(c["action"] == "daemon" and c["setting"] == "fan" for c in plan) and not result["daemon"]:
-            sys.stdout.write("Fan curves need the gpud daemon (`systemctl start gpud`): the fans stay on the "
-                             "driver's automatic policy until it runs.\n")
+            echo_wrapped("Fan curves need the gpud daemon (`systemctl start gpud`): the fans stay on the "
+                         "driver's automatic policy until it runs.")
         if not dry_run and result["ok"]:
             via = " by the gpud daemon" if result["daemon"] else ""
-            sys.stdout.write(f"applied {result['profile']}{via} on {result['target']}: {result['written']} "
-                             "setting(s) written and read back\n")
+            echo_wrapped(f"applied {result['profile']}{via} on {result['target']}: "
+                         f"{plural(result['written'], 'setting')} written and read back")
         if any(c["action"] == "skip" and "persistence mode is off" in c["note"] for c in plan):
-            sys.stdout.write("Skipped settings the driver would forget without persistence mode: "
-                             "`sudo nvidia-smi -pm 1` or enable nvidia-persistenced, then apply again.\n")
+            echo_wrapped("Skipped settings the driver would forget without persistence mode: "
+                         "`sudo nvidia-smi -pm 1` or enable nvidia-persistenced, then apply again.")
         for line in result.get("messages", []):
             sys.stderr.write(f"gpud: warning: {line}\n")
     if not result["ok"]:
@@ -259,7 +272,7 @@ def verify(json: Json = False, simulate: Simulate = None, config: Config = None)
               [["host" if d["gpu"] is None else f"GPU{d['gpu']}", d["setting"], _show(d["current"]),
                 _describe(d["setting"], d["desired"]) if isinstance(d["desired"], dict) else _show(d["desired"]),
                 d["status"]] for d in rows],
-              title=f"Profile {profile}: {len(bad)} drifted setting(s)")
+              title=f"Profile {profile}: {plural(len(bad), 'drifted setting')}")
     if bad:
         raise typer.Exit(1)
 

@@ -25,7 +25,7 @@ from gpud.doctor import diagnose
 from gpud.errors import GpudError, InvalidInput
 from gpud.exporter import Observation, Renderer, TickStats
 from gpud.hw.machine import Machine
-from gpud.model import CheckResult, Snapshot, XidEvent, to_jsonable
+from gpud.model import CheckResult, Snapshot, XidEvent, document, host_json, probe_document, sample_json, to_jsonable
 from gpud.paths import LockBusy, TuningLock, control_socket, probe_output_path, trusted
 from gpud.probe import history
 from gpud.tuning import engine
@@ -527,17 +527,27 @@ class Daemon:
 
     def status(self, full: bool = False) -> dict[str, Any]:
         obs = self.observation
-        snap = to_jsonable(obs.snapshot)
-        if not full and not self.show_processes() and isinstance(snap, dict):
-            for sample in snap.get("samples", []):
-                for proc in sample.get("processes", []) or []:
+        snap = obs.snapshot
+        infos = {g.index: g for g in snap.gpus} if snap is not None else {}
+        gpus = [{"info": to_jsonable(infos.get(x.index)), "sample": sample_json(x)}
+                for x in (snap.samples if snap is not None else ())]
+        if not full and not self.show_processes():
+            for g in gpus:
+                for proc in g["sample"].get("processes") or []:
                     proc["user"] = proc["command"] = None
-        return {"version": __version__, "host": self.machine.label, "uptime_seconds": time.time() - self.started,
-                "ticks": self.ticks, "last_tick": self.last_tick, "profile": self.profile,
-                "snapshot": snap, "checks": [to_jsonable(c) for c in obs.checks],
-                "drift": [{"gpu": g, "setting": s, "drift": d} for g, s, d in obs.drift],
-                "reapply_total": self.reapply_total, "fan_failsafe_total": self.fans.failsafes,
-                "probe": history.latest(), "probe_running": self.probe_running(), "tick": self.tick_summary()}
+        if not hasattr(self, "_host_facts"):  # read once: /status never reads files per request
+            self._host_facts = (self.machine.host.cpu_info(), self.machine.host.memory_total_bytes())
+        where = host_json(self.machine.label, snap.versions if snap is not None else None,
+                          len(snap.samples) if snap is not None else None, *self._host_facts)
+        last = history.latest()
+        return document("daemon_status", __version__, where, uptime_seconds=time.time() - self.started,
+                        ticks=self.ticks, last_tick=self.last_tick, profile=self.profile,
+                        timestamp=snap.timestamp if snap is not None else None, gpus=gpus,
+                        checks=[to_jsonable(c) for c in obs.checks],
+                        drift=[{"gpu": g, "setting": s, "drift": d} for g, s, d in obs.drift],
+                        reapply_total=self.reapply_total, fan_failsafe_total=self.fans.failsafes,
+                        probe=probe_document(last, __version__, host_json(last.get("host"))) if last else None,
+                        probe_running=self.probe_running(), tick=self.tick_summary())
 
     def tick_summary(self) -> dict[str, Any]:
         """Tick period error (actual start-to-start minus the interval): the jitter scrapers cause."""

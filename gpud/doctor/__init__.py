@@ -22,7 +22,7 @@ from gpud.doctor import (  # noqa: F401 (they register their checks)
 from gpud.doctor.registry import AREAS, CHECKS, Check, Context, run, selected
 from gpud.errors import DriverNotLoaded, NvmlError
 from gpud.hw.machine import Machine
-from gpud.model import CheckResult, Snapshot
+from gpud.model import CheckResult, Snapshot, host_json
 from gpud.paths import daemon_running
 from gpud.tuning import state as tuning_state
 
@@ -70,11 +70,28 @@ def diagnose(machine: Machine, config: Config, *, only: list[str] | None = None,
     if in_daemon:
         skip = [*(skip or []), *NOT_IN_DAEMON]
     checks: list[Check] = selected(CHECKS, only or [], [*(skip or []), *config.doctor["skip"]], probe is not None)
-    results = run(ctx, checks, debug=debug)
-    host: dict[str, object] = {"name": machine.label}
-    if ctx.snapshot is not None:
-        v = ctx.snapshot.versions
-        host |= {"driver_version": v.driver, "cuda_driver_version": v.cuda_driver, "gpus": len(ctx.snapshot.samples)}
-    cpu = machine.host.cpu_info()
-    host |= {"cpu": cpu.model, "sockets": cpu.sockets, "memory_bytes": machine.host.memory_total_bytes()}
+    results = _once(run(ctx, [c for c in checks if not c.probe], debug=debug),
+                    run(ctx, [c for c in checks if c.probe], debug=debug))
+    snap = ctx.snapshot
+    host: dict[str, object] = host_json(machine.label, snap.versions if snap else None,
+                                        len(snap.samples) if snap else None, machine.host.cpu_info(),
+                                        machine.host.memory_total_bytes())
     return Report(host, tuple(results))
+
+
+def _once(results: list[CheckResult], probed: list[CheckResult]) -> list[CheckResult]:
+    """``--probe`` re-checks ``pcie.link_gen`` under load: its verdict replaces the idle one for the same
+    GPU, so each check is listed once; when the probe saw no load, the idle verdict stays and says so."""
+    import dataclasses
+
+    again = {r.gpu for r in probed if r.id == "pcie.link_gen" and r.gpu is not None}
+    no_load = any(r.id == "pcie.link_gen" and r.gpu is None and r.status == "skip" for r in probed)
+    out: list[CheckResult] = []
+    for r in results:
+        if r.id == "pcie.link_gen" and r.gpu in again:
+            continue
+        if no_load and r.id == "pcie.link_gen" and "re-checked under load by the probe" in r.summary:
+            r = dataclasses.replace(r, summary=r.summary.replace(
+                "re-checked under load by the probe", "not re-checked: the probe put no load on this GPU"))
+        out.append(r)
+    return out + [r for r in probed if not (r.id == "pcie.link_gen" and r.gpu is None and r.status == "skip")]

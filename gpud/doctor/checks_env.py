@@ -70,6 +70,15 @@ def _python(ctx: Context) -> str:
         "PATH")) or sys.executable)
 
 
+def _python_origin(ctx: Context) -> str:
+    """Why that interpreter, and how to choose another — said in the line itself, not only under -v."""
+    if ctx.config.doctor["python"]:
+        return "[doctor] python in gpud.toml"
+    if ctx.env.get("GPUD_PYTHON"):
+        return "GPUD_PYTHON"
+    return "python3 on PATH, the training environment's; GPUD_PYTHON or [doctor] python choose another"
+
+
 def inspect_torch(python: str) -> dict[str, object] | None:
     """Where torch is and how it was built, without importing it (fast): None if absent.
 
@@ -104,10 +113,11 @@ def torch_cuda(ctx: Context) -> Iterator[CheckResult]:
     python = _python(ctx)
     t = inspect_torch(python)
     if t is None:
-        yield skip("torch.cuda", f"torch is not installed for {python}",
-                   remedy="set [doctor] python in gpud.toml (or GPUD_PYTHON) to your training environment's python")
+        yield skip("torch.cuda", f"torch is not installed for {python} ({_python_origin(ctx)})",
+                   remedy="set [doctor] python in gpud.toml (or GPUD_PYTHON) to your training environment's python; "
+                          "to install torch there see the README's \"PyTorch for the probe\"")
         return
-    name = f"torch {t['version']} ({t['python']})"
+    name = f"torch {t['version']} ({t['python']}: {_python_origin(ctx)})"
     driver = ctx.snapshot.versions.cuda_driver if ctx.snapshot else None
     if t["hip"]:
         yield warn("torch.cuda", f"{name} is a ROCm build: it cannot use NVIDIA GPUs",

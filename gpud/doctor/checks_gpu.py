@@ -9,6 +9,7 @@ from typing import Any
 from gpud.doctor.registry import Context, check, fail, ok, skip, warn
 from gpud.doctor.xid import describe
 from gpud.model import CheckResult
+from gpud.text import plural
 
 HW_EVENTS = {"hw_slowdown": "HW slowdown", "hw_thermal_slowdown": "HW thermal slowdown",
              "hw_power_brake_slowdown": "HW power brake"}
@@ -113,7 +114,8 @@ def xid(ctx: Context) -> Iterator[CheckResult]:
             counts[e.xid] = counts.get(e.xid, 0) + 1
         listed = ", ".join(f"Xid {x}" + (f" ×{n}" if n > 1 else "") for x, n in sorted(counts.items()))
         where = "" if gpu is not None else f" (PCI {worst.pci_bus_id}, not an NVML GPU)"
-        detail = "\n".join(f"Xid {e.xid} at {e.seconds_since_boot or 0:.0f} s after boot: {describe(e.xid).meaning}"
+        boot = ctx.host.boot_time()
+        detail = "\n".join(f"Xid {e.xid} at {_clock(boot, e.seconds_since_boot)}: {describe(e.xid).meaning}"
                            f" — {e.text}" for e in evs[-10:])
         make = fail if "hardware" in kinds else warn
         yield make("health.xid", f"{listed} since boot{where}: {d.meaning}", gpu=gpu, detail=detail,
@@ -122,12 +124,38 @@ def xid(ctx: Context) -> Iterator[CheckResult]:
                           "`sudo dmesg -T | grep -i xid`")
 
 
+def _clock(boot: float | None, since_boot: float | None) -> str:
+    """A kernel-log time as a clock time (local), as ``dmesg -T`` shows it; seconds after boot without btime."""
+    import time
+
+    if since_boot is None:
+        return "an unknown time"
+    if boot is None:
+        return f"{since_boot:.0f} s after boot"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(boot + since_boot))
+
+
+# Xids that report an uncorrectable memory error (NVIDIA's Xid catalogue: 48 DBE, 63/64 row remapping, 94/95
+# contained/uncontained ECC error).
+ECC_XIDS = (48, 63, 64, 94, 95)
+
+
 @check("health.ecc", "Health")
 def ecc_health(ctx: Context) -> Iterator[CheckResult]:
+    events = ctx.host.xid_events() or []
+    bus = ctx.by_bus()
     for s in ctx.samples:
         problems = []
-        if s.ecc_errors and (s.ecc_errors.volatile_uncorrected or 0) > 0:
-            problems.append(f"{s.ecc_errors.volatile_uncorrected} double-bit (uncorrectable) ECC error(s) since boot")
+        e = s.ecc_errors
+        if e and (e.volatile_uncorrected or 0) > 0:
+            problems.append(f"{plural(e.volatile_uncorrected or 0, 'uncorrectable (double-bit) ECC error')} "
+                            "since boot")
+        elif e and (e.aggregate_uncorrected or 0) > 0:
+            problems.append(f"{plural(e.aggregate_uncorrected or 0, 'uncorrectable (double-bit) ECC error')} "
+                            "in the GPU's lifetime (aggregate count)")
+        xids = sorted({x.xid for x in events if x.xid in ECC_XIDS and bus.get(x.pci_bus_id) == s.index})
+        if xids:
+            problems.append("kernel log: " + ", ".join(f"Xid {x}" for x in xids) + " (uncorrectable memory error)")
         retired = (s.retired_pages_single_bit or 0) + (s.retired_pages_double_bit or 0)
         if retired >= 63:
             problems.append(f"{retired} retired pages (limit 63)")
@@ -146,7 +174,8 @@ def ecc_health(ctx: Context) -> Iterator[CheckResult]:
         elif all(k is None for k in known):
             yield skip("health.ecc", "no ECC or memory-repair data on this GPU", gpu=s.index)
         else:
-            ecc = {True: "ECC on, no uncorrectable error", False: "ECC off", None: "ECC n/a"}[s.ecc_enabled]
+            ecc = {True: "ECC on, no uncorrectable error (since boot, lifetime, kernel log)", False: "ECC off",
+                   None: "ECC not reported"}[s.ecc_enabled]
             yield ok("health.ecc", f"{ecc}; nothing pending", gpu=s.index)
 
 
@@ -280,7 +309,8 @@ def processes(ctx: Context) -> Iterator[CheckResult]:
             rows.append(f"GPU{s.index}: pid {p.pid} {p.user or '?'} {mem} {p.command or ''}".rstrip())
     if rows:
         gpus = sorted({int(r[3:r.index(':')]) for r in rows})
-        yield warn("gpu.processes", f"{len(rows)} process(es) on GPU {', '.join(map(str, gpus))}: {rows[0]}",
+        yield warn("gpu.processes", f"{plural(len(rows), 'process', 'processes')} on "
+                   f"{'GPU' if len(gpus) == 1 else 'GPUs'} {', '.join(map(str, gpus))}: {rows[0]}",
                    detail="\n".join(rows),
                    remedy="wait for them or stop them before a benchmark or a job that needs whole GPUs; see "
                           "`nvidia-smi --query-compute-apps=pid,used_memory --format=csv`")

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 from gpud.doctor.registry import Context, check, ok, skip, warn
 from gpud.model import CheckResult
+from gpud.text import plural
 
 # Supplies of workstations that ship with one rating only (DMI product name prefix → watts).
 KNOWN_SUPPLIES = {
@@ -45,7 +46,8 @@ def shm(ctx: Context) -> Iterator[CheckResult]:
     if size is None:
         yield skip("host.shm", "/dev/shm not found")
     elif size < want:
-        yield warn("host.shm", f"/dev/shm is {size / 2**20:.0f} MiB for {n} GPU(s) (want ≥ {want / 2**30:.0f} GiB): "
+        yield warn("host.shm", f"/dev/shm is {size / 2**20:.0f} MiB for {plural(n, 'GPU')} "
+                   f"(want ≥ {want / 2**30:.0f} GiB): "
                    "DataLoader workers and NCCL's shared-memory transport fail or fall back",
                    remedy="`sudo mount -o remount,size=32G /dev/shm` (and in /etc/fstab); in containers "
                           "`--shm-size=32g` or `--ipc=host`; confirm with `df -h /dev/shm`")

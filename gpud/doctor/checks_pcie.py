@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 from gpud.doctor.registry import Context, check, fail, ok, skip, warn
 from gpud.model import ACS_BITS, CheckResult
-from gpud.text import ranges
+from gpud.text import plural, ranges
 
 ACS_P2P_BITS = 0x01 | 0x04 | 0x08  # SrcValid, ReqRedir, CmpltRedir: what breaks or detours P2P
 
@@ -115,7 +115,8 @@ def acs(ctx: Context) -> Iterator[CheckResult]:
             remedy = ("disable ACS (often \"PCIe ACS\" or \"IO virtualization / VT-d\") in the BIOS, or per bridge "
                       f"after each boot, as NCCL's documentation shows: `sudo setpci -s {first} "
                       "ECAP_ACS+0x6.w=0000`; confirm with `sudo lspci -vvv | grep ACSCtl`")
-        yield warn("pcie.acs", f"ACS enabled on {len(flagged)} bridge(s) above the GPUs: peer-to-peer traffic is "
+        yield warn("pcie.acs", f"ACS enabled on {plural(len(flagged), 'bridge')} above the GPUs: peer-to-peer traffic "
+                   "is "
                    "redirected through the root complex (slow, or hangs NCCL)", detail=detail, remedy=remedy)
     elif not bridges:
         yield ok("pcie.acs", "no PCIe bridge above the GPUs" if ctx.host.nvidia_gpus() else "no GPU on the PCI bus")
@@ -124,7 +125,7 @@ def acs(ctx: Context) -> Iterator[CheckResult]:
     else:
         checked = len(bridges) - len(unreadable)
         none = f" ({len(without)} without an ACS capability)" if without else ""
-        yield ok("pcie.acs", f"no P2P redirection on the {checked} bridge(s) above the GPUs{none}")
+        yield ok("pcie.acs", f"no P2P redirection on the {plural(checked, 'bridge')} above the GPUs{none}")
 
 
 @check("host.iommu", "PCIe and topology", needs_nvml=False)
@@ -160,7 +161,7 @@ def p2p(ctx: Context) -> Iterator[CheckResult]:
                 (with_lost if {t.gpus[a], t.gpus[b]} & lost else bad).append(pair)
     if with_lost:  # not ACS's doing: the GPU itself is gone
         gone = ", ".join(f"GPU{i}" for i in sorted(lost))
-        yield warn("gpu.p2p", f"P2P not available for {len(with_lost)} pair(s) with {gone}, which is lost "
+        yield warn("gpu.p2p", f"P2P not available for {plural(len(with_lost), 'pair')} with {gone}, which is lost "
                    "(see gpu.count)", detail="\n".join(with_lost),
                    remedy="bring the lost GPU back first (`sudo dmesg | grep -i xid`, reseat, reboot); then check "
                           "P2P again with `nvidia-smi topo -p2p rw`")

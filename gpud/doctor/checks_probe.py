@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 from gpud.doctor.registry import Context, check, fail, ok, skip, warn
 from gpud.model import CheckResult
+from gpud.text import plural
 
 GB = 1e9
 REMEDY = "run `gpud probe` for the full report; check the links it names (`gpud topo`, `nvidia-smi topo -m`)"
@@ -94,11 +95,11 @@ def p2p(ctx: Context) -> Iterator[CheckResult]:
         detail = "\n".join(f"GPU{x['src']}→GPU{x['dst']}: {x['measured_bytes_per_second'] / GB:.1f} GB/s of "
                            f"{x['expected_bytes_per_second'] / GB:.1f} ({x['link']}) {'; '.join(x['notes'])}"
                            for x in slow)
-        yield warn("probe.p2p", f"{len(slow)} pair(s) below half of what their link allows", detail=detail,
+        yield warn("probe.p2p", f"{plural(len(slow), 'pair')} below half of what their link allows", detail=detail,
                    remedy=REMEDY)
     else:
         best = max(x["bandwidth_bytes_per_second"] for x in pairs)
-        yield ok("probe.p2p", f"{len(pairs)} pair(s), up to {best / GB:.1f} GB/s" +
+        yield ok("probe.p2p", f"{plural(len(pairs), 'pair')}, up to {best / GB:.1f} GB/s" +
                  (" (CPU: function only)" if _cpu(ctx) else ""))
 
 

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from gpud.doctor.registry import Context, check, fail, ok, warn
 from gpud.errors import DriverNotLoaded
 from gpud.model import CheckResult
+from gpud.text import plural
 
 OFF = {"off", "false", "0", "no", "disable", "disabled"}
 SLI_OPTIONS = {"sli", "basemosaic", "multigpu", "mosaic"}
@@ -71,7 +72,7 @@ def gpu_count(ctx: Context) -> Iterator[CheckResult]:
                                             "reseat the card and its power cables; reboot"))
     seen = nvml_count if nvml_count is not None else len(pci)
     if expect is not None and seen != expect:
-        problems.append(fail("gpu.count", f"{seen} GPU(s) found, {expect} expected",
+        problems.append(fail("gpu.count", f"{plural(seen, 'GPU')} found, {expect} expected",
                              remedy="check `nvidia-smi -L` and `lspci -d 10de:`; reseat missing cards"))
     if problems:
         yield from problems
@@ -79,7 +80,7 @@ def gpu_count(ctx: Context) -> Iterator[CheckResult]:
     parts = [f"NVML {nvml_count}" if nvml_count is not None else "NVML n/a", f"PCI {len(pci)}"]
     if expect is not None:
         parts.append(f"expected {expect}")
-    yield ok("gpu.count", f"{seen} GPU(s): {', '.join(parts)}")
+    yield ok("gpu.count", f"{plural(seen, 'GPU')}: {', '.join(parts)}")
 
 
 def xorg_name(name: str) -> str:

@@ -456,7 +456,8 @@ def run_probe(*, device: str, gpus: int, world_sizes: list[int] | None = None, s
               keep_history: bool = True, timeout: float | None = None, allow_busy: bool = False) -> dict[str, Any]:
     if not torch_available():
         err = ProbeError("PyTorch is not installed for this Python")
-        err.remedy = "install the probe extra: pip install 'gpud[probe]'"
+        err.remedy = (f"install a PyTorch build matching the driver's CUDA into {sys.executable}'s environment "
+                      "(a CPU build is enough to try the probe): see the README, \"PyTorch for the probe\"")
         raise err
     plan = make_plan(device, gpus, world_sizes, list(suites or SUITES), quick)
     with probe_lock():

@@ -1,0 +1,178 @@
+"""The JSON schema every ``--json`` output and the daemon's ``/status`` follow (docs/json.md).
+
+A JSON Schema (draft 2020-12 subset) as data, and a small validator for that subset — ``type``,
+``enum``, ``const``, ``properties``, ``required``, ``additionalProperties``, ``items``, ``$ref`` —
+so that the tests need no extra package. Bump ``SCHEMA_VERSION`` (gpud.model) when a field changes
+meaning or shape; adding a field does not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpud.model import CLOCK_EVENT_REASONS, SCHEMA_VERSION, STATUSES
+
+Schema = dict[str, Any]
+
+
+def _n(*types: str) -> Schema:
+    """These JSON types, or null."""
+    return {"type": [*types, "null"]}
+
+
+INT, NUM, STR, BOOL = _n("integer"), _n("number"), _n("string"), _n("boolean")
+INTS = {"type": ["array", "null"], "items": {"type": "integer"}}
+CLOCKS = {"type": "object", "additionalProperties": INT}
+
+
+def _obj(props: dict[str, Schema], nullable: bool = False, extra: bool = False) -> Schema:
+    return {"type": ["object", "null"] if nullable else "object", "properties": props, "required": list(props),
+            "additionalProperties": extra}
+
+
+HOST = _obj({"name": STR, "driver_version": STR, "cuda_driver_version": STR, "nvml_version": STR,
+             "gpu_count": INT, "cpu": STR, "sockets": INT, "memory_bytes": INT})
+
+GPU_INFO = _obj({
+    "index": {"type": "integer"}, "uuid": {"type": "string"}, "name": {"type": "string"}, "serial": STR,
+    "pci_bus_id": {"type": "string"}, "pci_device_id": INT, "architecture": STR, "vbios_version": STR,
+    "memory_total_bytes": INT, "pcie_max_generation": INT, "pcie_max_width": INT,
+    "power_default_limit_watts": NUM, "power_min_limit_watts": NUM, "power_max_limit_watts": NUM,
+    "temperature_slowdown_celsius": INT, "temperature_shutdown_celsius": INT, "max_clocks_mhz": CLOCKS,
+    "fan_count": INT, "fan_min_speed_percent": INT, "fan_max_speed_percent": INT,
+    "nvlink_count": {"type": "integer"}, "numa_node": INT, "cpu_affinity": INTS,
+    "pcie_gpu_max_generation": INT, "temperature_max_operating_celsius": INT,
+    "default_applications_clocks_mhz": CLOCKS,
+}, nullable=True)
+
+FAN = _obj({"fan": {"type": "integer"}, "speed_percent": INT, "target_percent": INT,
+            "policy": {"enum": ["auto", "manual", None]}})
+NVLINK = _obj({"link": {"type": "integer"}, "up": {"type": "boolean"}, "remote_pci_bus_id": STR,
+               "sli_bridge": BOOL, "remote_is_switch": BOOL})
+PROCESS = _obj({"pid": {"type": "integer"}, "used_memory_bytes": INT, "user": STR, "command": STR})
+ECC = _obj({"volatile_corrected": INT, "volatile_uncorrected": INT, "aggregate_corrected": INT,
+            "aggregate_uncorrected": INT}, nullable=True)
+
+GPU_SAMPLE = _obj({
+    "index": {"type": "integer"}, "uuid": {"type": "string"}, "timestamp": {"type": "number"},
+    "lost": {"type": "boolean"}, "error": STR, "inaccessible": {"type": "boolean"},
+    "temperature_celsius": INT, "fans": {"type": "array", "items": FAN},
+    "power_watts": NUM, "power_limit_watts": NUM, "power_management_limit_watts": NUM, "energy_joules": NUM,
+    "clocks_mhz": CLOCKS, "applications_clocks_mhz": CLOCKS,
+    "utilization_gpu_percent": INT, "utilization_memory_percent": INT,
+    "memory_used_bytes": INT, "memory_total_bytes": INT, "pcie_generation": INT, "pcie_width": INT,
+    "pcie_tx_bytes_per_second": INT, "pcie_rx_bytes_per_second": INT, "pcie_replay_errors": INT,
+    "clock_event_mask": INT,
+    "clock_events": {"type": ["array", "null"], "items": {"enum": [n for _, n in CLOCK_EVENT_REASONS]}},
+    "persistence_mode": BOOL, "compute_mode": {"enum": ["default", "exclusive_process", "prohibited", None]},
+    "ecc_enabled": BOOL, "ecc_pending": BOOL, "ecc_errors": ECC,
+    "retired_pages_single_bit": INT, "retired_pages_double_bit": INT, "retired_pages_pending": BOOL,
+    "remapped_rows_correctable": INT, "remapped_rows_uncorrectable": INT, "remapped_rows_pending": BOOL,
+    "remapped_rows_failure": BOOL, "nvlinks": {"type": "array", "items": NVLINK},
+    "processes": {"type": ["array", "null"], "items": PROCESS}, "ecc_enabled_after_reboot": BOOL,
+})
+
+GPU = _obj({"info": GPU_INFO, "sample": GPU_SAMPLE})
+CHECK = _obj({"id": {"type": "string"}, "status": {"enum": list(STATUSES)}, "gpu": INT,
+              "summary": {"type": "string"}, "detail": {"type": "string"}, "remedy": {"type": "string"}})
+MATRIX = {"type": "array", "items": {"type": "array", "items": {"type": "string"}}}
+
+ENVELOPE: dict[str, Schema] = {"schema_version": {"const": SCHEMA_VERSION}, "kind": {"type": "string"},
+                               "gpud_version": {"type": "string"}, "host": HOST}
+
+
+def _document(kind: str, body: dict[str, Schema], extra: bool = False) -> Schema:
+    return _obj({**ENVELOPE, "kind": {"const": kind}, **body}, extra=extra)
+
+
+PROBE = _document("probe", {
+    "ok": {"type": "boolean"}, "device": {"enum": ["cuda", "cpu"]}, "quick": {"type": "boolean"},
+    "world_sizes": {"type": "array", "items": {"type": "integer"}}, "suites": {"type": "array"},
+    "gpu_count": {"type": "integer"}, "torch": STR, "dtype": STR, "started_at": {"type": "number"},
+    "finished_at": {"type": "number"}, "ddp": {"type": "object"}, "allreduce": {"type": "object"},
+    "pipeline": {"type": "object"}, "p2p": {"type": "object"}, "correctness": {"type": "object"},
+    "diagnosis": {"type": "object"}, "regressions": {"type": "array", "items": {"type": "string"}},
+    "cpu_affinity_by_rank": {"type": "array", "items": INTS}, "busy_at_start": {"type": "array"},
+}, extra=True)  # measurement details (docs/probe.md) may grow without a schema change
+
+SCHEMAS: dict[str, Schema] = {
+    "status": _document("status", {"timestamp": {"type": "number"}, "gpus": {"type": "array", "items": GPU}}),
+    "topo": _document("topo", {
+        "gpus": {"type": "array", "items": _obj({
+            "index": {"type": "integer"}, "uuid": STR, "name": STR, "pci_bus_id": STR, "lost": {"type": "boolean"},
+            "numa_node": INT, "cpu_affinity": INTS, "pcie_generation": INT, "pcie_width": INT,
+            "pcie_max_generation": INT, "pcie_max_width": INT, "nvlinks_up": {"type": "integer"},
+            "nvlink_count": INT})},
+        "matrix": MATRIX, "pcie_level": MATRIX,
+        "nvlinks": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
+        "p2p": _obj({"read": MATRIX, "write": MATRIX, "nvlink": MATRIX}),
+    }),
+    "doctor": _document("doctor", {
+        "checks": {"type": "array", "items": CHECK},
+        "counts": _obj({s: {"type": "integer"} for s in STATUSES}),
+        "exit_code": {"enum": [0, 1]},
+    }),
+    "probe": PROBE,
+    "daemon_status": _document("daemon_status", {
+        "uptime_seconds": {"type": "number"}, "ticks": {"type": "integer"}, "last_tick": NUM,
+        "profile": STR, "timestamp": NUM, "gpus": {"type": "array", "items": GPU},
+        "checks": {"type": "array", "items": CHECK},
+        "drift": {"type": "array", "items": _obj({"gpu": INT, "setting": {"type": "string"},
+                                                  "drift": {"type": "string"}})},
+        "reapply_total": {"type": "integer"}, "fan_failsafe_total": {"type": "integer"},
+        "probe": {"anyOf": [PROBE, {"type": "null"}]}, "probe_running": {"type": "boolean"},
+        "tick": {"type": "object"},
+    }, extra=True),  # the control socket's status adds "ok"
+}
+
+_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
+
+
+def _is(value: Any, t: str) -> bool:
+    if t == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if t == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, _TYPES[t])
+
+
+def validate(value: Any, schema: Schema, where: str = "$") -> list[str]:
+    """Every way ``value`` breaks ``schema``, as ``path: reason`` lines (empty: it conforms)."""
+    errs: list[str] = []
+    if "anyOf" in schema:
+        tries = [validate(value, s, where) for s in schema["anyOf"]]
+        if all(tries):
+            errs.append(f"{where}: matches none of the allowed shapes ({tries[0][0]})")
+        return errs
+    if "const" in schema and value != schema["const"]:
+        return [f"{where}: {value!r} is not {schema['const']!r}"]
+    if "enum" in schema and value not in schema["enum"]:
+        return [f"{where}: {value!r} is not one of {schema['enum']}"]
+    types = schema.get("type")
+    if types is not None:
+        types = [types] if isinstance(types, str) else types
+        if not any(_is(value, t) for t in types):
+            return [f"{where}: {type(value).__name__} where {'/'.join(types)} was expected"]
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        errs += [f"{where}: {k!r} missing" for k in schema.get("required", []) if k not in value]
+        extra = schema.get("additionalProperties", True)
+        for k, v in value.items():
+            if k in props:
+                errs += validate(v, props[k], f"{where}.{k}")
+            elif extra is False:
+                errs.append(f"{where}: {k!r} is not in the schema")
+            elif isinstance(extra, dict):
+                errs += validate(v, extra, f"{where}.{k}")
+    if isinstance(value, list) and "items" in schema:
+        for i, v in enumerate(value):
+            errs += validate(v, schema["items"], f"{where}[{i}]")
+    return errs
+
+
+def check(document: Any) -> list[str]:
+    """Validate a document against the schema its ``kind`` names."""
+    kind = document.get("kind") if isinstance(document, dict) else None
+    if kind not in SCHEMAS:
+        return [f"$.kind: {kind!r} is not one of {sorted(SCHEMAS)}"]
+    return validate(document, SCHEMAS[kind])
