@@ -291,7 +291,7 @@ def host_json(name: str | None, versions: Versions | None = None, gpu_count: int
 def sample_json(s: GpuSample) -> dict[str, Any]:
     """A sample as JSON. ``ecc_pending`` is whether an ECC mode change waits for a reboot (the mode
     after reboot differs from the mode now); ``ecc_enabled_after_reboot`` is that pending mode."""
-    out = to_jsonable(s)
+    out: dict[str, Any] = to_jsonable(s)
     after = s.ecc_pending  # the reading holds NVML's pending mode (nvmlDeviceGetEccMode's second output)
     out["ecc_enabled_after_reboot"] = after
     out["ecc_pending"] = (after != s.ecc_enabled) if after is not None and s.ecc_enabled is not None else None

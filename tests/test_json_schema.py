@@ -48,8 +48,8 @@ def test_probe_json_follows_the_schema(desc: str, state_dir: Path) -> None:
 @pytest.mark.parametrize("desc", DESCRIPTIONS)
 def test_daemon_status_follows_the_schema(desc: str, state_dir: Path) -> None:
     from gpud import config as cfg
+    from gpud.backends import open_machine
     from gpud.daemon.service import Daemon
-    from gpud.hw.machine import open_machine
 
     d = Daemon(open_machine(desc), cfg.Config())
     d.tick()

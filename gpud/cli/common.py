@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from gpud.backends import open_machine
 from gpud.hw.machine import Machine
+
+if TYPE_CHECKING:
+    from gpud.model import Snapshot
 
 Simulate = Annotated[
     str | None,
@@ -26,7 +29,7 @@ def machine(simulate: str | None) -> Machine:
     return open_machine(simulate or None)
 
 
-def host(m: Machine, snap) -> dict:  # type: ignore[no-untyped-def]
+def host(m: Machine, snap: Snapshot | None) -> dict[str, Any]:
     """``host`` as every JSON document writes it (gpud.model.host_json)."""
     from gpud.model import host_json
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import sys
 import time
 from collections import Counter
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from gpud import __version__
 from gpud.cli.common import Json, Simulate, host, machine
 from gpud.cli.output import colour, emit_json, fmt, is_tty, plural, table, wrap
+from gpud.hw.machine import Machine
 from gpud.model import GpuInfo, GpuSample, Snapshot, document, sample_json, to_jsonable
 
 HEADERS = ["GPU", "Name", "Temp", "Fan", "Power / limit", "SM / mem clock", "Util", "Memory",
@@ -156,7 +157,7 @@ def render(label: str, snap: Snapshot, when: float | None = None) -> None:
     sys.stdout.write("\n" + "\n".join(lines) + "\n")
 
 
-def status_document(m, snap: Snapshot) -> dict:  # type: ignore[no-untyped-def]
+def status_document(m: Machine, snap: Snapshot) -> dict[str, Any]:
     infos = {g.index: g for g in snap.gpus}
     return document("status", __version__, host(m, snap), timestamp=snap.timestamp,
                     gpus=[{"info": to_jsonable(infos.get(s.index)), "sample": sample_json(s)}
