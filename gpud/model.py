@@ -94,6 +94,9 @@ class GpuProcess:
     used_memory_bytes: int | None
     user: str | None
     command: str | None
+    kind: str = "compute"  # compute | graphics | compute+graphics (in both of NVML's lists)
+    container: str | None = None  # docker:ID, podman:ID, pod:UID, slurm:JOB or unit:NAME (/proc/PID/cgroup)
+    sm_utilization_percent: int | None = None  # per-process SM use: not read (None)
 
 
 @dataclass(frozen=True)

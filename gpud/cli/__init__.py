@@ -44,7 +44,7 @@ def debug_enabled() -> bool:
 
 
 def _register() -> None:
-    from gpud.cli import daemon, doctor, metrics, probe, sim, status, topo, tune
+    from gpud.cli import daemon, doctor, events, metrics, probe, ps, select, sim, status, topo, tune
 
     status.register(app)
     topo.register(app)
@@ -54,6 +54,9 @@ def _register() -> None:
     probe.register(app)
     daemon.register(app)
     sim.register(app)
+    ps.register(app)
+    select.register(app)
+    events.register(app)
 
 
 _register()

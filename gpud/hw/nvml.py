@@ -86,6 +86,8 @@ FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES = 197, 198  # NVML_FI_DEV_PCIE_COUNT_{TX,RX}_
 OFFTICK_EVERY_S = 5.0
 # Compute processes: the newest entry point first; an old driver lacks _v3 (FUNCTION_NOT_FOUND).
 PROCESS_CALLS = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2")
+# Graphics processes (Xorg, a desktop, a visualisation): the same entry layout (nvml.h).
+GRAPHICS_CALLS = ("nvmlDeviceGetGraphicsRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v2")
 # nvml.h's process entry is 24 bytes (pid, usedGpuMemory, gpuInstanceId, computeInstanceId); early
 # R535 drivers wrote 32 (with usedGpuCcProtectedMemory), and nvidia-ml-py's struct follows neither
 # reliably (12.535: 32 bytes, 13.x: 24). gpud reads the entries itself and measures their size.
@@ -110,11 +112,12 @@ def normalize_bus_id(raw: str | bytes) -> str:
 class GpuProcessEntry:
     """One entry of NVML's process list (the fields gpud uses, as the bindings name them)."""
 
-    __slots__ = ("pid", "usedGpuMemory")
+    __slots__ = ("pid", "usedGpuMemory", "kind")
 
-    def __init__(self, pid: int, used: int | None) -> None:
+    def __init__(self, pid: int, used: int | None, kind: str = "compute") -> None:
         self.pid = pid
         self.usedGpuMemory = used
+        self.kind = kind
 
 
 def _hashable(arg: Any) -> Any:
@@ -545,7 +548,8 @@ class Nvml:
             remapped_rows_failure=bool(remap[3]) if remap is not None else None,
             nvlinks=self._nvlinks(index, h),
             processes=tuple(
-                GpuProcess(pid=p.pid, used_memory_bytes=p.usedGpuMemory, user=None, command=None)
+                GpuProcess(pid=p.pid, used_memory_bytes=p.usedGpuMemory, user=None, command=None,
+                           kind=getattr(p, "kind", "compute"))
                 for p in procs
             )
             if procs is not None
@@ -553,8 +557,25 @@ class Nvml:
         )
 
     def _processes(self, index: int, h: Any, locked: bool = True) -> Any:
-        """The GPU's compute processes, from the newest entry point the driver exports."""
-        for name in PROCESS_CALLS:
+        """The GPU's compute and graphics processes (one entry per pid: a process in both lists is
+        ``compute+graphics``, as nvidia-smi's "C+G"). None when the compute list cannot be read."""
+        compute = self._process_list(index, h, locked, PROCESS_CALLS)
+        if compute is None:
+            return None
+        graphics = self._process_list(index, h, locked, GRAPHICS_CALLS) or []
+        by_pid = {p.pid: p for p in compute}
+        for g in graphics:
+            seen = by_pid.get(g.pid)
+            if seen is not None:
+                seen.kind = "compute+graphics"
+            else:
+                g.kind = "graphics"
+                by_pid[g.pid] = g
+        return list(by_pid.values())
+
+    def _process_list(self, index: int, h: Any, locked: bool, calls: tuple[str, ...]) -> Any:
+        """One of NVML's process lists, from the newest entry point the driver exports."""
+        for name in calls:
             if (name, index, ()) in self._unsupported:
                 continue
 

@@ -92,6 +92,8 @@ class LatencyModel:
         # Measured on an RTX 4090 laptop (median): the process lists talk to the GPU's firmware.
         "nvmlDeviceGetComputeRunningProcesses_v3": 4.5e-3,
         "nvmlDeviceGetComputeRunningProcesses_v2": 4.5e-3,
+        "nvmlDeviceGetGraphicsRunningProcesses_v3": 4.5e-3,  # the same list, of graphics clients
+        "nvmlDeviceGetGraphicsRunningProcesses_v2": 4.5e-3,
         "nvmlDeviceGetFanSpeed": 137e-6,
         "nvmlDeviceGetFanSpeed_v2": 137e-6,
     })
@@ -799,12 +801,12 @@ def _memory(lib: SimLibrary, i: int) -> dict[str, int]:
     return {"total": total, "used": used, "free": total - used}
 
 
-def _processes(lib: SimLibrary, i: int, count: Any, out: Any) -> None:
+def _processes(lib: SimLibrary, i: int, count: Any, out: Any, graphics: bool = False) -> None:
     """``*infoCount`` in: the room the caller has; out: the number of processes. The entries are
     written as the driver lays them out — nvml.h's 24 bytes (pid, pad, usedGpuMemory, gpuInstanceId,
     computeInstanceId), or 32 with usedGpuCcProtectedMemory (``process_entry_bytes``, early R535) —
-    whatever struct the bindings declared."""
-    procs = lib.gpu(i)["processes"]
+    whatever struct the bindings declared. Compute and graphics lists share the layout (nvml.h)."""
+    procs = [p for p in lib.gpu(i)["processes"] if bool(p.get("graphics")) == graphics]
     n = _target(count)
     if out is None or n.value < len(procs):
         n.value = len(procs)
@@ -824,6 +826,14 @@ def _processes(lib: SimLibrary, i: int, count: Any, out: Any) -> None:
 
 entry("nvmlDeviceGetComputeRunningProcesses_v3", outs="raw")(_processes)
 entry("nvmlDeviceGetComputeRunningProcesses_v2", outs="raw")(_processes)
+
+
+def _graphics_processes(lib: SimLibrary, i: int, count: Any, out: Any) -> None:
+    _processes(lib, i, count, out, graphics=True)
+
+
+entry("nvmlDeviceGetGraphicsRunningProcesses_v3", outs="raw")(_graphics_processes)
+entry("nvmlDeviceGetGraphicsRunningProcesses_v2", outs="raw")(_graphics_processes)
 
 
 # -- PCIe ------------------------------------------------------------------------------------------
