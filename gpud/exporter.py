@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from gpud import __version__
 from gpud.model import CLOCK_EVENT_REASONS, STATUSES, CheckResult, GpuInfo, Snapshot, XidEvent
+from gpud.usage import Usage, user_label
 
 # Xids exported at 0 until they happen (the ones doctor knows; others appear when they occur).
 WATCHED_XIDS = (13, 31, 43, 45, 48, 61, 62, 63, 64, 69, 74, 79, 92, 94, 95, 119, 120, 140)
@@ -58,6 +59,7 @@ class Observation:
     nvml_errors: dict[str, int] = field(default_factory=dict)
     tick: TickStats | None = None
     last_tick: float | None = None
+    usage: Usage | None = None  # the daemon's time accounting (None for a one-shot `gpud metrics`)
 
 
 def _gpu_labels(i: int, uuid: str) -> list[str]:
@@ -85,7 +87,8 @@ class GpudCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         obs = self.source()
-        for family in (*self._build(obs), *self._gpus(obs), *self._checks_and_tuning(obs), *self._probe(obs)):
+        for family in (*self._build(obs), *self._gpus(obs), *self._users(obs), *self._checks_and_tuning(obs),
+                       *self._probe(obs)):
             if self.part is None or _slow(family.name) == (self.part == "slow"):
                 yield family
 
@@ -233,6 +236,43 @@ class GpudCollector(Collector):
         yield from (info, up, temp, slow, shut, fan, fan_target, fan_manual, power, limit, default, pmin, pmax,
                     energy, clock, max_clock, util, mem_util, used, total, gen, width, thr, replay, nvl, events,
                     persistence, ecc, rows, rows_pending, rows_failed, xid, procs)
+
+    @staticmethod
+    def _users(obs: Observation) -> Iterator[Metric]:
+        """Per user, not per process (bounded cardinality: ``gpud.usage.MAX_USERS`` names, then ``other``),
+        and the time in each clock-event reason."""
+        snap, usage = obs.snapshot, obs.usage
+        mem = GaugeMetricFamily("gpud_user_gpu_memory_bytes", "GPU memory held by a user's processes",
+                                labels=["gpu", "uuid", "user"])
+        if snap is not None:
+            named = list(usage.named) if usage is not None else []
+            for s in snap.samples:
+                per: dict[str, int] = {}
+                for p in s.processes or ():
+                    label = user_label(p.user, named)
+                    if label not in named and label not in ("other", "unknown"):
+                        named.append(label)
+                    per[label] = per.get(label, 0) + (p.used_memory_bytes or 0)
+                for user, n in sorted(per.items()):
+                    mem.add_metric([str(s.index), s.uuid, user], n)
+        yield mem
+        if usage is None:
+            return
+        secs = CounterMetricFamily("gpud_user_gpu_seconds", "GPU-seconds a user's processes occupied GPUs",
+                                   labels=["user"])
+        for user, t in sorted(usage.user_seconds.items()):
+            secs.add_metric([user], t)
+        yield secs
+        ev = CounterMetricFamily("gpud_gpu_clock_event_seconds", "Time spent in each clock-event reason",
+                                 labels=["gpu", "uuid", "reason"])
+        for (gpu, uuid, reason), t in sorted(usage.event_seconds.items()):
+            ev.add_metric([str(gpu), uuid, reason], t)
+        yield ev
+        thr = CounterMetricFamily("gpud_gpu_throttled_seconds", "Time held below the requested clocks by power or "
+                                  "thermal limits (any of them)", labels=["gpu", "uuid"])
+        for (gpu, uuid), t in sorted(usage.throttled_seconds.items()):
+            thr.add_metric([str(gpu), uuid], t)
+        yield thr
 
     @staticmethod
     def _checks_and_tuning(obs: Observation) -> Iterator[Metric]:

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import closing
@@ -80,6 +81,7 @@ class Journal:
         self.db: sqlite3.Connection | None = None
         self.set_aside: Path | None = None  # where a corrupt journal was moved, if one was
         self._writes = 0
+        self._lock = threading.Lock()  # the tick and the doctor thread both write
         self._open()
 
     def _open(self) -> None:
@@ -126,7 +128,7 @@ class Journal:
         if self.db is None:
             return None
         try:
-            with self.db:
+            with self._lock, self.db:
                 return self.db.execute(sql, args)
         except sqlite3.Error as err:
             log.error("health journal: %s", err)
@@ -192,7 +194,8 @@ def _reader(path: Path) -> sqlite3.Connection:
 def events(path: Path | None = None, *, since: float | None = None, gpu: int | None = None,
            uuid: str | None = None, kinds: tuple[str, ...] = ()) -> list[Event]:
     """Events oldest first, filtered."""
-    sql, args = "SELECT id, ts, boot_id, kind, gpu, uuid, serial, summary, data FROM events WHERE 1=1", []
+    sql = "SELECT id, ts, boot_id, kind, gpu, uuid, serial, summary, data FROM events WHERE 1=1"
+    args: list[Any] = []
     if since is not None:
         sql += " AND ts >= ?"
         args.append(since)

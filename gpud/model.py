@@ -243,6 +243,7 @@ class XidEvent:
     xid: int
     text: str
     seconds_since_boot: float | None
+    raw: str = ""  # the kernel's line as logged (from ``NVRM: Xid`` on)
 
 
 @dataclass(frozen=True)

@@ -132,7 +132,7 @@ class Host:
                     bus = "0000:" + bus
                 if "." not in bus:
                     bus += ".0"
-                events.append(XidEvent(bus, int(m.group(2)), m.group(3).strip(), secs))
+                events.append(XidEvent(bus, int(m.group(2)), m.group(3).strip(), secs, msg[msg.find("NVRM"):].strip()))
         return events
 
     # -- X server ------------------------------------------------------------------
