@@ -273,6 +273,11 @@ class GpudCollector(Collector):
         for (gpu, uuid), t in sorted(usage.throttled_seconds.items()):
             thr.add_metric([str(gpu), uuid], t)
         yield thr
+        watched = CounterMetricFamily("gpud_gpu_watched_seconds", "Time the GPU's clock events were read (the "
+                                      "denominator of the share of time throttled)", labels=["gpu", "uuid"])
+        for (gpu, uuid), t in sorted(usage.watched_seconds.items()):
+            watched.add_metric([str(gpu), uuid], t)
+        yield watched
 
     @staticmethod
     def _checks_and_tuning(obs: Observation) -> Iterator[Metric]:

@@ -37,6 +37,7 @@ class Accounting:
     user_seconds: dict[str, float] = field(default_factory=dict)
     event_seconds: dict[tuple[int, str, str], float] = field(default_factory=dict)  # (gpu, uuid, reason)
     throttled_seconds: dict[tuple[int, str], float] = field(default_factory=dict)  # (gpu, uuid): any reason
+    watched_seconds: dict[tuple[int, str], float] = field(default_factory=dict)  # (gpu, uuid): clock events read
     _last: float | None = None
 
     def label(self, user: str | None) -> str:
@@ -56,6 +57,7 @@ class Accounting:
             if s.clock_events is not None:
                 key = (s.index, s.uuid)
                 self.throttled_seconds.setdefault(key, 0.0)
+                self.watched_seconds[key] = self.watched_seconds.get(key, 0.0) + dt
                 if THROTTLE_REASONS & set(s.clock_events):
                     self.throttled_seconds[key] += dt
                 for _, reason in CLOCK_EVENT_REASONS:
@@ -66,7 +68,7 @@ class Accounting:
 
     def frozen(self) -> Usage:
         return Usage(tuple(self.named), dict(self.user_seconds), dict(self.event_seconds),
-                     dict(self.throttled_seconds))
+                     dict(self.throttled_seconds), dict(self.watched_seconds))
 
 
 @dataclass(frozen=True)
@@ -77,3 +79,4 @@ class Usage:
     user_seconds: dict[str, float]
     event_seconds: dict[tuple[int, str, str], float]
     throttled_seconds: dict[tuple[int, str], float]
+    watched_seconds: dict[tuple[int, str], float]

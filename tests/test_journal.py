@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -39,6 +41,10 @@ def test_journal_survives_a_reboot_and_shows_the_xid_from_before(tmp_path: Path,
         assert d.value("gpud_gpu_throttled_seconds_total", gpu="0") == 0
         assert (d.value("gpud_gpu_clock_event_seconds_total", gpu="1", reason="hw_slowdown") or 0) > 0
         assert d.value("gpud_gpu_clock_event_seconds_total", gpu="1", reason="sw_power_cap") == 0
+        promtool = shutil.which("promtool")
+        if promtool:  # the new families, with users on them, pass promtool's lint
+            r = subprocess.run([promtool, "check", "metrics"], input=d.metrics(), capture_output=True, text=True)
+            assert r.returncode == 0 and r.stdout + r.stderr == "", r.stdout + r.stderr
         before_xids = d.value("gpud_gpu_xid_errors_total", gpu="2", xid="79")
         assert before_xids == 1
     finally:
@@ -136,5 +142,5 @@ def test_user_labels_are_bounded_with_an_other_bucket() -> None:
     for t in (0.0, 1.0, 3.0):
         acc.add(Snapshot(t, v, (), (GpuSample(0, "GPU-0", t, processes=procs, clock_events=("sw_power_cap",)),)))
     assert acc.user_seconds == {"alice": 3.0, "bob": 3.0, "other": 3.0, "unknown": 3.0}
-    assert acc.throttled_seconds == {(0, "GPU-0"): 3.0}
+    assert acc.throttled_seconds == {(0, "GPU-0"): 3.0} and acc.watched_seconds == {(0, "GPU-0"): 3.0}
     assert user_label("dave", ["alice", "bob"], 2) == "other" and user_label("bob", ["alice", "bob"], 2) == "bob"
