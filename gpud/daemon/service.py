@@ -564,7 +564,7 @@ class Daemon:
         if not full and not self.show_processes() and isinstance(snap, dict):
             for sample in snap.get("samples", []):
                 for proc in sample.get("processes", []) or []:
-                    proc["user"] = proc["command"] = None
+                    proc["user"] = proc["command"] = proc["container"] = None
         return {"version": __version__, "host": self.machine.label, "uptime_seconds": time.time() - self.started,
                 "ticks": self.ticks, "last_tick": self.last_tick, "profile": self.profile,
                 "snapshot": snap, "checks": [to_jsonable(c) for c in obs.checks],
