@@ -149,6 +149,8 @@ class GpudCollector(Collector):
         thr = g("gpud_gpu_pcie_throughput_bytes_per_second", "PCIe throughput", ["direction"])
         replay = CounterMetricFamily("gpud_gpu_pcie_replay_errors", "PCIe replays since boot", labels=L)
         nvl = g("gpud_gpu_nvlink_link_up", "1 if the NVLink is active", ["link"])
+        nvl_err = CounterMetricFamily("gpud_gpu_nvlink_errors", "NVLink errors since the driver loaded "
+                                      "(replay, recovery, crc_flit, crc_data)", labels=L + ["link", "type"])
         events = g("gpud_gpu_clock_event_active", "1 while the clock-event reason is active", ["reason"])
         persistence = g("gpud_gpu_persistence_mode", "1 if persistence mode is on")
         ecc = CounterMetricFamily("gpud_gpu_ecc_errors", "ECC errors since boot (volatile)", labels=L + ["type"])
@@ -204,6 +206,8 @@ class GpudCollector(Collector):
                 replay.add_metric(lab, s.pcie_replay_errors)
             for ln in s.nvlinks:
                 nvl.add_metric(lab + [str(ln.link)], 1 if ln.up else 0)
+            for link, kind, n in s.nvlink_errors or ():
+                nvl_err.add_metric(lab + [str(link), kind], n)
             if s.clock_events is not None:
                 active = set(s.clock_events)
                 for _, reason in CLOCK_EVENT_REASONS:
@@ -234,8 +238,8 @@ class GpudCollector(Collector):
         for (i, uuid, x), n in sorted(counts.items()):
             xid.add_metric(_gpu_labels(i, uuid) + [str(x)], n)
         yield from (info, up, temp, slow, shut, fan, fan_target, fan_manual, power, limit, default, pmin, pmax,
-                    energy, clock, max_clock, util, mem_util, used, total, gen, width, thr, replay, nvl, events,
-                    persistence, ecc, rows, rows_pending, rows_failed, xid, procs)
+                    energy, clock, max_clock, util, mem_util, used, total, gen, width, thr, replay, nvl, nvl_err,
+                    events, persistence, ecc, rows, rows_pending, rows_failed, xid, procs)
 
     @staticmethod
     def _users(obs: Observation) -> Iterator[Metric]:

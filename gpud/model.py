@@ -150,6 +150,8 @@ class GpuSample:
     remapped_rows_failure: bool | None = None
     nvlinks: tuple[NvLinkInfo, ...] = ()
     processes: tuple[GpuProcess, ...] | None = None
+    # (link, counter, errors since the driver loaded): replay, recovery, crc_flit, crc_data; read every 10 s
+    nvlink_errors: tuple[tuple[int, str, int], ...] | None = None
 
 
 # nvidia-smi topo -m levels, closest first.

@@ -159,9 +159,11 @@ def workstation() -> dict[str, Any]:
             [(f"gpud_gpu_pcie_throughput_bytes_per_second{{{GPUS}}}", "GPU{{gpu}} {{direction}}")])
     b.panel("timeseries", "NVLinks up", "none", [(f"sum by (gpu) (gpud_gpu_nvlink_link_up{{{GPUS}}})", "GPU{{gpu}}")])
     b.panel("table", "Xids since boot", "none", [(f"gpud_gpu_xid_errors_total{{{GPUS}}} > 0", "")], table=True)
-    b.panel("timeseries", "ECC errors and PCIe replays (rate)", "short",
+    b.panel("timeseries", "ECC errors, PCIe replays, NVLink errors (rate)", "short",
             [(f"rate(gpud_gpu_ecc_errors_total{{{GPUS}}}[$__rate_interval])", "GPU{{gpu}} ECC {{type}}"),
-             (f"rate(gpud_gpu_pcie_replay_errors_total{{{GPUS}}}[$__rate_interval])", "GPU{{gpu}} PCIe replays")])
+             (f"rate(gpud_gpu_pcie_replay_errors_total{{{GPUS}}}[$__rate_interval])", "GPU{{gpu}} PCIe replays"),
+             (f"sum by (gpu, type) (rate(gpud_gpu_nvlink_errors_total{{{GPUS}}}[$__rate_interval]))",
+              "GPU{{gpu}} NVLink {{type}}")])
     b.row("Tuning")
     b.panel("state-timeline", "Profile drift", "none", [(f"gpud_profile_drift{{{INST}}}", "GPU{{gpu}} {{setting}}")],
             w=12, h=8)

@@ -106,3 +106,20 @@ def test_select_waits_then_gives_up(state_dir) -> None:
     t0 = time.monotonic()
     r = run_gpud("select", "-n", "2", "--wait", "3", env=DEGRADED)
     assert r.returncode == 1 and time.monotonic() - t0 >= 3
+
+
+def test_nvlink_error_counters_are_read_every_10_s_not_every_tick(state_dir) -> None:
+    from gpud.hw.machine import open_machine
+
+    m = open_machine("z8-fury-4x-a6000")
+    sim = m.simulation
+    sim.machine.inject("nvlink_errors", gpu=0, link=1, counter="replay", per_second=50.0)
+    first = m.nvml.sample(0)
+    assert first.nvlink_errors is not None and len(first.nvlink_errors) == 4 * 4  # 4 links, 4 counters
+    errs = {(link, kind): n for link, kind, n in first.nvlink_errors}
+    assert errs[(1, "replay")] > 0 and errs[(0, "replay")] == 0 and errs[(1, "crc_flit")] == 0
+    calls = sim.library.called["nvmlDeviceGetNvLinkErrorCounter"]
+    m.nvml.sample(0)  # the next tick: served from the 10 s cache
+    assert sim.library.called["nvmlDeviceGetNvLinkErrorCounter"] == calls
+    ada = open_machine("z8-fury-4x-rtx6000ada")  # PCIe only: no NVLink, no counters (absent, not 0)
+    assert ada.nvml.sample(0).nvlink_errors is None

@@ -92,6 +92,8 @@ GRAPHICS_CALLS = ("nvmlDeviceGetGraphicsRunningProcesses_v3", "nvmlDeviceGetGrap
 # R535 drivers wrote 32 (with usedGpuCcProtectedMemory), and nvidia-ml-py's struct follows neither
 # reliably (12.535: 32 bytes, 13.x: 24). gpud reads the entries itself and measures their size.
 PROCESS_ENTRY_MAX = 32
+# nvmlNvLinkErrorCounter_t: NVML_NVLINK_ERROR_DL_REPLAY, _DL_RECOVERY, _DL_CRC_FLIT, _DL_CRC_DATA
+NVLINK_ERROR_COUNTERS = {"replay": 0, "recovery": 1, "crc_flit": 2, "crc_data": 3}
 SENTINEL = 0xA5
 INSUFFICIENT_SIZE = 7
 NOT_AVAILABLE_ULL = 2**64 - 1
@@ -547,6 +549,7 @@ class Nvml:
             remapped_rows_pending=bool(remap[2]) if remap is not None else None,
             remapped_rows_failure=bool(remap[3]) if remap is not None else None,
             nvlinks=self._nvlinks(index, h),
+            nvlink_errors=slow["nvlink_errors"],
             processes=tuple(
                 GpuProcess(pid=p.pid, used_memory_bytes=p.usedGpuMemory, user=None, command=None,
                            kind=getattr(p, "kind", "compute"))
@@ -760,9 +763,20 @@ class Nvml:
                   "management_limit": get("nvmlDeviceGetPowerManagementLimit"),
                   "applications_clocks": {k: get("nvmlDeviceGetApplicationsClock", CLOCK_TYPES[k])
                                           for k in ("graphics", "memory")},
-                  "pcie_width": get("nvmlDeviceGetCurrPcieLinkWidth")}
+                  "pcie_width": get("nvmlDeviceGetCurrPcieLinkWidth"),
+                  "nvlink_errors": self._nvlink_errors(index, h, info)}
         self._slow[index] = (now, fields)
         return fields
+
+    def _nvlink_errors(self, index: int, h: Any, info: GpuInfo) -> tuple[tuple[int, str, int], ...] | None:
+        """Each link's error counters (``nvidia-smi nvlink -e``); None where the GPU gives none."""
+        out = []
+        for link in range(info.nvlink_count):
+            for name, counter in NVLINK_ERROR_COUNTERS.items():
+                n = self.get("nvmlDeviceGetNvLinkErrorCounter", h, link, counter, gpu=index)
+                if n is not None:
+                    out.append((link, name, int(n)))
+        return tuple(out) if out else None
 
     def _nvlinks(self, index: int, h: Any) -> tuple[NvLinkInfo, ...]:
         """Link states every tick; a link's remote end is read when it comes up, then kept."""

@@ -162,6 +162,9 @@ FAULT_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {
     "clock_events": {"gpu": (int, _ANY), "reasons": (list, _ANY)},
     "xid": {"gpu": (int, _ANY), "xid": (int, _ANY), "text": (str, None), "seconds": ((int, float), 5123.4)},
     "fan_stuck": {"gpu": (int, _ANY), "fan": (int, 0), "percent": (int, 0)},
+    "nvlink_errors": {"gpu": (int, _ANY), "link": (int, None),
+                      "counter": (("replay", "recovery", "crc_flit", "crc_data"), "crc_flit"),
+                      "per_second": ((int, float), 1.0)},
 }
 
 

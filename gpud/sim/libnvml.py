@@ -986,6 +986,22 @@ def _nvlink_state(lib: SimLibrary, i: int, link: int) -> int:
     return 1 if peer(lib, i, link)[1] else 0
 
 
+NVLINK_ERROR_COUNTERS = {"replay": 0, "recovery": 1, "crc_flit": 2, "crc_data": 3}  # nvmlNvLinkErrorCounter_t
+
+
+@entry("nvmlDeviceGetNvLinkErrorCounter")
+def _nvlink_error_counter(lib: SimLibrary, i: int, link: int, counter: int) -> int:
+    """Errors on one link since the driver loaded (``nvidia-smi nvlink -e``): 0 unless an
+    ``nvlink_errors`` fault makes them climb at its rate (counted from the host's boot)."""
+    g = lib.gpu(i)
+    if not g["nvlinks"]:
+        fail(NOT_SUPPORTED)
+    if not 0 <= int(link) < int(g["nvlinks"]) or int(counter) not in NVLINK_ERROR_COUNTERS.values():
+        fail(INVALID_ARGUMENT)
+    return sum(int(f["per_second"] * lib.sim.now()) for f in lib.sim.faults_of("nvlink_errors", i)
+               if f["link"] in (None, int(link)) and NVLINK_ERROR_COUNTERS[f["counter"]] == int(counter))
+
+
 @entry("nvmlDeviceGetNvLinkRemotePciInfo_v2")
 def _nvlink_remote(lib: SimLibrary, i: int, link: int) -> dict[str, Any]:
     other, up = peer(lib, i, link)
