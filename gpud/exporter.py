@@ -20,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from gpud import __version__
+from gpud.doctor.xid import describe
 from gpud.model import CLOCK_EVENT_REASONS, STATUSES, CheckResult, GpuInfo, Snapshot, XidEvent
 from gpud.usage import Usage, user_label
 
@@ -71,7 +72,8 @@ def _gpu_labels(i: int, uuid: str) -> list[str]:
 SLOW_FAMILIES = {
     "gpud_build_info", "gpud_gpu_info", "gpud_gpu_slowdown_temperature_celsius",
     "gpud_gpu_shutdown_temperature_celsius", "gpud_gpu_power_default_limit_watts", "gpud_gpu_power_min_limit_watts",
-    "gpud_gpu_power_max_limit_watts", "gpud_gpu_max_clock_hertz", "gpud_gpu_xid_errors", "gpud_check_status",
+    "gpud_gpu_power_max_limit_watts", "gpud_gpu_max_clock_hertz", "gpud_gpu_xid_errors", "gpud_xid_info",
+    "gpud_check_status",
     "gpud_profile_info",
 }
 
@@ -237,9 +239,14 @@ class GpudCollector(Collector):
                 counts[(gi.index, gi.uuid, e.xid)] += 1
         for (i, uuid, x), n in sorted(counts.items()):
             xid.add_metric(_gpu_labels(i, uuid) + [str(x)], n)
+        xinfo = GaugeMetricFamily("gpud_xid_info", "What an Xid means (NVIDIA's Xid catalog) and its class: "
+                                  "hardware, application or unknown", labels=["xid", "class", "meaning"])
+        for x in sorted({x for _, _, x in counts}):
+            d = describe(x)
+            xinfo.add_metric([str(x), d.kind, d.meaning], 1)
         yield from (info, up, temp, slow, shut, fan, fan_target, fan_manual, power, limit, default, pmin, pmax,
                     energy, clock, max_clock, util, mem_util, used, total, gen, width, thr, replay, nvl, nvl_err,
-                    events, persistence, ecc, rows, rows_pending, rows_failed, xid, procs)
+                    events, persistence, ecc, rows, rows_pending, rows_failed, xid, xinfo, procs)
 
     @staticmethod
     def _users(obs: Observation) -> Iterator[Metric]:

@@ -144,3 +144,46 @@ def test_user_labels_are_bounded_with_an_other_bucket() -> None:
     assert acc.user_seconds == {"alice": 3.0, "bob": 3.0, "other": 3.0, "unknown": 3.0}
     assert acc.throttled_seconds == {(0, "GPU-0"): 3.0} and acc.watched_seconds == {(0, "GPU-0"): 3.0}
     assert user_label("dave", ["alice", "bob"], 2) == "other" and user_label("bob", ["alice", "bob"], 2) == "bob"
+
+
+def test_doctor_advises_on_throttling_of_the_last_hour_and_escalates_repeated_xids(state_dir: Path) -> None:
+    from gpud.hw.machine import open_machine
+    from gpud.journal import journal_path
+
+    m = open_machine(DEGRADED)
+    snap = m.snapshot()
+    uuid0, uuid3 = snap.samples[0].uuid, snap.samples[3].uuid
+    j = Journal(journal_path())
+    now = time.time()
+    j.record("throttle", "GPU 0 throttled 648 s", gpu=0, uuid=uuid0, ts=now - 60,
+             data={"seconds": 648, "since": now - 708, "reasons": ["sw_thermal_slowdown"]})
+    for boot in ("b1", "b2"):
+        j.record("xid", "Xid 48", gpu=3, uuid=uuid3, boot_id=boot, data={"xid": 48})
+    j.close()
+    r = run_gpud("doctor", "--json", "--check", "health.*", env={"GPUD_SIMULATE": DEGRADED})
+    results = json.loads(r.stdout)["checks"]
+    clock0 = next(c for c in results if c["id"] == "health.clock_events" and c["gpu"] == 0)
+    assert clock0["status"] == "warn" and "throttled 18% of the last hour" in clock0["summary"], clock0
+    assert "training" in clock0["remedy"]
+    xid3 = next(c for c in results if c["id"] == "health.xid" and c["gpu"] == 3)
+    assert xid3["status"] == "fail" and "inspect the hardware" in xid3["remedy"], xid3
+
+
+def test_xid_meaning_travels_as_an_info_metric(state_dir: Path) -> None:
+    r = run_gpud("metrics", "--simulate", DEGRADED)
+    assert r.returncode == 0, r.stderr
+    assert 'gpud_xid_info{class="hardware",meaning="double-bit ECC error (DBE)",xid="48"} 1.0' in r.stdout
+    assert 'gpud_xid_info{class="application",meaning="graphics engine exception",xid="13"} 1.0' in r.stdout
+    promtool = shutil.which("promtool")
+    if promtool:
+        p = subprocess.run([promtool, "check", "metrics"], input=r.stdout, capture_output=True, text=True)
+        assert p.returncode == 0 and p.stdout + p.stderr == "", p.stdout + p.stderr
+
+
+def test_a_hardware_xid_in_two_boots_escalates_and_an_application_one_does_not() -> None:
+    from gpud.doctor.xid import INSPECT, describe, escalated
+
+    assert escalated(79, 1).action == describe(79).action and escalated(79, 2).action == INSPECT
+    assert escalated(13, 3).action == describe(13).action  # a program's fault is not the board's
+    assert describe(54).kind == "hardware" and "power" in describe(54).action  # from NVIDIA's catalog
+    assert describe(999).kind == "unknown"
