@@ -144,8 +144,8 @@ class Recorder:
                 self._rec("check", f"{c.id}{'' if c.gpu is None else f' GPU {c.gpu}'}: {before} → {c.status}: "
                           f"{c.summary}", c.gpu, data={"check": c.id, "from": before, "to": c.status})
 
-    def profile(self, kind: str, summary: str, **data: Any) -> None:
-        self._rec(kind, summary, data=data)
+    def profile(self, kind: str, summary: str, gpu: int | None = None, **data: Any) -> None:
+        self._rec(kind, summary, gpu, data=data)
 
     def probe(self, result: dict[str, Any] | None, ok: bool, why: str) -> None:
         said = [s for s in ((result or {}).get("diagnosis") or {}).get("sentences", [])]

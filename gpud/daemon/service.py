@@ -356,9 +356,11 @@ class Daemon:
                             log.error("GPU %d: re-applying %s failed: %s", s.index, setting, err)
                             failed.add(setting)
                 self.reapply_total += 1
-                self.recorder.profile("profile_reapply", f"GPU {s.index}: {', '.join(drifted)} drifted from "
-                                      f"profile {self.profile}: re-applied", gpu=s.index, drifted=drifted,
-                                      failed=sorted(failed))
+                self.recorder.profile(
+                    "profile_drift" if failed else "profile_reapply",
+                    f"GPU {s.index}: {', '.join(drifted)} drifted from profile {self.profile}: "
+                    + (f"re-applying {', '.join(sorted(failed))} failed" if failed else "re-applied"),
+                    gpu=s.index, drifted=drifted, failed=sorted(failed))
             for setting in ENFORCED:
                 if setting in want:
                     out.append((s.index, setting, setting in failed))
