@@ -20,7 +20,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from gpud import __version__
+from gpud.doctor.xid import describe
 from gpud.model import CLOCK_EVENT_REASONS, STATUSES, CheckResult, GpuInfo, Snapshot, XidEvent
+from gpud.usage import Usage, user_label
 
 # Xids exported at 0 until they happen (the ones doctor knows; others appear when they occur).
 WATCHED_XIDS = (13, 31, 43, 45, 48, 61, 62, 63, 64, 69, 74, 79, 92, 94, 95, 119, 120, 140)
@@ -58,6 +60,7 @@ class Observation:
     nvml_errors: dict[str, int] = field(default_factory=dict)
     tick: TickStats | None = None
     last_tick: float | None = None
+    usage: Usage | None = None  # the daemon's time accounting (None for a one-shot `gpud metrics`)
 
 
 def _gpu_labels(i: int, uuid: str) -> list[str]:
@@ -69,7 +72,8 @@ def _gpu_labels(i: int, uuid: str) -> list[str]:
 SLOW_FAMILIES = {
     "gpud_build_info", "gpud_gpu_info", "gpud_gpu_slowdown_temperature_celsius",
     "gpud_gpu_shutdown_temperature_celsius", "gpud_gpu_power_default_limit_watts", "gpud_gpu_power_min_limit_watts",
-    "gpud_gpu_power_max_limit_watts", "gpud_gpu_max_clock_hertz", "gpud_gpu_xid_errors", "gpud_check_status",
+    "gpud_gpu_power_max_limit_watts", "gpud_gpu_max_clock_hertz", "gpud_gpu_xid_errors", "gpud_xid_info",
+    "gpud_check_status",
     "gpud_profile_info",
 }
 
@@ -85,7 +89,8 @@ class GpudCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         obs = self.source()
-        for family in (*self._build(obs), *self._gpus(obs), *self._checks_and_tuning(obs), *self._probe(obs)):
+        for family in (*self._build(obs), *self._gpus(obs), *self._users(obs), *self._checks_and_tuning(obs),
+                       *self._probe(obs)):
             if self.part is None or _slow(family.name) == (self.part == "slow"):
                 yield family
 
@@ -146,6 +151,8 @@ class GpudCollector(Collector):
         thr = g("gpud_gpu_pcie_throughput_bytes_per_second", "PCIe throughput", ["direction"])
         replay = CounterMetricFamily("gpud_gpu_pcie_replay_errors", "PCIe replays since boot", labels=L)
         nvl = g("gpud_gpu_nvlink_link_up", "1 if the NVLink is active", ["link"])
+        nvl_err = CounterMetricFamily("gpud_gpu_nvlink_errors", "NVLink errors since the driver loaded "
+                                      "(replay, recovery, crc_flit, crc_data)", labels=L + ["link", "type"])
         events = g("gpud_gpu_clock_event_active", "1 while the clock-event reason is active", ["reason"])
         persistence = g("gpud_gpu_persistence_mode", "1 if persistence mode is on")
         ecc = CounterMetricFamily("gpud_gpu_ecc_errors", "ECC errors since boot (volatile)", labels=L + ["type"])
@@ -203,6 +210,8 @@ class GpudCollector(Collector):
                 replay.add_metric(lab, s.pcie_replay_errors)
             for ln in s.nvlinks:
                 nvl.add_metric(lab + [str(ln.link)], 1 if ln.up else 0)
+            for link, kind, n in s.nvlink_errors or ():
+                nvl_err.add_metric(lab + [str(link), kind], n)
             if s.clock_events is not None:
                 active = set(s.clock_events)
                 for _, reason in CLOCK_EVENT_REASONS:
@@ -236,9 +245,56 @@ class GpudCollector(Collector):
                 counts[(gi.index, gi.uuid, e.xid)] += 1
         for (i, uuid, x), n in sorted(counts.items()):
             xid.add_metric(_gpu_labels(i, uuid) + [str(x)], n)
+        xinfo = GaugeMetricFamily("gpud_xid_info", "What an Xid means (NVIDIA's Xid catalog) and its class: "
+                                  "hardware, application or unknown", labels=["xid", "class", "meaning"])
+        for x in sorted({x for _, _, x in counts}):
+            d = describe(x)
+            xinfo.add_metric([str(x), d.kind, d.meaning], 1)
         yield from (info, up, temp, slow, shut, fan, fan_target, fan_manual, power, limit, default, pmin, pmax,
-                    energy, clock, max_clock, util, mem_util, used, total, gen, width, thr, replay, nvl, events,
-                    persistence, ecc, ecc_life, rows, rows_pending, rows_failed, xid, procs)
+                    energy, clock, max_clock, util, mem_util, used, total, gen, width, thr, replay, nvl, nvl_err,
+                    events, persistence, ecc, ecc_life, rows, rows_pending, rows_failed, xid, xinfo, procs)
+
+    @staticmethod
+    def _users(obs: Observation) -> Iterator[Metric]:
+        """Per user, not per process (bounded cardinality: ``gpud.usage.MAX_USERS`` names, then ``other``),
+        and the time in each clock-event reason."""
+        snap, usage = obs.snapshot, obs.usage
+        mem = GaugeMetricFamily("gpud_user_gpu_memory_bytes", "GPU memory held by a user's processes",
+                                labels=["gpu", "uuid", "user"])
+        if snap is not None:
+            named = list(usage.named) if usage is not None else []
+            for s in snap.samples:
+                per: dict[str, int] = {}
+                for p in s.processes or ():
+                    label = user_label(p.user, named)
+                    if label not in named and label not in ("other", "unknown"):
+                        named.append(label)
+                    per[label] = per.get(label, 0) + (p.used_memory_bytes or 0)
+                for user, n in sorted(per.items()):
+                    mem.add_metric([str(s.index), s.uuid, user], n)
+        yield mem
+        if usage is None:
+            return
+        secs = CounterMetricFamily("gpud_user_gpu_seconds", "GPU-seconds a user's processes occupied GPUs",
+                                   labels=["user"])
+        for user, t in sorted(usage.user_seconds.items()):
+            secs.add_metric([user], t)
+        yield secs
+        ev = CounterMetricFamily("gpud_gpu_clock_event_seconds", "Time spent in each clock-event reason",
+                                 labels=["gpu", "uuid", "reason"])
+        for (gpu, uuid, reason), t in sorted(usage.event_seconds.items()):
+            ev.add_metric([str(gpu), uuid, reason], t)
+        yield ev
+        thr = CounterMetricFamily("gpud_gpu_throttled_seconds", "Time held below the requested clocks by power or "
+                                  "thermal limits (any of them)", labels=["gpu", "uuid"])
+        for (gpu, uuid), t in sorted(usage.throttled_seconds.items()):
+            thr.add_metric([str(gpu), uuid], t)
+        yield thr
+        watched = CounterMetricFamily("gpud_gpu_watched_seconds", "Time the GPU's clock events were read (the "
+                                      "denominator of the share of time throttled)", labels=["gpu", "uuid"])
+        for (gpu, uuid), t in sorted(usage.watched_seconds.items()):
+            watched.add_metric([str(gpu), uuid], t)
+        yield watched
 
     @staticmethod
     def _checks_and_tuning(obs: Observation) -> Iterator[Metric]:

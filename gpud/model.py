@@ -99,6 +99,9 @@ class GpuProcess:
     used_memory_bytes: int | None
     user: str | None
     command: str | None
+    kind: str = "compute"  # compute | graphics | compute+graphics (in both of NVML's lists)
+    container: str | None = None  # docker:ID, podman:ID, pod:UID, slurm:JOB or unit:NAME (/proc/PID/cgroup)
+    sm_utilization_percent: int | None = None  # per-process SM use: not read (None)
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,8 @@ class GpuSample:
     remapped_rows_failure: bool | None = None
     nvlinks: tuple[NvLinkInfo, ...] = ()
     processes: tuple[GpuProcess, ...] | None = None
+    # (link, counter, errors since the driver loaded): replay, recovery, crc_flit, crc_data; read every 10 s
+    nvlink_errors: tuple[tuple[int, str, int], ...] | None = None
 
 
 # nvidia-smi topo -m levels, closest first.
@@ -245,6 +250,7 @@ class XidEvent:
     xid: int
     text: str
     seconds_since_boot: float | None
+    raw: str = ""  # the kernel's line as logged (from ``NVRM: Xid`` on)
 
 
 @dataclass(frozen=True)

@@ -135,6 +135,21 @@ def workstation() -> dict[str, Any]:
                                                   (f"gpud_gpu_memory_total_bytes{{{GPUS}}}", "GPU{{gpu}} total")])
     b.panel("state-timeline", "Clock events (throttling)", "none",
             [(f'gpud_gpu_clock_event_active{{{GPUS}, reason!="gpu_idle"}}', "GPU{{gpu}} {{reason}}")], w=24, h=8)
+    b.panel("timeseries", "Share of time throttled (10 min)", "percentunit",
+            [(f"rate(gpud_gpu_throttled_seconds_total{{{GPUS}}}[10m]) / "
+              f"rate(gpud_gpu_watched_seconds_total{{{GPUS}}}[10m])", "GPU{{gpu}}")], w=12,
+            defaults={"min": 0, "max": 1},
+            description="time held below the requested clocks by a power or thermal limit, over 10 minutes")
+    b.panel("timeseries", "Time per clock-event reason (10 min)", "percentunit",
+            [(f'rate(gpud_gpu_clock_event_seconds_total{{{GPUS}, reason!="gpu_idle"}}[10m]) > 0',
+              "GPU{{gpu}} {{reason}}")], w=12, defaults={"min": 0, "max": 1})
+    b.row("Users")
+    b.panel("timeseries", "GPU memory by user", "bytes",
+            [(f"sum by (user) (gpud_user_gpu_memory_bytes{{{GPUS}}})", "{{user}}")], w=12,
+            description="memory held by each user's processes on the selected GPUs")
+    b.panel("timeseries", "GPUs occupied by user", "none",
+            [(f"sum by (user) (rate(gpud_user_gpu_seconds_total{{{INST}}}[$__rate_interval]))", "{{user}}")], w=12,
+            description="GPU-seconds per second: 2 means two GPUs held the whole time")
     b.row("PCIe, NVLink, errors")
     b.panel("timeseries", "PCIe link width, current and max", "none",
             [(f"gpud_gpu_pcie_link_width{{{GPUS}}}", "GPU{{gpu}} {{kind}}")])
@@ -144,9 +159,11 @@ def workstation() -> dict[str, Any]:
             [(f"gpud_gpu_pcie_throughput_bytes_per_second{{{GPUS}}}", "GPU{{gpu}} {{direction}}")])
     b.panel("timeseries", "NVLinks up", "none", [(f"sum by (gpu) (gpud_gpu_nvlink_link_up{{{GPUS}}})", "GPU{{gpu}}")])
     b.panel("table", "Xids since boot", "none", [(f"gpud_gpu_xid_errors_total{{{GPUS}}} > 0", "")], table=True)
-    b.panel("timeseries", "ECC errors and PCIe replays (rate)", "short",
+    b.panel("timeseries", "ECC errors, PCIe replays, NVLink errors (rate)", "short",
             [(f"rate(gpud_gpu_ecc_errors_total{{{GPUS}}}[$__rate_interval])", "GPU{{gpu}} ECC {{type}}"),
-             (f"rate(gpud_gpu_pcie_replay_errors_total{{{GPUS}}}[$__rate_interval])", "GPU{{gpu}} PCIe replays")])
+             (f"rate(gpud_gpu_pcie_replay_errors_total{{{GPUS}}}[$__rate_interval])", "GPU{{gpu}} PCIe replays"),
+             (f"sum by (gpu, type) (rate(gpud_gpu_nvlink_errors_total{{{GPUS}}}[$__rate_interval]))",
+              "GPU{{gpu}} NVLink {{type}}")])
     b.row("Tuning")
     b.panel("state-timeline", "Profile drift", "none", [(f"gpud_profile_drift{{{INST}}}", "GPU{{gpu}} {{setting}}")],
             w=12, h=8)
@@ -193,6 +210,12 @@ def lab() -> dict[str, Any]:
               f"gpud_gpu_temperature_celsius{{{INST}}})", "{{instance}}")], w=12)
     b.panel("state-timeline", "Lost GPUs", "none", [(f"gpud_gpu_up{{{GPUS}}} == 0", "{{instance}} GPU{{gpu}}")],
             w=24, h=6)
+    b.row("Users and throttling")
+    b.panel("timeseries", "GPUs occupied by user (lab)", "none",
+            [(f"sum by (user) (rate(gpud_user_gpu_seconds_total{{{INST}}}[$__rate_interval]))", "{{user}}")], w=12)
+    b.panel("table", "Most throttled GPUs (10 min)", "percentunit",
+            [(f"topk(10, rate(gpud_gpu_throttled_seconds_total{{{GPUS}}}[10m]) / "
+              f"rate(gpud_gpu_watched_seconds_total{{{GPUS}}}[10m]))", "")], w=12, table=True)
     return b.json(variables(with_gpu=True))
 
 

@@ -130,6 +130,15 @@ def test_drift_is_reapplied_and_counted(daemon: RunningDaemon) -> None:
     m.nvml.set_power_limit(3, 300)  # behind gpud's back, as a driver reload would
     daemon.wait_for(lambda: _sim().settings(3)["power_limit_mw"] == 240000, 5, "power limit re-applied")
     daemon.wait_for(lambda: (daemon.value("gpud_profile_reapply_total") or 0) > before, 3, "re-apply counted")
+    from gpud import journal  # and journalled: the re-apply on GPU3, the applies and who asked for them
+
+    def kinds() -> list[tuple[str, int | None, str]]:
+        return [(e.kind, e.gpu, e.summary) for e in journal.events(kinds=("profile_apply", "profile_reapply"))]
+
+    daemon.wait_for(lambda: any(k == "profile_reapply" and g == 3 for k, g, _ in kinds()), 5, "the re-apply journalled")
+    applies = [summary for k, _, summary in kinds() if k == "profile_apply"]
+    assert "profile training applied by the daemon" in applies
+    assert any(s.startswith("profile quiet applied by uid ") for s in applies), applies
 
 
 def test_sighup_refuses_an_invalid_configuration(daemon: RunningDaemon) -> None:

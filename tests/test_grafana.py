@@ -31,6 +31,9 @@ PANEL_TYPES = {"timeseries", "stat", "state-timeline", "table"}
 EXPECTED_EMPTY = {
     "GpudScalingRegression": "needs a probe run at least 10 % worse than the best of the last 7 days; one probe ran",
     "GpudProbeFailed": "the CPU probe passed (its figures check function only, so it has no threshold to fail)",
+    "GpudPcieReplayRate": "no simulated PCIe replay counter climbs (promtool's unit test proves the rule)",
+    "GpudTickStale": "every daemon here ticks (promtool's unit test proves the rule)",
+    "GpudNvlinkErrorRate": "no simulated NVLink error counter climbs here (promtool's unit test proves the rule)",
 }
 PROBE_PANELS = ("gpud_probe_",)
 
@@ -98,7 +101,7 @@ def test_dashboard_json_model() -> None:
 def test_promtool_checks_and_tests_the_rules() -> None:
     promtool = tool("promtool")
     r = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True)
-    assert r.returncode == 0 and "SUCCESS: 11 rules found" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "SUCCESS: 15 rules found" in r.stdout, r.stdout + r.stderr
     r = subprocess.run([promtool, "test", "rules", "gpud-rules.test.yml"], capture_output=True, text=True,
                        cwd=RULES.parent)
     assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
@@ -236,6 +239,7 @@ def test_expected_alerts_fire(lab: Lab) -> None:
         ("GpudHardwareXid", "degraded", "3"), ("GpudCheckFailing", "degraded", "2"),
         ("GpudCheckFailing", "degraded", "3"), ("GpudGpuLost", "faulty", "3"), ("GpudFanFailsafe", "faulty", ""),
         ("GpudNewXid", "faulty", "2"), ("GpudProfileDrift", "faulty", "0"), ("GpudDown", "down", ""),
+        ("GpudGpuThrottledShare", "degraded", "1"),
     }
     ports = {str(d.port): name for d, name in zip(lab.daemons, ("healthy", "degraded", "faulty"), strict=True)}
     while True:

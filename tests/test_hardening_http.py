@@ -240,9 +240,11 @@ def test_status_hides_users_and_command_lines_unless_protected(state_dir) -> Non
     def procs() -> list[dict[str, object]]:
         return [p for g in d.status()["gpus"] for p in g["sample"].get("processes") or []]
 
-    assert procs() and all(p["user"] is None and p["command"] is None for p in procs())
+    assert procs() and all(p["user"] is None and p["command"] is None and p["container"] is None for p in procs())
+    assert {p["pid"] for p in procs()} == {48213, 60112, 51877}  # pids and memory stay: no names
     d.web = {"basic_auth_users": {"prom": "$2b$04$" + "a" * 53}}
     assert all(p["user"] and p["command"] for p in procs())
+    assert {p["container"] for p in procs()} >= {"docker:3f9c2a1b7d4e"}
     d.web = {}
     d.config = cfg.parse({"daemon": {"status_processes": "always"}}, "gpud.toml")
     assert all(p["user"] and p["command"] for p in procs())

@@ -44,7 +44,7 @@ def debug_enabled() -> bool:
 
 
 def _register() -> None:
-    from gpud.cli import daemon, doctor, metrics, probe, report, sim, status, topo, tune
+    from gpud.cli import daemon, doctor, events, metrics, probe, ps, report, select, sim, status, topo, tune
 
     status.register(app)
     topo.register(app)
@@ -55,6 +55,9 @@ def _register() -> None:
     daemon.register(app)
     sim.register(app)
     report.register(app)
+    ps.register(app)
+    select.register(app)
+    events.register(app)
 
 
 _register()

@@ -69,6 +69,17 @@ def sim_inject(
     typer.echo(f"{sim.description.name}: injected {fault.kind} {fault.params}")
 
 
+@sim_app.command("reboot")
+def sim_reboot(simulate: Simulate = None) -> None:
+    """Reboot a simulated workstation: settings and injected faults gone, a new boot id."""
+    from gpud.sim import open_simulation
+
+    sim = open_simulation(_target(None, simulate))
+    boot = sim.machine.reboot()
+    sim.refresh_root()
+    sys.stdout.write(f"{sim.description.name}: rebooted (boot {boot}, boot id {sim.machine.boot_id()})\n")
+
+
 @sim_app.command("clear")
 def sim_clear(simulate: Simulate = None) -> None:
     """Remove the faults injected at run time (those of the description stay)."""

@@ -20,17 +20,20 @@ from typing import Any
 from gpud import __version__
 from gpud import config as cfg
 from gpud.daemon import control, http
+from gpud.daemon.recorder import Recorder
 from gpud.daemon.systemd import notify, watchdog_seconds
 from gpud.doctor import diagnose
 from gpud.errors import GpudError, InvalidInput
 from gpud.exporter import Observation, Renderer, TickStats
 from gpud.hw.machine import Machine
+from gpud.journal import Journal
 from gpud.model import CheckResult, Snapshot, XidEvent, document, host_json, probe_document, sample_json, to_jsonable
 from gpud.paths import LockBusy, TuningLock, control_socket, probe_output_path, trusted
 from gpud.probe import history
 from gpud.tuning import engine
 from gpud.tuning.fanloop import FanControl
 from gpud.tuning.profile import Profile, load
+from gpud.usage import Accounting
 
 log = logging.getLogger("gpud.daemon")
 XID_EVERY_S = 10.0
@@ -86,6 +89,8 @@ class Daemon:
         self.web: dict[str, Any] = {}
         self.bound: tuple[str, str] = ("", "")  # (listen, socket) actually served
         self.lost: set[int] = set()
+        self.accounting = Accounting(max_gap_s=3 * float(config.daemon["interval_seconds"]))
+        self.recorder = Recorder(None, None)  # the health journal, opened at start()
         self.overrides: dict[str, Any] = {}  # command-line options: they win over a reloaded file too
 
     # -- life cycle ----------------------------------------------------------------------
@@ -112,6 +117,7 @@ class Daemon:
             self.http_server.server_close()
             raise
         self.bound = (d["listen"], self.socket_path())
+        self._open_journal()
         self._load_profile_at_start()
         try:  # blocking readings (PCIe throughput, processes): a thread off the tick, first round now
             self.machine.nvml.start_sampler(self.stop_event)
@@ -188,6 +194,8 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.probe_proc.kill()
                 self.probe_proc.wait()
+        if self.recorder.journal is not None:
+            self.recorder.journal.close()
         log.info("stopped")
         return 0
 
@@ -253,6 +261,14 @@ class Daemon:
         return notes
 
     # -- the tick -----------------------------------------------------------------------
+    def _open_journal(self) -> None:
+        """The health journal: a corrupt one is set aside by ``Journal`` itself; anything else leaves
+        the daemon running without one."""
+        try:
+            self.recorder = Recorder(Journal(), self.machine.host.boot_id())
+        except Exception as err:  # noqa: BLE001 - a record, never a reason not to drive the fans
+            log.error("health journal not opened: %s (events are not kept)", err)
+
     def tick(self) -> None:
         t0 = time.perf_counter()
         now = time.time()
@@ -273,18 +289,22 @@ class Daemon:
                 self.fans.step(snap.samples, time.monotonic())  # it logs entering and leaving failsafe
                 drift = self._enforce(snap)
             self._schedule(snap, now)
+            self.accounting.add(snap)
+            self.recorder.snapshot(snap)
         else:
             drift = ()
+        self.recorder.fan_failsafes(self.fans.failsafes)
         self.last_tick = now
         self.ticks += 1
         self.tick_stats.observe(time.perf_counter() - t0)
         if now - self.xids_at >= XID_EVERY_S:  # the kernel log is read every few seconds, not every tick
             self.xids_at = now
-            self.xids = tuple(self.machine.host.xid_events() or ())
+            self.xids = self.recorder.xid_events(self.machine.host.xid_events())
         self.observation = Observation(
             snapshot=self.snapshot, xids=self.xids, checks=self.checks, profile=self.profile, drift=drift,
             reapply_total=self.reapply_total, fan_failsafe_total=self.fans.failsafes, probe=self.probe_result(),
-            nvml_errors=dict(self.machine.nvml.errors), tick=self._tick_copy(), last_tick=now)
+            nvml_errors=dict(self.machine.nvml.errors), tick=self._tick_copy(), last_tick=now,
+            usage=self.accounting.frozen())
 
     def _log_lost(self, snap: Snapshot) -> None:
         """A lost GPU is logged when it is lost and when it is back, not on every tick."""
@@ -336,6 +356,11 @@ class Daemon:
                             log.error("GPU %d: re-applying %s failed: %s", s.index, setting, err)
                             failed.add(setting)
                 self.reapply_total += 1
+                self.recorder.profile(
+                    "profile_drift" if failed else "profile_reapply",
+                    f"GPU {s.index}: {', '.join(drifted)} drifted from profile {self.profile}: "
+                    + (f"re-applying {', '.join(sorted(failed))} failed" if failed else "re-applied"),
+                    gpu=s.index, drifted=drifted, failed=sorted(failed))
             for setting in ENFORCED:
                 if setting in want:
                     out.append((s.index, setting, setting in failed))
@@ -359,6 +384,7 @@ class Daemon:
     def _doctor(self, snap: Snapshot) -> None:
         try:
             self.checks = diagnose(self.machine, self.config, snapshot=snap, in_daemon=True).checks
+            self.recorder.check_results(self.checks)
         except Exception as err:  # noqa: BLE001 - a broken check must not stop the daemon
             log.exception("doctor failed: %s", err)
 
@@ -395,12 +421,14 @@ class Daemon:
             said = [s for s in (latest.get("diagnosis") or {}).get("sentences", []) if not s.startswith("CPU run")]
             log.info("probe finished (%s): %s%s", why, "OK" if proc.returncode == 0 else "FAILED",
                      f": {said[0]}" if said else "")
+            self.recorder.probe(latest, proc.returncode == 0, why)
             return
         try:
             lines = [ln for ln in probe_output_path().read_text(errors="replace").splitlines() if ln.strip()]
         except OSError:
             lines = []
         log.error("probe failed (%s): exit %d%s", why, proc.returncode, f": {lines[-1]}" if lines else "")
+        self.recorder.probe({"diagnosis": {"sentences": lines[-1:]}}, False, why)
 
     # -- profiles -----------------------------------------------------------------------
     def _load_profile_at_start(self) -> None:
@@ -446,9 +474,12 @@ class Daemon:
                 self.profile = p.name
                 self.fans.configure(desired)
                 log.info("profile %s applied", p.name)
+                who = f"uid {peer.uid} (pid {peer.pid})" if peer is not None else "the daemon"
+                self.recorder.profile("profile_apply", f"profile {p.name} applied by {who}", profile=p.name,
+                                      uid=peer.uid if peer else None, written=len(out.written))
             return reply
 
-    def restore(self, fans_only: bool = False) -> dict[str, Any]:
+    def restore(self, fans_only: bool = False, peer: control.Peer | None = None) -> dict[str, Any]:
         with self.tuning_lock:
             self.fans.release()
             if not fans_only:
@@ -460,6 +491,10 @@ class Daemon:
                 for want in self.desired.values():
                     want.pop("fan", None)
             done, failed = engine.restore(self.machine, fans_only=fans_only)
+            who = f"uid {peer.uid} (pid {peer.pid})" if peer is not None else "the daemon"
+            self.recorder.profile("profile_restore", f"{'fans' if fans_only else 'settings'} restored by {who}"
+                                  + (f"; failed: {failed}" if failed else ""), uid=peer.uid if peer else None,
+                                  fans_only=fans_only)
             return {"ok": not failed, "restored": done, "failed": failed}
 
     # -- requests ------------------------------------------------------------------------
@@ -480,7 +515,7 @@ class Daemon:
                 return {"ok": True, "profile": data.get("profile") if data else None, "applied": data is not None,
                         "settings": [to_jsonable(d) for d in drifts]}
             if cmd == "restore":
-                return self.restore(bool(args.get("fans_only")))
+                return self.restore(bool(args.get("fans_only")), peer)
             if cmd == "reload":
                 return self.reload()
             if cmd == "probe-now":
@@ -534,7 +569,7 @@ class Daemon:
         if not full and not self.show_processes():
             for g in gpus:
                 for proc in g["sample"].get("processes") or []:
-                    proc["user"] = proc["command"] = None
+                    proc["user"] = proc["command"] = proc["container"] = None
         if not hasattr(self, "_host_facts"):  # read once: /status never reads files per request
             self._host_facts = (self.machine.host.cpu_info(), self.machine.host.memory_total_bytes())
         where = host_json(self.machine.label, snap.versions if snap is not None else None,

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from gpud.doctor.registry import Context, check, fail, ok, skip, warn
-from gpud.doctor.xid import describe
+from gpud.doctor.xid import describe, escalated
 from gpud.model import CheckResult
 from gpud.text import plural
 
@@ -108,7 +108,8 @@ def xid(ctx: Context) -> Iterator[CheckResult]:
     for gpu, evs in sorted(by_gpu.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
         kinds = {describe(e.xid).kind for e in evs}
         worst = max(evs, key=lambda e: (describe(e.xid).kind == "hardware", e.seconds_since_boot or 0))
-        d = describe(worst.xid)
+        info = ctx.infos.get(gpu) if gpu is not None else None
+        d = escalated(worst.xid, ctx.xid_boots(info.uuid, worst.xid) if info is not None else 0)
         counts: dict[int, int] = {}
         for e in evs:
             counts[e.xid] = counts.get(e.xid, 0) + 1
@@ -179,6 +180,9 @@ def ecc_health(ctx: Context) -> Iterator[CheckResult]:
             yield ok("health.ecc", f"{ecc}; nothing pending", gpu=s.index)
 
 
+THROTTLE_SHARE_WARN = 0.10  # of the last hour, from the health journal's throttle episodes
+
+
 @check("health.clock_events", "Health")
 def clock_events(ctx: Context) -> Iterator[CheckResult]:
     for s in ctx.samples:
@@ -201,6 +205,10 @@ def clock_events(ctx: Context) -> Iterator[CheckResult]:
         elif "sw_power_cap" in ev:
             yield warn("health.clock_events", "SW power cap active at low load", gpu=s.index,
                        remedy="check the power limit (config.power_limit)")
+        elif (share := ctx.throttled_share(s.uuid, s.timestamp)) >= THROTTLE_SHARE_WARN:
+            yield warn("health.clock_events", f"GPU{s.index} throttled {share:.0%} of the last hour (not now)",
+                       gpu=s.index, remedy="try the `training` profile (`gpud apply training`: a steeper fan curve); "
+                                           "`gpud events --kind throttle --gpu " f"{s.index}` lists the episodes")
         else:
             yield ok("health.clock_events", "no throttling" + (" (idle)" if "gpu_idle" in ev else ""), gpu=s.index)
 

@@ -75,6 +75,30 @@ class Context:
         return self.config.doctor[name]
 
     @cached_property
+    def history(self) -> list[Any]:
+        """The health journal's Xid and throttle events (the daemon writes it; empty without one)."""
+        from gpud import journal
+
+        try:
+            return journal.events(kinds=("xid", "throttle"))
+        except (GpudError, OSError):
+            return []
+
+    def xid_boots(self, uuid: str, xid: int) -> int:
+        """In how many boots the journal saw this Xid on this GPU."""
+        return len({e.boot_id for e in self.history if e.kind == "xid" and e.uuid == uuid
+                    and e.data.get("xid") == xid and e.boot_id})
+
+    def throttled_share(self, uuid: str, now: float, window: float = 3600.0) -> float:
+        """Share of the last ``window`` seconds this GPU spent in throttle episodes that have ended."""
+        secs = 0.0
+        for e in self.history:
+            if e.kind == "throttle" and e.uuid == uuid:
+                start, end = float(e.data.get("since", e.ts)), e.ts
+                secs += max(0.0, min(end, now) - max(start, now - window))
+        return min(1.0, secs / window)
+
+    @cached_property
     def infos(self) -> dict[int, GpuInfo]:
         return {g.index: g for g in self.snapshot.gpus} if self.snapshot else {}
 

@@ -1,5 +1,10 @@
 """What each Xid means and what to do (after NVIDIA's Xid catalog and DCGM's health watches).
 
+Sources: NVIDIA, "Xid Errors" (docs.nvidia.com/deploy/xid-errors/, the table of Xids with their
+causes) and "Analyzing Xid Errors with the Xid Catalog" (docs.nvidia.com/deploy/xid-errors/
+analyzing-xid-catalog.html: mnemonic, description and resolution bucket per Xid, Ampere and newer).
+Xids the catalog marks "Unused" are left out; an Xid not listed is ``unknown``.
+
 ``hardware`` Xids (GPU, memory, links, firmware, driver) fail a pre-flight; ``application`` ones
 (the usual fallout of a crashing program) warn.
 """
@@ -16,7 +21,45 @@ class Xid(NamedTuple):
 
 
 RESET = "drain the GPU and reset it (`sudo nvidia-smi -r -i N`) or reboot"
+APP = "restart the program; if it recurs with other programs, test the GPU"
+DRIVER = f"update the driver; {RESET}"
+INSPECT = "inspect the hardware: the same hardware Xid came back after a reboot (`gpud events --dossier GPU`)"
 XIDS: dict[int, Xid] = {
+    8: Xid("application", "GPU stopped processing (channel idle timeout)", APP),
+    11: Xid("application", "invalid or corrupted push buffer stream", APP),
+    16: Xid("hardware", "display engine hung", DRIVER),
+    18: Xid("hardware", "bus mastering disabled in PCI config space", "check the slot and the kernel's PCI messages; "
+            + RESET),
+    19: Xid("hardware", "display engine error", DRIVER),
+    24: Xid("application", "GPU semaphore timeout", APP),
+    25: Xid("application", "invalid or illegal push buffer stream", APP),
+    26: Xid("hardware", "framebuffer timeout", DRIVER),
+    27: Xid("hardware", "video processor exception", DRIVER),
+    28: Xid("hardware", "video processor exception", DRIVER),
+    29: Xid("hardware", "video processor exception", DRIVER),
+    30: Xid("application", "GPU semaphore access error", APP),
+    32: Xid("hardware", "invalid or corrupted push buffer stream (DMA controller fault: PCIe bus quality)",
+            "check the PCIe link (`gpud doctor --check 'pcie.*'`), riser and seating; " + RESET),
+    38: Xid("hardware", "driver firmware error", DRIVER),
+    42: Xid("hardware", "video processor exception", DRIVER),
+    44: Xid("hardware", "graphics engine fault during context switch", DRIVER),
+    46: Xid("hardware", "GPU stopped processing", DRIVER),
+    54: Xid("hardware", "auxiliary power is not connected to the GPU board", "connect the board's power cables "
+            "(8-pin / 12VHPWR) and check the supply"),
+    58: Xid("hardware", "unstable video memory interface detected", f"{RESET}; check cooling; if it recurs, RMA"),
+    59: Xid("hardware", "internal micro-controller error", DRIVER),
+    60: Xid("hardware", "video processor exception", DRIVER),
+    65: Xid("hardware", "video processor exception", DRIVER),
+    66: Xid("hardware", "illegal access by driver", DRIVER),
+    67: Xid("hardware", "illegal access by driver", DRIVER),
+    68: Xid("hardware", "video decoder (NVDEC) exception", DRIVER),
+    73: Xid("hardware", "video encoder (NVENC) error", DRIVER),
+    80: Xid("hardware", "corrupted data sent to the GPU", "check the PCIe link, riser and seating; " + RESET),
+    81: Xid("hardware", "VGA subsystem error", DRIVER),
+    109: Xid("application", "context switch timeout", APP),
+    121: Xid("hardware", "C2C (chip-to-chip) link error", RESET),
+    154: Xid("hardware", "GPU recovery action changed (the driver asks for a reset, a reboot or a drain)",
+             "do the recovery action the kernel log line names"),
     13: Xid("application", "graphics engine exception", "usually a program bug (illegal access): rerun it under "
             "compute-sanitizer; if it recurs with other programs, test the GPU"),
     31: Xid("application", "GPU memory page fault", "a program used a bad address: debug it with compute-sanitizer"),
@@ -41,6 +84,13 @@ XIDS: dict[int, Xid] = {
     120: Xid("hardware", "GSP firmware error", f"{RESET}; update the driver"),
     140: Xid("hardware", "unrecovered ECC error", f"{RESET}; if it recurs, RMA the board"),
 }
+
+
+def escalated(xid: int, boots: int) -> Xid:
+    """A hardware Xid seen on the same GPU in ``boots`` boots: from two on, a reset or reboot has not
+    cured it, so the action is to inspect the hardware."""
+    d = describe(xid)
+    return d._replace(action=INSPECT) if d.kind == "hardware" and boots > 1 else d
 
 
 def describe(xid: int) -> Xid:

@@ -132,7 +132,7 @@ class Host:
                     bus = "0000:" + bus
                 if "." not in bus:
                     bus += ".0"
-                events.append(XidEvent(bus, int(m.group(2)), m.group(3).strip(), secs))
+                events.append(XidEvent(bus, int(m.group(2)), m.group(3).strip(), secs, msg[msg.find("NVRM"):].strip()))
         return events
 
     # -- X server ------------------------------------------------------------------
@@ -370,6 +370,17 @@ class Host:
                 uid = int(line.split()[1])
         cmd = (self.read(f"/proc/{pid}/cmdline") or "").replace("\0", " ").strip() or None
         return (self.user_name(uid) if uid is not None else None), cmd
+
+    def workload(self, pid: int) -> str | None:
+        """The container, pod, Slurm job or systemd unit of a process, from ``/proc/PID/cgroup``."""
+        from gpud.procinfo import workload
+
+        return workload(self.read(f"/proc/{pid}/cgroup"))
+
+    def boot_id(self) -> str | None:
+        """This boot's id (``/proc/sys/kernel/random/boot_id``): a new one after every reboot."""
+        text = self.read("/proc/sys/kernel/random/boot_id")
+        return text.strip() if text and text.strip() else None
 
     def user_name(self, uid: int) -> str:
         for line in (self.read("/etc/passwd") or "").splitlines():

@@ -41,7 +41,7 @@ class Machine:
             sample = self.nvml.sample(i)  # a lost GPU keeps the UUID NVML's cache knows
             if sample.processes:
                 sample = dataclasses.replace(sample, processes=tuple(
-                    dataclasses.replace(p, user=u, command=c)
+                    dataclasses.replace(p, user=u, command=c, container=self.host.workload(p.pid))
                     for p in sample.processes
                     for u, c in [self.host.process(p.pid)]
                 ))

@@ -79,10 +79,14 @@ FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES = 197, 198  # NVML_FI_DEV_PCIE_COUNT_{TX,RX}_
 OFFTICK_EVERY_S = 5.0
 # Compute processes: the newest entry point first; an old driver lacks _v3 (FUNCTION_NOT_FOUND).
 PROCESS_CALLS = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2")
+# Graphics processes (Xorg, a desktop, a visualisation): the same entry layout (nvml.h).
+GRAPHICS_CALLS = ("nvmlDeviceGetGraphicsRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v2")
 # nvml.h's process entry is 24 bytes (pid, usedGpuMemory, gpuInstanceId, computeInstanceId); early
 # R535 drivers wrote 32 (with usedGpuCcProtectedMemory), and nvidia-ml-py's struct follows neither
 # reliably (12.535: 32 bytes, 13.x: 24). gpud reads the entries itself and measures their size.
 PROCESS_ENTRY_MAX = 32
+# nvmlNvLinkErrorCounter_t: NVML_NVLINK_ERROR_DL_REPLAY, _DL_RECOVERY, _DL_CRC_FLIT, _DL_CRC_DATA
+NVLINK_ERROR_COUNTERS = {"replay": 0, "recovery": 1, "crc_flit": 2, "crc_data": 3}
 SENTINEL = 0xA5
 INSUFFICIENT_SIZE = 7
 NOT_AVAILABLE_ULL = 2**64 - 1
@@ -103,11 +107,12 @@ def normalize_bus_id(raw: str | bytes) -> str:
 class GpuProcessEntry:
     """One entry of NVML's process list (the fields gpud uses, as the bindings name them)."""
 
-    __slots__ = ("pid", "usedGpuMemory")
+    __slots__ = ("pid", "usedGpuMemory", "kind")
 
-    def __init__(self, pid: int, used: int | None) -> None:
+    def __init__(self, pid: int, used: int | None, kind: str = "compute") -> None:
         self.pid = pid
         self.usedGpuMemory = used
+        self.kind = kind
 
 
 def _hashable(arg: Any) -> Any:
@@ -537,8 +542,10 @@ class Nvml:
             remapped_rows_pending=bool(remap[2]) if remap is not None else None,
             remapped_rows_failure=bool(remap[3]) if remap is not None else None,
             nvlinks=self._nvlinks(index, h),
+            nvlink_errors=slow["nvlink_errors"],
             processes=tuple(
-                GpuProcess(pid=p.pid, used_memory_bytes=p.usedGpuMemory, user=None, command=None)
+                GpuProcess(pid=p.pid, used_memory_bytes=p.usedGpuMemory, user=None, command=None,
+                           kind=getattr(p, "kind", "compute"))
                 for p in procs
             )
             if procs is not None
@@ -546,8 +553,25 @@ class Nvml:
         )
 
     def _processes(self, index: int, h: Any, locked: bool = True) -> Any:
-        """The GPU's compute processes, from the newest entry point the driver exports."""
-        for name in PROCESS_CALLS:
+        """The GPU's compute and graphics processes (one entry per pid: a process in both lists is
+        ``compute+graphics``, as nvidia-smi's "C+G"). None when the compute list cannot be read."""
+        compute = self._process_list(index, h, locked, PROCESS_CALLS)
+        if compute is None:
+            return None
+        graphics = self._process_list(index, h, locked, GRAPHICS_CALLS) or []
+        by_pid = {p.pid: p for p in compute}
+        for g in graphics:
+            seen = by_pid.get(g.pid)
+            if seen is not None:
+                seen.kind = "compute+graphics"
+            else:
+                g.kind = "graphics"
+                by_pid[g.pid] = g
+        return list(by_pid.values())
+
+    def _process_list(self, index: int, h: Any, locked: bool, calls: tuple[str, ...]) -> Any:
+        """One of NVML's process lists, from the newest entry point the driver exports."""
+        for name in calls:
             if (name, index, ()) in self._unsupported:
                 continue
 
@@ -732,9 +756,20 @@ class Nvml:
                   "management_limit": get("nvmlDeviceGetPowerManagementLimit"),
                   "applications_clocks": {k: get("nvmlDeviceGetApplicationsClock", CLOCK_TYPES[k])
                                           for k in ("graphics", "memory")},
-                  "pcie_width": get("nvmlDeviceGetCurrPcieLinkWidth")}
+                  "pcie_width": get("nvmlDeviceGetCurrPcieLinkWidth"),
+                  "nvlink_errors": self._nvlink_errors(index, h, info)}
         self._slow[index] = (now, fields)
         return fields
+
+    def _nvlink_errors(self, index: int, h: Any, info: GpuInfo) -> tuple[tuple[int, str, int], ...] | None:
+        """Each link's error counters (``nvidia-smi nvlink -e``); None where the GPU gives none."""
+        out = []
+        for link in range(info.nvlink_count):
+            for name, counter in NVLINK_ERROR_COUNTERS.items():
+                n = self.get("nvmlDeviceGetNvLinkErrorCounter", h, link, counter, gpu=index)
+                if n is not None:
+                    out.append((link, name, int(n)))
+        return tuple(out) if out else None
 
     def _nvlinks(self, index: int, h: Any) -> tuple[NvLinkInfo, ...]:
         """Link states every tick; a link's remote end is read when it comes up, then kept."""

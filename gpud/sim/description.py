@@ -130,6 +130,14 @@ PROCESS_KEYS: dict[str, tuple[Any, Any]] = {
     "user": (str, "researcher"),
     "uid": (int, 1000),
     "command": (str, "python train.py"),
+    "graphics": (bool, False),  # a graphics process (nvmlDeviceGetGraphicsRunningProcesses), not compute
+    # Where the process runs, as /proc/PID/cgroup shows it (at most one of these): a container id
+    # (container_runtime "docker" or "podman"), a Kubernetes pod uid, a Slurm job id, a systemd unit.
+    "container": (str, None),
+    "container_runtime": (("docker", "podman"), "docker"),
+    "pod": (str, None),
+    "slurm_job": (int, None),
+    "unit": (str, None),
 }
 NVLINK_KEYS: dict[str, tuple[Any, Any]] = {"gpus": (list, _ANY), "links": (int, None)}
 XORG_KEYS: dict[str, tuple[Any, Any]] = {"conf": (str, None), "files": (dict, {}), "log": (str, None)}
@@ -145,6 +153,9 @@ FAULT_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {
     "clock_events": {"gpu": (int, _ANY), "reasons": (list, _ANY)},
     "xid": {"gpu": (int, _ANY), "xid": (int, _ANY), "text": (str, None), "seconds": ((int, float), 5123.4)},
     "fan_stuck": {"gpu": (int, _ANY), "fan": (int, 0), "percent": (int, 0)},
+    "nvlink_errors": {"gpu": (int, _ANY), "link": (int, None),
+                      "counter": (("replay", "recovery", "crc_flit", "crc_data"), "crc_flit"),
+                      "per_second": ((int, float), 1.0)},
 }
 
 
@@ -334,6 +345,9 @@ def parse(data: dict[str, Any], file: str, digest: str = "") -> Description:
             if proc["pid"] < 1 or proc["uid"] < 0 or proc["used_mib"] < 0:
                 raise InvalidInput(file, f"{where}.processes[{k}]",
                                    "pid must be positive, uid and used_mib not negative")
+            if sum(proc[key] is not None for key in ("container", "pod", "slurm_job", "unit")) > 1:
+                raise InvalidInput(file, f"{where}.processes[{k}]",
+                                   "at most one of container, pod, slurm_job, unit")
         gpu["uuid"] = gpu["uuid"] or _uuid(machine["name"], i)
         gpu["serial"] = gpu["serial"] or str(1320021000000 + int(_uuid(machine["name"], i)[4:12], 16) % 10**9)
         gpus.append(gpu)

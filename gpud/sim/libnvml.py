@@ -92,6 +92,8 @@ class LatencyModel:
         # Measured on an RTX 4090 laptop (median): the process lists talk to the GPU's firmware.
         "nvmlDeviceGetComputeRunningProcesses_v3": 4.5e-3,
         "nvmlDeviceGetComputeRunningProcesses_v2": 4.5e-3,
+        "nvmlDeviceGetGraphicsRunningProcesses_v3": 4.5e-3,  # the same list, of graphics clients
+        "nvmlDeviceGetGraphicsRunningProcesses_v2": 4.5e-3,
         "nvmlDeviceGetFanSpeed": 137e-6,
         "nvmlDeviceGetFanSpeed_v2": 137e-6,
     })
@@ -799,12 +801,12 @@ def _memory(lib: SimLibrary, i: int) -> dict[str, int]:
     return {"total": total, "used": used, "free": total - used}
 
 
-def _processes(lib: SimLibrary, i: int, count: Any, out: Any) -> None:
+def _processes(lib: SimLibrary, i: int, count: Any, out: Any, graphics: bool = False) -> None:
     """``*infoCount`` in: the room the caller has; out: the number of processes. The entries are
     written as the driver lays them out — nvml.h's 24 bytes (pid, pad, usedGpuMemory, gpuInstanceId,
     computeInstanceId), or 32 with usedGpuCcProtectedMemory (``process_entry_bytes``, early R535) —
-    whatever struct the bindings declared."""
-    procs = lib.gpu(i)["processes"]
+    whatever struct the bindings declared. Compute and graphics lists share the layout (nvml.h)."""
+    procs = [p for p in lib.gpu(i)["processes"] if bool(p.get("graphics")) == graphics]
     n = _target(count)
     if out is None or n.value < len(procs):
         n.value = len(procs)
@@ -824,6 +826,14 @@ def _processes(lib: SimLibrary, i: int, count: Any, out: Any) -> None:
 
 entry("nvmlDeviceGetComputeRunningProcesses_v3", outs="raw")(_processes)
 entry("nvmlDeviceGetComputeRunningProcesses_v2", outs="raw")(_processes)
+
+
+def _graphics_processes(lib: SimLibrary, i: int, count: Any, out: Any) -> None:
+    _processes(lib, i, count, out, graphics=True)
+
+
+entry("nvmlDeviceGetGraphicsRunningProcesses_v3", outs="raw")(_graphics_processes)
+entry("nvmlDeviceGetGraphicsRunningProcesses_v2", outs="raw")(_graphics_processes)
 
 
 # -- PCIe ------------------------------------------------------------------------------------------
@@ -974,6 +984,22 @@ def peer(lib: SimLibrary, i: int, link: int) -> tuple[int | None, bool]:
 @entry("nvmlDeviceGetNvLinkState")
 def _nvlink_state(lib: SimLibrary, i: int, link: int) -> int:
     return 1 if peer(lib, i, link)[1] else 0
+
+
+NVLINK_ERROR_COUNTERS = {"replay": 0, "recovery": 1, "crc_flit": 2, "crc_data": 3}  # nvmlNvLinkErrorCounter_t
+
+
+@entry("nvmlDeviceGetNvLinkErrorCounter")
+def _nvlink_error_counter(lib: SimLibrary, i: int, link: int, counter: int) -> int:
+    """Errors on one link since the driver loaded (``nvidia-smi nvlink -e``): 0 unless an
+    ``nvlink_errors`` fault makes them climb at its rate (counted from the host's boot)."""
+    g = lib.gpu(i)
+    if not g["nvlinks"]:
+        fail(NOT_SUPPORTED)
+    if not 0 <= int(link) < int(g["nvlinks"]) or int(counter) not in NVLINK_ERROR_COUNTERS.values():
+        fail(INVALID_ARGUMENT)
+    return sum(int(f["per_second"] * lib.sim.now()) for f in lib.sim.faults_of("nvlink_errors", i)
+               if f["link"] in (None, int(link)) and NVLINK_ERROR_COUNTERS[f["counter"]] == int(counter))
 
 
 @entry("nvmlDeviceGetNvLinkRemotePciInfo_v2")

@@ -198,6 +198,23 @@ class SimMachine:
                     f["policy"], f["target"] = 0, None
         return fault
 
+    def reboot(self) -> int:
+        """A reboot: every setting back to the description's (nothing NVML sets survives one), the
+        faults injected at run time gone (a kernel log starts empty; the description's own faults are
+        the machine's and come back), and a new boot id. Returns the new boot number."""
+        with self.mutate():
+            boot = int(self.state.get("boot", 0)) + 1
+            self.state = self._initial()
+            self.state["boot"] = boot
+        return boot
+
+    def boot_id(self) -> str:
+        """``/proc/sys/kernel/random/boot_id`` of this boot: a random UUID per boot on Linux; here
+        derived from the machine's name and boot number, so that it changes exactly at a reboot."""
+        import uuid
+
+        return str(uuid.uuid5(uuid.NAMESPACE_URL, f"gpud-sim:{self.desc.name}:{self.state.get('boot', 0)}"))
+
     def clear_faults(self) -> None:
         with self.mutate():
             self.state["faults"] = []

@@ -43,7 +43,7 @@ def _config_space(acs_ctrl: int | None) -> bytes:
 
 def stamp_of(sim: SimMachine) -> str:
     faults = [(f.kind, sorted(f.params.items())) for f in sim.faults]
-    return hashlib.sha256(json.dumps([sim.desc.digest, faults], default=str).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps([sim.desc.digest, faults, sim.boot_id()], default=str).encode()).hexdigest()[:16]
 
 
 def ensure_root(sim: SimMachine, dest: Path) -> Path:
@@ -75,6 +75,7 @@ def build(sim: SimMachine, root: Path) -> None:
     _iommu(root, m, len(desc.gpus))
     _xorg(root, desc.xorg)
     _kmsg(root, sim)
+    _write(root, "/proc/sys/kernel/random/boot_id", sim.boot_id() + "\n")
     (root / "dev/shm").mkdir(parents=True, exist_ok=True)
     users = {0: "root"}
     for g in desc.gpus:
@@ -83,8 +84,30 @@ def build(sim: SimMachine, root: Path) -> None:
             _write(root, f"/proc/{p['pid']}/status", f"Name:\t{p['command'].split()[0]}\nPid:\t{p['pid']}\n"
                    f"Uid:\t{p['uid']}\t{p['uid']}\t{p['uid']}\t{p['uid']}\n")
             _write(root, f"/proc/{p['pid']}/cmdline", p["command"].replace(" ", "\0") + "\0")
+            _write(root, f"/proc/{p['pid']}/cgroup", f"0::{cgroup_path(p)}\n")
     _write(root, "/etc/passwd", "".join(f"{name}:x:{uid}:{uid}::/home/{name}:/bin/bash\n"
                                         for uid, name in sorted(users.items())))
+
+
+def cgroup_path(p: dict[str, Any]) -> str:
+    """The process's cgroup v2 path as systemd, Docker, Podman, the kubelet (systemd driver, containerd)
+    and slurmd (cgroup/v2 plugin) lay them out; a plain login session otherwise."""
+    uid = p["uid"]
+    if p.get("container"):
+        cid = p["container"]
+        if p.get("container_runtime") == "podman":
+            return f"/machine.slice/libpod-{cid}.scope/container"
+        return f"/system.slice/docker-{cid}.scope"
+    if p.get("pod"):
+        pod = p["pod"].replace("-", "_")
+        cid = f"{p['pid']:064x}"
+        return (f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{pod}.slice/"
+                f"cri-containerd-{cid}.scope")
+    if p.get("slurm_job") is not None:
+        return f"/system.slice/slurmstepd.scope/job_{p['slurm_job']}/step_0/user/task_0"
+    if p.get("unit"):
+        return f"/system.slice/{p['unit']}"
+    return f"/user.slice/user-{uid}.slice/session-1.scope"
 
 
 def _proc(root: Path, m: dict[str, Any], gpus: tuple[dict[str, Any], ...]) -> None:

@@ -1,0 +1,107 @@
+"""``gpud events``: what happened to the GPUs, from the health journal (read without the daemon), and a
+per-GPU dossier for a return (RMA) request."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Annotated, Any
+
+import typer
+
+from gpud.cli.common import Json
+from gpud.cli.output import emit_json, table
+from gpud.errors import InvalidInput
+
+UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str) -> float:
+    """``90s``, ``10m``, ``2h``, ``7d``, ``1w`` (or a plain number of seconds)."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhdw]?)", text.strip())
+    if not m:
+        raise InvalidInput("--since", "", f"not a duration: {text!r} (e.g. 90s, 10m, 2h, 7d)")
+    return float(m.group(1)) * UNITS[m.group(2) or "s"]
+
+
+def _when(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def dossier(which: str) -> dict[str, Any]:
+    """Everything the journal knows about one GPU (index, UUID or serial): identity, Xids (with the
+    raw kernel lines), ECC and row-remap history, lost/back, probe results, repeats across boots."""
+    from gpud import journal
+
+    known = journal.gpus()
+    match = [g for g in known if which in (str(g["gpu"]), g["uuid"], g["serial"])]
+    if not match:
+        raise InvalidInput("--dossier", "", f"no GPU {which!r} in the journal (index, UUID or serial)")
+    g = max(match, key=lambda x: x["last_seen"] or 0)
+    evs = journal.events(uuid=g["uuid"])
+    probe = [e for e in journal.events(kinds=("probe",))]
+    repeats = [{"xid": x, "boots": n} for u, x, n in journal.repeated_hardware_xids(evs) if u == g["uuid"]]
+    return {"gpu": g, "boots_with_events": len({e.boot_id for e in evs if e.boot_id}),
+            "xids": [{"when": e.ts, "boot_id": e.boot_id, **e.data} for e in evs if e.kind == "xid"],
+            "ecc": [{"when": e.ts, **e.data} for e in evs if e.kind == "ecc"],
+            "lost": [{"when": e.ts, "kind": e.kind, "summary": e.summary} for e in evs
+                     if e.kind in ("gpu_lost", "gpu_back")],
+            "probe": [{"when": e.ts, "summary": e.summary, **e.data} for e in probe],
+            "repeated_hardware_xids": repeats,
+            "verdict": ("inspect the hardware: the same hardware Xid in more than one boot" if repeats
+                        else "no hardware Xid repeated across boots")}
+
+
+def events(
+    since: Annotated[str | None, typer.Option("--since", metavar="DURATION", help="Only the last 10m, 2h, 7d…")] = None,
+    gpu: Annotated[int | None, typer.Option("--gpu", metavar="N", help="Only this GPU (index).")] = None,
+    kind: Annotated[list[str] | None, typer.Option("--kind", metavar="K", help="Only this kind (repeatable): "
+                                                   "xid, gpu_lost, gpu_back, fan_failsafe, throttle, check, "
+                                                   "profile_*, probe, ecc, reboot, journal_reset.")] = None,
+    dossier_of: Annotated[str | None, typer.Option("--dossier", metavar="GPU", help="A GPU's history for a return "
+                                                   "(RMA) request: index, UUID or serial.")] = None,
+    json: Json = False,
+) -> None:
+    """What happened to the GPUs: Xids, lost GPUs, fan failsafes, throttling, check changes, profile
+    changes, probe results, reboots — from the health journal the daemon keeps, across reboots."""
+    from gpud import journal
+
+    if dossier_of is not None:
+        d = dossier(dossier_of)
+        if json:
+            emit_json(d)
+            return
+        g = d["gpu"]
+        print(f"GPU {g['gpu']} {g['name']}  UUID {g['uuid']}  serial {g['serial']}  VBIOS {g['vbios']}  "
+              f"bus {g['pci_bus_id']}")
+        print(f"seen {_when(g['first_seen'])} .. {_when(g['last_seen'])}; events in {d['boots_with_events']} boot(s)")
+        for x in d["xids"]:
+            print(f"  {_when(x['when'])}  Xid {x.get('xid')}  boot {str(x['boot_id'])[:8]}  {x.get('line', '')}")
+        for e in d["ecc"]:
+            print(f"  {_when(e['when'])}  ECC/rows  " + ", ".join(f"{k}={v}" for k, v in e.items() if k != "when"))
+        for e in d["lost"]:
+            print(f"  {_when(e['when'])}  {e['summary']}")
+        for e in d["probe"]:
+            print(f"  {_when(e['when'])}  probe: {e['summary']}")
+        print(f"verdict: {d['verdict']}")
+        return
+    kinds = tuple(kind or ())
+    for k in kinds:
+        if k not in journal.KINDS:
+            raise InvalidInput("--kind", "", f"unknown kind {k!r} (known: {', '.join(journal.KINDS)})")
+    start = time.time() - parse_duration(since) if since else None
+    evs = journal.events(since=start, gpu=gpu, kinds=kinds)
+    if json:
+        emit_json({"events": [{"id": e.id, "time": e.ts, "boot_id": e.boot_id, "kind": e.kind, "gpu": e.gpu,
+                               "uuid": e.uuid, "serial": e.serial, "summary": e.summary, "data": e.data}
+                              for e in evs]})
+        return
+    table(["Time", "Boot", "Kind", "GPU", "What"],
+          [[_when(e.ts), (e.boot_id or "")[:8], e.kind, "" if e.gpu is None else str(e.gpu), e.summary]
+           for e in evs], title=f"{len(evs)} event(s)")
+    for uuid, xid, n in journal.repeated_hardware_xids(evs):
+        print(f"Xid {xid} on {uuid} in {n} boots: inspect the hardware (`gpud events --dossier {uuid}`)")
+
+
+def register(app: Any) -> None:
+    app.command("events")(events)

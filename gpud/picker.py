@@ -1,0 +1,70 @@
+"""Choosing GPUs for a job: the idle ones, and among them the best-connected set.
+
+Pure: works on one snapshot and its topology, so the CLI (``gpud select``) and tests share it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from gpud.model import GpuSample, Snapshot, Topology
+
+# How far apart two GPUs are, by `nvidia-smi topo -m` level: an NVLink pair first, then the same
+# PCIe switch (PIX, then several switches PXB), then the same host bridge, then the same NUMA node.
+DISTANCE = {"NV": 0, "PIX": 1, "PXB": 2, "PHB": 3, "NODE": 4, "SYS": 5}
+WORDS = {0: "NVLink", 1: "same PCIe switch", 2: "same PCIe switch tree", 3: "same host bridge",
+         4: "same NUMA node", 5: "across NUMA nodes"}
+
+
+@dataclass(frozen=True)
+class Choice:
+    gpus: tuple[int, ...]  # chosen GPU indices, ascending; () when nothing fits
+    uuids: tuple[str, ...]
+    reason: str  # why these, or why none
+
+
+def distance(topo: Topology, i: int, j: int) -> int:
+    level = topo.level[topo.gpus.index(i)][topo.gpus.index(j)]
+    return 0 if level.startswith("NV") else DISTANCE.get(level, 5)
+
+
+def why_busy(s: GpuSample, min_free_bytes: int, max_utilization: int) -> str | None:
+    """Why this GPU is not idle enough for a job; None when it is."""
+    if s.lost:
+        return "lost"
+    if s.processes:
+        users = sorted({p.user or "?" for p in s.processes})
+        return f"{len(s.processes)} process(es) ({', '.join(users)})"
+    if s.processes is None and (s.utilization_gpu_percent is None or s.utilization_gpu_percent > 0):
+        return "process list unreadable and not idle"
+    if s.utilization_gpu_percent is not None and s.utilization_gpu_percent > max_utilization:
+        return f"utilisation {s.utilization_gpu_percent} % > {max_utilization} %"
+    if min_free_bytes and s.memory_total_bytes is not None and s.memory_used_bytes is not None:
+        free = s.memory_total_bytes - s.memory_used_bytes
+        if free < min_free_bytes:
+            return f"{free / 2**30:.1f} GiB free < {min_free_bytes / 2**30:.1f} GiB"
+    return None
+
+
+def choose(snap: Snapshot, topo: Topology, n: int, min_free_bytes: int = 0, max_utilization: int = 10) -> Choice:
+    """The ``n`` idle GPUs closest to each other: the set whose farthest pair is nearest, then the
+    smallest sum of distances, then the lowest indices."""
+    busy = {s.index: why_busy(s, min_free_bytes, max_utilization) for s in snap.samples}
+    idle = [i for i, why in sorted(busy.items()) if why is None and i in topo.gpus]
+    if len(idle) < n:
+        notes = "; ".join(f"GPU{i}: {why}" for i, why in sorted(busy.items()) if why is not None)
+        return Choice((), (), f"{len(idle)} of {len(snap.samples)} GPU(s) free, {n} needed"
+                              + (f" ({notes})" if notes else ""))
+    best: tuple[tuple[int, int, tuple[int, ...]], tuple[int, ...]] | None = None
+    for combo in itertools.combinations(idle, n):
+        pairs = [distance(topo, a, b) for a, b in itertools.combinations(combo, 2)]
+        key = (max(pairs, default=0), sum(pairs), combo)
+        if best is None or key < best[0]:
+            best = (key, combo)
+    assert best is not None
+    gpus = best[1]
+    uuids = {s.index: s.uuid for s in snap.samples}
+    far = best[0][0]
+    reason = f"{n} idle GPU(s)" + (f", farthest pair: {WORDS[far]}" if n > 1 else "")
+    return Choice(gpus, tuple(uuids[i] for i in gpus), reason)

@@ -1,0 +1,125 @@
+"""Who uses the GPUs: processes with user, container or job (from /proc/PID/cgroup), graphics
+processes, `gpud ps`, and `gpud select` choosing idle, well-connected GPUs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run_gpud
+
+from gpud.procinfo import workload
+
+DEGRADED = {"GPUD_SIMULATE": "z8-fury-4x-a6000-degraded"}
+
+
+@pytest.mark.parametrize(("cgroup", "expected"), [
+    ("0::/system.slice/docker-3f9c2a1b7d4e8f6a0b5c9d2e1f3a4b6c8d0e2f4a6b8c0d2e4f6a8b0c2d4e6f8a.scope\n",
+     "docker:3f9c2a1b7d4e"),
+    ("12:memory:/docker/3f9c2a1b7d4e8f6a0b5c9d2e1f3a4b6c8d0e2f4a6b8c0d2e4f6a8b0c2d4e6f8a\n"
+     "1:name=systemd:/docker/3f9c2a1b7d4e8f6a0b5c9d2e1f3a4b6c8d0e2f4a6b8c0d2e4f6a8b0c2d4e6f8a\n",
+     "docker:3f9c2a1b7d4e"),
+    ("0::/user.slice/user-1000.slice/user@1000.service/user.slice/"
+     "libpod-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope/container\n",
+     "podman:0123456789ab"),
+    ("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1a2b3c4d_0000_4111_8222_123456789abc.slice/"
+     "cri-containerd-00ff.scope\n", "pod:1a2b3c4d-0000-4111-8222-123456789abc"),
+    ("11:devices:/kubepods/besteffort/pod1a2b3c4d-0000-4111-8222-123456789abc/abcdef\n",
+     "pod:1a2b3c4d-0000-4111-8222-123456789abc"),
+    ("0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0\n", "slurm:4242"),
+    ("7:cpuset:/slurm/uid_1001/job_77/step_batch\n", "slurm:77"),
+    ("0::/system.slice/jupyterhub.service\n", "unit:jupyterhub.service"),
+    ("0::/user.slice/user-1001.slice/session-4.scope\n", "unit:session-4.scope"),
+    ("0::/\n", None),
+    ("", None),
+])
+def test_workload_from_cgroup(cgroup: str, expected: str | None) -> None:
+    assert workload(cgroup) == expected
+
+
+def test_ps_names_two_users_and_a_container_on_the_degraded_z8(state_dir) -> None:
+    r = run_gpud("ps", "--json", env=DEGRADED)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)["processes"]
+    got = {(p["gpu"], p["pid"], p["user"], p["kind"], p["container"], p["used_memory_bytes"] >> 20) for p in rows}
+    assert got == {(1, 48213, "alice", "compute", "unit:session-1.scope", 40960),
+                   (2, 60112, "carol", "compute", "docker:3f9c2a1b7d4e", 8192),
+                   (3, 51877, "bob", "compute", "unit:session-1.scope", 30720)}
+    assert all(p["sm_utilization_percent"] is None for p in rows)  # not read: None, never 0
+    table = run_gpud("ps", env=DEGRADED)
+    assert table.returncode == 0, table.stderr
+    assert "docker:3f9c2a1b7d4e" in table.stdout and "alice" in table.stdout and "python finetune.py" in table.stdout
+
+
+def _desc(tmp_path: Path, processes: str, extra: str = "") -> str:
+    """The healthy Z8 (bridges 0-1 and 2-3) with processes on GPU0."""
+    text = (REPO / "gpud/sim/descriptions/z8-fury-4x-a6000.toml").read_text()
+    marker = 'bus_id = "0000:16:00.0"'
+    assert text.count(marker) == 1
+    text = text.replace('name = "z8-fury-4x-a6000"', 'name = "z8-who"').replace(
+        marker, f"{marker}\nprocesses = [{processes}]")
+    path = tmp_path / "z8-who.toml"
+    path.write_text(text + extra)
+    return str(path)
+
+
+def test_graphics_processes_are_listed_and_merged_with_compute(tmp_path: Path) -> None:
+    desc = _desc(tmp_path, '{ pid = 2001, used_mib = 300, user = "root", uid = 0, command = "/usr/lib/xorg/Xorg :0", '
+                           'graphics = true }, { pid = 2002, used_mib = 1000, slurm_job = 4242 }')
+    r = run_gpud("ps", "--json", env={"GPUD_SIMULATE": desc})
+    assert r.returncode == 0, r.stderr
+    rows = {p["pid"]: p for p in json.loads(r.stdout)["processes"]}
+    assert rows[2001]["kind"] == "graphics" and rows[2001]["user"] == "root"
+    assert rows[2002]["kind"] == "compute" and rows[2002]["container"] == "slurm:4242"
+
+
+def test_select_prefers_an_nvlink_pair_over_a_pcie_pair(tmp_path: Path) -> None:
+    # GPU0 is busy: GPUs 1, 2, 3 are idle; 1-2 are PCIe (NODE), 2-3 an NVLink pair.
+    desc = _desc(tmp_path, '{ pid = 3001, used_mib = 1000, user = "dave", uid = 1004 }')
+    r = run_gpud("select", "-n", "2", env={"GPUD_SIMULATE": desc})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "2,3"
+    assert "NVLink" in r.stderr
+    three = run_gpud("select", "-n", "3", "--json", env={"GPUD_SIMULATE": desc})
+    assert json.loads(three.stdout)["gpus"] == [1, 2, 3]
+    uuids = run_gpud("select", "-n", "2", "--uuid", env={"GPUD_SIMULATE": desc})
+    assert uuids.stdout.strip().count("GPU-") == 2
+
+
+def test_select_without_a_fit_exits_1_with_the_reason(state_dir) -> None:
+    one = run_gpud("select", "-n", "1", env=DEGRADED)
+    assert one.returncode == 0 and one.stdout.strip() == "0", one.stderr
+    r = run_gpud("select", "-n", "2", env=DEGRADED)
+    assert r.returncode == 1 and r.stdout == ""
+    assert "1 of 4 GPU(s) free, 2 needed" in r.stderr and "GPU1: 1 process(es) (alice)" in r.stderr
+    # GPU0 has 46068 MiB: asking for more free memory than that leaves nothing.
+    big = run_gpud("select", "-n", "1", "--min-free-memory", "47GiB", env=DEGRADED)
+    assert big.returncode == 1 and "GiB free <" in big.stderr
+    bad = run_gpud("select", "--min-free-memory", "lots", env=DEGRADED)
+    assert bad.returncode == 2
+
+
+def test_select_waits_then_gives_up(state_dir) -> None:
+    import time
+
+    t0 = time.monotonic()
+    r = run_gpud("select", "-n", "2", "--wait", "3", env=DEGRADED)
+    assert r.returncode == 1 and time.monotonic() - t0 >= 3
+
+
+def test_nvlink_error_counters_are_read_every_10_s_not_every_tick(state_dir) -> None:
+    from gpud.backends import open_machine
+
+    m = open_machine("z8-fury-4x-a6000")
+    sim = m.simulation
+    sim.machine.inject("nvlink_errors", gpu=0, link=1, counter="replay", per_second=50.0)
+    first = m.nvml.sample(0)
+    assert first.nvlink_errors is not None and len(first.nvlink_errors) == 4 * 4  # 4 links, 4 counters
+    errs = {(link, kind): n for link, kind, n in first.nvlink_errors}
+    assert errs[(1, "replay")] > 0 and errs[(0, "replay")] == 0 and errs[(1, "crc_flit")] == 0
+    calls = sim.library.called["nvmlDeviceGetNvLinkErrorCounter"]
+    m.nvml.sample(0)  # the next tick: served from the 10 s cache
+    assert sim.library.called["nvmlDeviceGetNvLinkErrorCounter"] == calls
+    ada = open_machine("z8-fury-4x-rtx6000ada")  # PCIe only: no NVLink, no counters (absent, not 0)
+    assert ada.nvml.sample(0).nvlink_errors is None
