@@ -49,7 +49,12 @@ FAN = _obj({"fan": {"type": "integer"}, "speed_percent": INT, "target_percent": 
             "policy": {"enum": ["auto", "manual", None]}})
 NVLINK = _obj({"link": {"type": "integer"}, "up": {"type": "boolean"}, "remote_pci_bus_id": STR,
                "sli_bridge": BOOL, "remote_is_switch": BOOL})
-PROCESS = _obj({"pid": {"type": "integer"}, "used_memory_bytes": INT, "user": STR, "command": STR})
+PROCESS = _obj({"pid": {"type": "integer"}, "used_memory_bytes": INT, "user": STR, "command": STR,
+                "kind": {"enum": ["compute", "graphics", "compute+graphics"]}, "container": STR,
+                "sm_utilization_percent": INT})
+# NVLink error counters read every 10 s: [link, counter name, count]
+NVLINK_ERRORS = {"type": ["array", "null"],
+                 "items": {"type": "array", "items": {"type": ["integer", "string"]}}}
 ECC = _obj({"volatile_corrected": INT, "volatile_uncorrected": INT, "aggregate_corrected": INT,
             "aggregate_uncorrected": INT}, nullable=True)
 
@@ -70,6 +75,7 @@ GPU_SAMPLE = _obj({
     "remapped_rows_correctable": INT, "remapped_rows_uncorrectable": INT, "remapped_rows_pending": BOOL,
     "remapped_rows_failure": BOOL, "nvlinks": {"type": "array", "items": NVLINK},
     "processes": {"type": ["array", "null"], "items": PROCESS}, "ecc_enabled_after_reboot": BOOL,
+    "nvlink_errors": NVLINK_ERRORS,
 })
 
 GPU = _obj({"info": GPU_INFO, "sample": GPU_SAMPLE})

@@ -69,7 +69,10 @@ SHORT_HELP = {"status": "GPU telemetry, with what is outside its limits.",
               "verify": "Compare the GPUs with the applied profile.", "restore": "Put back what gpud changed.",
               "metrics": "Print one Prometheus exposition.", "probe": "A short training run: scaling, and why.",
               "daemon": "Run the service (systemd).", "reload": "Ask the daemon to read its configuration again.",
-              "probe-now": "Ask the daemon to run its probe now.", "report": "Write an archive for a support ticket."}
+              "probe-now": "Ask the daemon to run its probe now.", "report": "Write an archive for a support ticket.",
+              "ps": "Processes on the GPUs: user, container, memory.",
+              "select": "Pick idle, well-connected GPUs for a job.",
+              "events": "The health journal: what happened, per GPU."}
 for _cmd in app.registered_commands:
     _name = _cmd.name or (_cmd.callback.__name__.replace("_", "-") if _cmd.callback else None)
     if _name in SHORT_HELP and _cmd.short_help is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -36,8 +37,12 @@ def profile_list(json: Json = False) -> None:
         rows.append({"name": name, "path": str(path), "description": desc})
     if json:
         emit_json(rows)
-    else:
-        table(["Profile", "Description", "File"], [[r["name"], r["description"], r["path"]] for r in rows])
+    else:  # shipped profiles are named "shipped" (their path is an installation detail), users' by path
+        from gpud.tuning.profile import SHIPPED
+
+        table(["Profile", "Description", "File"],
+              [[r["name"], r["description"], "shipped" if Path(r["path"]).parent == SHIPPED else r["path"]]
+               for r in rows])
 
 
 @profile_app.command("show")

@@ -98,7 +98,10 @@ class SimMachine:
                 "fans": [{"policy": 0, "target": None} for _ in range(g["fans"])],
                 "load": None,
             }
-        return {"digest": self.desc.digest, "gpus": gpus, "faults": [], "writes": 0}
+        # This boot began long enough ago for the description's kernel-log times (Xid seconds since boot).
+        latest = max([float(f.params.get("seconds") or 0) for f in self.desc.faults if f.kind == "xid"] + [0.0])
+        boot_time = int(time.time() - max(86400.0, latest + 3600.0))
+        return {"digest": self.desc.digest, "gpus": gpus, "faults": [], "writes": 0, "boot_time": boot_time}
 
     def _load_state(self) -> None:
         self._generation += 1  # the fault index below is rebuilt for each state read from disk
@@ -207,6 +210,10 @@ class SimMachine:
             self.state = self._initial()
             self.state["boot"] = boot
         return boot
+
+    def boot_time(self) -> int:
+        """``btime`` of ``/proc/stat``: when this boot began (seconds since the epoch)."""
+        return int(self.state.get("boot_time") or self._initial()["boot_time"])
 
     def boot_id(self) -> str:
         """``/proc/sys/kernel/random/boot_id`` of this boot: a random UUID per boot on Linux; here

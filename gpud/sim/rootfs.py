@@ -76,6 +76,7 @@ def build(sim: SimMachine, root: Path) -> None:
     _xorg(root, desc.xorg)
     _kmsg(root, sim)
     _write(root, "/proc/sys/kernel/random/boot_id", sim.boot_id() + "\n")
+    _write(root, "/proc/stat", f"cpu  0 0 0 0 0 0 0 0 0 0\nbtime {sim.boot_time()}\n")
     (root / "dev/shm").mkdir(parents=True, exist_ok=True)
     users = {0: "root"}
     for g in desc.gpus:
