@@ -111,8 +111,10 @@ MAX_INPUT = 1 << 20  # 1 MiB: the largest profile, configuration or description 
 MAX_DEPTH = 32  # nesting of tables and arrays in any input file
 
 
-def read_limited(path: str | Path, limit: int = MAX_INPUT, shown: str | None = None) -> bytes:
-    """A whole input file, refused (InvalidInput) when larger than ``limit`` bytes — never read whole first."""
+def read_limited(path: str | Path, limit: int = MAX_INPUT, shown: str | None = None,
+                 too_large: str | None = None) -> bytes:
+    """A whole input file, refused (InvalidInput) when larger than ``limit`` bytes — never read whole first.
+    ``too_large`` replaces the refusal's reason (an importer of another tool's output says whose)."""
     from gpud.errors import InvalidInput
 
     file = shown or str(path)
@@ -122,7 +124,7 @@ def read_limited(path: str | Path, limit: int = MAX_INPUT, shown: str | None = N
     except OSError as err:
         raise InvalidInput(file, "", f"cannot read: {err.strerror}") from err
     if len(data) > limit:
-        raise InvalidInput(file, "", f"larger than {limit // 1024} KiB: refused (not a gpud file?)")
+        raise InvalidInput(file, "", too_large or f"larger than {limit // 1024} KiB: refused (not a gpud file?)")
     return data
 
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 from conftest import REPO, run_gpud
+from tuning_helpers import cli
 
-from gpud.cli import main
 from gpud.sim.presets import GPU_MODELS
 from gpud.text import ranges
 
@@ -35,17 +35,6 @@ REASONS = {"Idle": "gpu_idle", "Applications Clocks Setting": "applications_cloc
            "SW Power Cap": "sw_power_cap", "HW Slowdown": "hw_slowdown", "HW Thermal Slowdown": "hw_thermal_slowdown",
            "HW Power Brake Slowdown": "hw_power_brake_slowdown", "Sync Boost": "sync_boost",
            "SW Thermal Slowdown": "sw_thermal_slowdown", "Display Clock Setting": "display_clock_setting"}
-
-
-def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    """Run the command line in this process: (exit code, stdout, stderr)."""
-    code = 0
-    try:
-        main(list(args))
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 # -- the test's own readers of the dumps --------------------------------------------------------------

@@ -64,6 +64,16 @@ def _pem(path: str, file: str, key: str, what: str) -> None:
         raise InvalidInput(file, key, f"{path} is not a PEM {what.lower()}")
 
 
+def _known_keys(path: str, where: str, value: Any, known: Any) -> None:
+    """``value`` is a mapping of ``known`` keys only (``where``: its dotted name, "" at the top)."""
+    if not isinstance(value, dict):
+        raise InvalidInput(path, where, "must be a mapping")
+    for key in value:
+        if key not in known:
+            raise InvalidInput(path, f"{where}.{key}" if where else str(key),
+                               f"unknown key (known: {', '.join(known)})")
+
+
 def load_web_config(path: str) -> dict[str, Any]:
     """Validate a web configuration file; InvalidInput (file, key, reason) when it is wrong.
 
@@ -81,18 +91,10 @@ def load_web_config(path: str) -> dict[str, Any]:
         raise InvalidInput(path, "", "nested too deeply") from err
     except yaml.YAMLError as err:
         raise InvalidInput(path, "", f"not valid YAML: {' '.join(str(err).split())}") from err
-    if not isinstance(data, dict):
-        raise InvalidInput(path, "", "must be a mapping")
-    for key in data:
-        if key not in WEB_KEYS:
-            raise InvalidInput(path, str(key), f"unknown key (known: {', '.join(WEB_KEYS)})")
+    _known_keys(path, "", data, WEB_KEYS)
     tls = data.get("tls_server_config")
     if tls is not None:
-        if not isinstance(tls, dict):
-            raise InvalidInput(path, "tls_server_config", "must be a mapping")
-        for key in tls:
-            if key not in TLS_KEYS:
-                raise InvalidInput(path, f"tls_server_config.{key}", f"unknown key (known: {', '.join(TLS_KEYS)})")
+        _known_keys(path, "tls_server_config", tls, TLS_KEYS)
         for key in ("cert_file", "key_file"):
             if not isinstance(tls.get(key), str) or not tls[key]:
                 raise InvalidInput(path, f"tls_server_config.{key}", "required: a file path")
@@ -126,11 +128,7 @@ def load_web_config(path: str) -> dict[str, Any]:
                                    "not a bcrypt hash ($2b$NN$ and 53 characters; `htpasswd -nBC 12 \"\"`)")
     hsc = data.get("http_server_config")
     if hsc is not None:
-        if not isinstance(hsc, dict):
-            raise InvalidInput(path, "http_server_config", "must be a mapping")
-        for key in hsc:
-            if key not in HTTP_KEYS:
-                raise InvalidInput(path, f"http_server_config.{key}", f"unknown key (known: {', '.join(HTTP_KEYS)})")
+        _known_keys(path, "http_server_config", hsc, HTTP_KEYS)
         headers = hsc.get("headers", {})
         if not isinstance(headers, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9-]+", k)

@@ -14,6 +14,7 @@ from pathlib import Path
 from xml.parsers import expat
 
 from gpud.errors import InvalidInput
+from gpud.paths import read_limited
 
 MAX_BYTES = 16 << 20  # nvidia-smi -q of 16 GPUs is under 2 MiB; a larger file is something else
 HEADER = "==============NVSMI LOG=============="
@@ -61,13 +62,8 @@ class Dump:
 
 def read_capped(path: Path, file: str) -> str:
     """The file's text, refusing one larger than ``MAX_BYTES`` without reading it whole."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_BYTES + 1)
-    except OSError as err:
-        raise InvalidInput(file, "", f"cannot read: {err.strerror}") from err
-    if len(raw) > MAX_BYTES:
-        raise fail(file, 1, f"larger than {MAX_BYTES >> 20} MiB: not the output of nvidia-smi")
+    raw = read_limited(path, MAX_BYTES, f"{file}:1",
+                       too_large=f"larger than {MAX_BYTES >> 20} MiB: not the output of nvidia-smi")
     if b"\0" in raw[:4096]:
         raise fail(file, 1, "binary data: not the output of nvidia-smi")
     return raw.decode("utf-8", errors="replace").replace("\r\n", "\n")
