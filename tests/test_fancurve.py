@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from gpud.backends import open_machine
@@ -71,14 +73,22 @@ def test_fixed_mode_is_a_flat_curve() -> None:
 
 
 def _run(m, fc: FanControl | None, seconds: int, gpu: int = 0) -> list[float]:
+    """One daemon tick per simulated second; as in the daemon, the process lists (slow NVML calls)
+    are read by the off-tick sampler, not by each tick's snapshot."""
     sim = m.simulation.machine
     temps = []
-    for t in range(seconds):
-        sim.advance(1.0)
-        snap = m.snapshot()
-        if fc is not None:
-            fc.step(snap.samples, now=float(t))
-        temps.append(snap.samples[gpu].temperature_celsius)
+    stop = threading.Event()
+    sampler = m.nvml.start_sampler(stop)
+    try:
+        for t in range(seconds):
+            sim.advance(1.0)
+            snap = m.snapshot()
+            if fc is not None:
+                fc.step(snap.samples, now=float(t))
+            temps.append(snap.samples[gpu].temperature_celsius)
+    finally:
+        stop.set()
+        sampler.join()
     return temps
 
 
