@@ -191,7 +191,7 @@ def status(port: int) -> dict[str, Any]:
     return data
 
 
-def probe_overhead(env: dict[str, str], mode: str = "") -> dict[str, Any] | None:
+def probe_overhead(env: dict[str, str], mode: str = "", quick: bool = False) -> dict[str, Any] | None:
     import importlib.util
 
     if importlib.util.find_spec("torch") is None:
@@ -201,7 +201,8 @@ def probe_overhead(env: dict[str, str], mode: str = "") -> dict[str, Any] | None
     for rank in range(2):
         e = {**env, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
              "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
-        procs.append(subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "ddp_overhead.py"), "20", "31", mode],
+        procs.append(subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "ddp_overhead.py"),
+                                       *(("10", "7") if quick else ("20", "31")), mode],
                                       env=e, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))
     out = procs[0].communicate(timeout=300)[0]
     procs[1].wait(timeout=60)
@@ -238,14 +239,15 @@ def main() -> int:  # noqa: C901 - one benchmark run, step by step
         row(f"gpud doctor wall ({name})", t, "s", "≤ 1", t <= 1.0, f"median of {runs} runs, all checks, no --probe")
     # -- tick cost ------------------------------------------------------------------------------
     for name, n in (("z8-fury-4x-a6000", 4), ("2s-8x-a6000", 8)):
-        cpu, tick_wall, modelled, calls = tick_cost(name)
+        ticks = 100 if q else 300
+        cpu, tick_wall, modelled, calls = tick_cost(name, ticks)
         row(f"tick under the NVML latency model, {n} GPUs", modelled * 1000, "ms", "≤ 5 (8 GPUs)",
             modelled <= 0.005 if n == 8 else None,
-            "gpud's own time per tick + the modelled latency of its NVML calls (docs/simulation.md), 300 ticks")
+            f"gpud's own time per tick + the modelled latency of its NVML calls (docs/simulation.md), {ticks} ticks")
         row(f"tick wall time on the simulator, {n} GPUs", tick_wall * 1000, "ms", "-", None,
             "perf_counter; each call lasts max(its latency, the simulator's own Python cost)")
         row(f"tick CPU time, {n} GPUs", cpu * 1000, "ms", "-", None,
-            "process_time over 300 ticks, simulated NVML's own cost and latency spin included")
+            f"process_time over {ticks} ticks, simulated NVML's own cost and latency spin included")
         row(f"NVML calls per GPU per tick, {n} GPUs", calls, "calls", "-", None, "counted at the choke point")
     # -- the daemon: footprint, scrapes, jitter --------------------------------------------------
     port = free_port()
@@ -260,7 +262,7 @@ def main() -> int:  # noqa: C901 - one benchmark run, step by step
         wait_http(port, "/healthz")
         proc = psutil.Process(daemon.pid)
         time.sleep(3)  # start-up and the first doctor run are not the steady state
-        span = 15 if q else 60
+        span = 5 if q else 60
         cpu0 = proc.cpu_times()
         rss = []
         t0 = time.monotonic()
@@ -279,7 +281,7 @@ def main() -> int:  # noqa: C901 - one benchmark run, step by step
                                     stderr=subprocess.DEVNULL)
             wait_http(nport, "/metrics")
         # One client scraping once per tick, as Prometheus does: every scrape renders a new observation.
-        n1 = 10 if q else 30
+        n1 = 5 if q else 30
         lat_g: list[float] = []
         err_g = 0
         for _ in range(n1):
@@ -306,7 +308,7 @@ def main() -> int:  # noqa: C901 - one benchmark run, step by step
             rows[-5]["verdict"] = "ok" if ratio <= 1 else "MISSED"
             row("/metrics p50 ratio gpud / node_exporter, 1 client", ratio, "×", "≤ 1", ratio <= 1,
                 "same run; gpud's scrapes each render a new observation")
-        seconds = 10 if q else 30
+        seconds = 4 if q else 30
         before = len(status(port)["tick"]["recent_periods"])
         t0 = time.monotonic()
         lat50, err50 = scrape(port, 50, seconds=seconds)
@@ -320,7 +322,7 @@ def main() -> int:  # noqa: C901 - one benchmark run, step by step
         row("/metrics errors, 50 clients", err50 + err_g, "errors", "0", err50 + err_g == 0, f"{seconds} s")
         row("tick period error p99, 50 scrapers", pct(jitter, 0.99) * 1000, "ms", "≤ 100", pct(jitter, 0.99) <= 0.1,
             f"{len(jitter)} ticks of 1 s while 50 clients scraped")
-        seconds = 8 if q else 20
+        seconds = 6 if q else 20
         with IdleClients(port, 100) as idle:
             lat_i, err_i = scrape(port, 1, seconds=seconds)
             held = idle.opened
@@ -330,7 +332,7 @@ def main() -> int:  # noqa: C901 - one benchmark run, step by step
         row("/metrics errors, 100 idle or partial connections open", err_i, "errors", "0", err_i == 0,
             f"{seconds} s")
         if node is not None:
-            lat50n, _ = scrape(nport, 50, seconds=5 if q else 10)
+            lat50n, _ = scrape(nport, 50, seconds=2 if q else 10)
             row("node_exporter /metrics p50, 50 clients", pct(lat50n, 0.5) * 1000, "ms", "-", None, "same run")
             row("node_exporter /metrics p99, 50 clients", pct(lat50n, 0.99) * 1000, "ms", "-", None, "same run")
     finally:
@@ -340,13 +342,13 @@ def main() -> int:  # noqa: C901 - one benchmark run, step by step
             node.kill()
             node.wait()
     # -- the probe --------------------------------------------------------------------------------
-    over = probe_overhead(env)
+    over = probe_overhead(env, quick=q)
     if over is not None:
         r = over["median_ratio"] - 1
         row("probe per-step overhead against a plain DDP loop", r * 100, "%", "≤ 3", r <= 0.03,
             f"2 gloo ranks, median of the ratios of {over['rounds']} alternating rounds of {over['steps']} steps, "
             "same model and DDP options")
-        aa = probe_overhead(env, "aa")
+        aa = probe_overhead(env, "aa", quick=q)
         if aa is not None:
             row("noise floor: the plain loop against itself (A/A)", (aa["median_ratio"] - 1) * 100, "%", "-", None,
                 "the same measurement with the plain loop on both sides")
