@@ -28,6 +28,7 @@ from typing import Any
 
 from gpud.model import P2P_STATUSES
 from gpud.sim.machine import SimMachine
+from gpud.sim.physics import CLOCK_GRAPHICS, CLOCK_MEM, CLOCK_SM
 from gpud.sim.topology import common_ancestor, link_state, node_cpus
 
 # nvmlReturn_t (nvml.h)
@@ -52,13 +53,9 @@ IDLE_SM_MHZ, IDLE_MEM_MHZ = 210, 405
 ARCH_CODES = {"kepler": 2, "maxwell": 3, "pascal": 4, "volta": 5, "turing": 6, "ampere": 7, "ada": 8,
               "hopper": 9, "blackwell": 10}
 P2P_CODES = {name: code for code, name in enumerate(P2P_STATUSES)}
-EVENT_BITS = {"gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4, "hw_slowdown": 0x8,
-              "sync_boost": 0x10, "sw_thermal_slowdown": 0x20, "hw_thermal_slowdown": 0x40,
-              "hw_power_brake_slowdown": 0x80, "display_clock_setting": 0x100}
 FI_PCIE_COUNT_TX_BYTES, FI_PCIE_COUNT_RX_BYTES = 197, 198  # NVML_FI_DEV_PCIE_COUNT_{TX,RX}_BYTES
 VALUE_TYPE_ULL = 3  # NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
 NVLINK_DEVICE_GPU, NVLINK_DEVICE_SWITCH = 0, 2
-CLOCK_GRAPHICS, CLOCK_SM, CLOCK_MEM = 0, 1, 2
 THRESHOLD_SHUTDOWN, THRESHOLD_SLOWDOWN, THRESHOLD_MEM_MAX, THRESHOLD_GPU_MAX = 0, 1, 2, 3
 SLI_BRIDGE_CAP = 4  # NVML_NVLINK_CAP_SLI_BRIDGE
 
@@ -619,21 +616,7 @@ def _set_power(lib: SimLibrary, i: int, limit_mw: int) -> None:
 
 
 def events(lib: SimLibrary, i: int) -> int:
-    g = lib.gpu(i)
-    mask = 0
-    for p in lib.sim.faults_of("clock_events", i):
-        for r in p["reasons"]:
-            mask |= EVENT_BITS[r]
-    if lib.sim.utilization(i) == 0:
-        mask |= EVENT_BITS["gpu_idle"]
-    if lib.sim.demand_watts(i) > lib.settings(i)["power_limit_mw"] / 1000.0:
-        mask |= EVENT_BITS["sw_power_cap"]
-    temp = lib.sim.temperature(i)
-    if g.get("max_operating_celsius") is not None and temp >= g["max_operating_celsius"]:
-        mask |= EVENT_BITS["sw_thermal_slowdown"]  # the driver holds the GPU at its target temperature
-    if temp >= g["slowdown_celsius"]:
-        mask |= EVENT_BITS["hw_slowdown"] | EVENT_BITS["hw_thermal_slowdown"]
-    return mask
+    return lib.sim.clock_events(i)
 
 
 @entry("nvmlDeviceGetCurrentClocksEventReasons")
@@ -653,26 +636,9 @@ def _max_clock(lib: SimLibrary, i: int, clock: int) -> int:
 
 @entry("nvmlDeviceGetClockInfo")
 def _clock(lib: SimLibrary, i: int, clock: int) -> int:
-    g, s = lib.gpu(i), lib.settings(i)
     if clock not in (CLOCK_GRAPHICS, CLOCK_SM, CLOCK_MEM):
         fail(INVALID_ARGUMENT)
-    idle = lib.sim.utilization(i) == 0
-    if clock == CLOCK_MEM:
-        if idle:
-            return int(s["locked_mem"][0]) if s["locked_mem"] else int(g["idle_memory_mhz"])
-        return int(s["locked_mem"][1] if s["locked_mem"] else g["max_memory_mhz"])
-    if idle:
-        return int(s["locked_gpu"][0]) if s["locked_gpu"] else int(g["idle_sm_mhz"])
-    top = float(s["locked_gpu"][1] if s["locked_gpu"] else g["max_sm_mhz"])  # GPU Boost up to the maximum
-    demand, limit = lib.sim.demand_watts(i), s["power_limit_mw"] / 1000.0
-    if demand > limit:
-        top *= (limit / demand) ** (1 / 3)  # dynamic power ~ f³
-    mask = events(lib, i)
-    if mask & EVENT_BITS["hw_slowdown"]:
-        top *= 0.5
-    elif mask & EVENT_BITS["sw_thermal_slowdown"]:
-        top *= 0.85
-    return int(top)
+    return lib.sim.clock_mhz(i, clock)
 
 
 DEPRECATED = 26  # NVML_ERROR_DEPRECATED

@@ -1,4 +1,9 @@
-"""The simulated workstation's hardware state: settings, faults and a thermal model.
+"""The simulated workstation's state: persisted settings and faults, NVML clients, boots.
+
+``SimMachine`` is one workstation: what NVML setters wrote, the faults (the description's and those
+injected while running), the NVML clients attached (a GPU without persistence mode forgets its
+settings when the last one leaves) and the boot id. Its readings come from ``gpud.sim.physics``
+(mixed in), where it is, from ``gpud.sim.topology``; ``gpud.sim.libnvml`` answers NVML calls over it.
 
 What tuning writes is persisted under the state directory (``sim/<name>.json``) so that it
 survives across CLI invocations, like real hardware does until a reboot. Faults injected while
@@ -13,17 +18,12 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from gpud.paths import atomic_write
 from gpud.sim.description import Description, Fault, validate_fault
-
-# Effective cooling keeps 30 % with the fan stopped (chassis airflow, heatsink).
-PASSIVE_SHARE = 0.3
-TIME_CONSTANT_S = 30.0
-AUTO_FAN_T0, AUTO_FAN_T1 = 40.0, 87.0  # driver curve: minimum duty at T0, 100 % at T1
+from gpud.sim.physics import Physics
 
 DEFAULT_XID_TEXT = {
     13: "Graphics Exception: ESR 0x404600=0x80000002",
@@ -44,27 +44,7 @@ DEFAULT_XID_TEXT = {
 }
 
 
-def auto_fan_percent(temp: float, minimum: int) -> int:
-    """The driver's automatic fan policy, as the simulator models it."""
-    frac = (temp - AUTO_FAN_T0) / (AUTO_FAN_T1 - AUTO_FAN_T0)
-    return int(round(min(100.0, max(float(minimum), minimum + frac * (100 - minimum)))))
-
-
-def _cooling(duty: float) -> float:
-    return PASSIVE_SHARE + (1 - PASSIVE_SHARE) * duty / 100.0
-
-
-@dataclass
-class Thermal:
-    temperature: float
-    conductance: float  # W/K at full fan
-    capacity: float  # J/K
-    energy_mj: float
-    pcie_tx_bytes: float = 0.0  # cumulative, as NVML_FI_DEV_PCIE_COUNT_TX_BYTES
-    pcie_rx_bytes: float = 0.0
-
-
-class SimMachine:
+class SimMachine(Physics):
     """One simulated workstation. Not thread-safe: the NVML layer serialises calls."""
 
     def __init__(self, desc: Description, state_file: Path, clock: Callable[[], float] = time.monotonic):
@@ -247,58 +227,11 @@ class SimMachine:
             return False
         return (kind, call, None) in self._refused or (gpu is not None and (kind, call, gpu) in self._refused)
 
-    # -- load and thermal model ----------------------------------------------------------
-    def now(self) -> float:
-        return self.clock() + self.offset
-
-    def advance(self, seconds: float) -> None:
-        """Move simulated time forward (tests, closed-loop fan control)."""
-        self.offset += seconds
-        self.step()
-
+    # -- load ---------------------------------------------------------------------------------
     def set_load(self, gpu: int, utilization: int, power_watts: float) -> None:
         self.step()
         with self.mutate():
             self.settings(gpu)["load"] = [int(utilization), float(power_watts)]
-
-    def utilization(self, gpu: int) -> int:
-        load = self.settings(gpu).get("load")
-        return int(load[0]) if load else int(self.desc.gpus[gpu]["utilization_percent"])
-
-    def demand_watts(self, gpu: int) -> float:
-        load = self.settings(gpu).get("load")
-        return float(load[1]) if load else float(self.desc.gpus[gpu]["power_watts"])
-
-    def draw_watts(self, gpu: int) -> float:
-        return min(self.demand_watts(gpu), float(self.settings(gpu)["power_limit_mw"]) / 1000.0)
-
-    def intended_duty(self, gpu: int, fan: int, temp: float | None = None) -> int:
-        """What the fan is asked to do: the manual target, or the driver's curve. This is what NVML
-        reports as the fan's speed, whether or not the fan turns."""
-        g = self.desc.gpus[gpu]
-        f = self.settings(gpu)["fans"][fan]
-        if f["policy"] == 1 and f["target"] is not None:
-            return int(f["target"])
-        t = self.temperature(gpu) if temp is None else temp
-        return auto_fan_percent(t, g["fan_min_percent"] or 0)
-
-    def fan_duty(self, gpu: int, fan: int, temp: float | None = None) -> int:
-        """What the fan really does (cools with): the stuck value of a failed fan, else as asked."""
-        for p in self.faults_of("fan_stuck", gpu):
-            if p["fan"] == fan:
-                return int(p["percent"])
-        t = self.thermal[gpu].temperature if temp is None else temp
-        return self.intended_duty(gpu, fan, t)
-
-    def pcie_rates(self, gpu: int) -> tuple[float, float]:
-        """(TX, RX) bytes per second on the GPU's PCIe link now: proportional to utilisation."""
-        u = self.utilization(gpu)
-        return u * 40960 * 1024.0, u * 81920 * 1024.0
-
-    def pcie_counters(self, gpu: int) -> tuple[int, int]:
-        self.step()
-        th = self.thermal[gpu]
-        return int(th.pcie_tx_bytes), int(th.pcie_rx_bytes)
 
     # -- NVML clients and persistence mode --------------------------------------------------
     def _live_clients(self) -> dict[str, int]:
@@ -350,59 +283,3 @@ class SimMachine:
             self.state["clients"] = clients
             if not clients:
                 self._deinitialise()
-
-    def _mean_duty(self, gpu: int, temp: float | None = None) -> float:
-        n = self.desc.gpus[gpu]["fans"]
-        if not n:
-            return 100.0  # passive card: the chassis fans do the work
-        return float(sum(self.fan_duty(gpu, f, temp) for f in range(n))) / int(n)
-
-    def _calibrate(self, gpu: int) -> Thermal:
-        """Choose conductance so the described temperature is the equilibrium as described."""
-        g = self.desc.gpus[gpu]
-        amb = float(self.desc.machine["ambient_celsius"])
-        temp = float(g["temperature_celsius"])
-        draw = min(float(g["power_watts"]), float(g["power_limit_watts"]))
-        rise = max(temp - amb, 1.0)
-        # Calibrate against the described state (faults from the description apply; a fan
-        # settings written later change the equilibrium, as they would on real hardware).
-        duty = self._described_duty(gpu, temp)
-        conductance = draw / (rise * _cooling(duty))
-        return Thermal(temp, conductance, conductance * TIME_CONSTANT_S, 3.6e9 + gpu * 1.1e8)
-
-    def _described_duty(self, gpu: int, temp: float) -> float:
-        g = self.desc.gpus[gpu]
-        n = g["fans"]
-        if not n:
-            return 100.0
-        duties = []
-        for fan in range(n):
-            stuck = [f.params for f in self.desc.faults if f.kind == "fan_stuck"
-                     and f.params["gpu"] == gpu and f.params["fan"] == fan]
-            duties.append(stuck[0]["percent"] if stuck else auto_fan_percent(temp, g["fan_min_percent"] or 0))
-        return float(sum(duties)) / int(n)
-
-    def step(self) -> None:
-        """Integrate the thermal model up to now (1 s steps; calls closer than 50 ms apart do nothing)."""
-        now = self.now()
-        dt_total = now - self._last
-        if dt_total < 0.05:
-            return
-        self._last = now
-        amb = float(self.desc.machine["ambient_celsius"])
-        for gpu, th in enumerate(self.thermal):
-            remaining = dt_total
-            while remaining > 1e-9:
-                dt = min(1.0, remaining)
-                draw = self.draw_watts(gpu)
-                loss = (th.temperature - amb) * th.conductance * _cooling(self._mean_duty(gpu))
-                th.temperature += (draw - loss) / th.capacity * dt
-                th.energy_mj += draw * dt * 1000.0
-                tx, rx = self.pcie_rates(gpu)
-                th.pcie_tx_bytes += tx * dt
-                th.pcie_rx_bytes += rx * dt
-                remaining -= dt
-
-    def temperature(self, gpu: int) -> float:
-        self.step()
-        return self.thermal[gpu].temperature
