@@ -22,26 +22,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gpud.paths import atomic_write
-from gpud.sim.description import Description, Fault, validate_fault
+from gpud.sim.description import Description
+from gpud.sim.faults import FAULTS, Fault, validate_fault
 from gpud.sim.physics import Physics
-
-DEFAULT_XID_TEXT = {
-    13: "Graphics Exception: ESR 0x404600=0x80000002",
-    31: "Ch 00000010, intr 10000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f2a_00000000",
-    43: "pid=4242, name=python, Ch 00000008",
-    45: "pid=4242, name=python, Ch 00000008",
-    48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, "
-    "subpartition 0.",
-    63: "Row Remapper: New row marked for remapping, reset gpu to activate.",
-    64: "Row Remapper: Failed to remap row.",
-    74: "NVLink: fatal error detected on link 2(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)",
-    79: "GPU has fallen off the bus.",
-    92: "High single-bit ECC error rate detected.",
-    94: "Contained ECC error.",
-    95: "Uncontained ECC error.",
-    119: "Timeout after 6s of waiting for RPC response from GPU0 GSP!",
-    120: "GSP task error.",
-}
 
 
 class SimMachine(Physics):
@@ -69,17 +52,17 @@ class SimMachine(Physics):
         gpus = {}
         for i, g in enumerate(self.desc.gpus):
             gpus[str(i)] = {
-                "power_limit_mw": int(g["power_limit_watts"] * 1000),
-                "persistence": 1 if g["persistence_mode"] else 0,
-                "compute_mode": {"default": 0, "prohibited": 2, "exclusive_process": 3}[g["compute_mode"]],
+                "power_limit_mw": int(g.power_limit_watts * 1000),
+                "persistence": 1 if g.persistence_mode else 0,
+                "compute_mode": {"default": 0, "prohibited": 2, "exclusive_process": 3}[g.compute_mode],
                 "locked_gpu": None,
                 "locked_mem": None,
                 "app_clocks": None,
-                "fans": [{"policy": 0, "target": None} for _ in range(g["fans"])],
+                "fans": [{"policy": 0, "target": None} for _ in range(g.fans)],
                 "load": None,
             }
         # This boot began long enough ago for the description's kernel-log times (Xid seconds since boot).
-        latest = max([float(f.params.get("seconds") or 0) for f in self.desc.faults if f.kind == "xid"] + [0.0])
+        latest = max([f.seconds for f in self.desc.faults if f.kind == "xid"] + [0.0])
         boot_time = int(time.time() - max(86400.0, latest + 3600.0))
         return {"digest": self.desc.digest, "gpus": gpus, "faults": [], "writes": 0, "boot_time": boot_time}
 
@@ -147,7 +130,7 @@ class SimMachine(Physics):
     def write_fault(self, number: int) -> str | None:
         """The one-shot fault armed for write number ``number``: crash, gpu_lost or no_permission."""
         for f in self.faults:
-            if f.params.get("at_write") == number:
+            if f.at_write == number:
                 return f.kind
         return None
 
@@ -159,10 +142,9 @@ class SimMachine(Physics):
             self._faults_key = key
             self._faults = list(self.desc.faults) + [Fault(f["kind"], f["params"])
                                                      for f in self.state.get("faults", [])]
-            self._lost = {f.params["gpu"] for f in self._faults if f.kind == "gpu_lost"
-                          and f.params.get("at_write") is None}
-            self._refused = {(f.kind, f.params["call"], f.params.get("gpu")) for f in self._faults
-                             if f.kind in ("unsupported", "no_permission") and f.params.get("at_write") is None}
+            self._lost = {int(f.gpu or 0) for f in self._faults if f.kind == "gpu_lost" and f.at_write is None}
+            self._refused = {(f.kind, f.call, f.gpu) for f in self._faults
+                             if f.kind in ("unsupported", "no_permission") and f.at_write is None}
         return self._faults
 
     def _indexed(self) -> None:
@@ -173,12 +155,10 @@ class SimMachine(Physics):
         """Add a fault while running (validated like one in the description); persisted."""
         fault = validate_fault({"kind": kind, **params}, len(self.desc.gpus), "inject", "fault")
         with self.mutate():
-            self.state.setdefault("faults", []).append({"kind": fault.kind, "params": fault.params})
-            if kind in ("gpu_lost", "off_bus") and fault.params.get("at_write") is None:
-                # A GPU that falls off the bus stops listening to the driver: its board firmware runs
-                # the fans on their own automatic curve again.
-                for f in self.settings(fault.params["gpu"])["fans"]:
-                    f["policy"], f["target"] = 0, None
+            self.state.setdefault("faults", []).append({"kind": fault.kind, "params": dict(fault.params)})
+            hook = FAULTS[fault.kind].on_inject  # e.g. a GPU off the bus: its fans back on their own curve
+            if hook is not None:
+                hook(self, fault)
         return fault
 
     def reboot(self) -> int:
@@ -206,15 +186,14 @@ class SimMachine(Physics):
         with self.mutate():
             self.state["faults"] = []
 
-    def faults_of(self, kind: str, gpu: int | None = None) -> list[dict[str, Any]]:
+    def faults_of(self, kind: str, gpu: int | None = None) -> list[Fault]:
+        """The faults of ``kind`` (on ``gpu``: its own, a pair's it is in, and those for every GPU)."""
         out = []
         for f in self.faults:
             if f.kind != kind:
                 continue
-            g = f.params.get("gpu")
-            pair = f.params.get("gpus")
-            if gpu is None or g == gpu or (pair is not None and gpu in pair) or ("gpu" in f.params and g is None):
-                out.append(f.params)
+            if gpu is None or f.gpu == gpu or gpu in f.gpus or f.every_gpu:
+                out.append(f)
         return out
 
     def lost(self, gpu: int) -> bool:
@@ -254,7 +233,7 @@ class SimMachine(Physics):
             s = self.settings(i)
             if s["persistence"]:
                 continue
-            s["power_limit_mw"] = int(g["power_default_watts"] * 1000)
+            s["power_limit_mw"] = int(g.power_default_watts * 1000)
             s["compute_mode"] = 0
             s["locked_gpu"] = s["locked_mem"] = s["app_clocks"] = None
             for f in s["fans"]:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from gpud.sim.description import Description
+    from gpud.sim.faults import Fault
 
 # Effective cooling keeps 30 % with the fan stopped (chassis airflow, heatsink).
 PASSIVE_SHARE = 0.3
@@ -58,7 +59,7 @@ class Physics:
     def settings(self, gpu: int) -> dict[str, Any]:  # pragma: no cover - SimMachine's
         raise NotImplementedError
 
-    def faults_of(self, kind: str, gpu: int | None = None) -> list[dict[str, Any]]:  # pragma: no cover
+    def faults_of(self, kind: str, gpu: int | None = None) -> list[Fault]:  # pragma: no cover
         raise NotImplementedError
 
     # -- load and thermal model ----------------------------------------------------------
@@ -72,11 +73,11 @@ class Physics:
 
     def utilization(self, gpu: int) -> int:
         load = self.settings(gpu).get("load")
-        return int(load[0]) if load else int(self.desc.gpus[gpu]["utilization_percent"])
+        return int(load[0]) if load else int(self.desc.gpus[gpu].utilization_percent)
 
     def demand_watts(self, gpu: int) -> float:
         load = self.settings(gpu).get("load")
-        return float(load[1]) if load else float(self.desc.gpus[gpu]["power_watts"])
+        return float(load[1]) if load else float(self.desc.gpus[gpu].power_watts)
 
     def draw_watts(self, gpu: int) -> float:
         return min(self.demand_watts(gpu), float(self.settings(gpu)["power_limit_mw"]) / 1000.0)
@@ -89,13 +90,13 @@ class Physics:
         if f["policy"] == 1 and f["target"] is not None:
             return int(f["target"])
         t = self.temperature(gpu) if temp is None else temp
-        return auto_fan_percent(t, g["fan_min_percent"] or 0)
+        return auto_fan_percent(t, g.fan_min_percent or 0)
 
     def fan_duty(self, gpu: int, fan: int, temp: float | None = None) -> int:
         """What the fan really does (cools with): the stuck value of a failed fan, else as asked."""
         for p in self.faults_of("fan_stuck", gpu):
-            if p["fan"] == fan:
-                return int(p["percent"])
+            if p.fan == fan:
+                return int(p.percent)
         t = self.thermal[gpu].temperature if temp is None else temp
         return self.intended_duty(gpu, fan, t)
 
@@ -110,7 +111,7 @@ class Physics:
         return int(th.pcie_tx_bytes), int(th.pcie_rx_bytes)
 
     def _mean_duty(self, gpu: int, temp: float | None = None) -> float:
-        n = self.desc.gpus[gpu]["fans"]
+        n = self.desc.gpus[gpu].fans
         if not n:
             return 100.0  # passive card: the chassis fans do the work
         return float(sum(self.fan_duty(gpu, f, temp) for f in range(n))) / int(n)
@@ -118,9 +119,9 @@ class Physics:
     def _calibrate(self, gpu: int) -> Thermal:
         """Choose conductance so the described temperature is the equilibrium as described."""
         g = self.desc.gpus[gpu]
-        amb = float(self.desc.machine["ambient_celsius"])
-        temp = float(g["temperature_celsius"])
-        draw = min(float(g["power_watts"]), float(g["power_limit_watts"]))
+        amb = float(self.desc.machine.ambient_celsius)
+        temp = float(g.temperature_celsius)
+        draw = min(float(g.power_watts), float(g.power_limit_watts))
         rise = max(temp - amb, 1.0)
         # Calibrate against the described state (faults from the description apply; a fan
         # settings written later change the equilibrium, as they would on real hardware).
@@ -130,14 +131,13 @@ class Physics:
 
     def _described_duty(self, gpu: int, temp: float) -> float:
         g = self.desc.gpus[gpu]
-        n = g["fans"]
+        n = g.fans
         if not n:
             return 100.0
         duties = []
         for fan in range(n):
-            stuck = [f.params for f in self.desc.faults if f.kind == "fan_stuck"
-                     and f.params["gpu"] == gpu and f.params["fan"] == fan]
-            duties.append(stuck[0]["percent"] if stuck else auto_fan_percent(temp, g["fan_min_percent"] or 0))
+            stuck = [f for f in self.desc.faults if f.kind == "fan_stuck" and f.gpu == gpu and f.fan == fan]
+            duties.append(stuck[0].percent if stuck else auto_fan_percent(temp, g.fan_min_percent or 0))
         return float(sum(duties)) / int(n)
 
     def step(self) -> None:
@@ -147,7 +147,7 @@ class Physics:
         if dt_total < 0.05:
             return
         self._last = now
-        amb = float(self.desc.machine["ambient_celsius"])
+        amb = float(self.desc.machine.ambient_celsius)
         for gpu, th in enumerate(self.thermal):
             remaining = dt_total
             while remaining > 1e-9:
@@ -171,16 +171,16 @@ class Physics:
         g = self.desc.gpus[gpu]
         mask = 0
         for p in self.faults_of("clock_events", gpu):
-            for r in p["reasons"]:
+            for r in p.reasons:
                 mask |= EVENT_BITS[r]
         if self.utilization(gpu) == 0:
             mask |= EVENT_BITS["gpu_idle"]
         if self.demand_watts(gpu) > self.settings(gpu)["power_limit_mw"] / 1000.0:
             mask |= EVENT_BITS["sw_power_cap"]
         temp = self.temperature(gpu)
-        if g.get("max_operating_celsius") is not None and temp >= g["max_operating_celsius"]:
+        if g.max_operating_celsius is not None and temp >= g.max_operating_celsius:
             mask |= EVENT_BITS["sw_thermal_slowdown"]  # the driver holds the GPU at its target temperature
-        if temp >= g["slowdown_celsius"]:
+        if temp >= g.slowdown_celsius:
             mask |= EVENT_BITS["hw_slowdown"] | EVENT_BITS["hw_thermal_slowdown"]
         return mask
 
@@ -192,11 +192,11 @@ class Physics:
         idle = self.utilization(gpu) == 0
         if clock == CLOCK_MEM:
             if idle:
-                return int(s["locked_mem"][0]) if s["locked_mem"] else int(g["idle_memory_mhz"])
-            return int(s["locked_mem"][1] if s["locked_mem"] else g["max_memory_mhz"])
+                return int(s["locked_mem"][0]) if s["locked_mem"] else int(g.idle_memory_mhz)
+            return int(s["locked_mem"][1] if s["locked_mem"] else g.max_memory_mhz)
         if idle:
-            return int(s["locked_gpu"][0]) if s["locked_gpu"] else int(g["idle_sm_mhz"])
-        top = float(s["locked_gpu"][1] if s["locked_gpu"] else g["max_sm_mhz"])  # GPU Boost up to the maximum
+            return int(s["locked_gpu"][0]) if s["locked_gpu"] else int(g.idle_sm_mhz)
+        top = float(s["locked_gpu"][1] if s["locked_gpu"] else g.max_sm_mhz)  # GPU Boost up to the maximum
         demand, limit = self.demand_watts(gpu), s["power_limit_mw"] / 1000.0
         if demand > limit:
             top *= (limit / demand) ** (1 / 3)  # dynamic power ~ f³
