@@ -14,7 +14,7 @@ from pathlib import Path
 from gpud.sim.description import GpuSpec, MachineSpec, Process, Xorg
 from gpud.sim.faults import DEFAULT_XID_TEXT
 from gpud.sim.machine import SimMachine
-from gpud.sim.topology import host_bridge, link_state, node_cpus
+from gpud.sim.topology import downstream_port, host_bridge, link_state, node_cpus
 
 ACS_ON = 0x001D  # SrcValid | ReqRedir | CmpltRedir | UpstreamFwd, what BIOSes set when "ACS enabled"
 GT_S = {1: "2.5 GT/s PCIe", 2: "5.0 GT/s PCIe", 3: "8.0 GT/s PCIe", 4: "16.0 GT/s PCIe", 5: "32.0 GT/s PCIe"}
@@ -189,8 +189,7 @@ def _pci(root: Path, sim: SimMachine) -> None:
         # sysfs max_link_* of a port are its own capability; current_link_* the link it trained
         if g.switch:
             device("/".join(chain), g.root_port, 0x8086, 0x352A, 0x060400, g.numa_node, mg, mw, mg, mw, acs)
-            dom, bus, _ = g.switch.split(":")
-            down = f"{dom}:{int(bus, 16) + 1:02x}:{i % 32:02x}.0"
+            down = downstream_port(g.switch, i)
             chain.append(g.switch)
             device("/".join(chain), g.switch, 0x1000, 0xC010, 0x060400, g.numa_node, mg, mw, mg, mw, acs)
             chain.append(down)

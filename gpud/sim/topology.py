@@ -1,4 +1,7 @@
-"""Where the simulated GPUs sit: CPU numbering per NUMA node, PCIe ancestry, the trained link."""
+"""Where the simulated GPUs sit: CPU numbering per NUMA node, the PCIe tree (host bridge, root port,
+switch and its downstream port) and the common ancestor of two GPUs, the link each trained to, and
+the NVLink peers. ``gpud.sim.libnvml`` answers NVML's topology calls from here and
+``gpud.sim.rootfs`` lays out ``/sys`` from the same functions, so the two cannot disagree."""
 
 from __future__ import annotations
 
@@ -36,6 +39,12 @@ def socket_of(machine: MachineSpec, node: int) -> int:
 def host_bridge(g: GpuSpec) -> str:
     dom, bus, _ = g.root_port.split(":")
     return f"{dom}:{bus}"
+
+
+def downstream_port(switch: str, index: int) -> str:
+    """The switch's downstream port that GPU ``index`` hangs from (on the bus below the switch's)."""
+    dom, bus, _ = switch.split(":")
+    return f"{dom}:{int(bus, 16) + 1:02x}:{index % 32:02x}.0"
 
 
 def common_ancestor(machine: MachineSpec, a: GpuSpec, b: GpuSpec) -> int:
