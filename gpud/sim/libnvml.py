@@ -491,7 +491,8 @@ def _margin(lib: SimLibrary, i: int) -> dict[str, int]:
     g = lib.gpu(i)
     if not g.tlimit_thresholds:
         fail(NOT_SUPPORTED)
-    return {"marginTemperature": int(g.max_operating_celsius) - int(round(lib.sim.temperature(i)))}  # type: ignore[arg-type]
+    limit = g.max_operating_celsius  # a model with T.Limit thresholds has a max operating temperature
+    return {"marginTemperature": int(limit) - int(round(lib.sim.temperature(i)))}  # type: ignore[arg-type]
 
 
 @entry("nvmlDeviceGetNumFans")
@@ -862,7 +863,8 @@ def _field_values(lib: SimLibrary, i: int, count: Any, values: Any) -> None:
         elif v.fieldId in TLIMIT_FIELDS and lib.gpu(i).tlimit_thresholds:
             g = lib.gpu(i)  # the margin T.Limit shows when the threshold is reached: −2 for slowdown
             v.valueType = VALUE_TYPE_SIGNED_INT
-            v.value.siVal = int(g.max_operating_celsius) - int(getattr(g, TLIMIT_FIELDS[v.fieldId]))  # type: ignore[arg-type]
+            limit = g.max_operating_celsius
+            v.value.siVal = int(limit) - int(getattr(g, TLIMIT_FIELDS[v.fieldId]))  # type: ignore[arg-type]
             v.nvmlReturn = SUCCESS
         else:
             v.nvmlReturn = NOT_SUPPORTED

@@ -44,8 +44,7 @@ class SimMachine(Physics):
         self._lost: set[int] = set()
         self._refused: set[tuple[str, Any, Any]] = set()
         self._load_state()
-        self.thermal = [self._calibrate(i) for i in range(len(desc.gpus))]
-        self._last = self.now()
+        self.start_physics()
 
     # -- persisted state ---------------------------------------------------------------
     def _initial(self) -> dict[str, Any]:

@@ -62,6 +62,11 @@ class Physics:
     def faults_of(self, kind: str, gpu: int | None = None) -> list[Fault]:  # pragma: no cover
         raise NotImplementedError
 
+    def start_physics(self) -> None:
+        """Calibrate each GPU's thermal model to its described state; simulated time starts now."""
+        self.thermal = [self._calibrate(i) for i in range(len(self.desc.gpus))]
+        self._last = self.now()
+
     # -- load and thermal model ----------------------------------------------------------
     def now(self) -> float:
         return self.clock() + self.offset
