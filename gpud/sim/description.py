@@ -145,6 +145,8 @@ PROCESS_KEYS: dict[str, tuple[Any, Any]] = {
 }
 NVLINK_KEYS: dict[str, tuple[Any, Any]] = {"gpus": (list, _ANY), "links": (int, None)}
 XORG_KEYS: dict[str, tuple[Any, Any]] = {"conf": (str, None), "files": (dict, {}), "log": (str, None)}
+
+
 @dataclass(frozen=True)
 class MachineSpec:
     """The ``[machine]`` table: the host around the GPUs, its driver and kernel (``MACHINE_KEYS``)."""
@@ -409,15 +411,15 @@ def parse(data: dict[str, Any], file: str, digest: str = "") -> Description:
         if not 1 <= link["links"] <= most:
             raise InvalidInput(file, f"nvlink[{k}].links", f"must be 1..{most} for these GPUs")
         nvlinks.append(Bridge((a, b), link["links"]))
+    specs = tuple(GpuSpec(**{**g, "processes": tuple(Process(**p) for p in g["processes"])}) for g in gpus)
     faults = tuple(validate_fault(f, len(gpus), file, f"fault[{k}]") for k, f in enumerate(data.get("fault", [])))
     for k, f in enumerate(faults):
         check = FAULTS[f.kind].check_gpus
         if check is not None:
-            check(f, [g["fans"] for g in gpus], file, f"fault[{k}]")
+            check(f, specs, file, f"fault[{k}]")
     xorg = take(data.get("xorg", {}), XORG_KEYS, file, "xorg")
     for key in ("modules", "nvswitches", "driver_lacks"):
         machine[key] = tuple(machine[key])
-    specs = tuple(GpuSpec(**{**g, "processes": tuple(Process(**p) for p in g["processes"])}) for g in gpus)
     return Description(file, digest, MachineSpec(**machine), specs, tuple(nvlinks), faults, Xorg(**xorg))
 
 

@@ -10,7 +10,7 @@ here (docs/architecture.md, "Adding a new simulated fault").
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +20,7 @@ from gpud.schema import REQUIRED as _ANY
 from gpud.schema import take
 
 if TYPE_CHECKING:
+    from gpud.sim.description import GpuSpec
     from gpud.sim.machine import SimMachine
 
 EVENT_NAMES = tuple(name for _, name in CLOCK_EVENT_REASONS)
@@ -48,7 +49,8 @@ DEFAULT_XID_TEXT = {
 class Fault:
     """One fault. ``params`` holds its kind's validated keys as given (defaults filled): the form
     persisted in the state file and shown by ``gpud sim inject``. The attributes read them; each is
-    meaningful for the kinds that have that key (``FAULTS[kind].keys``)."""
+    meaningful for the kinds that have that key (``FAULTS[kind].keys``, whose defaults are filled
+    in by validation), and empty or zero for the others."""
 
     kind: str
     params: Mapping[str, Any]
@@ -79,7 +81,7 @@ class Fault:
 
     @property
     def handle_error(self) -> str:
-        return str(self.params.get("handle_error", "unknown"))
+        return str(self.params.get("handle_error", ""))
 
     @property
     def width(self) -> int | None:
@@ -96,11 +98,11 @@ class Fault:
 
     @property
     def status(self) -> str:
-        return str(self.params.get("status"))
+        return str(self.params.get("status", ""))
 
     @property
     def caps(self) -> str:
-        return str(self.params.get("caps", "all"))
+        return str(self.params.get("caps", ""))
 
     @property
     def reasons(self) -> tuple[str, ...]:
@@ -132,11 +134,11 @@ class Fault:
 
     @property
     def counter(self) -> str:
-        return str(self.params.get("counter", "crc_flit"))
+        return str(self.params.get("counter", ""))
 
     @property
     def per_second(self) -> float:
-        return float(self.params.get("per_second", 1.0))
+        return float(self.params.get("per_second", 0.0))
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,7 @@ class FaultKind:
     acts_in: str  # where the effect is modelled (it reads the machine's faults there)
     check: Callable[[Fault, str, str], None] | None = None  # beyond the keys' types: (fault, file, where)
     on_inject: Callable[[SimMachine, Fault], None] | None = None  # at injection, under the state lock
-    check_gpus: Callable[[Fault, list[int], str, str], None] | None = None  # against the GPUs' fan counts
+    check_gpus: Callable[[Fault, Sequence[GpuSpec], str, str], None] | None = None  # against a description's GPUs
 
 
 def _fans_to_auto(sim: SimMachine, fault: Fault) -> None:
@@ -166,10 +168,10 @@ def _fan_stuck(fault: Fault, file: str, where: str) -> None:
         raise InvalidInput(file, f"{where}.percent", "must be 0..100")
 
 
-def _fan_exists(fault: Fault, fans: list[int], file: str, where: str) -> None:
+def _fan_exists(fault: Fault, gpus: Sequence[GpuSpec], file: str, where: str) -> None:
     gpu = int(fault.gpu or 0)
-    if fault.fan >= fans[gpu]:
-        raise InvalidInput(file, f"{where}.fan", f"GPU {gpu} has {fans[gpu]} fan(s): the fault could never fire")
+    if fault.fan >= gpus[gpu].fans:
+        raise InvalidInput(file, f"{where}.fan", f"GPU {gpu} has {gpus[gpu].fans} fan(s): the fault could never fire")
 
 
 def _clock_events(fault: Fault, file: str, where: str) -> None:
