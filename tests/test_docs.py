@@ -30,7 +30,8 @@ def test_a_description_written_from_the_docs_loads_and_runs(tmp_path) -> None:
 
 
 def test_every_description_key_is_documented() -> None:
-    from gpud.sim.description import FAULT_KEYS, GPU_KEYS, MACHINE_KEYS, MODEL_KEYS, XORG_KEYS
+    from gpud.sim.description import GPU_KEYS, MACHINE_KEYS, MODEL_KEYS, XORG_KEYS
+    from gpud.sim.faults import FAULT_KEYS
 
     doc = (REPO / "docs" / "simulation.md").read_text()
     for key in [*MACHINE_KEYS, *GPU_KEYS, *MODEL_KEYS, *XORG_KEYS, *FAULT_KEYS]:

@@ -400,8 +400,8 @@ def test_presets_reproduce_real_dumps(tmp_path, dump: str, model: str, ecc: bool
     else:  # Ada, Hopper: only offsets from T.Limit
         preset = m.simulation.description.gpus[0]
         offsets = {k: int(q[f"Temperature/GPU {k} T.Limit Temp"].split()[0]) for k in ("Shutdown", "Slowdown")}
-        assert preset["max_operating_celsius"] - preset["shutdown_celsius"] == offsets["Shutdown"]
-        assert preset["max_operating_celsius"] - preset["slowdown_celsius"] == offsets["Slowdown"]
+        assert preset.max_operating_celsius - preset.shutdown_celsius == offsets["Shutdown"]
+        assert preset.max_operating_celsius - preset.slowdown_celsius == offsets["Slowdown"]
         assert q["Temperature/GPU Max Operating T.Limit Temp"].startswith("0")
 
 

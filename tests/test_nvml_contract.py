@@ -98,10 +98,10 @@ def test_topology_matches_the_description(name: str) -> None:
     m = open_machine(name)
     desc = m.simulation.description
     t = m.topology(m.snapshot())
-    down = {tuple(sorted(f.params["gpus"])) for f in desc.faults if f.kind == "nvlink_down"}
+    down = {tuple(sorted(f.gpus)) for f in desc.faults if f.kind == "nvlink_down"}
     for b in desc.nvlinks:
-        i, j = b["gpus"]
-        expect = 0 if tuple(sorted((i, j))) in down else b["links"]
+        i, j = b.gpus
+        expect = 0 if tuple(sorted((i, j))) in down else b.links
         assert t.nvlinks[i][j] == expect
 
 

@@ -156,3 +156,49 @@ def test_state_file_is_json(state_dir: Path) -> None:
     open_machine("z8-fury-4x-a6000").nvml.set_persistence_mode(0, False)
     data = json.loads((state_dir / "sim" / "z8-fury-4x-a6000.json").read_text())
     assert data["gpus"]["0"]["persistence"] == 0
+
+
+def test_the_dataclasses_carry_every_key_of_the_format() -> None:
+    """The TOML key tables and the dataclasses the validator builds name the same things: a key
+    added to one and not the other would be refused, or lost between the file and the simulator."""
+    from dataclasses import fields
+
+    from gpud.sim.description import (
+        GPU_KEYS,
+        MACHINE_KEYS,
+        MODEL_KEYS,
+        PROCESS_KEYS,
+        XORG_KEYS,
+        GpuSpec,
+        MachineSpec,
+        Process,
+        Xorg,
+    )
+    from gpud.sim.presets import GPU_MODELS, Preset
+
+    def names(cls: type) -> set[str]:
+        return {f.name for f in fields(cls)}
+
+    assert names(Preset) == set(MODEL_KEYS)
+    assert names(GpuSpec) == set(MODEL_KEYS) | set(GPU_KEYS)
+    assert names(MachineSpec) == set(MACHINE_KEYS)
+    assert names(Process) == set(PROCESS_KEYS)
+    assert names(Xorg) == set(XORG_KEYS)
+    assert all(isinstance(p, Preset) for p in GPU_MODELS.values())
+    desc = open_machine("z8-fury-4x-a6000-degraded").simulation.description
+    g = desc.gpus[0]
+    assert isinstance(g, GpuSpec) and g.model == "RTX A6000" and g.name == "NVIDIA RTX A6000"
+    with pytest.raises(AttributeError):
+        g.fans = 3  # type: ignore[misc]  # frozen: the description is what the file said
+
+
+def test_every_fault_kind_is_registered_once_with_its_keys_and_where_it_acts() -> None:
+    from gpud.sim.faults import FAULT_KEYS, FAULTS, Fault, validate_fault
+
+    assert set(FAULT_KEYS) == set(FAULTS)
+    assert all(kind.acts_in for kind in FAULTS.values())
+    f = validate_fault({"kind": "nvlink_down", "gpus": [0, 1]}, 2, "inject", "fault")
+    assert isinstance(f, Fault) and f.gpus == (0, 1) and f.links is None and f.params == {"gpus": [0, 1],
+                                                                                          "links": None}
+    with pytest.raises(InvalidInput, match="must be one of gpu_lost, off_bus"):
+        validate_fault({"kind": "melted"}, 2, "inject", "fault")

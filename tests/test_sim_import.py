@@ -12,6 +12,7 @@ import json
 import re
 import sys
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -234,8 +235,8 @@ def test_stdout_without_output_file_is_a_loadable_description(capsys, tmp_path) 
 
     desc = load(tmp_path / "h200.toml")
     g = desc.gpus[0]
-    assert g["model"] == "H200" and g["tlimit_thresholds"] and g["fans"] == 0
-    assert g["vbios"] == "96.00.A5.00.03" and g["pci_subsystem_id"] == 0x18BE10DE  # this board, not the preset's
+    assert g.model == "H200" and g.tlimit_thresholds and g.fans == 0
+    assert g.vbios == "96.00.A5.00.03" and g.pci_subsystem_id == 0x18BE10DE  # this board, not the preset's
 
 
 def test_an_unknown_model_is_generic_from_its_own_numbers(capsys, tmp_path) -> None:
@@ -440,7 +441,7 @@ def preset_disagreements(capsys, tmp_path: Path, dump: str) -> list[str]:
     code, _, err = cli(capsys, "sim", "import", str(FIXTURES / dump), "-o", str(twin))
     assert code == 0, err
     data = tomllib.loads(twin.read_text())
-    return [f"gpu[{i}].{k} = {g[k]!r} (preset {GPU_MODELS[g['model']].get(k)!r})"
+    return [f"gpu[{i}].{k} = {g[k]!r} (preset {getattr(GPU_MODELS[g['model']], k)!r})"
             for i, g in enumerate(data["gpu"]) if "name" not in g for k in PRESET_KEYS if k in g]
 
 
@@ -451,7 +452,7 @@ def test_presets_agree_with_every_gpu_of_every_dump_of_their_model(capsys, tmp_p
 
 
 def test_a_wrong_preset_threshold_fails(capsys, tmp_path, monkeypatch) -> None:
-    monkeypatch.setitem(GPU_MODELS["RTX A6000"], "slowdown_celsius", 93)
+    monkeypatch.setitem(GPU_MODELS, "RTX A6000", replace(GPU_MODELS["RTX A6000"], slowdown_celsius=93))
     wrong = preset_disagreements(capsys, tmp_path, "rtx-a6000-linux-550.txt")
     assert wrong and all(".slowdown_celsius = 95 (preset 93)" in w for w in wrong) and len(wrong) == 9
 

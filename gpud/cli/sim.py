@@ -29,9 +29,9 @@ def sim_list(json: Json = False) -> None:
 
     descs = shipped()
     if json:
-        emit_json([{"name": d.name, "gpus": len(d.gpus), "summary": d.machine["summary"]} for d in descs])
+        emit_json([{"name": d.name, "gpus": len(d.gpus), "summary": d.machine.summary} for d in descs])
         return
-    table(["Name", "GPUs", "Summary"], [[d.name, len(d.gpus), d.machine["summary"]] for d in descs])
+    table(["Name", "GPUs", "Summary"], [[d.name, len(d.gpus), d.machine.summary] for d in descs])
 
 
 @sim_app.command("reset")

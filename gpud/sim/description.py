@@ -1,26 +1,30 @@
-"""Workstation descriptions (TOML) → validated, immutable structures.
+"""Workstation descriptions (TOML) → validated, immutable dataclasses.
 
 The format is documented key by key in ``docs/simulation.md``. Every error names the file, the
-key and the reason (``InvalidInput``), before anything is built.
+key and the reason (``InvalidInput``), before anything is built. What is built is a
+``Description``: a ``MachineSpec``, one ``GpuSpec`` per GPU (its model's ``Preset`` with the
+overrides, and its own keys; ``Process`` per process), ``Bridge`` per NVLink bridge, the ``Fault``s
+(``gpud.sim.faults``) and ``Xorg``. The key tables below (``MACHINE_KEYS``…) are the TOML format;
+the dataclasses' fields carry the same names.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpud.errors import InvalidInput
-from gpud.model import CLOCK_EVENT_REASONS, P2P_STATUSES
 from gpud.schema import REQUIRED as _ANY
 from gpud.schema import load_toml, take
-from gpud.sim.presets import GPU_MODELS
+from gpud.sim.faults import FAULTS, Fault, gpu_pair, validate_fault
+from gpud.sim.presets import GPU_MODELS, Preset
 
 SHIPPED = Path(__file__).parent / "descriptions"
 BUS_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
-EVENT_NAMES = tuple(name for _, name in CLOCK_EVENT_REASONS)
 
 MACHINE_KEYS: dict[str, tuple[Any, Any]] = {
     # key: (type or tuple of types / allowed values, default; _ANY = required)
@@ -141,89 +145,127 @@ PROCESS_KEYS: dict[str, tuple[Any, Any]] = {
 }
 NVLINK_KEYS: dict[str, tuple[Any, Any]] = {"gpus": (list, _ANY), "links": (int, None)}
 XORG_KEYS: dict[str, tuple[Any, Any]] = {"conf": (str, None), "files": (dict, {}), "log": (str, None)}
-FAULT_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {
-    "gpu_lost": {"gpu": (int, _ANY), "at_write": (int, None), "handle_error": (("unknown", "gpu_is_lost"), "unknown")},
-    "off_bus": {"gpu": (int, _ANY)},
-    "unsupported": {"gpu": (int, None), "call": (str, _ANY)},
-    "no_permission": {"gpu": (int, None), "call": (str, None), "at_write": (int, None)},
-    "crash": {"at_write": (int, _ANY)},
-    "link_degraded": {"gpu": (int, _ANY), "width": (int, None), "generation": (int, None)},
-    "nvlink_down": {"gpus": (list, _ANY), "links": (list, None)},
-    "p2p": {"gpus": (list, _ANY), "status": (P2P_STATUSES, _ANY), "caps": (("read", "write", "all"), "all")},
-    "clock_events": {"gpu": (int, _ANY), "reasons": (list, _ANY)},
-    "xid": {"gpu": (int, _ANY), "xid": (int, _ANY), "text": (str, None), "seconds": ((int, float), 5123.4)},
-    "fan_stuck": {"gpu": (int, _ANY), "fan": (int, 0), "percent": (int, 0)},
-    "nvlink_errors": {"gpu": (int, _ANY), "link": (int, None),
-                      "counter": (("replay", "recovery", "crc_flit", "crc_data"), "crc_flit"),
-                      "per_second": ((int, float), 1.0)},
-}
 
 
 @dataclass(frozen=True)
-class Fault:
-    kind: str
-    params: dict[str, Any]
+class MachineSpec:
+    """The ``[machine]`` table: the host around the GPUs, its driver and kernel (``MACHINE_KEYS``)."""
+
+    name: str
+    summary: str
+    vendor_model: str
+    cpu_model: str
+    sockets: int
+    cores_per_socket: int
+    threads_per_core: int
+    numa_nodes_per_socket: int
+    memory_gib: int
+    psu_watts: int | None
+    cpu_tdp_watts: int
+    driver_version: str
+    cuda_driver_version: str
+    nvml_version: str
+    driver_loaded: bool
+    kernel_cmdline: str
+    cpu_governor: str
+    shm_mib: int
+    memlock_kib: int | str  # or "unlimited"
+    iommu: str  # off, passthrough, translated
+    modules: tuple[str, ...]
+    ambient_celsius: float
+    nvswitches: tuple[str, ...]
+    driver_lacks: tuple[str, ...]
+    process_entry_bytes: int
+
+
+@dataclass(frozen=True)
+class Process:
+    """One process on a GPU (``PROCESS_KEYS``)."""
+
+    pid: int
+    used_mib: int
+    user: str
+    uid: int
+    command: str
+    graphics: bool
+    container: str | None
+    container_runtime: str
+    pod: str | None
+    slurm_job: int | None
+    unit: str | None
+
+
+@dataclass(frozen=True)
+class GpuSpec(Preset):
+    """One ``[[gpu]]``: its model's preset with the description's overrides, and the GPU's own keys
+    (``GPU_KEYS``): where it sits, what it is doing, its settings at boot and its health."""
+
+    model: str
+    bus_id: str
+    root_port: str
+    switch: str | None
+    numa_node: int
+    uuid: str
+    serial: str
+    temperature_celsius: float
+    power_watts: float
+    utilization_percent: int
+    memory_used_mib: int
+    power_limit_watts: float
+    persistence_mode: bool
+    compute_mode: str
+    ecc_enabled: bool
+    ecc_pending_enabled: bool | None  # None: the same as ecc_enabled
+    ecc_volatile_corrected: int
+    ecc_volatile_uncorrected: int
+    ecc_aggregate_corrected: int
+    ecc_aggregate_uncorrected: int
+    retired_pages_sbe: int
+    retired_pages_dbe: int
+    retired_pages_pending: bool
+    remapped_rows_correctable: int
+    remapped_rows_uncorrectable: int
+    remapped_rows_pending: bool
+    remapped_rows_failure: bool
+    pcie_replay_errors: int
+    acs: bool
+    acs_capable: bool
+    processes: tuple[Process, ...]
+    slot_generation: int
+    slot_width: int
+    nvswitch: bool
+
+
+@dataclass(frozen=True)
+class Bridge:
+    """One ``[[nvlink]]``: an NVLink bridge between two GPUs, with this many links."""
+
+    gpus: tuple[int, int]
+    links: int
+
+
+@dataclass(frozen=True)
+class Xorg:
+    """The ``[xorg]`` table: X server configuration and log."""
+
+    conf: str | None = None
+    files: Mapping[str, Any] = field(default_factory=dict)  # xorg.conf.d name: text
+    log: str | None = None
 
 
 @dataclass(frozen=True)
 class Description:
     source: str  # file path as given (for messages)
     digest: str  # content hash
-    machine: dict[str, Any]
-    gpus: tuple[dict[str, Any], ...]
-    nvlinks: tuple[dict[str, Any], ...]
+    machine: MachineSpec
+    gpus: tuple[GpuSpec, ...]
+    nvlinks: tuple[Bridge, ...]
     faults: tuple[Fault, ...]
-    xorg: dict[str, Any] = field(default_factory=dict)
+    xorg: Xorg = field(default_factory=Xorg)
 
     @property
     def name(self) -> str:
-        return str(self.machine["name"])
-
-
-def _pair(value: Any, n: int, file: str, where: str) -> list[int]:
-    if (not isinstance(value, list) or len(value) != 2 or not all(isinstance(v, int) and not isinstance(v, bool)
-                                                                 for v in value)):
-        raise InvalidInput(file, where, f"must be two GPU indices, not {value!r}")
-    if value[0] == value[1] or not all(0 <= v < n for v in value):
-        raise InvalidInput(file, where, f"GPU indices must differ and be in 0..{n - 1}")
-    return value
-
-
-def validate_fault(raw: Any, n: int, file: str, where: str) -> Fault:
-    if not isinstance(raw, dict):
-        raise InvalidInput(file, where, "must be a table")
-    kind = raw.get("kind")
-    if kind not in FAULT_KEYS:
-        raise InvalidInput(file, f"{where}.kind", f"must be one of {', '.join(FAULT_KEYS)}, not {kind!r}")
-    params = take({k: v for k, v in raw.items() if k != "kind"}, FAULT_KEYS[kind], file, where)
-    gpu = params.get("gpu")
-    if gpu is not None and not 0 <= gpu < n:
-        raise InvalidInput(file, f"{where}.gpu", f"no GPU {gpu} (this machine has {n})")
-    if "gpus" in params:
-        _pair(params["gpus"], n, file, f"{where}.gpus")
-    if kind == "no_permission" and params["call"] is None and params["at_write"] is None:
-        raise InvalidInput(file, f"{where}.call", "required (or at_write)")
-    if params.get("call") is not None and not _nvml_call(params["call"]):
-        raise InvalidInput(file, f"{where}.call", f"{params['call']!r} is not an NVML function: the fault could never "
-                                                  "fire (names look like nvmlDeviceSetGpuLockedClocks)")
-    for key in ("at_write", "width", "generation", "percent", "fan", "xid"):
-        v = params.get(key)
-        if v is not None and v < (1 if key in ("at_write", "width", "generation", "xid") else 0):
-            raise InvalidInput(file, f"{where}.{key}", f"must be {'positive' if key != 'fan' else 'at least 0'}")
-    if kind == "fan_stuck" and params["percent"] > 100:
-        raise InvalidInput(file, f"{where}.percent", "must be 0..100")
-    if kind == "clock_events":
-        for r in params["reasons"]:
-            if r not in EVENT_NAMES:
-                raise InvalidInput(file, f"{where}.reasons", f"unknown reason {r!r} (known: {', '.join(EVENT_NAMES)})")
-    return Fault(kind, params)
-
-
-def _nvml_call(name: str) -> bool:
-    """An entry point the simulated library exports, named with or without its ``_vN`` suffix."""
-    from gpud.sim.libnvml import ENTRIES, base_name  # imported late: libnvml builds on this module
-
-    return name in ENTRIES or name in {base_name(e) for e in ENTRIES}
+        return self.machine.name
 
 
 def _check_machine(machine: dict[str, Any], file: str) -> None:
@@ -318,7 +360,7 @@ def parse(data: dict[str, Any], file: str, digest: str = "") -> Description:
             raise InvalidInput(file, f"{where}.model", f"unknown GPU model {model!r} (known: {', '.join(GPU_MODELS)})")
         own = take({k: v for k, v in merged.items() if k not in MODEL_KEYS}, GPU_KEYS, file, where)
         overrides = take({k: v for k, v in merged.items() if k in MODEL_KEYS}, MODEL_KEYS, file, where)
-        gpu = {**GPU_MODELS[model], **{k: v for k, v in overrides.items() if v is not None}, **own}
+        gpu = {**asdict(GPU_MODELS[model]), **{k: v for k, v in overrides.items() if v is not None}, **own}
         for key in ("bus_id", "root_port", "switch"):
             if gpu[key] is not None and not BUS_RE.match(gpu[key]):
                 raise InvalidInput(file, f"{where}.{key}", f"must be a PCI address like 0000:17:00.0, not {gpu[key]!r}")
@@ -362,20 +404,23 @@ def parse(data: dict[str, Any], file: str, digest: str = "") -> Description:
     nvlinks = []
     for k, raw in enumerate(data.get("nvlink", [])):
         link = take(raw, NVLINK_KEYS, file, f"nvlink[{k}]")
-        a, b = _pair(link["gpus"], len(gpus), file, f"nvlink[{k}].gpus")
+        a, b = gpu_pair(link["gpus"], len(gpus), file, f"nvlink[{k}].gpus")
         most = min(gpus[a]["nvlinks"], gpus[b]["nvlinks"])
         if link["links"] is None:
             link["links"] = most
         if not 1 <= link["links"] <= most:
             raise InvalidInput(file, f"nvlink[{k}].links", f"must be 1..{most} for these GPUs")
-        nvlinks.append(link)
+        nvlinks.append(Bridge((a, b), link["links"]))
+    specs = tuple(GpuSpec(**{**g, "processes": tuple(Process(**p) for p in g["processes"])}) for g in gpus)
     faults = tuple(validate_fault(f, len(gpus), file, f"fault[{k}]") for k, f in enumerate(data.get("fault", [])))
     for k, f in enumerate(faults):
-        if f.kind == "fan_stuck" and f.params["fan"] >= gpus[f.params["gpu"]]["fans"]:
-            raise InvalidInput(file, f"fault[{k}].fan", f"GPU {f.params['gpu']} has {gpus[f.params['gpu']]['fans']} "
-                                                        "fan(s): the fault could never fire")
+        check = FAULTS[f.kind].check_gpus
+        if check is not None:
+            check(f, specs, file, f"fault[{k}]")
     xorg = take(data.get("xorg", {}), XORG_KEYS, file, "xorg")
-    return Description(file, digest, machine, tuple(gpus), tuple(nvlinks), faults, xorg)
+    for key in ("modules", "nvswitches", "driver_lacks"):
+        machine[key] = tuple(machine[key])
+    return Description(file, digest, MachineSpec(**machine), specs, tuple(nvlinks), faults, Xorg(**xorg))
 
 
 def _uuid(name: str, index: int) -> str:

@@ -27,8 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpud.model import P2P_STATUSES
+from gpud.sim.description import GpuSpec
 from gpud.sim.machine import SimMachine
-from gpud.sim.topology import common_ancestor, link_state, node_cpus
+from gpud.sim.physics import CLOCK_GRAPHICS, CLOCK_MEM, CLOCK_SM
+from gpud.sim.topology import common_ancestor, link_state, node_cpus, nvlink_peer
 
 # nvmlReturn_t (nvml.h)
 SUCCESS = 0
@@ -52,13 +54,9 @@ IDLE_SM_MHZ, IDLE_MEM_MHZ = 210, 405
 ARCH_CODES = {"kepler": 2, "maxwell": 3, "pascal": 4, "volta": 5, "turing": 6, "ampere": 7, "ada": 8,
               "hopper": 9, "blackwell": 10}
 P2P_CODES = {name: code for code, name in enumerate(P2P_STATUSES)}
-EVENT_BITS = {"gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4, "hw_slowdown": 0x8,
-              "sync_boost": 0x10, "sw_thermal_slowdown": 0x20, "hw_thermal_slowdown": 0x40,
-              "hw_power_brake_slowdown": 0x80, "display_clock_setting": 0x100}
 FI_PCIE_COUNT_TX_BYTES, FI_PCIE_COUNT_RX_BYTES = 197, 198  # NVML_FI_DEV_PCIE_COUNT_{TX,RX}_BYTES
 VALUE_TYPE_ULL = 3  # NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
 NVLINK_DEVICE_GPU, NVLINK_DEVICE_SWITCH = 0, 2
-CLOCK_GRAPHICS, CLOCK_SM, CLOCK_MEM = 0, 1, 2
 THRESHOLD_SHUTDOWN, THRESHOLD_SLOWDOWN, THRESHOLD_MEM_MAX, THRESHOLD_GPU_MAX = 0, 1, 2, 3
 SLI_BRIDGE_CAP = 4  # NVML_NVLINK_CAP_SLI_BRIDGE
 
@@ -209,7 +207,7 @@ class SimLibrary:
         self.modelled_s = 0.0  # the latency model's total for the calls made: what hardware would take
         self.called: Counter[str] = Counter()  # calls per entry point
         self.internal_errors = 0  # Python exceptions inside an entry point: simulator bugs
-        lacks = set(sim.desc.machine["driver_lacks"])  # an older driver exports fewer entry points
+        lacks = set(sim.desc.machine.driver_lacks)  # an older driver exports fewer entry points
         self._functions: dict[str, Callable[..., Any]] = {
             name: self._bind(name, e) for name, e in ENTRIES.items() if name not in lacks}
         self._functions["nvmlErrorString"] = self._error_string
@@ -322,7 +320,7 @@ class SimLibrary:
         if kind == "no_permission":
             fail(NO_PERMISSION)
 
-    def gpu(self, i: int) -> dict[str, Any]:
+    def gpu(self, i: int) -> GpuSpec:
         return self.sim.desc.gpus[i]
 
     def settings(self, i: int) -> dict[str, Any]:
@@ -330,7 +328,7 @@ class SimLibrary:
 
     def visible(self) -> list[int]:
         """Description indices NVML enumerates: a GPU off the bus stays on PCI but not here."""
-        gone = {p["gpu"] for p in self.sim.faults_of("off_bus")}
+        gone = {p.gpu for p in self.sim.faults_of("off_bus")}
         return [i for i in range(len(self.sim.desc.gpus)) if i not in gone]
 
 
@@ -338,7 +336,7 @@ class SimLibrary:
 
 
 def _init(lib: SimLibrary, flags: int = 0) -> None:
-    if not lib.sim.desc.machine["driver_loaded"]:
+    if not lib.sim.desc.machine.driver_loaded:
         fail(DRIVER_NOT_LOADED)
     lib.sim.client_attach()
     lib._init_count += 1
@@ -358,18 +356,18 @@ def _shutdown(lib: SimLibrary) -> None:
 
 @entry("nvmlSystemGetDriverVersion", outs="text", handles=0)
 def _driver_version(lib: SimLibrary) -> str:
-    return str(lib.sim.desc.machine["driver_version"])
+    return str(lib.sim.desc.machine.driver_version)
 
 
 @entry("nvmlSystemGetNVMLVersion", outs="text", handles=0)
 def _nvml_version(lib: SimLibrary) -> str:
-    return str(lib.sim.desc.machine["nvml_version"])
+    return str(lib.sim.desc.machine.nvml_version)
 
 
 @entry("nvmlSystemGetCudaDriverVersion_v2", handles=0)
 @entry("nvmlSystemGetCudaDriverVersion", handles=0)
 def _cuda_version(lib: SimLibrary) -> int:
-    major, _, minor = str(lib.sim.desc.machine["cuda_driver_version"]).partition(".")
+    major, _, minor = str(lib.sim.desc.machine.cuda_driver_version).partition(".")
     return int(major) * 1000 + int(minor or 0) * 10
 
 
@@ -387,8 +385,8 @@ def _handle_by_index(lib: SimLibrary, index: Any, out: Any) -> None:
     if lib.sim.lost(visible[i]):
         # A GPU that fell off the bus: drivers answer the handle lookup with Unknown Error
         # (nvidia-smi: "Unable to determine the device handle for GPU …: Unknown Error") or GPU is lost.
-        params = [p for p in lib.sim.faults_of("gpu_lost", visible[i]) if p.get("at_write") is None]
-        fail(GPU_IS_LOST if params and params[0].get("handle_error") == "gpu_is_lost" else UNKNOWN)
+        params = [p for p in lib.sim.faults_of("gpu_lost", visible[i]) if p.at_write is None]
+        fail(GPU_IS_LOST if params and params[0].handle_error == "gpu_is_lost" else UNKNOWN)
     lib.new_handle(out, visible[i])
 
 
@@ -397,47 +395,48 @@ def _handle_by_index(lib: SimLibrary, index: Any, out: Any) -> None:
 
 @entry("nvmlDeviceGetUUID", outs="text")
 def _uuid(lib: SimLibrary, i: int) -> str:
-    return str(lib.gpu(i)["uuid"])
+    return str(lib.gpu(i).uuid)
 
 
 @entry("nvmlDeviceGetName", outs="text")
 def _name(lib: SimLibrary, i: int) -> str:
-    return str(lib.gpu(i)["name"])
+    return str(lib.gpu(i).name)
 
 
 @entry("nvmlDeviceGetSerial", outs="text")
 def _serial(lib: SimLibrary, i: int) -> str:
-    return str(lib.gpu(i)["serial"])
+    return str(lib.gpu(i).serial)
 
 
 @entry("nvmlDeviceGetVbiosVersion", outs="text")
 def _vbios(lib: SimLibrary, i: int) -> str:
-    return str(lib.gpu(i)["vbios"])
+    return str(lib.gpu(i).vbios)
 
 
 @entry("nvmlDeviceGetArchitecture")
 def _architecture(lib: SimLibrary, i: int) -> int:
-    return ARCH_CODES.get(str(lib.gpu(i)["architecture"]), 0xFFFFFFFF)
+    return ARCH_CODES.get(str(lib.gpu(i).architecture), 0xFFFFFFFF)
 
 
-def pci_info(g: dict[str, Any]) -> dict[str, Any]:
-    dom, bus, devfn = g["bus_id"].split(":")
+def pci_info(address: str, device_id: int, subsystem_id: int) -> dict[str, Any]:
+    dom, bus, devfn = address.split(":")
     dev, fn = devfn.split(".")
     bus_id = f"{int(dom, 16):08X}:{bus.upper()}:{dev.upper()}.{fn}".encode()
     return {"busId": bus_id, "busIdLegacy": bus_id[4:], "domain": int(dom, 16), "bus": int(bus, 16),
-            "device": int(dev, 16), "pciDeviceId": g["pci_device_id"], "pciSubSystemId": g["pci_subsystem_id"]}
+            "device": int(dev, 16), "pciDeviceId": device_id, "pciSubSystemId": subsystem_id}
 
 
 @entry("nvmlDeviceGetPciInfo_v3")
 @entry("nvmlDeviceGetPciInfo_v2")
 def _pci_info(lib: SimLibrary, i: int) -> dict[str, Any]:
-    return pci_info(lib.gpu(i))
+    g = lib.gpu(i)
+    return pci_info(g.bus_id, g.pci_device_id, g.pci_subsystem_id)
 
 
 @entry("nvmlDeviceGetMemoryAffinity", outs="raw")
 def _memory_affinity(lib: SimLibrary, i: int, size: Any, out: Any, scope: Any) -> None:
     words = [0] * value_of(size)
-    node = lib.gpu(i)["numa_node"]
+    node = lib.gpu(i).numa_node
     if node // 64 >= len(words):
         fail(INSUFFICIENT_SIZE)
     words[node // 64] |= 1 << (node % 64)
@@ -446,13 +445,13 @@ def _memory_affinity(lib: SimLibrary, i: int, size: Any, out: Any, scope: Any) -
 
 @entry("nvmlDeviceGetNumaNodeId")
 def _numa_node(lib: SimLibrary, i: int) -> int:
-    return int(lib.gpu(i)["numa_node"])
+    return int(lib.gpu(i).numa_node)
 
 
 @entry("nvmlDeviceGetCpuAffinity", outs="raw")
 def _cpu_affinity(lib: SimLibrary, i: int, size: Any, out: Any) -> None:
     words = [0] * value_of(size)
-    for cpu in node_cpus(lib.sim.desc.machine, lib.gpu(i)["numa_node"]):
+    for cpu in node_cpus(lib.sim.desc.machine, lib.gpu(i).numa_node):
         if cpu // 64 < len(words):
             words[cpu // 64] |= 1 << (cpu % 64)
     store(out, words)
@@ -475,31 +474,32 @@ VALUE_TYPE_SIGNED_INT = 5
 @entry("nvmlDeviceGetTemperatureThreshold")
 def _threshold(lib: SimLibrary, i: int, threshold: int) -> int:
     g = lib.gpu(i)
-    if g["tlimit_thresholds"] and threshold in (THRESHOLD_SHUTDOWN, THRESHOLD_SLOWDOWN, THRESHOLD_GPU_MAX):
+    if g.tlimit_thresholds and threshold in (THRESHOLD_SHUTDOWN, THRESHOLD_SLOWDOWN, THRESHOLD_GPU_MAX):
         # Ada and later: drivers from 550 on give these only relative to T.Limit (nvidia-smi prints
         # "GPU Slowdown T.Limit Temp: -2 C"); modelled as unsupported here, the stricter reading.
         fail(NOT_SUPPORTED)
     key = {THRESHOLD_SHUTDOWN: "shutdown_celsius", THRESHOLD_SLOWDOWN: "slowdown_celsius",
            THRESHOLD_GPU_MAX: "max_operating_celsius", THRESHOLD_MEM_MAX: "memory_max_celsius"}.get(threshold)
-    if key is None or g.get(key) is None:
+    if key is None or getattr(g, key) is None:
         fail(NOT_SUPPORTED)
-    return int(g[key])  # type: ignore[index]
+    return int(getattr(g, str(key)))
 
 
 @entry("nvmlDeviceGetMarginTemperature")
 def _margin(lib: SimLibrary, i: int) -> dict[str, int]:
     """Degrees left before T.Limit (the max operating temperature): "GPU T.Limit Temp: 61 C"."""
     g = lib.gpu(i)
-    if not g["tlimit_thresholds"]:
+    if not g.tlimit_thresholds:
         fail(NOT_SUPPORTED)
-    return {"marginTemperature": int(g["max_operating_celsius"]) - int(round(lib.sim.temperature(i)))}
+    limit = g.max_operating_celsius  # a model with T.Limit thresholds has a max operating temperature
+    return {"marginTemperature": int(limit) - int(round(lib.sim.temperature(i)))}  # type: ignore[arg-type]
 
 
 @entry("nvmlDeviceGetNumFans")
 def _num_fans(lib: SimLibrary, i: int) -> int:
-    if not lib.gpu(i)["fans"]:
+    if not lib.gpu(i).fans:
         fail(NOT_SUPPORTED)  # passive cards (H200 SXM): nvidia-smi prints "Fan Speed: N/A"
-    return int(lib.gpu(i)["fans"])
+    return int(lib.gpu(i).fans)
 
 
 def _fan(lib: SimLibrary, i: int, fan: int) -> dict[str, Any]:
@@ -533,9 +533,9 @@ def _target_fan(lib: SimLibrary, i: int, fan: int) -> int:
 @entry("nvmlDeviceGetMinMaxFanSpeed", outs=2)
 def _fan_range(lib: SimLibrary, i: int) -> tuple[int, int]:
     g = lib.gpu(i)
-    if not g["fans"]:
+    if not g.fans:
         fail(NOT_SUPPORTED)
-    return int(g["fan_min_percent"]), int(g["fan_max_percent"])
+    return int(g.fan_min_percent), int(g.fan_max_percent)  # type: ignore[arg-type]
 
 
 @entry("nvmlDeviceGetFanControlPolicy_v2")
@@ -548,7 +548,7 @@ def _set_fan(lib: SimLibrary, i: int, fan: int, speed: int) -> None:
     lib.write()
     f = _fan(lib, i, fan)
     g = lib.gpu(i)
-    if not g["fan_min_percent"] <= speed <= g["fan_max_percent"]:
+    if not g.fan_min_percent <= speed <= g.fan_max_percent:  # type: ignore[operator]
         fail(INVALID_ARGUMENT)
     lib.sim.step()
     f["policy"], f["target"] = 1, int(speed)
@@ -590,13 +590,13 @@ def _power_limit(lib: SimLibrary, i: int) -> int:
 
 @entry("nvmlDeviceGetPowerManagementDefaultLimit")
 def _power_default(lib: SimLibrary, i: int) -> int:
-    return int(lib.gpu(i)["power_default_watts"] * 1000)
+    return int(lib.gpu(i).power_default_watts * 1000)
 
 
 @entry("nvmlDeviceGetPowerManagementLimitConstraints", outs=2)
 def _power_constraints(lib: SimLibrary, i: int) -> tuple[int, int]:
     g = lib.gpu(i)
-    return int(g["power_min_watts"] * 1000), int(g["power_max_watts"] * 1000)
+    return int(g.power_min_watts * 1000), int(g.power_max_watts * 1000)
 
 
 @entry("nvmlDeviceGetTotalEnergyConsumption")
@@ -609,7 +609,7 @@ def _energy(lib: SimLibrary, i: int) -> int:
 def _set_power(lib: SimLibrary, i: int, limit_mw: int) -> None:
     lib.write()
     g = lib.gpu(i)
-    if not g["power_min_watts"] * 1000 <= limit_mw <= g["power_max_watts"] * 1000:
+    if not g.power_min_watts * 1000 <= limit_mw <= g.power_max_watts * 1000:
         fail(INVALID_ARGUMENT)
     lib.sim.step()
     lib.settings(i)["power_limit_mw"] = int(limit_mw)
@@ -619,21 +619,7 @@ def _set_power(lib: SimLibrary, i: int, limit_mw: int) -> None:
 
 
 def events(lib: SimLibrary, i: int) -> int:
-    g = lib.gpu(i)
-    mask = 0
-    for p in lib.sim.faults_of("clock_events", i):
-        for r in p["reasons"]:
-            mask |= EVENT_BITS[r]
-    if lib.sim.utilization(i) == 0:
-        mask |= EVENT_BITS["gpu_idle"]
-    if lib.sim.demand_watts(i) > lib.settings(i)["power_limit_mw"] / 1000.0:
-        mask |= EVENT_BITS["sw_power_cap"]
-    temp = lib.sim.temperature(i)
-    if g.get("max_operating_celsius") is not None and temp >= g["max_operating_celsius"]:
-        mask |= EVENT_BITS["sw_thermal_slowdown"]  # the driver holds the GPU at its target temperature
-    if temp >= g["slowdown_celsius"]:
-        mask |= EVENT_BITS["hw_slowdown"] | EVENT_BITS["hw_thermal_slowdown"]
-    return mask
+    return lib.sim.clock_events(i)
 
 
 @entry("nvmlDeviceGetCurrentClocksEventReasons")
@@ -648,31 +634,14 @@ def _max_clock(lib: SimLibrary, i: int, clock: int) -> int:
     key = {CLOCK_GRAPHICS: "max_graphics_mhz", CLOCK_SM: "max_sm_mhz", CLOCK_MEM: "max_memory_mhz"}.get(clock)
     if key is None:
         fail(INVALID_ARGUMENT)
-    return int(g[key])  # type: ignore[index]
+    return int(getattr(g, str(key)))
 
 
 @entry("nvmlDeviceGetClockInfo")
 def _clock(lib: SimLibrary, i: int, clock: int) -> int:
-    g, s = lib.gpu(i), lib.settings(i)
     if clock not in (CLOCK_GRAPHICS, CLOCK_SM, CLOCK_MEM):
         fail(INVALID_ARGUMENT)
-    idle = lib.sim.utilization(i) == 0
-    if clock == CLOCK_MEM:
-        if idle:
-            return int(s["locked_mem"][0]) if s["locked_mem"] else int(g["idle_memory_mhz"])
-        return int(s["locked_mem"][1] if s["locked_mem"] else g["max_memory_mhz"])
-    if idle:
-        return int(s["locked_gpu"][0]) if s["locked_gpu"] else int(g["idle_sm_mhz"])
-    top = float(s["locked_gpu"][1] if s["locked_gpu"] else g["max_sm_mhz"])  # GPU Boost up to the maximum
-    demand, limit = lib.sim.demand_watts(i), s["power_limit_mw"] / 1000.0
-    if demand > limit:
-        top *= (limit / demand) ** (1 / 3)  # dynamic power ~ f³
-    mask = events(lib, i)
-    if mask & EVENT_BITS["hw_slowdown"]:
-        top *= 0.5
-    elif mask & EVENT_BITS["sw_thermal_slowdown"]:
-        top *= 0.85
-    return int(top)
+    return lib.sim.clock_mhz(i, clock)
 
 
 DEPRECATED = 26  # NVML_ERROR_DEPRECATED
@@ -681,7 +650,7 @@ DEPRECATED = 26  # NVML_ERROR_DEPRECATED
 def app_clocks_gone(lib: SimLibrary) -> None:
     """Drivers from 590 answer the application-clock calls with Deprecated (nvml.h marks them
     DEPRECATED(13.0); an H200 on 590.48.01 prints "Requested functionality has been deprecated")."""
-    major = str(lib.sim.desc.machine["driver_version"]).split(".")[0]
+    major = str(lib.sim.desc.machine.driver_version).split(".")[0]
     if major.isdigit() and int(major) >= 590:
         fail(DEPRECATED)
 
@@ -692,25 +661,25 @@ def _app_clock(lib: SimLibrary, i: int, clock: int) -> int:
     g, s = lib.gpu(i), lib.settings(i)
     if s["app_clocks"]:
         return int(s["app_clocks"][0] if clock == CLOCK_MEM else s["app_clocks"][1])
-    return int(g["default_app_memory_mhz"] if clock == CLOCK_MEM else g["default_app_graphics_mhz"])
+    return int(g.default_app_memory_mhz if clock == CLOCK_MEM else g.default_app_graphics_mhz)
 
 
 @entry("nvmlDeviceGetDefaultApplicationsClock")
 def _default_app_clock(lib: SimLibrary, i: int, clock: int) -> int:
     app_clocks_gone(lib)
     g = lib.gpu(i)
-    return int(g["default_app_memory_mhz"] if clock == CLOCK_MEM else g["default_app_graphics_mhz"])
+    return int(g.default_app_memory_mhz if clock == CLOCK_MEM else g.default_app_graphics_mhz)
 
 
 def _clock_write(lib: SimLibrary, i: int, key: str, value: list[int] | None, limit_key: str | None = None,
                  since: str | None = None) -> None:
     """A locked range (min ≤ max ≤ the model's maximum), application clocks, or None to reset."""
-    if since is not None and ARCH_CODES.get(lib.gpu(i)["architecture"], 0) < ARCH_CODES[since]:
+    if since is not None and ARCH_CODES.get(lib.gpu(i).architecture, 0) < ARCH_CODES[since]:
         fail(NOT_SUPPORTED)
     lib.write()
     if value is not None and limit_key is not None:
         g = lib.gpu(i)
-        if value[0] > value[1] or value[0] < 0 or value[1] > g[limit_key]:
+        if value[0] > value[1] or value[0] < 0 or value[1] > getattr(g, limit_key):
             fail(INVALID_ARGUMENT)
     lib.settings(i)[key] = value
 
@@ -739,7 +708,7 @@ def _reset_mem(lib: SimLibrary, i: int) -> None:
 def _set_app(lib: SimLibrary, i: int, mem: int, gfx: int) -> None:
     app_clocks_gone(lib)
     g = lib.gpu(i)
-    if mem > g["max_memory_mhz"] or gfx > g["max_graphics_mhz"]:
+    if mem > g.max_memory_mhz or gfx > g.max_graphics_mhz:
         lib.write()
         fail(INVALID_ARGUMENT)
     _clock_write(lib, i, "app_clocks", [int(mem), int(gfx)])
@@ -787,17 +756,17 @@ def _utilization(lib: SimLibrary, i: int) -> dict[str, int]:
     return {"gpu": u, "memory": int(u * 0.6)}
 
 
-def memory_total_mib(g: dict[str, Any]) -> int:
+def memory_total_mib(g: GpuSpec) -> int:
     """What NVML reports as total: the ECC reservation is taken off when ECC is on (a real RTX
     A6000 reports 49140 MiB with ECC off and 46068 MiB with it on)."""
-    return int(g["memory_ecc_mib"] if g["ecc_enabled"] and g.get("memory_ecc_mib") else g["memory_mib"])
+    return int(g.memory_ecc_mib if g.ecc_enabled and g.memory_ecc_mib else g.memory_mib)
 
 
 @entry("nvmlDeviceGetMemoryInfo")
 def _memory(lib: SimLibrary, i: int) -> dict[str, int]:
     g = lib.gpu(i)
     total = memory_total_mib(g) << 20
-    used = min((g["memory_used_mib"] + sum(p["used_mib"] for p in g["processes"])) << 20, total)
+    used = min((g.memory_used_mib + sum(p.used_mib for p in g.processes)) << 20, total)
     return {"total": total, "used": used, "free": total - used}
 
 
@@ -806,16 +775,16 @@ def _processes(lib: SimLibrary, i: int, count: Any, out: Any, graphics: bool = F
     written as the driver lays them out — nvml.h's 24 bytes (pid, pad, usedGpuMemory, gpuInstanceId,
     computeInstanceId), or 32 with usedGpuCcProtectedMemory (``process_entry_bytes``, early R535) —
     whatever struct the bindings declared. Compute and graphics lists share the layout (nvml.h)."""
-    procs = [p for p in lib.gpu(i)["processes"] if bool(p.get("graphics")) == graphics]
+    procs = [p for p in lib.gpu(i).processes if bool(p.graphics) == graphics]
     n = _target(count)
     if out is None or n.value < len(procs):
         n.value = len(procs)
         if procs:
             fail(INSUFFICIENT_SIZE)
         return
-    size = int(lib.sim.desc.machine["process_entry_bytes"])
+    size = int(lib.sim.desc.machine.process_entry_bytes)
     data = b"".join(
-        p["pid"].to_bytes(4, "little") + bytes(4) + (p["used_mib"] << 20).to_bytes(8, "little")
+        p.pid.to_bytes(4, "little") + bytes(4) + (p.used_mib << 20).to_bytes(8, "little")
         + (0xFFFFFFFF).to_bytes(4, "little") * 2 + bytes(size - 24) for p in procs)
     target = _target(out)
     # A real driver writes all of it, past a buffer declared for smaller entries; here it stops at
@@ -853,18 +822,18 @@ def _pcie_width(lib: SimLibrary, i: int) -> int:
 def _pcie_max_gen(lib: SimLibrary, i: int) -> int:
     """The maximum of this GPU *in this slot* (NVML reference): the lower of GPU and slot."""
     g = lib.gpu(i)
-    return min(int(g["pcie_max_generation"]), int(g["slot_generation"]))
+    return min(int(g.pcie_max_generation), int(g.slot_generation))
 
 
 @entry("nvmlDeviceGetMaxPcieLinkWidth")
 def _pcie_max_width(lib: SimLibrary, i: int) -> int:
     g = lib.gpu(i)
-    return min(int(g["pcie_max_width"]), int(g["slot_width"]))
+    return min(int(g.pcie_max_width), int(g.slot_width))
 
 
 @entry("nvmlDeviceGetGpuMaxPcieLinkGeneration")
 def _gpu_max_gen(lib: SimLibrary, i: int) -> int:
-    return int(lib.gpu(i)["pcie_max_generation"])
+    return int(lib.gpu(i).pcie_max_generation)
 
 
 @entry("nvmlDeviceGetPcieThroughput")
@@ -875,14 +844,14 @@ def _pcie_throughput(lib: SimLibrary, i: int, counter: int) -> int:
 
 @entry("nvmlDeviceGetPcieReplayCounter")
 def _replays(lib: SimLibrary, i: int) -> int:
-    return int(lib.gpu(i)["pcie_replay_errors"])
+    return int(lib.gpu(i).pcie_replay_errors)
 
 
 @entry("nvmlDeviceGetFieldValues", outs="raw")
 def _field_values(lib: SimLibrary, i: int, count: Any, values: Any) -> None:
     arr = _target(values)
     n = value_of(count)
-    counters = lib.sim.pcie_counters(i) if lib.gpu(i)["pcie_byte_counters"] else None
+    counters = lib.sim.pcie_counters(i) if lib.gpu(i).pcie_byte_counters else None
     now_us = int(time.time() * 1e6)
     for k in range(n):
         v = arr[k]
@@ -891,10 +860,11 @@ def _field_values(lib: SimLibrary, i: int, count: Any, values: Any) -> None:
             v.valueType = VALUE_TYPE_ULL
             v.value.ullVal = int(counters[0 if v.fieldId == FI_PCIE_COUNT_TX_BYTES else 1]) & (2**64 - 1)
             v.nvmlReturn = SUCCESS
-        elif v.fieldId in TLIMIT_FIELDS and lib.gpu(i)["tlimit_thresholds"]:
+        elif v.fieldId in TLIMIT_FIELDS and lib.gpu(i).tlimit_thresholds:
             g = lib.gpu(i)  # the margin T.Limit shows when the threshold is reached: −2 for slowdown
             v.valueType = VALUE_TYPE_SIGNED_INT
-            v.value.siVal = int(g["max_operating_celsius"]) - int(g[TLIMIT_FIELDS[v.fieldId]])
+            limit = g.max_operating_celsius
+            v.value.siVal = int(limit) - int(getattr(g, TLIMIT_FIELDS[v.fieldId]))  # type: ignore[arg-type]
             v.nvmlReturn = SUCCESS
         else:
             v.nvmlReturn = NOT_SUPPORTED
@@ -906,28 +876,28 @@ def _field_values(lib: SimLibrary, i: int, count: Any, values: Any) -> None:
 @entry("nvmlDeviceGetEccMode", outs=2)
 def _ecc_mode(lib: SimLibrary, i: int) -> tuple[int, int]:
     g = lib.gpu(i)
-    if not g["ecc_supported"]:
+    if not g.ecc_supported:
         fail(NOT_SUPPORTED)
-    pending = g["ecc_enabled"] if g["ecc_pending_enabled"] is None else g["ecc_pending_enabled"]
-    return (1 if g["ecc_enabled"] else 0), (1 if pending else 0)
+    pending = g.ecc_enabled if g.ecc_pending_enabled is None else g.ecc_pending_enabled
+    return (1 if g.ecc_enabled else 0), (1 if pending else 0)
 
 
 @entry("nvmlDeviceGetTotalEccErrors")
 def _ecc_errors(lib: SimLibrary, i: int, error_type: int, counter_type: int) -> int:
     g = lib.gpu(i)
-    if not (g["ecc_supported"] and g["ecc_enabled"]):
+    if not (g.ecc_supported and g.ecc_enabled):
         fail(NOT_SUPPORTED)
     scope = "volatile" if counter_type == 0 else "aggregate"
     kind = "corrected" if error_type == 0 else "uncorrected"
-    return int(g[f"ecc_{scope}_{kind}"])
+    return int(getattr(g, f"ecc_{scope}_{kind}"))
 
 
 @entry("nvmlDeviceGetRetiredPages", outs="raw")
 def _retired_pages(lib: SimLibrary, i: int, cause: Any, count: Any, out: Any) -> None:
     g = lib.gpu(i)
-    if not g["retired_pages_supported"]:
+    if not g.retired_pages_supported:
         fail(NOT_SUPPORTED)
-    n = g["retired_pages_sbe"] if value_of(cause) == 0 else g["retired_pages_dbe"]
+    n = g.retired_pages_sbe if value_of(cause) == 0 else g.retired_pages_dbe
     c = _target(count)
     if out is None or c.value < n:
         c.value = n
@@ -942,18 +912,18 @@ def _retired_pages(lib: SimLibrary, i: int, cause: Any, count: Any, out: Any) ->
 @entry("nvmlDeviceGetRetiredPagesPendingStatus")
 def _retired_pending(lib: SimLibrary, i: int) -> int:
     g = lib.gpu(i)
-    if not g["retired_pages_supported"]:
+    if not g.retired_pages_supported:
         fail(NOT_SUPPORTED)
-    return 1 if g["retired_pages_pending"] else 0
+    return 1 if g.retired_pages_pending else 0
 
 
 @entry("nvmlDeviceGetRemappedRows", outs=4)
 def _remapped(lib: SimLibrary, i: int) -> tuple[int, int, int, int]:
     g = lib.gpu(i)
-    if not g["remapped_rows_supported"]:
+    if not g.remapped_rows_supported:
         fail(NOT_SUPPORTED)
-    return (g["remapped_rows_correctable"], g["remapped_rows_uncorrectable"], int(g["remapped_rows_pending"]),
-            int(g["remapped_rows_failure"]))
+    return (g.remapped_rows_correctable, g.remapped_rows_uncorrectable, int(g.remapped_rows_pending),
+            int(g.remapped_rows_failure))
 
 
 # -- NVLink and topology ----------------------------------------------------------------------------
@@ -961,24 +931,9 @@ def _remapped(lib: SimLibrary, i: int) -> tuple[int, int, int, int]:
 
 def peer(lib: SimLibrary, i: int, link: int) -> tuple[int | None, bool]:
     """(GPU at the other end of this link — or -1 for an NVSwitch —, is it up)."""
-    sim = lib.sim
-    g = sim.desc.gpus[i]
-    if not 0 <= link < g["nvlinks"]:
+    if not 0 <= link < lib.gpu(i).nvlinks:
         fail(INVALID_ARGUMENT)
-    if g.get("nvswitch"):
-        down = any(p["links"] is None or link in p["links"] for p in sim.faults_of("nvlink_down", i)
-                   if p.get("gpus") is None or i in p["gpus"])
-        return -1, not down
-    for b in sim.desc.nvlinks:
-        if i in b["gpus"] and link < b["links"]:
-            other = b["gpus"][1] if b["gpus"][0] == i else b["gpus"][0]
-            for p in sim.faults_of("nvlink_down", i):
-                if other in p["gpus"] and (p["links"] is None or link in p["links"]):
-                    return other, False
-            if sim.lost(other):
-                return other, False
-            return other, True
-    return None, False
+    return nvlink_peer(lib.sim, i, link)
 
 
 @entry("nvmlDeviceGetNvLinkState")
@@ -994,12 +949,12 @@ def _nvlink_error_counter(lib: SimLibrary, i: int, link: int, counter: int) -> i
     """Errors on one link since the driver loaded (``nvidia-smi nvlink -e``): 0 unless an
     ``nvlink_errors`` fault makes them climb at its rate (counted from the host's boot)."""
     g = lib.gpu(i)
-    if not g["nvlinks"]:
+    if not g.nvlinks:
         fail(NOT_SUPPORTED)
-    if not 0 <= int(link) < int(g["nvlinks"]) or int(counter) not in NVLINK_ERROR_COUNTERS.values():
+    if not 0 <= int(link) < int(g.nvlinks) or int(counter) not in NVLINK_ERROR_COUNTERS.values():
         fail(INVALID_ARGUMENT)
-    return sum(int(f["per_second"] * lib.sim.now()) for f in lib.sim.faults_of("nvlink_errors", i)
-               if f["link"] in (None, int(link)) and NVLINK_ERROR_COUNTERS[f["counter"]] == int(counter))
+    return sum(int(f.per_second * lib.sim.now()) for f in lib.sim.faults_of("nvlink_errors", i)
+               if f.link in (None, int(link)) and NVLINK_ERROR_COUNTERS[f.counter] == int(counter))
 
 
 @entry("nvmlDeviceGetNvLinkRemotePciInfo_v2")
@@ -1008,10 +963,10 @@ def _nvlink_remote(lib: SimLibrary, i: int, link: int) -> dict[str, Any]:
     if other is None or not up:
         fail(NOT_SUPPORTED)
     if other == -1:
-        switches = lib.sim.desc.machine["nvswitches"]
-        return pci_info({"bus_id": switches[link % len(switches)], "pci_device_id": 0x22A310DE,
-                         "pci_subsystem_id": 0x16BD10DE})
-    return pci_info(lib.gpu(other))  # type: ignore[arg-type]
+        switches = lib.sim.desc.machine.nvswitches
+        return pci_info(switches[link % len(switches)], 0x22A310DE, 0x16BD10DE)
+    g = lib.gpu(other)  # type: ignore[arg-type]
+    return pci_info(g.bus_id, g.pci_device_id, g.pci_subsystem_id)
 
 
 @entry("nvmlDeviceGetNvLinkRemoteDeviceType")
@@ -1040,12 +995,12 @@ def _p2p(lib: SimLibrary, i: int, j: int, index: int) -> int:
     pair = {i, j}
     caps = {0: "read", 1: "write", 2: "nvlink"}.get(index, "other")
     for p in lib.sim.faults_of("p2p"):
-        if set(p["gpus"]) == pair and (p["caps"] == "all" or p["caps"] == caps):
-            return P2P_CODES[p["status"]]
+        if set(p.gpus) == pair and (p.caps == "all" or p.caps == caps):
+            return P2P_CODES[p.status]
     if caps == "nvlink":
-        up_i = [peer(lib, i, ln) for ln in range(lib.gpu(i)["nvlinks"])]
+        up_i = [peer(lib, i, ln) for ln in range(lib.gpu(i).nvlinks)]
         if any(o == j and u for o, u in up_i):
             return 0
-        both_switched = lib.gpu(i).get("nvswitch") and lib.gpu(j).get("nvswitch")
+        both_switched = lib.gpu(i).nvswitch and lib.gpu(j).nvswitch
         return 0 if both_switched and any(u for _, u in up_i) else P2P_CODES["not_supported"]
     return 0

@@ -1,4 +1,9 @@
-"""The simulated workstation's hardware state: settings, faults and a thermal model.
+"""The simulated workstation's state: persisted settings and faults, NVML clients, boots.
+
+``SimMachine`` is one workstation: what NVML setters wrote, the faults (the description's and those
+injected while running), the NVML clients attached (a GPU without persistence mode forgets its
+settings when the last one leaves) and the boot id. Its readings come from ``gpud.sim.physics``
+(mixed in), where it is, from ``gpud.sim.topology``; ``gpud.sim.libnvml`` answers NVML calls over it.
 
 What tuning writes is persisted under the state directory (``sim/<name>.json``) so that it
 survives across CLI invocations, like real hardware does until a reboot. Faults injected while
@@ -13,58 +18,16 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from gpud.paths import atomic_write
-from gpud.sim.description import Description, Fault, validate_fault
-
-# Effective cooling keeps 30 % with the fan stopped (chassis airflow, heatsink).
-PASSIVE_SHARE = 0.3
-TIME_CONSTANT_S = 30.0
-AUTO_FAN_T0, AUTO_FAN_T1 = 40.0, 87.0  # driver curve: minimum duty at T0, 100 % at T1
-
-DEFAULT_XID_TEXT = {
-    13: "Graphics Exception: ESR 0x404600=0x80000002",
-    31: "Ch 00000010, intr 10000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f2a_00000000",
-    43: "pid=4242, name=python, Ch 00000008",
-    45: "pid=4242, name=python, Ch 00000008",
-    48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, "
-    "subpartition 0.",
-    63: "Row Remapper: New row marked for remapping, reset gpu to activate.",
-    64: "Row Remapper: Failed to remap row.",
-    74: "NVLink: fatal error detected on link 2(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)",
-    79: "GPU has fallen off the bus.",
-    92: "High single-bit ECC error rate detected.",
-    94: "Contained ECC error.",
-    95: "Uncontained ECC error.",
-    119: "Timeout after 6s of waiting for RPC response from GPU0 GSP!",
-    120: "GSP task error.",
-}
+from gpud.sim.description import Description
+from gpud.sim.faults import FAULTS, Fault, validate_fault
+from gpud.sim.physics import Physics
 
 
-def auto_fan_percent(temp: float, minimum: int) -> int:
-    """The driver's automatic fan policy, as the simulator models it."""
-    frac = (temp - AUTO_FAN_T0) / (AUTO_FAN_T1 - AUTO_FAN_T0)
-    return int(round(min(100.0, max(float(minimum), minimum + frac * (100 - minimum)))))
-
-
-def _cooling(duty: float) -> float:
-    return PASSIVE_SHARE + (1 - PASSIVE_SHARE) * duty / 100.0
-
-
-@dataclass
-class Thermal:
-    temperature: float
-    conductance: float  # W/K at full fan
-    capacity: float  # J/K
-    energy_mj: float
-    pcie_tx_bytes: float = 0.0  # cumulative, as NVML_FI_DEV_PCIE_COUNT_TX_BYTES
-    pcie_rx_bytes: float = 0.0
-
-
-class SimMachine:
+class SimMachine(Physics):
     """One simulated workstation. Not thread-safe: the NVML layer serialises calls."""
 
     def __init__(self, desc: Description, state_file: Path, clock: Callable[[], float] = time.monotonic):
@@ -81,25 +44,24 @@ class SimMachine:
         self._lost: set[int] = set()
         self._refused: set[tuple[str, Any, Any]] = set()
         self._load_state()
-        self.thermal = [self._calibrate(i) for i in range(len(desc.gpus))]
-        self._last = self.now()
+        self.start_physics()
 
     # -- persisted state ---------------------------------------------------------------
     def _initial(self) -> dict[str, Any]:
         gpus = {}
         for i, g in enumerate(self.desc.gpus):
             gpus[str(i)] = {
-                "power_limit_mw": int(g["power_limit_watts"] * 1000),
-                "persistence": 1 if g["persistence_mode"] else 0,
-                "compute_mode": {"default": 0, "prohibited": 2, "exclusive_process": 3}[g["compute_mode"]],
+                "power_limit_mw": int(g.power_limit_watts * 1000),
+                "persistence": 1 if g.persistence_mode else 0,
+                "compute_mode": {"default": 0, "prohibited": 2, "exclusive_process": 3}[g.compute_mode],
                 "locked_gpu": None,
                 "locked_mem": None,
                 "app_clocks": None,
-                "fans": [{"policy": 0, "target": None} for _ in range(g["fans"])],
+                "fans": [{"policy": 0, "target": None} for _ in range(g.fans)],
                 "load": None,
             }
         # This boot began long enough ago for the description's kernel-log times (Xid seconds since boot).
-        latest = max([float(f.params.get("seconds") or 0) for f in self.desc.faults if f.kind == "xid"] + [0.0])
+        latest = max([f.seconds for f in self.desc.faults if f.kind == "xid"] + [0.0])
         boot_time = int(time.time() - max(86400.0, latest + 3600.0))
         return {"digest": self.desc.digest, "gpus": gpus, "faults": [], "writes": 0, "boot_time": boot_time}
 
@@ -167,7 +129,7 @@ class SimMachine:
     def write_fault(self, number: int) -> str | None:
         """The one-shot fault armed for write number ``number``: crash, gpu_lost or no_permission."""
         for f in self.faults:
-            if f.params.get("at_write") == number:
+            if f.at_write == number:
                 return f.kind
         return None
 
@@ -179,10 +141,9 @@ class SimMachine:
             self._faults_key = key
             self._faults = list(self.desc.faults) + [Fault(f["kind"], f["params"])
                                                      for f in self.state.get("faults", [])]
-            self._lost = {f.params["gpu"] for f in self._faults if f.kind == "gpu_lost"
-                          and f.params.get("at_write") is None}
-            self._refused = {(f.kind, f.params["call"], f.params.get("gpu")) for f in self._faults
-                             if f.kind in ("unsupported", "no_permission") and f.params.get("at_write") is None}
+            self._lost = {int(f.gpu or 0) for f in self._faults if f.kind == "gpu_lost" and f.at_write is None}
+            self._refused = {(f.kind, f.call, f.gpu) for f in self._faults
+                             if f.kind in ("unsupported", "no_permission") and f.at_write is None}
         return self._faults
 
     def _indexed(self) -> None:
@@ -193,12 +154,10 @@ class SimMachine:
         """Add a fault while running (validated like one in the description); persisted."""
         fault = validate_fault({"kind": kind, **params}, len(self.desc.gpus), "inject", "fault")
         with self.mutate():
-            self.state.setdefault("faults", []).append({"kind": fault.kind, "params": fault.params})
-            if kind in ("gpu_lost", "off_bus") and fault.params.get("at_write") is None:
-                # A GPU that falls off the bus stops listening to the driver: its board firmware runs
-                # the fans on their own automatic curve again.
-                for f in self.settings(fault.params["gpu"])["fans"]:
-                    f["policy"], f["target"] = 0, None
+            self.state.setdefault("faults", []).append({"kind": fault.kind, "params": dict(fault.params)})
+            hook = FAULTS[fault.kind].on_inject  # e.g. a GPU off the bus: its fans back on their own curve
+            if hook is not None:
+                hook(self, fault)
         return fault
 
     def reboot(self) -> int:
@@ -226,15 +185,14 @@ class SimMachine:
         with self.mutate():
             self.state["faults"] = []
 
-    def faults_of(self, kind: str, gpu: int | None = None) -> list[dict[str, Any]]:
+    def faults_of(self, kind: str, gpu: int | None = None) -> list[Fault]:
+        """The faults of ``kind`` (on ``gpu``: its own, a pair's it is in, and those for every GPU)."""
         out = []
         for f in self.faults:
             if f.kind != kind:
                 continue
-            g = f.params.get("gpu")
-            pair = f.params.get("gpus")
-            if gpu is None or g == gpu or (pair is not None and gpu in pair) or ("gpu" in f.params and g is None):
-                out.append(f.params)
+            if gpu is None or f.gpu == gpu or gpu in f.gpus or f.every_gpu:
+                out.append(f)
         return out
 
     def lost(self, gpu: int) -> bool:
@@ -247,58 +205,11 @@ class SimMachine:
             return False
         return (kind, call, None) in self._refused or (gpu is not None and (kind, call, gpu) in self._refused)
 
-    # -- load and thermal model ----------------------------------------------------------
-    def now(self) -> float:
-        return self.clock() + self.offset
-
-    def advance(self, seconds: float) -> None:
-        """Move simulated time forward (tests, closed-loop fan control)."""
-        self.offset += seconds
-        self.step()
-
+    # -- load ---------------------------------------------------------------------------------
     def set_load(self, gpu: int, utilization: int, power_watts: float) -> None:
         self.step()
         with self.mutate():
             self.settings(gpu)["load"] = [int(utilization), float(power_watts)]
-
-    def utilization(self, gpu: int) -> int:
-        load = self.settings(gpu).get("load")
-        return int(load[0]) if load else int(self.desc.gpus[gpu]["utilization_percent"])
-
-    def demand_watts(self, gpu: int) -> float:
-        load = self.settings(gpu).get("load")
-        return float(load[1]) if load else float(self.desc.gpus[gpu]["power_watts"])
-
-    def draw_watts(self, gpu: int) -> float:
-        return min(self.demand_watts(gpu), float(self.settings(gpu)["power_limit_mw"]) / 1000.0)
-
-    def intended_duty(self, gpu: int, fan: int, temp: float | None = None) -> int:
-        """What the fan is asked to do: the manual target, or the driver's curve. This is what NVML
-        reports as the fan's speed, whether or not the fan turns."""
-        g = self.desc.gpus[gpu]
-        f = self.settings(gpu)["fans"][fan]
-        if f["policy"] == 1 and f["target"] is not None:
-            return int(f["target"])
-        t = self.temperature(gpu) if temp is None else temp
-        return auto_fan_percent(t, g["fan_min_percent"] or 0)
-
-    def fan_duty(self, gpu: int, fan: int, temp: float | None = None) -> int:
-        """What the fan really does (cools with): the stuck value of a failed fan, else as asked."""
-        for p in self.faults_of("fan_stuck", gpu):
-            if p["fan"] == fan:
-                return int(p["percent"])
-        t = self.thermal[gpu].temperature if temp is None else temp
-        return self.intended_duty(gpu, fan, t)
-
-    def pcie_rates(self, gpu: int) -> tuple[float, float]:
-        """(TX, RX) bytes per second on the GPU's PCIe link now: proportional to utilisation."""
-        u = self.utilization(gpu)
-        return u * 40960 * 1024.0, u * 81920 * 1024.0
-
-    def pcie_counters(self, gpu: int) -> tuple[int, int]:
-        self.step()
-        th = self.thermal[gpu]
-        return int(th.pcie_tx_bytes), int(th.pcie_rx_bytes)
 
     # -- NVML clients and persistence mode --------------------------------------------------
     def _live_clients(self) -> dict[str, int]:
@@ -321,7 +232,7 @@ class SimMachine:
             s = self.settings(i)
             if s["persistence"]:
                 continue
-            s["power_limit_mw"] = int(g["power_default_watts"] * 1000)
+            s["power_limit_mw"] = int(g.power_default_watts * 1000)
             s["compute_mode"] = 0
             s["locked_gpu"] = s["locked_mem"] = s["app_clocks"] = None
             for f in s["fans"]:
@@ -350,59 +261,3 @@ class SimMachine:
             self.state["clients"] = clients
             if not clients:
                 self._deinitialise()
-
-    def _mean_duty(self, gpu: int, temp: float | None = None) -> float:
-        n = self.desc.gpus[gpu]["fans"]
-        if not n:
-            return 100.0  # passive card: the chassis fans do the work
-        return float(sum(self.fan_duty(gpu, f, temp) for f in range(n))) / int(n)
-
-    def _calibrate(self, gpu: int) -> Thermal:
-        """Choose conductance so the described temperature is the equilibrium as described."""
-        g = self.desc.gpus[gpu]
-        amb = float(self.desc.machine["ambient_celsius"])
-        temp = float(g["temperature_celsius"])
-        draw = min(float(g["power_watts"]), float(g["power_limit_watts"]))
-        rise = max(temp - amb, 1.0)
-        # Calibrate against the described state (faults from the description apply; a fan
-        # settings written later change the equilibrium, as they would on real hardware).
-        duty = self._described_duty(gpu, temp)
-        conductance = draw / (rise * _cooling(duty))
-        return Thermal(temp, conductance, conductance * TIME_CONSTANT_S, 3.6e9 + gpu * 1.1e8)
-
-    def _described_duty(self, gpu: int, temp: float) -> float:
-        g = self.desc.gpus[gpu]
-        n = g["fans"]
-        if not n:
-            return 100.0
-        duties = []
-        for fan in range(n):
-            stuck = [f.params for f in self.desc.faults if f.kind == "fan_stuck"
-                     and f.params["gpu"] == gpu and f.params["fan"] == fan]
-            duties.append(stuck[0]["percent"] if stuck else auto_fan_percent(temp, g["fan_min_percent"] or 0))
-        return float(sum(duties)) / int(n)
-
-    def step(self) -> None:
-        """Integrate the thermal model up to now (1 s steps; calls closer than 50 ms apart do nothing)."""
-        now = self.now()
-        dt_total = now - self._last
-        if dt_total < 0.05:
-            return
-        self._last = now
-        amb = float(self.desc.machine["ambient_celsius"])
-        for gpu, th in enumerate(self.thermal):
-            remaining = dt_total
-            while remaining > 1e-9:
-                dt = min(1.0, remaining)
-                draw = self.draw_watts(gpu)
-                loss = (th.temperature - amb) * th.conductance * _cooling(self._mean_duty(gpu))
-                th.temperature += (draw - loss) / th.capacity * dt
-                th.energy_mj += draw * dt * 1000.0
-                tx, rx = self.pcie_rates(gpu)
-                th.pcie_tx_bytes += tx * dt
-                th.pcie_rx_bytes += rx * dt
-                remaining -= dt
-
-    def temperature(self, gpu: int) -> float:
-        self.step()
-        return self.thermal[gpu].temperature

@@ -10,10 +10,11 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
 
-from gpud.sim.machine import DEFAULT_XID_TEXT, SimMachine
-from gpud.sim.topology import host_bridge, link_state, node_cpus
+from gpud.sim.description import GpuSpec, MachineSpec, Process, Xorg
+from gpud.sim.faults import DEFAULT_XID_TEXT
+from gpud.sim.machine import SimMachine
+from gpud.sim.topology import downstream_port, host_bridge, link_state, node_cpus
 
 ACS_ON = 0x001D  # SrcValid | ReqRedir | CmpltRedir | UpstreamFwd, what BIOSes set when "ACS enabled"
 GT_S = {1: "2.5 GT/s PCIe", 2: "5.0 GT/s PCIe", 3: "8.0 GT/s PCIe", 4: "16.0 GT/s PCIe", 5: "32.0 GT/s PCIe"}
@@ -80,80 +81,80 @@ def build(sim: SimMachine, root: Path) -> None:
     (root / "dev/shm").mkdir(parents=True, exist_ok=True)
     users = {0: "root"}
     for g in desc.gpus:
-        for p in g["processes"]:
-            users[p["uid"]] = p["user"]
-            _write(root, f"/proc/{p['pid']}/status", f"Name:\t{p['command'].split()[0]}\nPid:\t{p['pid']}\n"
-                   f"Uid:\t{p['uid']}\t{p['uid']}\t{p['uid']}\t{p['uid']}\n")
-            _write(root, f"/proc/{p['pid']}/cmdline", p["command"].replace(" ", "\0") + "\0")
-            _write(root, f"/proc/{p['pid']}/cgroup", f"0::{cgroup_path(p)}\n")
+        for p in g.processes:
+            users[p.uid] = p.user
+            _write(root, f"/proc/{p.pid}/status", f"Name:\t{p.command.split()[0]}\nPid:\t{p.pid}\n"
+                   f"Uid:\t{p.uid}\t{p.uid}\t{p.uid}\t{p.uid}\n")
+            _write(root, f"/proc/{p.pid}/cmdline", p.command.replace(" ", "\0") + "\0")
+            _write(root, f"/proc/{p.pid}/cgroup", f"0::{cgroup_path(p)}\n")
     _write(root, "/etc/passwd", "".join(f"{name}:x:{uid}:{uid}::/home/{name}:/bin/bash\n"
                                         for uid, name in sorted(users.items())))
 
 
-def cgroup_path(p: dict[str, Any]) -> str:
+def cgroup_path(p: Process) -> str:
     """The process's cgroup v2 path as systemd, Docker, Podman, the kubelet (systemd driver, containerd)
     and slurmd (cgroup/v2 plugin) lay them out; a plain login session otherwise."""
-    uid = p["uid"]
-    if p.get("container"):
-        cid = p["container"]
-        if p.get("container_runtime") == "podman":
+    uid = p.uid
+    if p.container:
+        cid = p.container
+        if p.container_runtime == "podman":
             return f"/machine.slice/libpod-{cid}.scope/container"
         return f"/system.slice/docker-{cid}.scope"
-    if p.get("pod"):
-        pod = p["pod"].replace("-", "_")
-        cid = f"{p['pid']:064x}"
+    if p.pod:
+        pod = p.pod.replace("-", "_")
+        cid = f"{p.pid:064x}"
         return (f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{pod}.slice/"
                 f"cri-containerd-{cid}.scope")
-    if p.get("slurm_job") is not None:
-        return f"/system.slice/slurmstepd.scope/job_{p['slurm_job']}/step_0/user/task_0"
-    if p.get("unit"):
-        return f"/system.slice/{p['unit']}"
+    if p.slurm_job is not None:
+        return f"/system.slice/slurmstepd.scope/job_{p.slurm_job}/step_0/user/task_0"
+    if p.unit:
+        return f"/system.slice/{p.unit}"
     return f"/user.slice/user-{uid}.slice/session-1.scope"
 
 
-def _proc(root: Path, m: dict[str, Any], gpus: tuple[dict[str, Any], ...]) -> None:
-    mem_kib = m["memory_gib"] * 1024 * 1024
-    _write(root, "/proc/cmdline", m["kernel_cmdline"] + "\n")
-    _write(root, "/proc/modules", "".join(f"{mod} 1000000 0 - Live 0x0000000000000000\n" for mod in m["modules"]))
+def _proc(root: Path, m: MachineSpec, gpus: tuple[GpuSpec, ...]) -> None:
+    mem_kib = m.memory_gib * 1024 * 1024
+    _write(root, "/proc/cmdline", m.kernel_cmdline + "\n")
+    _write(root, "/proc/modules", "".join(f"{mod} 1000000 0 - Live 0x0000000000000000\n" for mod in m.modules))
     _write(root, "/proc/meminfo", f"MemTotal:       {mem_kib} kB\nMemFree:        {mem_kib * 9 // 10} kB\n"
            f"MemAvailable:   {mem_kib * 9 // 10} kB\n")
     _write(root, "/proc/mounts", "sysfs /sys sysfs rw,nosuid,nodev,noexec,relatime 0 0\n"
            "proc /proc proc rw,nosuid,nodev,noexec,relatime 0 0\n"
-           f"tmpfs /dev/shm tmpfs rw,nosuid,nodev,size={m['shm_mib'] * 1024}k,inode64 0 0\n")
-    memlock = m["memlock_kib"]
+           f"tmpfs /dev/shm tmpfs rw,nosuid,nodev,size={m.shm_mib * 1024}k,inode64 0 0\n")
+    memlock = m.memlock_kib
     value = "unlimited" if memlock == "unlimited" else str(int(memlock) * 1024)
     _write(root, "/proc/self/limits", "Limit                     Soft Limit           Hard Limit           Units\n"
            f"{'Max locked memory':<26}{value:<21}{value:<21}bytes\n"
            f"{'Max open files':<26}{'1048576':<21}{'1048576':<21}files\n")
     lines = []
-    cores = m["cores_per_socket"]
-    total = cores * m["sockets"]
+    cores = m.cores_per_socket
+    total = cores * m.sockets
     cpu = 0
-    for _ in range(m["threads_per_core"]):
+    for _ in range(m.threads_per_core):
         for core in range(total):
-            lines.append(f"processor\t: {cpu}\nvendor_id\t: GenuineIntel\nmodel name\t: {m['cpu_model']}\n"
+            lines.append(f"processor\t: {cpu}\nvendor_id\t: GenuineIntel\nmodel name\t: {m.cpu_model}\n"
                          f"physical id\t: {core // cores}\ncore id\t\t: {core % cores}\ncpu cores\t: {cores}\n")
             cpu += 1
     _write(root, "/proc/cpuinfo", "\n".join(lines) + "\n")
-    _write(root, "/sys/class/dmi/id/product_name", m["vendor_model"] + "\n")
-    if m["psu_watts"] is not None:
+    _write(root, "/sys/class/dmi/id/product_name", m.vendor_model + "\n")
+    if m.psu_watts is not None:
         # SMBIOS type 39 ("System Power Supply", DSP0134): Max Power Capacity is the WORD at 0x0C, in W.
         psu = bytearray(0x16)
         psu[0], psu[1], psu[2:4], psu[4] = 39, 0x16, (0x3900).to_bytes(2, "little"), 1
-        psu[0x0C:0x0E] = int(m["psu_watts"]).to_bytes(2, "little")
+        psu[0x0C:0x0E] = int(m.psu_watts).to_bytes(2, "little")
         _write(root, "/sys/firmware/dmi/entries/39-0/raw", bytes(psu) + b"\0\0")
-    for s in range(m["sockets"]):
-        uw = int(m["cpu_tdp_watts"] / m["sockets"] * 1e6)
+    for s in range(m.sockets):
+        uw = int(m.cpu_tdp_watts / m.sockets * 1e6)
         _write(root, f"/sys/class/powercap/intel-rapl:{s}/constraint_0_power_limit_uw", f"{uw}\n")
 
 
-def _cpus(root: Path, m: dict[str, Any]) -> None:
-    threads = m["cores_per_socket"] * m["sockets"] * m["threads_per_core"]
+def _cpus(root: Path, m: MachineSpec) -> None:
+    threads = m.cores_per_socket * m.sockets * m.threads_per_core
     for cpu in range(threads):
-        _write(root, f"/sys/devices/system/cpu/cpu{cpu}/cpufreq/scaling_governor", m["cpu_governor"] + "\n")
+        _write(root, f"/sys/devices/system/cpu/cpu{cpu}/cpufreq/scaling_governor", m.cpu_governor + "\n")
         _write(root, f"/sys/devices/system/cpu/cpu{cpu}/cpufreq/scaling_available_governors",
                "performance powersave schedutil ondemand\n")
-    for node in range(m["sockets"] * m["numa_nodes_per_socket"]):
+    for node in range(m.sockets * m.numa_nodes_per_socket):
         cpus = node_cpus(m, node)
         _write(root, f"/sys/devices/system/node/node{node}/cpulist", ",".join(map(str, cpus)) + "\n")
 
@@ -181,49 +182,48 @@ def _pci(root: Path, sim: SimMachine) -> None:
 
     for i, g in enumerate(sim.desc.gpus):
         gen, width = link_state(sim, i, g)
-        mg, mw = int(g["pcie_max_generation"]), int(g["pcie_max_width"])  # the GPU's own Link Capabilities
-        sg, sw = int(g["slot_generation"]), int(g["slot_width"])  # the port the GPU sits in: the slot
-        acs = None if not g["acs_capable"] else ACS_ON if g["acs"] else 0
-        chain = [f"pci{host_bridge(g)}", g["root_port"]]
+        mg, mw = int(g.pcie_max_generation), int(g.pcie_max_width)  # the GPU's own Link Capabilities
+        sg, sw = int(g.slot_generation), int(g.slot_width)  # the port the GPU sits in: the slot
+        acs = None if not g.acs_capable else ACS_ON if g.acs else 0
+        chain = [f"pci{host_bridge(g)}", g.root_port]
         # sysfs max_link_* of a port are its own capability; current_link_* the link it trained
-        if g["switch"]:
-            device("/".join(chain), g["root_port"], 0x8086, 0x352A, 0x060400, g["numa_node"], mg, mw, mg, mw, acs)
-            dom, bus, _ = g["switch"].split(":")
-            down = f"{dom}:{int(bus, 16) + 1:02x}:{i % 32:02x}.0"
-            chain.append(g["switch"])
-            device("/".join(chain), g["switch"], 0x1000, 0xC010, 0x060400, g["numa_node"], mg, mw, mg, mw, acs)
+        if g.switch:
+            device("/".join(chain), g.root_port, 0x8086, 0x352A, 0x060400, g.numa_node, mg, mw, mg, mw, acs)
+            down = downstream_port(g.switch, i)
+            chain.append(g.switch)
+            device("/".join(chain), g.switch, 0x1000, 0xC010, 0x060400, g.numa_node, mg, mw, mg, mw, acs)
             chain.append(down)
-            device("/".join(chain), down, 0x1000, 0xC010, 0x060400, g["numa_node"], gen, width, sg, sw, acs)
+            device("/".join(chain), down, 0x1000, 0xC010, 0x060400, g.numa_node, gen, width, sg, sw, acs)
         else:
-            device("/".join(chain), g["root_port"], 0x8086, 0x352A, 0x060400, g["numa_node"], gen, width, sg, sw,
+            device("/".join(chain), g.root_port, 0x8086, 0x352A, 0x060400, g.numa_node, gen, width, sg, sw,
                    acs)
-        chain.append(g["bus_id"])
-        dev_id = g["pci_device_id"] >> 16
-        device("/".join(chain), g["bus_id"], 0x10DE, dev_id, 0x030000, g["numa_node"], gen, width, mg, mw, None)
+        chain.append(g.bus_id)
+        dev_id = g.pci_device_id >> 16
+        device("/".join(chain), g.bus_id, 0x10DE, dev_id, 0x030000, g.numa_node, gen, width, mg, mw, None)
         os.symlink("../../../../bus/pci/drivers/nvidia", root / f"sys/devices/{'/'.join(chain)}/driver")
         # the GPU's HDMI audio function, as on real boards
-        audio = g["bus_id"][:-1] + "1"
-        device("/".join(chain[:-1] + [audio]), audio, 0x10DE, 0x1AEF, 0x040300, g["numa_node"], gen, width, mg, mw,
+        audio = g.bus_id[:-1] + "1"
+        device("/".join(chain[:-1] + [audio]), audio, 0x10DE, 0x1AEF, 0x040300, g.numa_node, gen, width, mg, mw,
                None)
     (root / "sys/bus/pci/drivers/nvidia").mkdir(parents=True, exist_ok=True)
 
 
-def _iommu(root: Path, m: dict[str, Any], n: int) -> None:
-    if m["iommu"] == "off":
+def _iommu(root: Path, m: MachineSpec, n: int) -> None:
+    if m.iommu == "off":
         return
     (root / "sys/class/iommu/dmar0").mkdir(parents=True, exist_ok=True)
-    kind = "identity" if m["iommu"] == "passthrough" else "DMA-FQ"
+    kind = "identity" if m.iommu == "passthrough" else "DMA-FQ"
     for g in range(n * 2 + 4):
         _write(root, f"/sys/kernel/iommu_groups/{g}/type", kind + "\n")
 
 
-def _xorg(root: Path, xorg: dict[str, Any]) -> None:
-    if xorg.get("conf"):
-        _write(root, "/etc/X11/xorg.conf", xorg["conf"])
-    for name, text in (xorg.get("files") or {}).items():
+def _xorg(root: Path, xorg: Xorg) -> None:
+    if xorg.conf:
+        _write(root, "/etc/X11/xorg.conf", xorg.conf)
+    for name, text in (xorg.files or {}).items():
         _write(root, f"/etc/X11/xorg.conf.d/{name}", str(text))
-    if xorg.get("log"):
-        _write(root, "/var/log/Xorg.0.log", xorg["log"])
+    if xorg.log:
+        _write(root, "/var/log/Xorg.0.log", xorg.log)
 
 
 def _kmsg(root: Path, sim: SimMachine) -> None:
@@ -231,15 +231,15 @@ def _kmsg(root: Path, sim: SimMachine) -> None:
     m = sim.desc.machine
     lines = [
         (0.0, 5, "Linux version 6.8.0-49-generic (buildd@lcy02-amd64) #49-Ubuntu SMP PREEMPT_DYNAMIC"),
-        (0.0, 6, f"Command line: {m['kernel_cmdline']}"),
+        (0.0, 6, f"Command line: {m.kernel_cmdline}"),
         (4.2, 6, "nvidia: loading out-of-tree module taints kernel."),
-        (4.9, 6, f"NVRM: loading NVIDIA UNIX x86_64 Kernel Module  {m['driver_version']}"),
+        (4.9, 6, f"NVRM: loading NVIDIA UNIX x86_64 Kernel Module  {m.driver_version}"),
     ]
     for p in sim.faults_of("xid"):
-        g = sim.desc.gpus[p["gpu"]]
-        bus = g["bus_id"].rsplit(".", 1)[0]
-        text = p["text"] or DEFAULT_XID_TEXT.get(p["xid"], "")
-        lines.append((float(p["seconds"]), 4, f"NVRM: Xid (PCI:{bus}): {p['xid']}, pid=4242, name=python, {text}"))
+        g = sim.desc.gpus[int(p.gpu or 0)]
+        bus = g.bus_id.rsplit(".", 1)[0]
+        text = p.text or DEFAULT_XID_TEXT.get(p.xid, "")
+        lines.append((float(p.seconds), 4, f"NVRM: Xid (PCI:{bus}): {p.xid}, pid=4242, name=python, {text}"))
     lines.sort(key=lambda x: x[0])
     _write(root, "/dev/kmsg", "".join(f"{prio},{seq},{int(t * 1e6)},-;{msg}\n"
                                       for seq, (t, prio, msg) in enumerate(lines)))

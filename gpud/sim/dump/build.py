@@ -13,7 +13,7 @@ from gpud.sim.dump.fields import Reader
 from gpud.sim.dump.place import Placement, place
 from gpud.sim.dump.read import Dump, GpuDump, fail
 from gpud.sim.dump.topo import Topo
-from gpud.sim.presets import GPU_MODELS
+from gpud.sim.presets import GPU_MODELS, Preset
 
 ARCHITECTURES = ("kepler", "maxwell", "pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell")
 # A model the presets do not know starts from the preset of its architecture (or the nearest
@@ -73,7 +73,7 @@ def match_preset(name: str) -> str | None:
     """The preset whose NVML name is the dump's Product Name (with or without "NVIDIA ")."""
     bare = name.strip().removeprefix("NVIDIA ").lower()
     for key, preset in GPU_MODELS.items():
-        if bare in (key.lower(), str(preset["name"]).removeprefix("NVIDIA ").lower()):
+        if bare in (key.lower(), str(preset.name).removeprefix("NVIDIA ").lower()):
             return key
     return None
 
@@ -108,7 +108,7 @@ def build(dump: Dump, topo: Topo | None, name: str) -> Twin:
     _raise_nvlinks(data, placement, notes)
     if topo is None:
         for i, g in enumerate(gpus):
-            if g.get("nvlinks", GPU_MODELS[g["model"]]["nvlinks"]):
+            if g.get("nvlinks", GPU_MODELS[g["model"]].nvlinks):
                 notes.gpu(i, "nvlinks", "`nvidia-smi -q` does not show NVLinks and no topo -m was given: "
                                         "the model's links, none bridged")
     if dump.attached and dump.attached.value.isdigit() and int(dump.attached.value) > n:
@@ -197,8 +197,8 @@ def _gpu(i: int, r: Reader, placement: Placement, notes: Notes) -> dict[str, Any
     if fan is None:
         own["fans"] = 0
     else:
-        own["fans"] = max(1, int(preset["fans"] or 0))
-        if not preset["fans"]:
+        own["fans"] = max(1, int(preset.fans or 0))
+        if not preset.fans:
             own.update(fan_min_percent=min(fan, 30), fan_max_percent=100)
             notes.gpu(i, "fan_min_percent", "nvidia-smi does not print the fan range (assumed)")
         else:
@@ -210,18 +210,18 @@ def _gpu(i: int, r: Reader, placement: Placement, notes: Notes) -> dict[str, Any
     return g
 
 
-def _changed(own: dict[str, Any], preset: dict[str, Any]) -> dict[str, Any]:
+def _changed(own: dict[str, Any], preset: Preset) -> dict[str, Any]:
     """Model keys whose value differs from the preset (the others need not be written)."""
-    return {k: v for k, v in own.items() if preset.get(k) != v}
+    return {k: v for k, v in own.items() if getattr(preset, k, None) != v}
 
 
-def _memory(i: int, r: Reader, g: dict[str, Any], own: dict[str, Any], preset: dict[str, Any],
+def _memory(i: int, r: Reader, g: dict[str, Any], own: dict[str, Any], preset: Preset,
             generic: bool, notes: Notes) -> None:
     total = r.integer("memory_total", "MiB")
     ecc = r.flag("ecc_current", ("enabled",), ("disabled",))
     pending = r.flag("ecc_pending", ("enabled",), ("disabled",))
     if ecc is None:
-        own["ecc_supported"] = False if generic else preset["ecc_supported"]
+        own["ecc_supported"] = False if generic else preset.ecc_supported
         if not generic:
             notes.gpu(i, "ecc_enabled", "ECC Mode not in the dump (off)")
     else:
@@ -233,7 +233,7 @@ def _memory(i: int, r: Reader, g: dict[str, Any], own: dict[str, Any], preset: d
         notes.gpu(i, "memory_mib", "no FB Memory Usage Total (preset)")
         return
     if ecc:
-        if generic or preset.get("memory_ecc_mib") is not None or total != preset["memory_mib"]:
+        if generic or preset.memory_ecc_mib is not None or total != preset.memory_mib:
             own["memory_ecc_mib"] = total  # (a preset without it reports memory_mib with ECC on)
         if generic:
             own["memory_mib"] = total
@@ -248,7 +248,7 @@ def _memory(i: int, r: Reader, g: dict[str, Any], own: dict[str, Any], preset: d
                                        + ("(assumed equal)" if generic else "(preset)"))
 
 
-def _thresholds(i: int, r: Reader, own: dict[str, Any], preset: dict[str, Any], model: str,
+def _thresholds(i: int, r: Reader, own: dict[str, Any], preset: Preset, model: str,
                 notes: Notes) -> None:
     absolute = {k: r.integer(src, "C") for k, src in (("shutdown_celsius", "shutdown"),
                                                       ("slowdown_celsius", "slowdown"),
@@ -271,7 +271,7 @@ def _thresholds(i: int, r: Reader, own: dict[str, Any], preset: dict[str, Any], 
         return
     # Ada, Hopper on drivers >= 550: "GPU Shutdown T.Limit Temp: -7 C" is max operating - shutdown
     own["tlimit_thresholds"] = True
-    tlimit = preset["max_operating_celsius"] or (preset["slowdown_celsius"] - 2)
+    tlimit = preset.max_operating_celsius or (preset.slowdown_celsius - 2)
     own["max_operating_celsius"] = tlimit
     notes.gpu(i, "max_operating_celsius", f"the dump gives thresholds only relative to T.Limit; T.Limit "
                                           f"{tlimit} C ({model} preset)")
@@ -286,21 +286,21 @@ def _thresholds(i: int, r: Reader, own: dict[str, Any], preset: dict[str, Any], 
             own[key] = tlimit - off
 
 
-def _pcie(i: int, r: Reader, g: dict[str, Any], own: dict[str, Any], preset: dict[str, Any], generic: bool,
+def _pcie(i: int, r: Reader, g: dict[str, Any], own: dict[str, Any], preset: Preset, generic: bool,
           notes: Notes) -> None:
     gen_max, gen_cur = r.integer("gen_max"), r.integer("gen_current")
     dev_max, host_max = r.integer("gen_device_max"), r.integer("gen_host_max")
     width_max, width_cur = r.integer("width_max", "x"), r.integer("width_current", "x")
     busy = (r.integer("utilization", "%") or 0) > 0
     # "Max" is the lower of the GPU's and the slot's; a model without a preset is taken at "Max"
-    known_gen = 0 if generic else int(preset["pcie_max_generation"])
+    known_gen = 0 if generic else int(preset.pcie_max_generation)
     own_gen = dev_max or (max(gen_max, known_gen) if gen_max else None)
     if dev_max is None:
         notes.gpu(i, "pcie_max_generation", "no Device Max in the dump: the GPU's own maximum is the larger of "
                                             "Max and the preset's" if not generic else "no Device Max (Max)")
     if own_gen:
         own["pcie_max_generation"] = own_gen
-    own_width = max(width_max or 0, 0 if generic and width_max else int(preset["pcie_max_width"]))
+    own_width = max(width_max or 0, 0 if generic and width_max else int(preset.pcie_max_width))
     own["pcie_max_width"] = own_width
     notes.gpu(i, "pcie_max_width", "the GPU's own width is not printed (the larger of Max and the preset's)"
               if not generic else "the GPU's own width is not printed (Max)")
@@ -320,12 +320,12 @@ def _pcie(i: int, r: Reader, g: dict[str, Any], own: dict[str, Any], preset: dic
             own["idle_pcie_generation"] = gen_cur  # an idle GPU's link: Gen1 on workstation cards
         elif gen_cur < trained:
             faults.append({"kind": "link_degraded", "gpu": i, "generation": gen_cur})
-            own["idle_pcie_generation"] = preset["idle_pcie_generation"]
+            own["idle_pcie_generation"] = preset.idle_pcie_generation
         if busy:
             notes.gpu(i, "idle_pcie_generation", "the GPU was busy: its idle link generation is the preset's")
 
 
-def _state(i: int, r: Reader, g: dict[str, Any], own: dict[str, Any], preset: dict[str, Any],
+def _state(i: int, r: Reader, g: dict[str, Any], own: dict[str, Any], preset: Preset,
            notes: Notes) -> None:
     def put(key: str, value: Any, why: str) -> None:
         if value is None:
@@ -390,7 +390,7 @@ def _state(i: int, r: Reader, g: dict[str, Any], own: dict[str, Any], preset: di
         notes.not_shown(i, f"Idle is active at {util} % utilisation (the twin derives Idle from 0 %)")
 
 
-def _health(i: int, r: Reader, g: dict[str, Any], own: dict[str, Any], preset: dict[str, Any],
+def _health(i: int, r: Reader, g: dict[str, Any], own: dict[str, Any], preset: Preset,
             notes: Notes) -> None:
     if g.get("ecc_enabled"):
         for scope in ("volatile", "aggregate"):
@@ -445,7 +445,7 @@ def _clocks(i: int, r: Reader, g: dict[str, Any], own: dict[str, Any], util: int
 
 def _machine(dump: Dump, name: str, gpus: list[dict[str, Any]], placement: Placement,
              notes: Notes) -> dict[str, Any]:
-    names = sorted({str(g.get("name") or GPU_MODELS[g["model"]]["name"]) for g in gpus})
+    names = sorted({str(g.get("name") or GPU_MODELS[g["model"]].name) for g in gpus})
     m: dict[str, Any] = {"name": name,
                          "summary": f"twin of {dump.file}: {len(gpus)}x {', '.join(names)}"}
     driver = dump.driver_version.value if dump.driver_version else None
@@ -460,7 +460,7 @@ def _machine(dump: Dump, name: str, gpus: list[dict[str, Any]], placement: Place
         m["cuda_driver_version"] = cuda
     m.update(placement.machine)
     vram = sum(int(g.get("memory_ecc_mib" if g.get("ecc_enabled") else "memory_mib")
-                   or GPU_MODELS[g["model"]]["memory_mib"]) for g in gpus) / 1024
+                   or GPU_MODELS[g["model"]].memory_mib) for g in gpus) / 1024
     m["memory_gib"] = max(128, 1 << max(0, math.ceil(math.log2(max(vram, 1)))))
     notes.machine.append(f"machine.memory_gib: not in the dump; {m['memory_gib']} GiB, at least the GPUs' "
                          f"{vram:.0f} GiB, so that host checks judge the GPUs rather than a guess")
@@ -479,7 +479,7 @@ def _raise_nvlinks(data: dict[str, Any], placement: Placement, notes: Notes) -> 
         need[i] = k
     for i, k in need.items():
         g = data["gpu"][i]
-        have = g.get("nvlinks", GPU_MODELS[g["model"]]["nvlinks"])
+        have = g.get("nvlinks", GPU_MODELS[g["model"]].nvlinks)
         if have != k and (i in placement.switch_links or have < k):
             g["nvlinks"] = k
             notes.gpu(i, "nvlinks", "from topo -m")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpud.sim.dump.topo import LEVELS, Topo
-from gpud.sim.topology import node_cpus
+from gpud.sim.topology import cpu_numbering
 from gpud.text import ranges
 
 if TYPE_CHECKING:
@@ -195,7 +195,7 @@ def _cpus(topo: Topo, numa: list[int], notes: Notes) -> dict[str, Any]:
     notes.machine.append(f"machine: {nodes} socket(s) of {per_node} cores, {threads} thread(s) each, from the "
                          "CPU Affinity column (one NUMA node per socket assumed)")
     for node, want in sets.items():
-        if want and sorted(node_cpus(machine, node)) != sorted(want):
+        if want and sorted(cpu_numbering(**machine, node=node)) != sorted(want):
             notes.unread.append(f"NUMA node {node}: CPU affinity {ranges(want)} "
                                 "not reproduced by a regular CPU numbering")
     return machine

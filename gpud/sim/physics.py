@@ -1,0 +1,213 @@
+"""The simulated workstation's physics: heat, fans, power, clocks and clock-event reasons, and
+the counters that advance with time (energy, PCIe bytes).
+
+``Physics`` is the half of ``SimMachine`` that turns the persisted settings and faults (its other
+half, ``gpud.sim.machine``) and simulated time into readings: a first-order thermal model per GPU
+integrated in 1 s steps, the driver's automatic fan curve, the power cap and its clocks (``f³``),
+and the clock-event mask NVML reports. It holds no state of its own but the integrated ``Thermal``
+values; the settings it reads are the machine's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from gpud.sim.description import Description
+    from gpud.sim.faults import Fault
+
+# Effective cooling keeps 30 % with the fan stopped (chassis airflow, heatsink).
+PASSIVE_SHARE = 0.3
+TIME_CONSTANT_S = 30.0
+AUTO_FAN_T0, AUTO_FAN_T1 = 40.0, 87.0  # driver curve: minimum duty at T0, 100 % at T1
+CLOCK_GRAPHICS, CLOCK_SM, CLOCK_MEM = 0, 1, 2  # nvmlClockType_t
+EVENT_BITS = {"gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4, "hw_slowdown": 0x8,
+              "sync_boost": 0x10, "sw_thermal_slowdown": 0x20, "hw_thermal_slowdown": 0x40,
+              "hw_power_brake_slowdown": 0x80, "display_clock_setting": 0x100}  # nvmlClocksEventReasons
+
+
+def auto_fan_percent(temp: float, minimum: int) -> int:
+    """The driver's automatic fan policy, as the simulator models it."""
+    frac = (temp - AUTO_FAN_T0) / (AUTO_FAN_T1 - AUTO_FAN_T0)
+    return int(round(min(100.0, max(float(minimum), minimum + frac * (100 - minimum)))))
+
+
+def _cooling(duty: float) -> float:
+    return PASSIVE_SHARE + (1 - PASSIVE_SHARE) * duty / 100.0
+
+
+@dataclass
+class Thermal:
+    temperature: float
+    conductance: float  # W/K at full fan
+    capacity: float  # J/K
+    energy_mj: float
+    pcie_tx_bytes: float = 0.0  # cumulative, as NVML_FI_DEV_PCIE_COUNT_TX_BYTES
+    pcie_rx_bytes: float = 0.0
+
+
+class Physics:
+    """Time, load, heat, fans, power and clocks of a ``SimMachine`` (mixed into it)."""
+
+    desc: Description
+    clock: Callable[[], float]
+    offset: float  # simulated seconds added by advance()
+    thermal: list[Thermal]
+    _last: float
+
+    def settings(self, gpu: int) -> dict[str, Any]:  # pragma: no cover - SimMachine's
+        raise NotImplementedError
+
+    def faults_of(self, kind: str, gpu: int | None = None) -> list[Fault]:  # pragma: no cover
+        raise NotImplementedError
+
+    def start_physics(self) -> None:
+        """Calibrate each GPU's thermal model to its described state; simulated time starts now."""
+        self.thermal = [self._calibrate(i) for i in range(len(self.desc.gpus))]
+        self._last = self.now()
+
+    # -- load and thermal model ----------------------------------------------------------
+    def now(self) -> float:
+        return self.clock() + self.offset
+
+    def advance(self, seconds: float) -> None:
+        """Move simulated time forward (tests, closed-loop fan control)."""
+        self.offset += seconds
+        self.step()
+
+    def utilization(self, gpu: int) -> int:
+        load = self.settings(gpu).get("load")
+        return int(load[0]) if load else int(self.desc.gpus[gpu].utilization_percent)
+
+    def demand_watts(self, gpu: int) -> float:
+        load = self.settings(gpu).get("load")
+        return float(load[1]) if load else float(self.desc.gpus[gpu].power_watts)
+
+    def draw_watts(self, gpu: int) -> float:
+        return min(self.demand_watts(gpu), float(self.settings(gpu)["power_limit_mw"]) / 1000.0)
+
+    def intended_duty(self, gpu: int, fan: int, temp: float | None = None) -> int:
+        """What the fan is asked to do: the manual target, or the driver's curve. This is what NVML
+        reports as the fan's speed, whether or not the fan turns."""
+        g = self.desc.gpus[gpu]
+        f = self.settings(gpu)["fans"][fan]
+        if f["policy"] == 1 and f["target"] is not None:
+            return int(f["target"])
+        t = self.temperature(gpu) if temp is None else temp
+        return auto_fan_percent(t, g.fan_min_percent or 0)
+
+    def fan_duty(self, gpu: int, fan: int, temp: float | None = None) -> int:
+        """What the fan really does (cools with): the stuck value of a failed fan, else as asked."""
+        for p in self.faults_of("fan_stuck", gpu):
+            if p.fan == fan:
+                return int(p.percent)
+        t = self.thermal[gpu].temperature if temp is None else temp
+        return self.intended_duty(gpu, fan, t)
+
+    def pcie_rates(self, gpu: int) -> tuple[float, float]:
+        """(TX, RX) bytes per second on the GPU's PCIe link now: proportional to utilisation."""
+        u = self.utilization(gpu)
+        return u * 40960 * 1024.0, u * 81920 * 1024.0
+
+    def pcie_counters(self, gpu: int) -> tuple[int, int]:
+        self.step()
+        th = self.thermal[gpu]
+        return int(th.pcie_tx_bytes), int(th.pcie_rx_bytes)
+
+    def _mean_duty(self, gpu: int, temp: float | None = None) -> float:
+        n = self.desc.gpus[gpu].fans
+        if not n:
+            return 100.0  # passive card: the chassis fans do the work
+        return float(sum(self.fan_duty(gpu, f, temp) for f in range(n))) / int(n)
+
+    def _calibrate(self, gpu: int) -> Thermal:
+        """Choose conductance so the described temperature is the equilibrium as described."""
+        g = self.desc.gpus[gpu]
+        amb = float(self.desc.machine.ambient_celsius)
+        temp = float(g.temperature_celsius)
+        draw = min(float(g.power_watts), float(g.power_limit_watts))
+        rise = max(temp - amb, 1.0)
+        # Calibrate against the described state (faults from the description apply; a fan
+        # settings written later change the equilibrium, as they would on real hardware).
+        duty = self._described_duty(gpu, temp)
+        conductance = draw / (rise * _cooling(duty))
+        return Thermal(temp, conductance, conductance * TIME_CONSTANT_S, 3.6e9 + gpu * 1.1e8)
+
+    def _described_duty(self, gpu: int, temp: float) -> float:
+        g = self.desc.gpus[gpu]
+        n = g.fans
+        if not n:
+            return 100.0
+        duties = []
+        for fan in range(n):
+            stuck = [f for f in self.desc.faults if f.kind == "fan_stuck" and f.gpu == gpu and f.fan == fan]
+            duties.append(stuck[0].percent if stuck else auto_fan_percent(temp, g.fan_min_percent or 0))
+        return float(sum(duties)) / int(n)
+
+    def step(self) -> None:
+        """Integrate the thermal model up to now (1 s steps; calls closer than 50 ms apart do nothing)."""
+        now = self.now()
+        dt_total = now - self._last
+        if dt_total < 0.05:
+            return
+        self._last = now
+        amb = float(self.desc.machine.ambient_celsius)
+        for gpu, th in enumerate(self.thermal):
+            remaining = dt_total
+            while remaining > 1e-9:
+                dt = min(1.0, remaining)
+                draw = self.draw_watts(gpu)
+                loss = (th.temperature - amb) * th.conductance * _cooling(self._mean_duty(gpu))
+                th.temperature += (draw - loss) / th.capacity * dt
+                th.energy_mj += draw * dt * 1000.0
+                tx, rx = self.pcie_rates(gpu)
+                th.pcie_tx_bytes += tx * dt
+                th.pcie_rx_bytes += rx * dt
+                remaining -= dt
+
+    def temperature(self, gpu: int) -> float:
+        self.step()
+        return self.thermal[gpu].temperature
+
+    def clock_events(self, gpu: int) -> int:
+        """The clock-event reasons mask (``nvmlDeviceGetCurrentClocksEventReasons``): injected
+        reasons, idle, the power cap, and the thermal slowdowns the temperature brings."""
+        g = self.desc.gpus[gpu]
+        mask = 0
+        for p in self.faults_of("clock_events", gpu):
+            for r in p.reasons:
+                mask |= EVENT_BITS[r]
+        if self.utilization(gpu) == 0:
+            mask |= EVENT_BITS["gpu_idle"]
+        if self.demand_watts(gpu) > self.settings(gpu)["power_limit_mw"] / 1000.0:
+            mask |= EVENT_BITS["sw_power_cap"]
+        temp = self.temperature(gpu)
+        if g.max_operating_celsius is not None and temp >= g.max_operating_celsius:
+            mask |= EVENT_BITS["sw_thermal_slowdown"]  # the driver holds the GPU at its target temperature
+        if temp >= g.slowdown_celsius:
+            mask |= EVENT_BITS["hw_slowdown"] | EVENT_BITS["hw_thermal_slowdown"]
+        return mask
+
+    def clock_mhz(self, gpu: int, clock: int) -> int:
+        """The current clock (graphics, SM or memory): idle clocks or the locked minimum when idle,
+        else GPU Boost up to the maximum (or the locked maximum), lowered by the power cap and the
+        thermal slowdowns."""
+        g, s = self.desc.gpus[gpu], self.settings(gpu)
+        idle = self.utilization(gpu) == 0
+        if clock == CLOCK_MEM:
+            if idle:
+                return int(s["locked_mem"][0]) if s["locked_mem"] else int(g.idle_memory_mhz)
+            return int(s["locked_mem"][1] if s["locked_mem"] else g.max_memory_mhz)
+        if idle:
+            return int(s["locked_gpu"][0]) if s["locked_gpu"] else int(g.idle_sm_mhz)
+        top = float(s["locked_gpu"][1] if s["locked_gpu"] else g.max_sm_mhz)  # GPU Boost up to the maximum
+        demand, limit = self.demand_watts(gpu), s["power_limit_mw"] / 1000.0
+        if demand > limit:
+            top *= (limit / demand) ** (1 / 3)  # dynamic power ~ f³
+        mask = self.clock_events(gpu)
+        if mask & EVENT_BITS["hw_slowdown"]:
+            top *= 0.5
+        elif mask & EVENT_BITS["sw_thermal_slowdown"]:
+            top *= 0.85
+        return int(top)
