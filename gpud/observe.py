@@ -1,15 +1,29 @@
-"""One observation of the machine for the exporter: telemetry, Xids, checks, tuning, probe."""
+"""One observation of the machine for the exporter: telemetry, Xids, checks, tuning, probe.
+
+``observe`` is the only place an ``Observation`` is built. ``gpud metrics`` gives it a snapshot and
+lets it read the rest now; the daemon's tick gives it everything it already holds (its snapshot,
+doctor's last checks, the kernel log's Xids, the applied profile and its drift, the cached probe
+result) and what only a running daemon has (``Running``). So the one-shot exposition and the
+daemon's ``/metrics`` carry the same families from the same code, never two lists.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from gpud.config import Config
 from gpud.doctor import diagnose
 from gpud.exporter import Observation, TickStats
 from gpud.hw.machine import Machine
-from gpud.model import CheckResult, Snapshot
+from gpud.model import CheckResult, Snapshot, XidEvent
 from gpud.probe import history
 from gpud.tuning import engine
 from gpud.tuning import state as tuning_state
+from gpud.usage import Usage
+
+Drift = tuple[tuple[int | None, str, bool], ...]  # (gpu, setting, drifted)
 
 
 def drift_of(machine: Machine, daemon: bool, snapshot: Snapshot
@@ -21,17 +35,44 @@ def drift_of(machine: Machine, daemon: bool, snapshot: Snapshot
                                       if d.status in ("ok", "drift"))
 
 
-def observe(machine: Machine, config: Config, *, snapshot: Snapshot | None = None,
-            checks: tuple[CheckResult, ...] | None = None, daemon: bool = False, reapply_total: int = 0,
-            fan_failsafe_total: int = 0, tick: TickStats | None = None, last_tick: float | None = None,
-            drift: tuple[str | None, tuple[tuple[int | None, str, bool], ...]] | None = None) -> Observation:
-    snap = snapshot if snapshot is not None else machine.snapshot()
+@dataclass(frozen=True)
+class Running:
+    """What only a running daemon knows (a one-shot ``gpud metrics`` has none of it)."""
+
+    reapply_total: int = 0
+    fan_failsafe_total: int = 0
+    tick: TickStats | None = None
+    last_tick: float | None = None
+    usage: Usage | None = None  # time accounting over the daemon's ticks
+
+
+def observe(machine: Machine, config: Config | None, *, snapshot: Snapshot | None = None,
+            checks: tuple[CheckResult, ...] | None = None, xids: tuple[XidEvent, ...] | None = None,
+            tuning: tuple[str | None, Drift] | None = None,
+            probe: Callable[[], dict[str, Any] | None] = history.latest,
+            running: Running | None = None) -> Observation:
+    """The observation of ``machine``: what is not given is read now.
+
+    Without ``running`` (``gpud metrics``): a missing snapshot is taken, doctor runs (``config``), the
+    Xids come from the kernel log, the drift from ``tuning.verify`` and the profile from the state
+    file. With ``running`` (the daemon): ``snapshot`` may be None (no reading yet) and is never taken
+    here; ``tuning`` is (the profile the daemon enforces, its drift)."""
+    snap = snapshot if snapshot is not None or running is not None else machine.snapshot()
     if checks is None:
-        checks = diagnose(machine, config, snapshot=snap, in_daemon=True).checks
-    profile, drifts = drift if drift is not None else drift_of(machine, daemon, snap)
-    if profile is None:
-        data = tuning_state.load()
-        profile = data.get("profile") if data else None
-    return Observation(snapshot=snap, xids=tuple(machine.host.xid_events() or ()), checks=checks, profile=profile,
-                       drift=drifts, reapply_total=reapply_total, fan_failsafe_total=fan_failsafe_total,
-                       probe=history.latest(), nvml_errors=dict(machine.nvml.errors), tick=tick, last_tick=last_tick)
+        checks = diagnose(machine, config if config is not None else Config(), snapshot=snap, in_daemon=True).checks
+    if tuning is not None:
+        profile, drifts = tuning
+    elif snap is None:
+        profile, drifts = None, ()
+    else:
+        profile, drifts = drift_of(machine, running is not None, snap)
+        if profile is None:
+            data = tuning_state.load()
+            profile = data.get("profile") if data else None
+    if xids is None:
+        xids = tuple(machine.host.xid_events() or ())
+    run = running if running is not None else Running()
+    return Observation(snapshot=snap, xids=xids, checks=checks, profile=profile, drift=drifts,
+                       reapply_total=run.reapply_total, fan_failsafe_total=run.fan_failsafe_total, probe=probe(),
+                       nvml_errors=dict(machine.nvml.errors), tick=run.tick, last_tick=run.last_tick,
+                       usage=run.usage)

@@ -312,6 +312,46 @@ def test_gpud_metrics_prints_one_exposition(state_dir) -> None:
         assert p.returncode == 0 and p.stdout + p.stderr == ""
 
 
+# Families only a running daemon exports, each with why a one-shot `gpud metrics` cannot have it.
+DAEMON_ONLY = {
+    "gpud_tick_duration_seconds": "the durations of the daemon's ticks: a one-shot run has no ticks",
+    "gpud_last_tick_timestamp_seconds": "when the daemon's last tick read the GPUs",
+    "gpud_user_gpu_seconds_total": "GPU-seconds per user, accumulated over ticks (gpud.usage.Accounting)",
+    "gpud_gpu_clock_event_seconds_total": "time in each clock-event reason, accumulated over ticks",
+    "gpud_gpu_throttled_seconds_total": "time throttled, accumulated over ticks",
+    "gpud_gpu_watched_seconds_total": "time the clock events were watched, accumulated over ticks",
+}
+
+
+def _families(body: str) -> tuple[set[str], set[str]]:
+    """(every family the exposition declares, those with at least one sample)."""
+    declared = {line.split()[2] for line in body.splitlines() if line.startswith("# TYPE ")}
+    names = {line.split("{")[0].split(" ")[0] for line in body.splitlines() if line and not line.startswith("#")}
+    suffixes = ("", "_total", "_bucket", "_sum", "_count", "_created")
+    sampled = {f for f in declared if any(f.removesuffix("_total") + x in names for x in suffixes)}
+    return declared, sampled
+
+
+def test_gpud_metrics_and_the_daemon_export_the_same_families(tmp_path: Path, state_dir) -> None:
+    """One Observation builder (gpud.observe.observe): `gpud metrics` and the daemon's /metrics on the same
+    simulated machine declare and fill the same families, but those only a running daemon has."""
+    desc = "z8-fury-4x-a6000-degraded"
+    r = run_gpud("metrics", "--simulate", desc)
+    assert r.returncode == 0, r.stderr
+    cli_declared, cli_sampled = _families(r.stdout)
+    d = RunningDaemon(tmp_path, sim=desc)
+    try:
+        d.wait_for(lambda: "gpud_check_status{" in d.metrics(), 15, "doctor's checks")
+        declared, sampled = _families(d.metrics())
+    finally:
+        d.stop()
+    assert set(DAEMON_ONLY) <= declared, set(DAEMON_ONLY) - declared
+    assert not set(DAEMON_ONLY) & cli_declared, set(DAEMON_ONLY) & cli_declared  # else: not daemon-only
+    assert declared - set(DAEMON_ONLY) == cli_declared, (declared ^ cli_declared) - set(DAEMON_ONLY)
+    assert sampled - set(DAEMON_ONLY) == cli_sampled, (sampled ^ cli_sampled) - set(DAEMON_ONLY)
+    assert "gpud_check_status" in cli_sampled and "gpud_gpu_xid_errors_total" in cli_sampled
+
+
 def test_sd_notify_ready_and_watchdog(tmp_path: Path, state_dir) -> None:
     sock_path = str(tmp_path / "notify.sock")
     s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

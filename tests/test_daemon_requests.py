@@ -29,3 +29,35 @@ def test_without_a_daemon_one_line_and_exit_1(tmp_path) -> None:
         r = run_gpud(cmd, env={"GPUD_SOCKET": str(tmp_path / "none.sock")})
         assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
         assert "no gpud daemon listens on" in r.stderr and "systemctl start gpud" in r.stderr
+
+
+def test_the_dispatch_table_is_the_one_list_of_requests(state_dir) -> None:
+    """Each control request is one entry of ``REQUESTS``: its shape check, its access rule, its handler."""
+    import json
+
+    from gpud import config as cfg
+    from gpud.backends import open_machine
+    from gpud.daemon.control import COMMANDS, check_request, needs_access
+    from gpud.daemon.requests import REQUESTS
+    from gpud.daemon.service import Daemon
+
+    names = ["ping", "status", "verify", "reload", "probe-now", "apply", "restore"]
+    assert list(COMMANDS) == list(REQUESTS) == names
+    assert check_request({"cmd": "nope"}) == f"unknown command (known: {', '.join(names)})"
+    assert {n for n, r in REQUESTS.items() if r.read_only} == {"ping", "status", "verify"}
+    assert all(needs_access({"cmd": n}) for n in names)  # the socket's access, every one of them
+    assert needs_access({"cmd": "nope"}) and needs_access([1])
+    m = open_machine("z8-fury-4x-a6000")
+    d = Daemon(m, cfg.Config())
+    d.tick()
+    writes = m.simulation.machine.state["writes"]
+    for name in ("ping", "status", "verify"):
+        reply = d.handle({"cmd": name})
+        assert reply["ok"], reply
+        json.dumps(reply)  # as the socket sends it
+    reply = d.handle({"cmd": "apply", "args": {"profile": "training", "dry_run": True}})
+    assert reply["ok"] and reply["dry_run"] and reply["plan"], reply
+    assert d.profile is None and m.simulation.machine.state["writes"] == writes  # nothing written
+    reply = d.handle({"cmd": "apply", "args": {"profile": "training"}})
+    assert reply["ok"] and d.profile == "training" and m.simulation.machine.state["writes"] > writes, reply
+    assert d.handle({"cmd": "restore"})["ok"] and d.profile is None

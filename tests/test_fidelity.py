@@ -419,7 +419,7 @@ def test_a_daemon_tick_makes_no_blocking_nvml_call() -> None:
     stop = threading.Event()
     m.nvml.start_sampler(stop, every_s=3600)
     d = Daemon(m, cfg.Config())
-    d.checks_at = 2e9
+    d.schedule.checks_at = 2e9
     d.tick()
     lib = m.simulation.library
     before = dict(lib.called)
@@ -452,7 +452,7 @@ def test_a_tick_with_no_reading_hands_every_manual_fan_back(state_dir) -> None:
 
     m = open_machine("z8-fury-4x-a6000")
     d = Daemon(m, cfg.Config())
-    d.checks_at = 2e9
+    d.schedule.checks_at = 2e9
     desired = resolve(load("training"), list(m.snapshot().gpus))
     d.fans.configure({i: desired[i] for i in range(4)})
     d.tick()

@@ -3,7 +3,7 @@
 One JSON request per connection (``{"cmd": "apply", "args": {...}}``), one JSON reply. The
 socket is mode 0660, group ``gpud``; each peer's credentials are read with SO_PEERCRED and only
 root, the daemon's own user and members of the group are served — anyone else gets a clear
-refusal. Commands: ping, status, apply, verify, restore, reload, probe-now.
+refusal. The requests, their arguments and access: ``gpud.daemon.requests.REQUESTS``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpud.daemon.requests import REQUESTS
 from gpud.errors import GpudError
 
 log = logging.getLogger("gpud.control")
@@ -76,12 +77,8 @@ class Access:
                 f"`sudo usermod -aG {self.group} {who}`, then log in again")
 
 
-# The request shapes the daemon accepts: command → {argument: type}.
-COMMANDS: dict[str, dict[str, type | tuple[type, ...]]] = {
-    "ping": {}, "status": {}, "verify": {}, "reload": {}, "probe-now": {},
-    "apply": {"profile": str, "dry_run": bool},
-    "restore": {"fans_only": bool},
-}
+# The request shapes the daemon accepts: command → {argument: type} (from the dispatch table).
+COMMANDS: dict[str, dict[str, type | tuple[type, ...]]] = {name: r.args for name, r in REQUESTS.items()}
 MAX_DEPTH = 4
 
 
@@ -112,9 +109,21 @@ def check_request(request: Any) -> str | None:
             return f"{cmd}: argument {k} has the wrong type"
         if isinstance(v, str) and (len(v) > 4096 or "\0" in v):
             return f"{cmd}: argument {k} is not a usable string"
-    if cmd == "apply" and "profile" not in args:
-        return "apply: missing argument 'profile'"
+    for k in REQUESTS[cmd].required:
+        if k not in args:
+            return f"{cmd}: missing argument {k!r}"
     return None
+
+
+def needs_access(request: Any) -> bool:
+    """Whether ``request`` needs the socket's access (any request that is not a known one does)."""
+    cmd = request.get("cmd") if isinstance(request, dict) else None
+    return not isinstance(cmd, str) or cmd not in REQUESTS or REQUESTS[cmd].group
+
+
+# Whether any request is served without the socket's access; while none is, a refused peer's line is
+# not even parsed.
+OPEN = any(not r.group for r in REQUESTS.values())
 
 
 class Peer:
@@ -181,21 +190,22 @@ def serve(path: str, handler: Callable[[dict[str, Any], Peer], dict[str, Any]], 
                 return
             if not line.strip():
                 return  # a connect-and-close (`gpud doctor` asking whether a daemon runs)
-            if refusal:
-                log.warning("control socket: %s (pid %d)", refusal, pid)
-                reply: dict[str, Any] = {"ok": False, "error": refusal}
-            elif len(line) > MAX_REQUEST or not line.endswith(b"\n"):
-                reply = {"ok": False, "error": f"bad request: larger than {MAX_REQUEST} bytes or not one line"}
-            else:
+            request: Any = None
+            why: str | None = f"bad request: larger than {MAX_REQUEST} bytes or not one line"
+            if (not refusal or OPEN) and len(line) <= MAX_REQUEST and line.endswith(b"\n"):
                 try:
                     request = json.loads(line)
                     why = check_request(request)
                 except (ValueError, UnicodeDecodeError, RecursionError):
                     why = "not valid JSON"
-                if why is not None:
-                    reply = {"ok": False, "error": f"bad request: {why}"}
-                else:
-                    reply = handler(request, Peer(pid, uid, gid))
+                why = None if why is None else f"bad request: {why}"
+            if refusal and (why is not None or needs_access(request)):  # the table's access rule
+                log.warning("control socket: %s (pid %d)", refusal, pid)
+                reply: dict[str, Any] = {"ok": False, "error": refusal}
+            elif why is not None:
+                reply = {"ok": False, "error": why}
+            else:
+                reply = handler(request, Peer(pid, uid, gid))
             try:
                 self.wfile.write(json.dumps(reply, default=str).encode() + b"\n")
             except OSError:

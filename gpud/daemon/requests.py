@@ -1,0 +1,83 @@
+"""The control socket's requests: one table from a request's name to its arguments, its access rule
+and its handler.
+
+Every request needs the control socket's access (root, the daemon's own user or a member of
+``[daemon] socket_group``: ``control.Access``); ``read_only`` marks those that change neither the
+hardware nor the daemon. The socket server checks each request's shape against ``args``; the
+daemon's ``handle`` dispatches to ``handler`` and turns gpud's errors into replies.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from gpud import __version__
+from gpud.model import to_jsonable
+from gpud.tuning import engine
+
+if TYPE_CHECKING:
+    from gpud.daemon.control import Peer
+    from gpud.hw.machine import Machine
+    from gpud.model import Snapshot
+
+Reply = dict[str, Any]
+
+
+class Served(Protocol):
+    """What the handlers use of the daemon."""
+
+    @property
+    def machine(self) -> Machine: ...
+
+    @property
+    def snapshot(self) -> Snapshot | None: ...
+
+    def status(self, full: bool = False) -> Reply: ...
+
+    def apply(self, name: str, dry_run: bool = False, peer: Peer | None = None) -> Reply: ...
+
+    def restore(self, fans_only: bool = False, peer: Peer | None = None) -> Reply: ...
+
+    def reload(self) -> Reply: ...
+
+    def start_probe(self, why: str) -> Reply: ...
+
+
+Handler = Callable[[Served, dict[str, Any], "Peer | None"], Reply]
+
+
+@dataclass(frozen=True)
+class Request:
+    args: dict[str, type | tuple[type, ...]]  # argument → type(s); checked before the handler runs
+    handler: Handler
+    read_only: bool  # changes neither the hardware nor the daemon's state
+    group: bool = True  # needs the socket's access (root, the daemon's user, the socket group)
+    required: tuple[str, ...] = ()
+
+
+def _ping(d: Served, args: dict[str, Any], peer: Peer | None) -> Reply:
+    return {"ok": True, "pid": os.getpid(), "version": __version__, "target": engine.target(d.machine)}
+
+
+def _verify(d: Served, args: dict[str, Any], peer: Peer | None) -> Reply:
+    data, drifts = engine.verify(d.machine, daemon=True, snapshot=d.snapshot)
+    return {"ok": True, "profile": data.get("profile") if data else None, "applied": data is not None,
+            "settings": [to_jsonable(x) for x in drifts]}
+
+
+# The order is the one "unknown command (known: …)" names.
+REQUESTS: dict[str, Request] = {
+    "ping": Request({}, _ping, read_only=True),
+    "status": Request({}, lambda d, args, peer: {"ok": True, **d.status(full=True)}, read_only=True),
+    "verify": Request({}, _verify, read_only=True),
+    "reload": Request({}, lambda d, args, peer: d.reload(), read_only=False),
+    "probe-now": Request({}, lambda d, args, peer: d.start_probe("requested"), read_only=False),
+    "apply": Request({"profile": str, "dry_run": bool},
+                     lambda d, args, peer: d.apply(str(args["profile"]), bool(args.get("dry_run")), peer),
+                     read_only=False, required=("profile",)),
+    "restore": Request({"fans_only": bool}, lambda d, args, peer: d.restore(bool(args.get("fans_only")), peer),
+                       read_only=False),
+}

@@ -1,0 +1,113 @@
+"""What the daemon tells about itself: tick timing, ``/healthz``, ``/status``, ``/metrics`` bytes.
+
+Read by the HTTP and control-socket threads; none of it touches the hardware.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from gpud import __version__
+from gpud.exporter import Observation, Renderer, TickStats
+from gpud.hw.machine import Machine
+from gpud.model import document, host_json, probe_document, sample_json, to_jsonable
+from gpud.probe import history
+
+
+class TickTiming:
+    """How many ticks, when the last one was, how long they take, how regular they come."""
+
+    def __init__(self) -> None:
+        self.stats = TickStats()
+        self.periods: list[float] = []  # recent tick start-to-start periods (jitter)
+        self.last: float | None = None
+        self.ticks = 0
+
+    def begin(self, now: float) -> None:
+        if self.last is not None:
+            self.periods.append(now - self.last)
+            del self.periods[:-2000]
+
+    def end(self, now: float, seconds: float) -> None:
+        self.last = now
+        self.ticks += 1
+        self.stats.observe(seconds)
+
+    def copy(self) -> TickStats:
+        t = self.stats
+        return TickStats(list(t.counts), t.total, t.sum)
+
+    def healthy(self, interval: float) -> tuple[bool, str]:
+        if self.last is None:
+            return False, "no tick yet"
+        age = time.time() - self.last
+        limit = max(3 * interval, 5.0)
+        if age > limit:
+            return False, f"last tick {age:.1f} s ago (limit {limit:.0f} s)"
+        return True, f"ok: last tick {age:.2f} s ago"
+
+    def summary(self, interval: float) -> dict[str, Any]:
+        """Tick period error (actual start-to-start minus the interval): the jitter scrapers cause."""
+        errors = sorted(abs(p - interval) for p in self.periods)
+        if not errors:
+            return {}
+
+        def pct(q: float) -> float:
+            return errors[min(len(errors) - 1, int(q * len(errors)))]
+
+        return {"periods": len(errors), "interval_seconds": interval, "recent_periods": self.periods[-300:],
+                "period_error_p50_seconds": pct(0.5),
+                "period_error_p99_seconds": pct(0.99), "period_error_max_seconds": errors[-1],
+                "duration_mean_seconds": self.stats.sum / max(1, self.stats.total)}
+
+
+class Report:
+    """``/metrics`` (rendered once per observation) and the ``/status`` document."""
+
+    def __init__(self, machine: Machine) -> None:
+        self.machine = machine
+        self.started = time.time()
+        self.renderer = Renderer()
+        self._rendered: tuple[Observation, bytes] | None = None
+        self._render_lock = threading.Lock()
+        self._host_facts: tuple[Any, ...] | None = None
+
+    def metrics(self, obs: Observation) -> bytes:
+        """The exposition of ``obs``, rendered once per observation however many scrapers ask
+        (rendering ~1000 series costs milliseconds; the observation changes once a tick)."""
+        cached = self._rendered
+        if cached is not None and cached[0] is obs:
+            return cached[1]
+        with self._render_lock:
+            cached = self._rendered
+            if cached is None or cached[0] is not obs:
+                cached = (obs, self.renderer.render(obs))
+                self._rendered = cached
+        return cached[1]
+
+    def status(self, obs: Observation, timing: TickTiming, tick: dict[str, Any], *, show_processes: bool,
+               profile: str | None, reapply_total: int, fan_failsafe_total: int, probe_running: bool
+               ) -> dict[str, Any]:
+        snap = obs.snapshot
+        infos = {g.index: g for g in snap.gpus} if snap is not None else {}
+        gpus = [{"info": to_jsonable(infos.get(x.index)), "sample": sample_json(x)}
+                for x in (snap.samples if snap is not None else ())]
+        if not show_processes:
+            for g in gpus:
+                for proc in g["sample"].get("processes") or []:
+                    proc["user"] = proc["command"] = proc["container"] = None
+        if self._host_facts is None:  # read once: /status never reads files per request
+            self._host_facts = (self.machine.host.cpu_info(), self.machine.host.memory_total_bytes())
+        where = host_json(self.machine.label, snap.versions if snap is not None else None,
+                          len(snap.samples) if snap is not None else None, *self._host_facts)
+        last = history.latest()
+        return document("daemon_status", __version__, where, uptime_seconds=time.time() - self.started,
+                        ticks=timing.ticks, last_tick=timing.last, profile=profile,
+                        timestamp=snap.timestamp if snap is not None else None, gpus=gpus,
+                        checks=[to_jsonable(c) for c in obs.checks],
+                        drift=[{"gpu": g, "setting": s, "drift": d} for g, s, d in obs.drift],
+                        reapply_total=reapply_total, fan_failsafe_total=fan_failsafe_total,
+                        probe=probe_document(last, __version__, host_json(last.get("host"))) if last else None,
+                        probe_running=probe_running, tick=tick)

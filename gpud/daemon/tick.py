@@ -1,0 +1,121 @@
+"""The daemon's tick: one snapshot → fan loop and enforcement (the daemon's, under its tuning lock) →
+doctor/probe schedule → time accounting and health journal → one new ``Observation`` swapped whole."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gpud.daemon.recorder import Recorder
+from gpud.daemon.schedule import Schedule
+from gpud.daemon.status import TickTiming
+from gpud.errors import GpudError
+from gpud.exporter import Observation
+from gpud.hw.machine import Machine
+from gpud.model import Snapshot, XidEvent
+from gpud.observe import Drift, Running, observe
+from gpud.probe import history
+from gpud.usage import Accounting
+
+log = logging.getLogger("gpud.daemon")
+XID_EVERY_S = 10.0
+
+# The tick's hardware work: (snapshot, why there is none) → drift. With no snapshot every fan goes
+# to its failsafe; with one, the fan loop steps and the applied profile is enforced.
+Drive = Callable[[Snapshot | None, str], Drift]
+# (applied profile, settings re-applied so far, fans handed to their failsafe so far)
+TuningFacts = Callable[[], tuple[str | None, int, int]]
+
+
+class KernelLog:
+    """The kernel log's Xids, read every ``XID_EVERY_S``, not every tick; through the recorder, so the
+    counts never go backwards when the ring buffer wraps."""
+
+    def __init__(self, machine: Machine, recorder: Callable[[], Recorder]) -> None:
+        self.machine = machine
+        self._recorder = recorder
+        self.xids: tuple[XidEvent, ...] = ()
+        self.read_at = 0.0
+
+    def read(self, now: float) -> tuple[XidEvent, ...]:
+        if now - self.read_at >= XID_EVERY_S:
+            self.read_at = now
+            self.xids = self._recorder().xid_events(self.machine.host.xid_events())
+        return self.xids
+
+
+class LatestProbe:
+    """The latest probe result, re-read only when the history file changed (the same object until
+    then, so the renderer keeps the probe's families)."""
+
+    def __init__(self) -> None:
+        self.mtime = 0.0
+        self.latest: dict[str, Any] | None = None
+
+    def __call__(self) -> dict[str, Any] | None:
+        try:
+            mtime = history.path().stat().st_mtime
+        except OSError:
+            return None
+        if mtime != self.mtime:
+            self.mtime = mtime
+            self.latest = history.latest()
+        return self.latest
+
+
+class Ticker:
+    def __init__(self, machine: Machine, drive: Drive, tuning: TuningFacts, schedule: Schedule,
+                 recorder: Callable[[], Recorder], interval_s: float) -> None:
+        self.machine = machine
+        self._drive = drive
+        self._tuning = tuning
+        self.schedule = schedule
+        self._recorder = recorder
+        self.accounting = Accounting(max_gap_s=3 * interval_s)
+        self.timing = TickTiming()
+        self.kernel_log = KernelLog(machine, recorder)
+        self.probe = LatestProbe()
+        self.lost: set[int] = set()
+        self.snapshot: Snapshot | None = None
+        self.observation = Observation(snapshot=None)
+
+    def __call__(self) -> None:
+        t0 = time.perf_counter()
+        now = time.time()
+        self.timing.begin(now)
+        try:
+            snap = self.machine.snapshot()
+        except GpudError as err:
+            log.error("cannot read the GPUs: %s", err)
+            snap = None
+            self._drive(None, f"no NVML reading: {err}")  # no temperature at all: no fan may stay manual
+        recorder = self._recorder()
+        if snap is not None:
+            self.snapshot = snap
+            self._log_lost(snap)
+            drift = self._drive(snap, "")
+            self.schedule.step(snap, now)
+            self.accounting.add(snap)
+            recorder.snapshot(snap)
+        else:
+            drift = ()
+        profile, reapply_total, failsafes = self._tuning()
+        recorder.fan_failsafes(failsafes)
+        self.timing.end(now, time.perf_counter() - t0)
+        xids = self.kernel_log.read(now)
+        self.observation = observe(
+            self.machine, None, snapshot=self.snapshot, checks=self.schedule.checks, xids=xids,
+            tuning=(profile, drift), probe=self.probe,
+            running=Running(reapply_total=reapply_total, fan_failsafe_total=failsafes, tick=self.timing.copy(),
+                            last_tick=now, usage=self.accounting.frozen()))
+
+    def _log_lost(self, snap: Snapshot) -> None:
+        """A lost GPU is logged when it is lost and when it is back, not on every tick."""
+        lost = {s.index for s in snap.samples if s.lost}
+        for gpu in sorted(lost - self.lost):
+            log.error("GPU %d is lost (fell off the bus or needs a reset): `dmesg | grep -i xid`", gpu)
+        for gpu in sorted(self.lost - lost):
+            log.warning("GPU %d answers again", gpu)
+        self.lost = lost
