@@ -134,7 +134,7 @@ def _globs_match(only: list[str], skip: list[str], conf) -> None:  # type: ignor
 
     ids = [c.id for c in CHECKS]
     for option, globs in (("--check", only), ("--skip", skip), ((conf.path or "gpud.toml") + ": doctor.skip",
-                                                                 conf.doctor["skip"])):
+                                                                 conf.doctor.skip)):
         for g in globs:
             if not any(fnmatch.fnmatchcase(i, g) for i in ids):
                 areas = sorted({i.split(".")[0] + ".*" for i in ids})
@@ -146,7 +146,7 @@ def _pairs_exist(conf, gpus: int) -> None:  # type: ignore[no-untyped-def]
     """[machine] nvlink_pairs naming a GPU this machine does not have is a wrong file: exit 2."""
     from gpud.errors import InvalidInput
 
-    for k, pair in enumerate(conf.machine["nvlink_pairs"] or []):
+    for k, pair in enumerate(conf.machine.nvlink_pairs or []):
         if gpus and max(pair) >= gpus:
             raise InvalidInput(conf.path or "gpud.toml", f"machine.nvlink_pairs[{k}]",
                                f"GPU {max(pair)} does not exist: this machine has {gpus} GPU(s) on the PCI bus")

@@ -89,7 +89,7 @@ class Daemon:
         self.web: dict[str, Any] = {}
         self.bound: tuple[str, str] = ("", "")  # (listen, socket) actually served
         self.lost: set[int] = set()
-        self.accounting = Accounting(max_gap_s=3 * float(config.daemon["interval_seconds"]))
+        self.accounting = Accounting(max_gap_s=3 * float(config.daemon.interval_seconds))
         self.recorder = Recorder(None, None)  # the health journal, opened at start()
         self.overrides: dict[str, Any] = {}  # command-line options: they win over a reloaded file too
 
@@ -99,7 +99,7 @@ class Daemon:
         configuration (exit 2), another daemon holding the tuning lock or the control socket, a
         port in use (exit 1)."""
         d = self.config.daemon
-        self.web = http.load_web_config(d["web_config"]) if d["web_config"] else {}
+        self.web = http.load_web_config(d.web_config) if d.web_config else {}
         try:
             self.lock.acquire()
         except LockBusy as busy:
@@ -109,14 +109,14 @@ class Daemon:
             raise err from None
         self.endpoints = http.Endpoints(self.metrics, self.healthy, self.status, self.web.get("basic_auth_users"),
                                         (self.web.get("http_server_config") or {}).get("headers"))
-        self.http_server = self._bind_http(d["listen"], self.web)
+        self.http_server = self._bind_http(d.listen, self.web)
         try:
-            self.control_server, _ = control.serve(self.socket_path(), self.handle, d["socket_group"])
+            self.control_server, _ = control.serve(self.socket_path(), self.handle, d.socket_group)
         except BaseException:
             self.http_server.shutdown()
             self.http_server.server_close()
             raise
-        self.bound = (d["listen"], self.socket_path())
+        self.bound = (d.listen, self.socket_path())
         self._open_journal()
         self._load_profile_at_start()
         try:  # blocking readings (PCIe throughput, processes): a thread off the tick, first round now
@@ -148,14 +148,14 @@ class Daemon:
         return f"{scheme}://{f'[{host}]' if ':' in str(host) else host}:{port}"
 
     def socket_path(self) -> str:
-        return str(control_socket(self.config.daemon["socket"]))
+        return str(control_socket(self.config.daemon.socket))
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())
         signal.signal(signal.SIGINT, lambda *_: self.stop_event.set())
         signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=self.reload, daemon=True).start())
         self.start()
-        interval = float(self.config.daemon["interval_seconds"])
+        interval = float(self.config.daemon.interval_seconds)
         wd = watchdog_seconds()
         next_at = time.monotonic() + interval
         while not self.stop_event.wait(max(0.0, next_at - time.monotonic())):
@@ -167,14 +167,14 @@ class Daemon:
             next_at += interval
             if next_at < time.monotonic():  # a tick overran: skip, do not bunch up
                 next_at = time.monotonic() + interval
-            interval = float(self.config.daemon["interval_seconds"])
+            interval = float(self.config.daemon.interval_seconds)
         return self.shutdown()
 
     def shutdown(self) -> int:
         notify("STOPPING=1")
         with self.tuning_lock:
             self.fans.release()  # fans back to the driver first, whatever else happens
-            if self.config.daemon["restore_on_stop"]:
+            if self.config.daemon.restore_on_stop:
                 try:
                     done, failed = engine.restore(self.machine)
                 except GpudError as err:
@@ -208,12 +208,12 @@ class Daemon:
             trusted(path, "configuration")
             new = cfg.load(path)
             if self.overrides:
-                new = cfg.Config(new.path, new.machine, new.doctor, {**new.daemon, **self.overrides}, new.probe)
-            web = http.load_web_config(new.daemon["web_config"]) if new.daemon["web_config"] else {}
+                new = new.with_daemon(**self.overrides)
+            web = http.load_web_config(new.daemon.web_config) if new.daemon.web_config else {}
         except GpudError as err:
             log.error("reload refused, old configuration kept: %s", err)
             return {"ok": False, "error": f"reload refused, old configuration kept: {err}"}
-        notes = self._rebind(new, web)
+        notes, new = self._rebind(new, web)
         self.config = new
         if self.endpoints is not None:
             self.endpoints.set_users(web.get("basic_auth_users"))
@@ -223,11 +223,12 @@ class Daemon:
         log.info("%s", msg)
         return {"ok": True, "message": msg}
 
-    def _rebind(self, new: cfg.Config, web: dict[str, Any]) -> list[str]:
+    def _rebind(self, new: cfg.Config, web: dict[str, Any]) -> tuple[list[str], cfg.Config]:
         """Serve a changed listen address, TLS setting or control socket at once; where the new one
-        cannot be had, keep the old and say so (never "reloaded" while serving the old port silently)."""
+        cannot be had, keep the old and say so (never "reloaded" while serving the old port silently).
+        Returns the notes and ``new`` with what is still served."""
         notes = []
-        listen, sock = new.daemon["listen"], str(control_socket(new.daemon["socket"]))
+        listen, sock = new.daemon.listen, str(control_socket(new.daemon.socket))
         tls_changed = (web.get("tls_server_config") or None) != (self.web.get("tls_server_config") or None)
         if listen != self.bound[0] or tls_changed:
             old = self.http_server
@@ -244,10 +245,10 @@ class Daemon:
                 self.bound = (listen, self.bound[1])
             except GpudError as err:
                 notes.append(f"listen unchanged ({self.bound[0]}): {err}")
-                new.daemon["listen"] = self.bound[0]
+                new = new.with_daemon(listen=self.bound[0])
         if sock != self.bound[1]:
             try:
-                srv, _ = control.serve(sock, self.handle, new.daemon["socket_group"])
+                srv, _ = control.serve(sock, self.handle, new.daemon.socket_group)
                 old_srv, old_path = self.control_server, self.bound[1]
                 self.control_server, self.bound = srv, (self.bound[0], sock)
                 if old_srv is not None:
@@ -257,8 +258,8 @@ class Daemon:
                 notes.append(f"control socket now {sock}")
             except (GpudError, OSError) as err:
                 notes.append(f"control socket unchanged ({self.bound[1]}): {err}")
-                new.daemon["socket"] = self.bound[1]
-        return notes
+                new = new.with_daemon(socket=self.bound[1])
+        return notes, new
 
     # -- the tick -----------------------------------------------------------------------
     def _open_journal(self) -> None:
@@ -368,7 +369,7 @@ class Daemon:
 
     def _schedule(self, snap: Snapshot, now: float) -> None:
         d = self.config.daemon
-        if now - self.checks_at >= d["doctor_interval_seconds"] and (
+        if now - self.checks_at >= d.doctor_interval_seconds and (
                 self.doctor_thread is None or not self.doctor_thread.is_alive()):
             self.checks_at = now
             self.doctor_thread = threading.Thread(target=self._doctor, args=(snap,), name="gpud-doctor", daemon=True)
@@ -376,8 +377,8 @@ class Daemon:
         self._reap_probe()
         busy = any(s.processes or (s.utilization_gpu_percent or 0) > 5 for s in snap.samples if not s.lost)
         self.idle_since = None if busy else (self.idle_since or now)
-        hours = d["probe_interval_hours"]
-        if (hours and self.idle_since is not None and now - self.idle_since >= d["probe_idle_minutes"] * 60
+        hours = d.probe_interval_hours
+        if (hours and self.idle_since is not None and now - self.idle_since >= d.probe_idle_minutes * 60
                 and now - self.last_probe_start >= hours * 3600 and not self.probe_running()):
             self.start_probe("schedule")
 
@@ -396,8 +397,8 @@ class Daemon:
         if self.probe_running():
             return {"ok": False, "error": "a probe is already running"}
         args = [sys.executable, "-m", "gpud", "probe", "--quick", "--json"]
-        if self.config.daemon["probe_world_sizes"]:
-            args += ["--world-sizes", ",".join(map(str, self.config.daemon["probe_world_sizes"]))]
+        if self.config.daemon.probe_world_sizes:
+            args += ["--world-sizes", ",".join(map(str, self.config.daemon.probe_world_sizes))]
         if self.machine.simulation is not None:  # the daemon's machine, simulated too
             args += ["--simulate", self.machine.simulation.description.source]
         self.last_probe_start = time.time()
@@ -433,7 +434,7 @@ class Daemon:
     # -- profiles -----------------------------------------------------------------------
     def _load_profile_at_start(self) -> None:
         """Apply the configured profile, else the last applied one: a reboot lost it."""
-        name = self.config.daemon["profile"]
+        name = self.config.daemon.profile
         try:
             data = engine.read_state(self.machine)
         except GpudError as err:
@@ -550,14 +551,14 @@ class Daemon:
         if self.last_tick is None:
             return False, "no tick yet"
         age = time.time() - self.last_tick
-        limit = max(3 * float(self.config.daemon["interval_seconds"]), 5.0)
+        limit = max(3 * float(self.config.daemon.interval_seconds), 5.0)
         if age > limit:
             return False, f"last tick {age:.1f} s ago (limit {limit:.0f} s)"
         return True, f"ok: last tick {age:.2f} s ago"
 
     def show_processes(self) -> bool:
         """Whether /status may name users and command lines: ``[daemon] status_processes``."""
-        mode = self.config.daemon["status_processes"]
+        mode = self.config.daemon.status_processes
         return mode == "always" or (mode == "protected" and http.protected(self.web))
 
     def status(self, full: bool = False) -> dict[str, Any]:
@@ -586,7 +587,7 @@ class Daemon:
 
     def tick_summary(self) -> dict[str, Any]:
         """Tick period error (actual start-to-start minus the interval): the jitter scrapers cause."""
-        interval = float(self.config.daemon["interval_seconds"])
+        interval = float(self.config.daemon.interval_seconds)
         errors = sorted(abs(p - interval) for p in self.tick_periods)
         if not errors:
             return {}

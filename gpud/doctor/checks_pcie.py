@@ -186,7 +186,7 @@ def _unseen(ctx: Context) -> list[str]:
 
 def _expected_pairs(ctx: Context, up: dict[tuple[int, int], int]) -> set[tuple[int, int]]:
     """Bridged pairs the machine should have: from gpud.toml, else seen, else inferred."""
-    configured = ctx.config.machine["nvlink_pairs"]
+    configured = ctx.config.machine.nvlink_pairs
     if configured is not None:
         return {(min(p), max(p)) for p in configured}
     pairs = set(up)
@@ -221,7 +221,7 @@ def nvlink_links(ctx: Context) -> Iterator[CheckResult]:
         yield skip("nvlink.links", "no NVLink on these GPUs")
         return
     expected = _expected_pairs(ctx, links_up)
-    source = "gpud.toml" if ctx.config.machine["nvlink_pairs"] is not None else "seen"
+    source = "gpud.toml" if ctx.config.machine.nvlink_pairs is not None else "seen"
     lost, unseen = _lost(ctx), _unseen(ctx)
     for s in capable:
         total = ctx.infos[s.index].nvlink_count

@@ -7,21 +7,23 @@ import traceback
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, Literal, get_args
 
 from gpud.config import Config
 from gpud.errors import GpudError
 from gpud.hw.machine import Machine
-from gpud.model import CheckResult, GpuInfo, GpuSample, Snapshot, Topology
+from gpud.model import CheckResult, GpuInfo, GpuSample, Snapshot, Status, Topology
 
-AREAS = ("Driver", "Display", "PCIe and topology", "Configuration", "Health", "Host", "Environment", "Probe")
+# The areas doctor's human output groups checks under, in this order.
+Area = Literal["Driver", "Display", "PCIe and topology", "Configuration", "Health", "Host", "Environment", "Probe"]
+AREAS: tuple[Area, ...] = get_args(Area)
 CheckFn = Callable[["Context"], Iterable[CheckResult]]
 
 
 @dataclass(frozen=True)
 class Check:
     id: str
-    area: str
+    area: Area
     fn: CheckFn
     needs_nvml: bool
     probe: bool = False  # runs only with `gpud doctor --probe`
@@ -30,7 +32,7 @@ class Check:
 CHECKS: list[Check] = []
 
 
-def check(check_id: str, area: str, needs_nvml: bool = True, probe: bool = False) -> Callable[[CheckFn], CheckFn]:
+def check(check_id: str, area: Area, needs_nvml: bool = True, probe: bool = False) -> Callable[[CheckFn], CheckFn]:
     """Register a check. ``needs_nvml`` checks are skipped (with the reason) when NVML is down."""
 
     def deco(fn: CheckFn) -> CheckFn:
@@ -41,7 +43,7 @@ def check(check_id: str, area: str, needs_nvml: bool = True, probe: bool = False
     return deco
 
 
-def result(status: str) -> Callable[..., CheckResult]:
+def result(status: Status) -> Callable[..., CheckResult]:
     def make(check_id: str, summary: str, gpu: int | None = None, detail: str = "", remedy: str = "") -> CheckResult:
         return CheckResult(check_id, status, summary, gpu, detail, remedy)
 
@@ -70,9 +72,6 @@ class Context:
     @property
     def host(self):  # type: ignore[no-untyped-def]
         return self.machine.host
-
-    def threshold(self, name: str) -> Any:
-        return self.config.doctor[name]
 
     @cached_property
     def history(self) -> list[Any]:
@@ -112,7 +111,7 @@ class Context:
         return self.machine.topology(self.snapshot) if self.snapshot else None
 
     def loaded(self, s: GpuSample) -> bool:
-        return bool((s.utilization_gpu_percent or 0) >= self.threshold("load_utilization_percent"))
+        return bool((s.utilization_gpu_percent or 0) >= self.config.doctor.load_utilization_percent)
 
     def idle(self, s: GpuSample) -> bool:
         return (s.utilization_gpu_percent or 0) < 10 and not s.processes
