@@ -30,6 +30,7 @@ from gpud.journal import Journal
 from gpud.model import CheckResult, Snapshot, XidEvent, document, host_json, probe_document, sample_json, to_jsonable
 from gpud.paths import LockBusy, TuningLock, control_socket, probe_output_path, trusted
 from gpud.probe import history
+from gpud.probe.report import ProbeReport
 from gpud.tuning import engine
 from gpud.tuning.fanloop import FanControl
 from gpud.tuning.profile import Profile, load
@@ -83,7 +84,7 @@ class Daemon:
         self.xids: tuple[XidEvent, ...] = ()
         self.xids_at = 0.0
         self.probe_mtime = 0.0
-        self.probe_latest: dict[str, Any] | None = None
+        self.probe_latest: ProbeReport | None = None
         self.lock = TuningLock("gpud daemon")
         self.endpoints: http.Endpoints | None = None
         self.web: dict[str, Any] = {}
@@ -316,7 +317,7 @@ class Daemon:
             log.warning("GPU %d answers again", gpu)
         self.lost = lost
 
-    def probe_result(self) -> dict[str, Any] | None:
+    def probe_result(self) -> ProbeReport | None:
         """The latest probe result, re-read only when the history file changed."""
         try:
             mtime = history.path().stat().st_mtime
@@ -418,8 +419,8 @@ class Daemon:
         self.probe_proc = None
         why = self.probe_why
         if proc.returncode in (0, 1):
-            latest = history.latest() or {}
-            said = [s for s in (latest.get("diagnosis") or {}).get("sentences", []) if not s.startswith("CPU run")]
+            latest = history.latest()
+            said = [s for s in (latest.diagnosis.sentences if latest else []) if not s.startswith("CPU run")]
             log.info("probe finished (%s): %s%s", why, "OK" if proc.returncode == 0 else "FAILED",
                      f": {said[0]}" if said else "")
             self.recorder.probe(latest, proc.returncode == 0, why)
@@ -429,7 +430,7 @@ class Daemon:
         except OSError:
             lines = []
         log.error("probe failed (%s): exit %d%s", why, proc.returncode, f": {lines[-1]}" if lines else "")
-        self.recorder.probe({"diagnosis": {"sentences": lines[-1:]}}, False, why)
+        self.recorder.probe(None, False, why, error=lines[-1] if lines else None)
 
     # -- profiles -----------------------------------------------------------------------
     def _load_profile_at_start(self) -> None:
@@ -582,7 +583,7 @@ class Daemon:
                         checks=[to_jsonable(c) for c in obs.checks],
                         drift=[{"gpu": g, "setting": s, "drift": d} for g, s, d in obs.drift],
                         reapply_total=self.reapply_total, fan_failsafe_total=self.fans.failsafes,
-                        probe=probe_document(last, __version__, host_json(last.get("host"))) if last else None,
+                        probe=probe_document(last.to_json(), __version__, host_json(last.host)) if last else None,
                         probe_running=self.probe_running(), tick=self.tick_summary())
 
     def tick_summary(self) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from gpud.errors import DriverNotLoaded, NvmlError
 from gpud.hw.machine import Machine
 from gpud.model import STATUSES, CheckResult, Snapshot, Status, host_json
 from gpud.paths import daemon_running
+from gpud.probe.report import ProbeReport
 from gpud.tuning import state as tuning_state
 
 __all__ = ["AREAS", "CHECKS", "Area", "Report", "area_of", "diagnose"]
@@ -55,7 +56,7 @@ NOT_IN_DAEMON = ["env.cuda", "torch.cuda"]
 def diagnose(machine: Machine, config: Config, *, only: list[str] | None = None, skip: list[str] | None = None,
              expect_gpus: int | None = None, env: dict[str, str] | None = None, debug: bool = False,
              snapshot: Snapshot | None = None, in_daemon: bool = False,
-             probe: dict[str, object] | None = None) -> Report:
+             probe: ProbeReport | None = None) -> Report:
     """Read the machine once (or use ``snapshot``) and run the selected checks."""
     ctx = Context(machine=machine, config=config, env=dict(os.environ if env is None else env),
                   expect_gpus=expect_gpus, daemon_running=in_daemon or daemon_running(config.daemon.socket),

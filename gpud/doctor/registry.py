@@ -13,6 +13,7 @@ from gpud.config import Config
 from gpud.errors import GpudError
 from gpud.hw.machine import Machine
 from gpud.model import CheckResult, GpuInfo, GpuSample, Snapshot, Status, Topology
+from gpud.probe.report import ProbeReport
 
 # The areas doctor's human output groups checks under, in this order.
 Area = Literal["Driver", "Display", "PCIe and topology", "Configuration", "Health", "Host", "Environment", "Probe"]
@@ -67,7 +68,7 @@ class Context:
     # Settings the active tuning profile asks for, per GPU (e.g. {"power_limit_watts": 240}):
     # a lowered power limit asked for by a profile is not a misconfiguration.
     profile_settings: dict[int, dict[str, Any]] = field(default_factory=dict)
-    probe: dict[str, Any] | None = None  # the probe's result, with --probe
+    probe: ProbeReport | None = None  # the probe's result, with --probe
 
     @property
     def host(self):  # type: ignore[no-untyped-def]
