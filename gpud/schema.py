@@ -126,9 +126,9 @@ def spec_of(cls: type) -> Spec:
     return {f.name: (f.metadata["kind"], f.metadata["default"]) for f in dataclasses.fields(cls)}
 
 
-def build(cls: Callable[..., T], table: Any, file: str, where: str) -> T:
+def build(cls: type[T], table: Any, file: str, where: str) -> T:
     """``take`` against the dataclass's own spec, then the dataclass."""
-    return cls(**take(table, spec_of(cls), file, where))  # type: ignore[arg-type]
+    return cls(**take(table, spec_of(cls), file, where))
 
 
 def out_of_range(section: Any, file: str, where: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 from gpud.config import Config
 from gpud.doctor import (  # noqa: F401 (they register their checks)
@@ -32,7 +33,7 @@ __all__ = ["AREAS", "CHECKS", "Area", "Report", "area_of", "diagnose"]
 
 @dataclass(frozen=True)
 class Report:
-    host: dict[str, object]
+    host: dict[str, Any]  # gpud.model.host_json: the JSON documents' host
     checks: tuple[CheckResult, ...]
 
     @property
@@ -74,9 +75,8 @@ def diagnose(machine: Machine, config: Config, *, only: list[str] | None = None,
     results = _once(run(ctx, [c for c in checks if not c.probe], debug=debug),
                     run(ctx, [c for c in checks if c.probe], debug=debug))
     snap = ctx.snapshot
-    host: dict[str, object] = host_json(machine.label, snap.versions if snap else None,
-                                        len(snap.samples) if snap else None, machine.host.cpu_info(),
-                                        machine.host.memory_total_bytes())
+    host = host_json(machine.label, snap.versions if snap else None, len(snap.samples) if snap else None,
+                     machine.host.cpu_info(), machine.host.memory_total_bytes())
     return Report(host, tuple(results))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import cast
 
 from gpud.doctor.registry import Context, check, fail, ok, skip, warn
 from gpud.model import ACS_BITS, CheckResult
@@ -136,7 +137,7 @@ def iommu(ctx: Context) -> Iterator[CheckResult]:
     elif io["passthrough"]:
         yield ok("host.iommu", "IOMMU in passthrough (iommu=pt)")
     else:
-        types = ", ".join(io["domain_types"]) or "translated"
+        types = ", ".join(cast("list[str]", io["domain_types"])) or "translated"  # Host.iommu's sorted list
         yield warn("host.iommu", f"IOMMU translating DMA ({types}): peer-to-peer may fail or slow down",
                    remedy="add `iommu=pt` to GRUB_CMDLINE_LINUX (then `sudo update-grub` and reboot); confirm with "
                           "`cat /sys/kernel/iommu_groups/*/type` (identity)")

@@ -7,13 +7,17 @@ import traceback
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from gpud.config import Config
 from gpud.errors import GpudError
+from gpud.hw.host import Host
 from gpud.hw.machine import Machine
 from gpud.model import CheckResult, GpuInfo, GpuSample, Snapshot, Status, Topology
 from gpud.probe.report import ProbeReport
+
+if TYPE_CHECKING:
+    from gpud.journal import Event
 
 # The areas doctor's human output groups checks under, in this order.
 Area = Literal["Driver", "Display", "PCIe and topology", "Configuration", "Health", "Host", "Environment", "Probe"]
@@ -71,11 +75,11 @@ class Context:
     probe: ProbeReport | None = None  # the probe's result, with --probe
 
     @property
-    def host(self):  # type: ignore[no-untyped-def]
+    def host(self) -> Host:
         return self.machine.host
 
     @cached_property
-    def history(self) -> list[Any]:
+    def history(self) -> list[Event]:
         """The health journal's Xid and throttle events (the daemon writes it; empty without one)."""
         from gpud import journal
 
