@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 from gpud import __version__
 from gpud.doctor.xid import describe
 from gpud.model import CLOCK_EVENT_REASONS, STATUSES, CheckResult, GpuInfo, Snapshot, XidEvent
+from gpud.probe.report import ProbeReport
 from gpud.usage import Usage, user_label
 
 # Xids exported at 0 until they happen (the ones doctor knows; others appear when they occur).
@@ -56,7 +57,7 @@ class Observation:
     drift: tuple[tuple[int | None, str, bool], ...] = ()  # (gpu, setting, drifted)
     reapply_total: int = 0
     fan_failsafe_total: int = 0
-    probe: dict[str, Any] | None = None
+    probe: ProbeReport | None = None
     nvml_errors: dict[str, int] = field(default_factory=dict)
     tick: TickStats | None = None
     last_tick: float | None = None
@@ -342,17 +343,16 @@ class GpudCollector(Collector):
         pipe = GaugeMetricFamily("gpud_probe_pipeline_speedup_ratio", "Pipeline-parallel throughput against one "
                                  "device", labels=["stages"])
         if p:
-            last.add_metric([], p.get("finished_at", 0))
-            ok.add_metric([], 1 if p.get("ok") else 0)
-            for ws, r in sorted((p.get("ddp") or {}).get("by_world_size", {}).items(), key=lambda kv: int(kv[0])):
+            last.add_metric([], p.finished_at)
+            ok.add_metric([], 1 if p.ok else 0)
+            for ws, r in sorted(p.ddp.items(), key=lambda kv: int(kv[0])):
                 sps.add_metric([str(ws)], r["samples_per_second"])
                 eff.add_metric([str(ws)], r["efficiency"])
-            for ws, r in sorted((p.get("allreduce") or {}).get("by_world_size", {}).items(),
-                                key=lambda kv: int(kv[0])):
+            for ws, r in sorted(p.allreduce.items(), key=lambda kv: int(kv[0])):
                 busbw.add_metric([str(ws)], r["peak_busbw_bytes_per_second"])
-            for pair in (p.get("p2p") or {}).get("pairs", []):
+            for pair in p.p2p_pairs:
                 p2p.add_metric([str(pair["src"]), str(pair["dst"])], pair["bandwidth_bytes_per_second"])
-            for stages, r in sorted((p.get("pipeline") or {}).get("by_stages", {}).items()):
+            for stages, r in sorted(p.pipeline.items()):
                 pipe.add_metric([str(stages)], r["speedup"])
         yield from (last, ok, sps, eff, busbw, p2p, pipe)
 

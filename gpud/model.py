@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 # Clock-event reason bits (NVML's nvmlClocksEventReason*), in bit order.
 CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (
@@ -264,7 +264,8 @@ class CpuInfo:
 
 # -- checks (gpud.doctor) -----------------------------------------------------------------
 
-STATUSES = ("pass", "warn", "fail", "skip")
+Status = Literal["pass", "warn", "fail", "skip"]  # a check's verdict, as written in every output
+STATUSES: tuple[Status, ...] = get_args(Status)
 
 
 @dataclass(frozen=True)
@@ -272,7 +273,7 @@ class CheckResult:
     """One check's verdict, for one GPU (``gpu``) or for the machine (``gpu`` None)."""
 
     id: str  # stable dotted id: pcie.link_width
-    status: str  # pass | warn | fail | skip
+    status: Status
     summary: str  # one line
     gpu: int | None = None
     detail: str = ""

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from gpud.config import Config
 from gpud.doctor import diagnose
@@ -19,6 +18,7 @@ from gpud.exporter import Observation, TickStats
 from gpud.hw.machine import Machine
 from gpud.model import CheckResult, Snapshot, XidEvent
 from gpud.probe import history
+from gpud.probe.report import ProbeReport
 from gpud.tuning import engine
 from gpud.tuning import state as tuning_state
 from gpud.usage import Usage
@@ -49,7 +49,7 @@ class Running:
 def observe(machine: Machine, config: Config | None, *, snapshot: Snapshot | None = None,
             checks: tuple[CheckResult, ...] | None = None, xids: tuple[XidEvent, ...] | None = None,
             tuning: tuple[str | None, Drift] | None = None,
-            probe: Callable[[], dict[str, Any] | None] = history.latest,
+            probe: Callable[[], ProbeReport | None] = history.latest,
             running: Running | None = None) -> Observation:
     """The observation of ``machine``: what is not given is read now.
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gpud.errors import InvalidInput
 from gpud.paths import MAX_DEPTH, MAX_INPUT, depth, read_limited
@@ -17,6 +19,7 @@ else:  # pragma: no cover
 
 REQUIRED = object()  # a spec default meaning "this key must be given"
 Spec = dict[str, tuple[Any, Any]]  # key: (type, tuple of types, or tuple of allowed strings; default)
+T = TypeVar("T")
 
 
 def load_toml(path: Path, shown: str | None = None) -> tuple[dict[str, Any], bytes]:
@@ -105,3 +108,37 @@ def take(table: Any, spec: dict[str, tuple[Any, Any]], file: str, where: str) ->
     return out
 
 
+
+
+def key(kind: Any, default: Any = None, *, between: tuple[float, float, str] | None = None) -> Any:
+    """A configuration key declared once, as a dataclass field: its TOML ``kind`` (as in a ``Spec``),
+    its default (a list or table default is copied for each instance) and, optionally, the closed
+    range ``(lo, hi, unit)`` that ``out_of_range`` checks."""
+    meta = {"kind": kind, "default": default, "between": between}
+    if isinstance(default, (list, dict)):
+        factory: Callable[[], Any] = lambda: type(default)(default)  # noqa: E731
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def spec_of(cls: type) -> Spec:
+    """The ``Spec`` of a dataclass whose fields were declared with ``key``."""
+    return {f.name: (f.metadata["kind"], f.metadata["default"]) for f in dataclasses.fields(cls)}
+
+
+def build(cls: type[T], table: Any, file: str, where: str) -> T:
+    """``take`` against the dataclass's own spec, then the dataclass."""
+    return cls(**take(table, spec_of(cls), file, where))
+
+
+def out_of_range(section: Any, file: str, where: str) -> None:
+    """The first field outside its declared ``between`` range (in declaration order) → InvalidInput
+    ``where.key: must be LO..HI UNIT, not VALUE``."""
+    for f in dataclasses.fields(section):
+        between = f.metadata.get("between")
+        value = getattr(section, f.name)
+        if between is not None and value is not None:
+            lo, hi, unit = between
+            if not lo <= value <= hi:
+                raise InvalidInput(file, f"{where}.{f.name}", f"must be {lo}..{hi}{' ' + unit if unit else ''}, "
+                                                             f"not {value}")

@@ -10,6 +10,7 @@ from doctor_helpers import description as d
 from doctor_helpers import doctor, only, statuses
 
 from gpud.doctor import CHECKS
+from gpud.probe.report import ProbeReport
 
 TWO_BRIDGED = '[[nvlink]]\ngpus = [0, 1]\n'
 
@@ -235,8 +236,8 @@ def test_a_crashing_check_is_reported_not_fatal(tmp_path: Path, monkeypatch: pyt
     assert r.status == "skip" and "kaput" in r.summary and check.id == r.id
 
 
-def _probe_result(eff: float = 0.95, pipeline_ok: bool = True, p2p_bw: float = 40e9, gen: int = 4) -> dict:
-    return {
+def _probe_result(eff: float = 0.95, pipeline_ok: bool = True, p2p_bw: float = 40e9, gen: int = 4) -> ProbeReport:
+    return ProbeReport.from_json({
         "device": "cuda",
         "ddp": {"by_world_size": {"1": {"efficiency": 1.0, "speedup": 1.0, "samples_per_second": 100.0},
                                   "2": {"efficiency": eff, "speedup": 2 * eff, "samples_per_second": 200 * eff}}},
@@ -251,7 +252,7 @@ def _probe_result(eff: float = 0.95, pipeline_ok: bool = True, p2p_bw: float = 4
                       "links": [{"src": 0, "dst": 1, "link": "NVLink ×4", "expected_bytes_per_second": 56.25e9,
                                  "measured_bytes_per_second": p2p_bw, "ratio": p2p_bw / 56.25e9, "notes": []}]},
         "load": {"pcie_max_generation_under_load": {"0": gen, "1": 4}},
-    }
+    })
 
 
 @pytest.mark.parametrize(("check", "bad", "status"), [
@@ -272,7 +273,7 @@ def test_probe_checks_both_ways(tmp_path: Path, check: str, bad: dict | None, st
     good = diagnose(m, Config(), only=[check], env={}, probe=_probe_result())
     assert good.checks and all(r.status == "pass" for r in good.checks), good.checks
     if bad is None:
-        none = diagnose(m, Config(), only=[check], env={}, probe={"device": "cuda"})
+        none = diagnose(m, Config(), only=[check], env={}, probe=ProbeReport(device="cuda"))
         assert [r.status for r in none.checks] == ["skip"]
         return
     worse = diagnose(m, Config(), only=[check], env={}, probe=_probe_result(**bad))

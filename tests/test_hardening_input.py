@@ -165,3 +165,49 @@ def test_psu_rating_comes_from_smbios_when_the_configuration_does_not_give_it(ca
     (entry / "raw").write_bytes(bytes(raw))
     code, out, _ = cli(capsys, "doctor", "--check", "host.psu", "--json", "--simulate", SIM)
     assert "of a 1125 W supply" in json.loads(out)["checks"][0]["summary"], out
+
+
+@pytest.mark.parametrize("data,message", [
+    ({"machine": {"x": 1}}, "gpud.toml: machine.x: unknown key (known: cpu_tdp_watts, expect_gpus, nvlink_pairs, "
+                            "psu_watts)"),
+    ({"machine": {"expect_gpus": True}}, "gpud.toml: machine.expect_gpus: must be an integer, not True"),
+    ({"doctor": {"fan_lag_percent": 0}}, "gpud.toml: doctor.fan_lag_percent: must be 1..100 %, not 0"),
+    ({"doctor": {"memlock_min_mib": 1 << 21}},
+     "gpud.toml: doctor.memlock_min_mib: must be 0..1048576 MiB, not 2097152"),
+    ({"doctor": {"pcie_replay_warn": -1}}, "gpud.toml: doctor.pcie_replay_warn: must be 0..2147483648, not -1"),
+    # the machine's rules come before doctor's ranges, doctor's types before both
+    ({"doctor": {"fan_lag_percent": 0}, "machine": {"psu_watts": -1}},
+     "gpud.toml: machine.psu_watts: must be positive"),
+    ({"doctor": {"fan_lag_percent": "x"}, "machine": {"psu_watts": -1}},
+     "gpud.toml: doctor.fan_lag_percent: must be an integer, not 'x'"),
+    ({"daemon": {"status_processes": "x"}},
+     "gpud.toml: daemon.status_processes: must be one of 'protected', 'always', 'never', not 'x'"),
+    ({"probe": {"min_efficiency": {"2": 2}}}, "gpud.toml: probe.min_efficiency.2: must be a ratio in (0, 1], not 2"),
+])
+def test_config_errors_name_file_key_and_reason(data: dict, message: str) -> None:
+    from gpud import config as cfg
+    from gpud.errors import InvalidInput
+
+    with pytest.raises(InvalidInput) as err:
+        cfg.parse(data, "gpud.toml")
+    assert str(err.value) == message
+
+
+def test_config_sections_are_frozen_dataclasses_with_one_declaration_per_key() -> None:
+    import dataclasses
+
+    from gpud import config as cfg
+
+    conf = cfg.parse({"doctor": {"fan_lag_percent": 30}, "daemon": {"listen": ":9"}}, "gpud.toml")
+    assert conf.doctor.fan_lag_percent == 30 and conf.doctor.memlock_min_mib == 64 and conf.daemon.listen == ":9"
+    assert conf.probe.min_efficiency == {"2": 0.85, "4": 0.875, "8": 0.775} and conf.machine.expect_gpus is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        conf.daemon.listen = ":10"  # type: ignore[misc]
+    moved = conf.with_daemon(listen=":10", interval_seconds=2.0)
+    assert (moved.daemon.listen, moved.daemon.interval_seconds, conf.daemon.listen) == (":10", 2.0, ":9")
+    assert moved.doctor is conf.doctor
+    for section, cls in (("machine", cfg.MachineSection), ("doctor", cfg.DoctorSection),
+                         ("daemon", cfg.DaemonSection), ("probe", cfg.ProbeSection)):
+        assert list(cfg.SECTIONS[section]) == [f.name for f in dataclasses.fields(cls)]
+    assert cfg.parse({}, "x") == cfg.Config("x")
+    assert cfg.Config().doctor.skip is not cfg.Config().doctor.skip  # a list default is not shared

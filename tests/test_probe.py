@@ -51,7 +51,8 @@ def test_cpu_probe_reports_every_section_with_correct_results(state_dir) -> None
     assert res["correctness"] == {"params_identical_across_ranks": True, "ddp_matches_one_process": True,
                                   "pipeline_matches_unsplit": True}
     assert res["note"].startswith("CPU run: a functional check")
-    assert history.latest()["finished_at"] == res["finished_at"]
+    latest = history.latest()
+    assert latest is not None and latest.finished_at == res["finished_at"]
 
 
 def test_plan_for_a_four_gpu_workstation() -> None:

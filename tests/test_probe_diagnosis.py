@@ -10,10 +10,17 @@ from probe_helpers import gpu, result, sample, topology, view
 
 from gpud.backends import open_machine
 from gpud.probe import expect
-from gpud.probe.diagnose import Seen, View, explain
+from gpud.probe.diagnose import Seen, View
+from gpud.probe.diagnose import explain as _explain
+from gpud.probe.report import Diagnosis, ProbeReport
 from gpud.probe.runner import acs_above, parse_nccl_transports
 
 GB = 1e9
+
+
+def explain(result: dict, v: View | None) -> Diagnosis:
+    """The diagnosis of a report given as its JSON (as the history keeps it)."""
+    return _explain(ProbeReport.from_json(result), v)
 
 
 def machine_view(name: str, **kw) -> View:
@@ -53,23 +60,23 @@ def test_the_healthy_z8_passes_with_nccl_going_through_host_memory(state_dir) ->
     shm = v.path(1, 2, False)  # NODE on an Intel CPU: NCCL's default P2P level stops at PXB
     assert shm.transport == "SHM" and shm.bandwidth == pytest.approx(12 * GB)
     d = explain(result(4, 11 * GB, 0.93), v)
-    assert d["verdicts"] == {"4": "pass"}, d["sentences"]
-    det = d["details"]["4"]
-    assert det["expected_busbw_bytes_per_second"] == pytest.approx(12 * GB)
-    assert det["bus_ratio"] == pytest.approx(11 / 12)
+    assert d.verdicts == {"4": "pass"}, d.sentences
+    det = d.details["4"]
+    assert det.expected_busbw_bytes_per_second == pytest.approx(12 * GB)
+    assert det.bus_ratio == pytest.approx(11 / 12)
     # prediction: t1 = 0.1 s, 400 MB of gradients, ring all-reduce at the measured 11 GB/s
     comm = 0.4e9 * 2 * 3 / 4 / 11e9
-    assert det["predicted_efficiency"] == pytest.approx([0.1 / (0.1 + comm), 1.0])
-    assert any("against the seeds' 3.5×" in s and "informational" in s for s in d["sentences"])
+    assert det.predicted_efficiency == pytest.approx([0.1 / (0.1 + comm), 1.0])
+    assert any("against the seeds' 3.5×" in s and "informational" in s for s in d.sentences)
     # the old verdict failed this machine for being below the seed's 87.5 %; the hardware is fine
-    assert explain(result(4, 11 * GB, 0.80), v)["verdicts"] == {"4": "pass"}
+    assert explain(result(4, 11 * GB, 0.80), v).verdicts == {"4": "pass"}
 
 
 def test_the_degraded_z8_names_its_x8_link_down_bridge_and_thermal_slowdown(state_dir) -> None:
     v = machine_view("z8-fury-4x-a6000-degraded")
     d = explain(result(4, 5.5 * GB, 0.55), v)
-    assert d["verdicts"] == {"4": "fail"}
-    [sentence] = [s for s in d["sentences"] if s.startswith("4 GPUs (fail)")]
+    assert d.verdicts == {"4": "fail"}
+    [sentence] = [s for s in d.sentences if s.startswith("4 GPUs (fail)")]
     assert "GPU2's link runs at x8 of x16" in sentence
     assert "the NVLink bridge GPU2↔GPU3 is down" in sentence
     assert "GPU1 in hardware slowdown and thermal slowdown during the run" in sentence
@@ -80,10 +87,10 @@ def test_the_degraded_z8_names_its_x8_link_down_bridge_and_thermal_slowdown(stat
 def test_the_pcie_only_6000_ada_passes(state_dir) -> None:
     v = machine_view("z8-fury-4x-rtx6000ada")
     d = explain(result(2, 11 * GB, 0.9), v)
-    assert d["verdicts"] == {"2": "pass"}, d["sentences"]
-    assert d["details"]["2"]["path"]["transport"] == "SHM"
+    assert d.verdicts == {"2": "pass"}, d.sentences
+    assert d.details["2"].path.transport == "SHM"
     d = explain(result(4, 11 * GB, 0.9), v)
-    assert d["verdicts"] == {"4": "pass"}
+    assert d.verdicts == {"4": "pass"}
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -93,7 +100,7 @@ def test_every_shipped_workstation_judged_on_what_its_links_allow(name: str, sta
     n = len(v.t.gpus)
     now, _ = v.ring(list(v.t.gpus), healthy=False)
     d = explain(result(n, 0.95 * now, 0.95), v)
-    assert d["verdicts"][str(n)] == ("fail" if "degraded" in name else "pass"), d["sentences"]
+    assert d.verdicts[str(n)] == ("fail" if "degraded" in name else "pass"), d.sentences
 
 
 def test_ranks_map_to_gpus_by_uuid(state_dir) -> None:
@@ -101,10 +108,10 @@ def test_ranks_map_to_gpus_by_uuid(state_dir) -> None:
     v = machine_view("z8-fury-4x-a6000-degraded")
     uuids = [v.infos[2].uuid, v.infos[3].uuid]
     d = explain(result(2, 5.5 * GB, 0.9, ranks=uuids), v)
-    assert d["details"]["2"]["gpus"] == [2, 3]
-    assert d["details"]["2"]["expected_busbw_bytes_per_second"] == pytest.approx(48 * GB)  # NVLink ×4
-    assert "limited by GPU2↔GPU3" in d["sentences"][-1] and "bridge GPU2↔GPU3 is down" in d["sentences"][-1]
-    assert explain(result(2, 5.5 * GB, 0.9), v)["details"]["2"]["gpus"] == [0, 1]  # no UUIDs: first GPUs
+    assert d.details["2"].gpus == [2, 3]
+    assert d.details["2"].expected_busbw_bytes_per_second == pytest.approx(48 * GB)  # NVLink ×4
+    assert "limited by GPU2↔GPU3" in d.sentences[-1] and "bridge GPU2↔GPU3 is down" in d.sentences[-1]
+    assert explain(result(2, 5.5 * GB, 0.9), v).details["2"].gpus == [0, 1]  # no UUIDs: first GPUs
 
 
 def test_acs_on_above_gpus_behind_a_pcie_switch() -> None:
@@ -115,11 +122,11 @@ def test_acs_on_above_gpus_behind_a_pcie_switch() -> None:
     path = v.path(0, 1, False)
     assert path.transport == "P2P/PCIe" and path.bandwidth == pytest.approx(24 * GB)  # PIX: NCCL uses P2P
     d = explain(result(2, 7 * GB, 0.7), v)
-    assert d["verdicts"] == {"2": "fail"}
+    assert d.verdicts == {"2": "fail"}
     assert "ACS is on above GPU0 (0000:05:00.0 SrcValid,ReqRedir,CmpltRedir): P2P requests detour through the root " \
-           "complex" in d["sentences"][-1]
+           "complex" in d.sentences[-1]
     healthy = view(infos, [sample(g) for g in infos], t)
-    assert explain(result(2, 21 * GB, 0.9), healthy)["verdicts"] == {"2": "pass"}
+    assert explain(result(2, 21 * GB, 0.9), healthy).verdicts == {"2": "pass"}
 
 
 def test_a_gen3_link_under_load() -> None:
@@ -128,12 +135,12 @@ def test_a_gen3_link_under_load() -> None:
     v = view(infos, [sample(g) for g in infos], topology(2, {}), seen=seen)
     assert v.path(0, 1, False).bandwidth == pytest.approx(6 * GB)  # SHM over the Gen3 x16 link
     d = explain(result(2, 5.7 * GB, 0.8), v)
-    assert d["verdicts"] == {"2": "fail"}
-    assert "GPU1's link ran at Gen3 of Gen4 under load" in d["sentences"][-1]
+    assert d.verdicts == {"2": "fail"}
+    assert "GPU1's link ran at Gen3 of Gen4 under load" in d.sentences[-1]
     # a card whose maximum is Gen3 is not degraded by it
     gen3 = [gpu(0, "Quadro RTX 8000", "turing", gen=3), gpu(1, "Quadro RTX 8000", "turing", gen=3)]
     v3 = view(gen3, [sample(g) for g in gen3], topology(2, {}), seen=Seen(pcie_generation={0: 3, 1: 3}))
-    assert explain(result(2, 5.7 * GB, 0.9), v3)["verdicts"] == {"2": "pass"}
+    assert explain(result(2, 5.7 * GB, 0.9), v3).verdicts == {"2": "pass"}
 
 
 def test_two_sockets_with_a_missing_bridge() -> None:
@@ -145,18 +152,18 @@ def test_two_sockets_with_a_missing_bridge() -> None:
     crossing = v.path(1, 2, False)
     assert crossing.transport == "SHM" and crossing.bandwidth == pytest.approx(10 * GB)  # NCCL's Intel UPI model
     d = explain(result(4, 9.5 * GB, 0.8), v)
-    sentence = d["sentences"][-1]
+    sentence = d.sentences[-1]
     assert "the NVLink bridge GPU2↔GPU3 is down" in sentence
     assert "the path crosses the CPU sockets' interconnect" in sentence
     # P2P copies between the unbridged pair: judged against the NVLink they should have
     d = explain(result(4, 9.5 * GB, 0.8) | {"p2p": {"pairs": [
         {"src": 0, "dst": 1, "src_uuid": infos[2].uuid, "dst_uuid": infos[3].uuid,
          "bandwidth_bytes_per_second": 10 * GB, "bidirectional_bytes_per_second": 19 * GB, "peer_access": True}]}}, v)
-    [link] = d["links"]
-    assert (link["src"], link["dst"]) == (2, 3) and link["expected_bytes_per_second"] == pytest.approx(48 * GB)
-    assert link["expected_bidirectional_bytes_per_second"] == pytest.approx(96 * GB)
+    [link] = d.links
+    assert (link.src, link.dst) == (2, 3) and link.expected_bytes_per_second == pytest.approx(48 * GB)
+    assert link.expected_bidirectional_bytes_per_second == pytest.approx(96 * GB)
     assert any(s.startswith("P2P GPU2→GPU3: 10.0 GB/s one way, 19.0 GB/s both ways") and "bridge GPU2↔GPU3 is down"
-               in s for s in d["sentences"])
+               in s for s in d.sentences)
 
 
 def test_an_nvswitch_machine_with_18_nvlinks_per_gpu() -> None:
@@ -166,18 +173,18 @@ def test_an_nvswitch_machine_with_18_nvlinks_per_gpu() -> None:
     assert v.path(0, 5, False).text == "NVLink4 ×18"
     assert v.path(0, 5, False).nominal == pytest.approx(450 * GB)
     d = explain(result(8, 350 * GB, 0.9), v)
-    assert d["verdicts"] == {"8": "pass"}
-    assert d["details"]["8"]["expected_busbw_bytes_per_second"] == pytest.approx(18 * 20.6 * GB)
+    assert d.verdicts == {"8": "pass"}
+    assert d.details["8"].expected_busbw_bytes_per_second == pytest.approx(18 * 20.6 * GB)
     slow = explain(result(8, 120 * GB, 0.5), v)
-    assert slow["verdicts"] == {"8": "fail"} and "over NVLink4 ×18" in slow["sentences"][-1]
+    assert slow.verdicts == {"8": "fail"} and "over NVLink4 ×18" in slow.sentences[-1]
 
 
 def test_efficiency_below_prediction_is_named_even_when_the_bus_is_fine(state_dir) -> None:
     v = machine_view("z8-fury-4x-a6000")
     # bus at 95 %, prediction ≥ 65 %: 40 % efficiency is not the links' fault
     d = explain(result(4, 11.4 * GB, 0.40), v)
-    assert d["details"]["4"]["bus_verdict"] == "pass" and d["details"]["4"]["efficiency_verdict"] == "fail"
-    assert d["verdicts"] == {"4": "fail"}
+    assert d.details["4"].bus_verdict == "pass" and d.details["4"].efficiency_verdict == "fail"
+    assert d.verdicts == {"4": "fail"}
 
 
 def test_thermal_slowdown_seen_during_the_run_is_named() -> None:
@@ -185,7 +192,7 @@ def test_thermal_slowdown_seen_during_the_run_is_named() -> None:
     seen = Seen(clock_events={1: {"hw_thermal_slowdown", "gpu_idle"}}, processes={0: ["pid 7 (bob: python x.py)"]})
     v = view(infos, [sample(g) for g in infos], topology(2, {(0, 1): "PXB"}), seen=seen)
     d = explain(result(2, 22 * GB, 0.6), v)
-    s = d["sentences"][-1]
+    s = d.sentences[-1]
     assert "GPU1 in thermal slowdown during the run (hw_thermal_slowdown)" in s
     assert "GPU0 was shared with other processes: pid 7 (bob: python x.py)" in s
 
@@ -206,9 +213,9 @@ def test_nccl_transports_are_read_from_its_debug_output(state_dir) -> None:
     v = machine_view("z8-fury-4x-a6000")
     r = result(4, 3 * GB, 0.5) | {"nccl": {"transports": {"4": rows}}}
     d = explain(r, v)
-    assert d["details"]["4"]["nccl_transports_seen"] is True
-    assert d["details"]["4"]["path"]["transport"] == "NET"  # the socket hop is the slowest one
-    assert any("network transport" in c for c in d["details"]["4"]["causes"])
+    assert d.details["4"].nccl_transports_seen is True
+    assert d.details["4"].path.transport == "NET"  # the socket hop is the slowest one
+    assert any("network transport" in c for c in d.details["4"].causes)
 
 
 def test_user_nccl_p2p_level_changes_the_expected_path(state_dir) -> None:
@@ -218,7 +225,7 @@ def test_user_nccl_p2p_level_changes_the_expected_path(state_dir) -> None:
 
 def test_cpu_runs_are_a_functional_check() -> None:
     d = explain({"device": "cpu", "ddp": {"by_world_size": {"1": {}, "2": {"efficiency": 0.3}}}}, None)
-    assert d["verdicts"] == {"2": "n/a"} and "functional check" in d["sentences"][0]
+    assert d.verdicts == {"2": "n/a"} and "functional check" in d.sentences[0]
 
 
 def test_acs_is_blamed_where_traffic_is_pcie_p2p_only(state_dir) -> None:
@@ -226,12 +233,12 @@ def test_acs_is_blamed_where_traffic_is_pcie_p2p_only(state_dir) -> None:
     v = machine_view("z8-fury-4x-a6000-degraded")
     assert v.acs and all("ReqRedir" in b for bridges in v.acs.values() for b in bridges)
     d = explain(result(4, 5.5 * GB, 0.55), v)
-    assert not any("ACS" in c for c in d["details"]["4"]["causes"])
+    assert not any("ACS" in c for c in d.details["4"].causes)
     pair = {"src": 0, "dst": 2, "src_uuid": v.infos[0].uuid, "dst_uuid": v.infos[2].uuid, "peer_access": True,
             "bandwidth_bytes_per_second": 3 * GB, "bidirectional_bytes_per_second": 4 * GB}
     d = explain(result(4, 5.5 * GB, 0.55) | {"p2p": {"pairs": [pair]}}, v)
-    [link] = d["links"]
-    assert link["expected_bytes_per_second"] == pytest.approx(24 * GB)  # PCIe Gen4 x16 P2P, as it should be
-    assert "GPU2's link runs at x8 of x16" in link["notes"]
+    [link] = d.links
+    assert link.expected_bytes_per_second == pytest.approx(24 * GB)  # PCIe Gen4 x16 P2P, as it should be
+    assert "GPU2's link runs at x8 of x16" in link.notes
     assert any(s.startswith("P2P GPU0→GPU2: 3.0 GB/s one way, 4.0 GB/s both ways") and "ACS is on above GPU0" in s
-               for s in d["sentences"])
+               for s in d.sentences)

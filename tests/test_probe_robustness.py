@@ -116,8 +116,9 @@ def test_ddp_at_world_size_2_without_1(state_dir) -> None:
     sys_stdout, sys.stdout = sys.stdout, out
     try:
         from gpud.cli.probe import render
+        from gpud.probe.report import ProbeReport
 
-        render(res)
+        render(ProbeReport.from_json(res))
     finally:
         sys.stdout = sys_stdout
     text = out.getvalue()
@@ -192,7 +193,7 @@ def test_every_nccl_variable_is_recorded(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("NCCL_P2P_LEVEL", "SYS")
     monkeypatch.setenv("NCCL_IB_DISABLE", "1")
     res = assemble(make_plan("cpu", 0, [1], ["ddp"], True), [])
-    assert res["nccl"]["env"] == {"NCCL_IB_DISABLE": "1", "NCCL_P2P_LEVEL": "SYS"}
+    assert res.nccl.env == {"NCCL_IB_DISABLE": "1", "NCCL_P2P_LEVEL": "SYS"}
 
 
 @needs_torch
@@ -240,3 +241,37 @@ def test_a_gpu_group_has_a_backend_per_device_type(monkeypatch: pytest.MonkeyPat
     assert backend == "cpu:gloo,cuda:nccl" and kw["device_id"] == torch.device("cuda:1") == ctx.device
     assert kw["timeout"].total_seconds() == 30 and (kw["rank"], kw["world_size"]) == (1, 2)
     assert ctx.dtype_name == "bf16"
+
+
+def test_history_written_before_the_report_was_typed_still_loads(state_dir) -> None:
+    """Records written by the dict-based runner (tests/fixtures/probe) load as ``ProbeReport``s that
+    write back exactly the same JSON, and the daemon's, doctor's and the exporter's readings of them."""
+    from gpud.exporter import Observation, exposition
+    from gpud.probe import history
+    from gpud.probe.report import ProbeReport
+
+    fixture = REPO / "tests" / "fixtures" / "probe" / "history-v2.jsonl"
+    history.path().parent.mkdir(parents=True, exist_ok=True)
+    history.path().write_text(fixture.read_text())
+    records = history.load()
+    assert len(records) == 2
+    for rec in records:
+        assert ProbeReport.from_json(rec).to_json() == rec
+    cpu, gpu = (ProbeReport.from_json(r) for r in records)
+    assert cpu.device == "cpu" and cpu.diagnosis.verdicts == {"2": "n/a"} and cpu.correctness.ok() and cpu.ok
+    assert cpu.load is not None and cpu.nccl.version is None and cpu.ddp["2"]["efficiency"] > 0
+    assert gpu.diagnosis.verdicts == {"4": "fail"} and gpu.diagnosis.failed() and not gpu.ok
+    d = gpu.diagnosis.details["4"]
+    assert d.bus_verdict and d.efficiency_verdict and d.predicted_efficiency and d.path.transport
+    [link] = gpu.diagnosis.links
+    assert (link.src, link.dst) == (2, 3) and link.bidirectional_ratio is not None
+    assert gpu.diagnosis.seeds["4"].seed_speedup == 3.5
+    latest = history.latest()
+    assert latest is not None and latest.to_json() == records[-1]
+    history.append(latest)  # written back unchanged
+    assert history.load()[-1] == records[-1]
+    text = exposition(Observation(None, probe=cpu)).decode()  # the synthetic one lacks samples/s
+    assert 'gpud_probe_ddp_samples_per_second{world_size="2"}' in text and "gpud_probe_success 1.0" in text
+    # keys of another version survive a round trip
+    other = {**records[0], "future_key": {"a": 1}}
+    assert ProbeReport.from_json(other).to_json() == other

@@ -41,7 +41,7 @@ def daemon(
             raise InvalidInput("--interval", str(interval), "must be 0.05..60 s")
         overrides["interval_seconds"] = interval
     if overrides:
-        conf = cfg.Config(conf.path, conf.machine, conf.doctor, {**conf.daemon, **overrides}, conf.probe)
+        conf = conf.with_daemon(**overrides)
     raise typer.Exit(run(machine(simulate), conf, config, overrides))
 
 
@@ -54,7 +54,7 @@ def _ask(cmd: str, config: str | None, json: bool) -> None:
     from gpud.paths import control_socket
 
     conf = cfg.load(config)
-    sock = control_socket(conf.daemon["socket"])
+    sock = control_socket(conf.daemon.socket)
     reply = request(sock, cmd, timeout=60)
     if reply is None:
         err = GpudError(f"no gpud daemon listens on {sock}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from typing import Annotated, List
+from typing import TYPE_CHECKING, Annotated, List
 
 import typer
 
@@ -13,6 +13,10 @@ from gpud.cli.common import Json, Simulate, machine
 from gpud.cli.output import colour, emit_json, plural, width, wrap
 from gpud.model import CheckResult, document
 from gpud.text import ranges
+
+if TYPE_CHECKING:  # the checks load only when doctor runs
+    from gpud.config import Config
+    from gpud.doctor import Report
 
 MARK = {"pass": ("ok", "32"), "warn": ("WARN", "33"), "fail": ("FAIL", "31"), "skip": ("skip", "2")}
 
@@ -31,7 +35,7 @@ def _collapse(rows: list[CheckResult]) -> list[tuple[CheckResult, list[int]]]:
     return out
 
 
-def render(report, verbose: bool = False) -> None:  # type: ignore[no-untyped-def]
+def render(report: Report, verbose: bool = False) -> None:
     """Areas, one line per (collapsed) result, wrapped to the terminal; details and remedies under
     each warn and fail with an indent, every `command` whole on its own line."""
     from gpud.doctor import AREAS, area_of
@@ -125,7 +129,7 @@ def doctor(
     raise typer.Exit(code)
 
 
-def _globs_match(only: list[str], skip: list[str], conf) -> None:  # type: ignore[no-untyped-def]
+def _globs_match(only: list[str], skip: list[str], conf: Config) -> None:
     """A --check/--skip (or [doctor] skip) that selects no check is a typo: exit 2, not a silent pass."""
     import fnmatch
 
@@ -134,7 +138,7 @@ def _globs_match(only: list[str], skip: list[str], conf) -> None:  # type: ignor
 
     ids = [c.id for c in CHECKS]
     for option, globs in (("--check", only), ("--skip", skip), ((conf.path or "gpud.toml") + ": doctor.skip",
-                                                                 conf.doctor["skip"])):
+                                                                 conf.doctor.skip)):
         for g in globs:
             if not any(fnmatch.fnmatchcase(i, g) for i in ids):
                 areas = sorted({i.split(".")[0] + ".*" for i in ids})
@@ -142,11 +146,11 @@ def _globs_match(only: list[str], skip: list[str], conf) -> None:  # type: ignor
                                               f"{', '.join(areas)}; `gpud doctor --json` lists them)")
 
 
-def _pairs_exist(conf, gpus: int) -> None:  # type: ignore[no-untyped-def]
+def _pairs_exist(conf: Config, gpus: int) -> None:
     """[machine] nvlink_pairs naming a GPU this machine does not have is a wrong file: exit 2."""
     from gpud.errors import InvalidInput
 
-    for k, pair in enumerate(conf.machine["nvlink_pairs"] or []):
+    for k, pair in enumerate(conf.machine.nvlink_pairs or []):
         if gpus and max(pair) >= gpus:
             raise InvalidInput(conf.path or "gpud.toml", f"machine.nvlink_pairs[{k}]",
                                f"GPU {max(pair)} does not exist: this machine has {gpus} GPU(s) on the PCI bus")

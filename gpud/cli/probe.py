@@ -9,6 +9,7 @@ import typer
 
 from gpud.cli.common import Json, Simulate, machine
 from gpud.cli.output import echo_wrapped, emit_json, is_tty, table
+from gpud.probe.report import CORRECTNESS, Device, ProbeReport
 
 GB = 1e9
 
@@ -36,22 +37,22 @@ def _progress(json: bool) -> Any:
     return plain
 
 
-def render(r: dict[str, Any]) -> None:
+def render(r: ProbeReport) -> None:
     out = sys.stdout
-    cpu = r.get("device") != "cuda"
-    dev = r.get("gpu_name") or "CPU"
-    echo_wrapped(f"gpud probe — {r.get('host') or 'this machine'} ({dev}, torch {r.get('torch')}, {r.get('dtype')}"
-                 + (f", NCCL {r['nccl']['version']}" if (r.get("nccl") or {}).get("version") else "") + ")"
-                 + (" — quick" if r.get("quick") else ""))
-    if r.get("note"):
-        echo_wrapped(r["note"], indent="  ")
-    env = (r.get("nccl") or {}).get("env") or {}
+    cpu = r.device != "cuda"
+    dev = r.gpu_name or "CPU"
+    echo_wrapped(f"gpud probe — {r.host or 'this machine'} ({dev}, torch {r.torch}, {r.dtype}"
+                 + (f", NCCL {r.nccl.version}" if r.nccl.version else "") + ")"
+                 + (" — quick" if r.quick else ""))
+    if r.note:
+        echo_wrapped(r.note, indent="  ")
+    env = r.nccl.env
     if env:
         echo_wrapped("NCCL settings: " + ", ".join(f"{k}={v}" for k, v in env.items()), indent="    ", first="  ")
-    for line in r.get("busy_at_start") or []:
+    for line in r.busy_at_start or []:
         echo_wrapped(f"busy at start: {line}", indent="    ", first="  ")
-    ddp = r["ddp"]["by_world_size"]
-    verdicts = r["diagnosis"]["verdicts"]
+    ddp = r.ddp
+    verdicts = r.diagnosis.verdicts
     if ddp:
         any_r = next(iter(ddp.values()))
         m = any_r["model"]
@@ -67,7 +68,7 @@ def render(r: dict[str, Any]) -> None:
             rows.append(row)
         table(["world size", "samples/s", "spread"] + ([] if cpu else ["speedup", "efficiency", "verdict"]), rows,
               title=title)
-    ar = r["allreduce"]["by_world_size"]
+    ar = r.allreduce
     if ar:
         rows = []
         for n, x in sorted(ar.items(), key=lambda kv: int(kv[0])):
@@ -76,7 +77,7 @@ def render(r: dict[str, Any]) -> None:
                              f"{s['busbw_bytes_per_second'] / GB:.2f}", f"±{s.get('spread', 0):.0%}"])
         table(["ranks", "size", "algbw GB/s", "busbw GB/s", "spread"], rows,
               title="\nAll-reduce (algbw = S/t, busbw = algbw·2(n−1)/n)")
-    for k, p in sorted(r["pipeline"]["by_stages"].items()):
+    for k, p in sorted(r.pipeline.items()):
         text = (f"Pipeline, {k} stages of {'/'.join(map(str, p.get('stage_layers', [])))} blocks, "
                 f"{p['micro_batches']} micro-batches: GPipe {p['pipeline_samples_per_second']:.1f} samples/s")
         if not cpu and "speedup" in p:
@@ -85,25 +86,22 @@ def render(r: dict[str, Any]) -> None:
                  f"output vs unsplit: max difference {p['output_max_abs_diff']:.2g}")
         out.write("\n")
         echo_wrapped(text)
-    pairs = r["p2p"].get("pairs", [])
+    pairs = r.p2p_pairs
     if pairs:
         lat_key = "copy_latency_seconds" if "copy_latency_seconds" in pairs[0] else "one_way_latency_seconds"
         table(["pair", "one way GB/s", "both ways GB/s", "latency µs"],
               [[f"{p['src']}→{p['dst']}", f"{p['bandwidth_bytes_per_second'] / GB:.2f}",
                 f"{p.get('bidirectional_bytes_per_second', 0) / GB:.2f}", f"{p.get(lat_key, 0) * 1e6:.1f}"]
                for p in pairs],
-              title=f"\nP2P ({r['p2p'].get('how', '')}; latency: {r['p2p'].get('latency', '')})")
-    names = {"params_identical_across_ranks": "parameters identical on every rank",
-             "ddp_matches_one_process": "DDP step = one-process step on the global batch",
-             "pipeline_matches_unsplit": "pipeline output = unsplit model output"}
+              title=f"\nP2P ({r.p2p.get('how', '')}; latency: {r.p2p.get('latency', '')})")
     out.write("\n")
-    echo_wrapped("Correctness: " + "; ".join(f"{names.get(k, k)}: {'yes' if v else 'NO'}"
-                                             for k, v in r["correctness"].items()), indent="  ")
-    for s in r["diagnosis"]["sentences"]:
+    echo_wrapped("Correctness: " + "; ".join(f"{CORRECTNESS[k]}: {'yes' if v else 'NO'}"
+                                             for k, v in r.correctness.items()), indent="  ")
+    for s in r.diagnosis.sentences:
         echo_wrapped(s, indent="    ", first="  → ")
-    for s in r.get("regressions", []):
+    for s in r.regressions:
         echo_wrapped(f"REGRESSION: {s}", indent="    ", first="  ")
-    out.write(f"\n{'OK' if r['ok'] else 'FAILED'}\n")
+    out.write(f"\n{'OK' if r.ok else 'FAILED'}\n")
 
 
 def probe(
@@ -151,7 +149,7 @@ def probe(
     else:
         m = machine(simulate)
         have = runner.torch_gpus()
-        dev = device or ("cuda" if have else "cpu")
+        dev: Device = "cuda" if device == "cuda" or (device is None and have) else "cpu"
         if dev == "cuda" and not have:
             raise InvalidInput("--device", "cuda", "torch sees no GPU here (a CPU build, or no driver)")
         n = min(have, gpus) if gpus and dev == "cuda" else have
@@ -164,16 +162,16 @@ def probe(
         from gpud.model import host_json, probe_document
 
         if runner.under_torchrun():
-            where = host_json(res.get("host"))
+            where = host_json(res.host)
         else:
             try:
                 where = host_of(m, m.snapshot())
             except GpudError:  # the probe ran without NVML (a CPU run on a machine without the driver)
-                where = host_json(res.get("host"))
-        emit_json(probe_document(res, __version__, where))
+                where = host_json(res.host)
+        emit_json(probe_document(res.to_json(), __version__, where))
     else:
         render(res)
-    if not res["ok"]:
+    if not res.ok:
         raise typer.Exit(1)
 
 

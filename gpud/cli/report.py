@@ -82,7 +82,7 @@ def _gather(m, config_path: str | None) -> tuple[dict[str, str], list[str]]:  # 
     except Exception as err:  # noqa: BLE001 - an unusable state file is itself worth reporting
         st = None
         notes.append(f"tuning.json: the state file is unusable: {err}")
-    files["tuning.json"] = dump({"configured_profile": conf.daemon.get("profile"), "config_file": conf.path,
+    files["tuning.json"] = dump({"configured_profile": conf.daemon.profile, "config_file": conf.path,
                                  "state_file": str(state.path()), "state": st})
     log = _journal()
     if log is None:

@@ -120,7 +120,7 @@ class Target:
 
         self.simulate = simulate
         conf = cfg.load(config)  # invalid → exit 2 before anything is read or written
-        self.socket = control_socket(conf.daemon["socket"])
+        self.socket = control_socket(conf.daemon.socket)
         self._machine: Any = None
 
     @property

@@ -12,6 +12,7 @@ from typing import Any
 
 from gpud.journal import Journal
 from gpud.model import CheckResult, GpuInfo, Snapshot, XidEvent
+from gpud.probe.report import ProbeReport
 from gpud.usage import THROTTLE_REASONS
 
 log = logging.getLogger(__name__)
@@ -147,8 +148,10 @@ class Recorder:
     def profile(self, kind: str, summary: str, gpu: int | None = None, **data: Any) -> None:
         self._rec(kind, summary, gpu, data=data)
 
-    def probe(self, result: dict[str, Any] | None, ok: bool, why: str) -> None:
-        said = [s for s in ((result or {}).get("diagnosis") or {}).get("sentences", [])]
+    def probe(self, result: ProbeReport | None, ok: bool, why: str, error: str | None = None) -> None:
+        """A probe that finished (``result``, the newest in the history), or one that failed (``error``,
+        the last line it wrote)."""
+        said = result.diagnosis.sentences if result is not None else [error] if error else []
         self._rec("probe", f"probe ({why}) {'passed' if ok else 'FAILED'}{': ' + said[0] if said else ''}",
                   data={"ok": ok, "why": why, "at": time.time(),
-                        "regressions": (result or {}).get("regressions")})
+                        "regressions": result.regressions if result is not None else None})

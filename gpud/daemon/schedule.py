@@ -38,7 +38,7 @@ class Schedule:
     def step(self, snap: Snapshot, now: float) -> None:
         """Once a tick, after the hardware work: start what is due, reap what ended."""
         d = self._config().daemon
-        if now - self.checks_at >= d["doctor_interval_seconds"] and (
+        if now - self.checks_at >= d.doctor_interval_seconds and (
                 self.doctor_thread is None or not self.doctor_thread.is_alive()):
             self.checks_at = now
             self.doctor_thread = threading.Thread(target=self._doctor, args=(snap,), name="gpud-doctor", daemon=True)
@@ -46,8 +46,8 @@ class Schedule:
         self.reap_probe()
         busy = any(s.processes or (s.utilization_gpu_percent or 0) > 5 for s in snap.samples if not s.lost)
         self.idle_since = None if busy else (self.idle_since or now)
-        hours = d["probe_interval_hours"]
-        if (hours and self.idle_since is not None and now - self.idle_since >= d["probe_idle_minutes"] * 60
+        hours = d.probe_interval_hours
+        if (hours and self.idle_since is not None and now - self.idle_since >= d.probe_idle_minutes * 60
                 and now - self.last_probe_start >= hours * 3600 and not self.probe_running()):
             self.start_probe("schedule")
 
@@ -66,7 +66,7 @@ class Schedule:
         if self.probe_running():
             return {"ok": False, "error": "a probe is already running"}
         args = [sys.executable, "-m", "gpud", "probe", "--quick", "--json"]
-        world_sizes = self._config().daemon["probe_world_sizes"]
+        world_sizes = self._config().daemon.probe_world_sizes
         if world_sizes:
             args += ["--world-sizes", ",".join(map(str, world_sizes))]
         if self.machine.simulation is not None:  # the daemon's machine, simulated too
@@ -88,8 +88,8 @@ class Schedule:
         self.probe_proc = None
         why = self.probe_why
         if proc.returncode in (0, 1):
-            latest = history.latest() or {}
-            said = [s for s in (latest.get("diagnosis") or {}).get("sentences", []) if not s.startswith("CPU run")]
+            latest = history.latest()
+            said = [s for s in (latest.diagnosis.sentences if latest else []) if not s.startswith("CPU run")]
             log.info("probe finished (%s): %s%s", why, "OK" if proc.returncode == 0 else "FAILED",
                      f": {said[0]}" if said else "")
             self._recorder().probe(latest, proc.returncode == 0, why)
@@ -99,7 +99,7 @@ class Schedule:
         except OSError:
             lines = []
         log.error("probe failed (%s): exit %d%s", why, proc.returncode, f": {lines[-1]}" if lines else "")
-        self._recorder().probe({"diagnosis": {"sentences": lines[-1:]}}, False, why)
+        self._recorder().probe(None, False, why, error=lines[-1] if lines else None)
 
     def stop_probe(self) -> None:
         """At shutdown: end a running probe and reap it."""

@@ -70,8 +70,8 @@ class Settings:
         trusted(path, "configuration")
         new = cfg.load(path)
         if self.overrides:
-            new = cfg.Config(new.path, new.machine, new.doctor, {**new.daemon, **self.overrides}, new.probe)
-        web = http.load_web_config(new.daemon["web_config"]) if new.daemon["web_config"] else {}
+            new = new.with_daemon(**self.overrides)
+        web = http.load_web_config(new.daemon.web_config) if new.daemon.web_config else {}
         return new, web, path
 
 
@@ -88,12 +88,12 @@ class Front:
         self.control_server: Any = None
         self.bound: tuple[str, str] = ("", "")  # (listen, socket) actually served
 
-    def open(self, d: dict[str, Any], socket_path: str, metrics: Callable[[], bytes],
+    def open(self, d: cfg.DaemonSection, socket_path: str, metrics: Callable[[], bytes],
              healthy: Callable[[], tuple[bool, str]], status: Callable[..., dict[str, Any]]) -> None:
         """Everything that can refuse to start does so here, before the hardware is touched: the web
         configuration (exit 2), another daemon holding the tuning lock or the control socket, a port
         in use (exit 1)."""
-        self.web = http.load_web_config(d["web_config"]) if d["web_config"] else {}
+        self.web = http.load_web_config(d.web_config) if d.web_config else {}
         try:
             self.lock.acquire()
         except LockBusy as busy:
@@ -103,14 +103,14 @@ class Front:
             raise err from None
         self.endpoints = http.Endpoints(metrics, healthy, status, self.web.get("basic_auth_users"),
                                         (self.web.get("http_server_config") or {}).get("headers"))
-        self.http_server = self._bind_http(d["listen"], self.web)
+        self.http_server = self._bind_http(d.listen, self.web)
         try:
-            self.control_server, _ = control.serve(socket_path, self.handle, d["socket_group"])
+            self.control_server, _ = control.serve(socket_path, self.handle, d.socket_group)
         except BaseException:
             self.http_server.shutdown()
             self.http_server.server_close()
             raise
-        self.bound = (d["listen"], socket_path)
+        self.bound = (d.listen, socket_path)
 
     def _bind_http(self, listen: str, web: dict[str, Any]) -> http.Server:
         host, port = cfg.parse_listen(listen)
@@ -130,11 +130,12 @@ class Front:
         scheme = "https" if self.http_server.tls is not None else "http"
         return f"{scheme}://{f'[{host}]' if ':' in str(host) else host}:{port}"
 
-    def rebind(self, new: cfg.Config, web: dict[str, Any]) -> list[str]:
+    def rebind(self, new: cfg.Config, web: dict[str, Any]) -> tuple[list[str], cfg.Config]:
         """Serve a changed listen address, TLS setting or control socket at once; where the new one
-        cannot be had, keep the old and say so (never "reloaded" while serving the old port silently)."""
+        cannot be had, keep the old and say so (never "reloaded" while serving the old port silently).
+        Returns the notes and ``new`` with what is still served."""
         notes = []
-        listen, sock = new.daemon["listen"], str(control_socket(new.daemon["socket"]))
+        listen, sock = new.daemon.listen, str(control_socket(new.daemon.socket))
         tls_changed = (web.get("tls_server_config") or None) != (self.web.get("tls_server_config") or None)
         if listen != self.bound[0] or tls_changed:
             old = self.http_server
@@ -151,10 +152,10 @@ class Front:
                 self.bound = (listen, self.bound[1])
             except GpudError as err:
                 notes.append(f"listen unchanged ({self.bound[0]}): {err}")
-                new.daemon["listen"] = self.bound[0]
+                new = new.with_daemon(listen=self.bound[0])
         if sock != self.bound[1]:
             try:
-                srv, _ = control.serve(sock, self.handle, new.daemon["socket_group"])
+                srv, _ = control.serve(sock, self.handle, new.daemon.socket_group)
                 old_srv, old_path = self.control_server, self.bound[1]
                 self.control_server, self.bound = srv, (self.bound[0], sock)
                 if old_srv is not None:
@@ -164,8 +165,8 @@ class Front:
                 notes.append(f"control socket now {sock}")
             except (GpudError, OSError) as err:
                 notes.append(f"control socket unchanged ({self.bound[1]}): {err}")
-                new.daemon["socket"] = self.bound[1]
-        return notes
+                new = new.with_daemon(socket=self.bound[1])
+        return notes, new
 
     def use_web(self, web: dict[str, Any]) -> None:
         """A reloaded web configuration: its users and headers from the next request on."""
@@ -202,7 +203,7 @@ class Daemon:
         self.recorder = Recorder(None, None)  # the health journal, opened at start()
         self.schedule = Schedule(machine, lambda: self.config, lambda: self.recorder)
         self.ticker = Ticker(machine, self._drive, self._tuning_facts, self.schedule, lambda: self.recorder,
-                             float(config.daemon["interval_seconds"]))
+                             float(config.daemon.interval_seconds))
         self.front = Front(self.handle)
         self.report = Report(machine)
 
@@ -251,14 +252,14 @@ class Daemon:
         return self.front.url()
 
     def socket_path(self) -> str:
-        return str(control_socket(self.config.daemon["socket"]))
+        return str(control_socket(self.config.daemon.socket))
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())
         signal.signal(signal.SIGINT, lambda *_: self.stop_event.set())
         signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=self.reload, daemon=True).start())
         self.start()
-        interval = float(self.config.daemon["interval_seconds"])
+        interval = float(self.config.daemon.interval_seconds)
         wd = watchdog_seconds()
         next_at = time.monotonic() + interval
         while not self.stop_event.wait(max(0.0, next_at - time.monotonic())):
@@ -270,14 +271,14 @@ class Daemon:
             next_at += interval
             if next_at < time.monotonic():  # a tick overran: skip, do not bunch up
                 next_at = time.monotonic() + interval
-            interval = float(self.config.daemon["interval_seconds"])
+            interval = float(self.config.daemon.interval_seconds)
         return self.shutdown()
 
     def shutdown(self) -> int:
         notify("STOPPING=1")
         with self.tuning_lock:
             self.fans.release()  # fans back to the driver first, whatever else happens
-            if self.config.daemon["restore_on_stop"]:
+            if self.config.daemon.restore_on_stop:
                 try:
                     done, failed = engine.restore(self.machine)
                 except GpudError as err:
@@ -301,7 +302,7 @@ class Daemon:
         if got is None:
             return {"ok": True, "message": "no configuration file: defaults kept"}
         new, web, path = got
-        notes = self.front.rebind(new, web)
+        notes, new = self.front.rebind(new, web)
         self.config = new
         self.front.use_web(web)
         msg = f"configuration reloaded from {path}" + "".join(f"; {n}" for n in notes)
@@ -373,7 +374,7 @@ class Daemon:
     # -- profiles -----------------------------------------------------------------------
     def _load_profile_at_start(self) -> None:
         """Apply the configured profile, else the last applied one: a reboot lost it."""
-        name = self.config.daemon["profile"]
+        name = self.config.daemon.profile
         try:
             data = engine.read_state(self.machine)
         except GpudError as err:
@@ -466,11 +467,11 @@ class Daemon:
         return self.report.metrics(self.observation)
 
     def healthy(self) -> tuple[bool, str]:
-        return self.ticker.timing.healthy(float(self.config.daemon["interval_seconds"]))
+        return self.ticker.timing.healthy(float(self.config.daemon.interval_seconds))
 
     def show_processes(self) -> bool:
         """Whether /status may name users and command lines: ``[daemon] status_processes``."""
-        mode = self.config.daemon["status_processes"]
+        mode = self.config.daemon.status_processes
         return mode == "always" or (mode == "protected" and http.protected(self.web))
 
     def status(self, full: bool = False) -> dict[str, Any]:
@@ -480,7 +481,7 @@ class Daemon:
                                   probe_running=self.schedule.probe_running())
 
     def tick_summary(self) -> dict[str, Any]:
-        return self.ticker.timing.summary(float(self.config.daemon["interval_seconds"]))
+        return self.ticker.timing.summary(float(self.config.daemon.interval_seconds))
 
     def status_line(self) -> str:
         n = len(self.snapshot.samples) if self.snapshot else 0

@@ -109,5 +109,5 @@ class Report:
                         checks=[to_jsonable(c) for c in obs.checks],
                         drift=[{"gpu": g, "setting": s, "drift": d} for g, s, d in obs.drift],
                         reapply_total=reapply_total, fan_failsafe_total=fan_failsafe_total,
-                        probe=probe_document(last, __version__, host_json(last.get("host"))) if last else None,
+                        probe=probe_document(last.to_json(), __version__, host_json(last.host)) if last else None,
                         probe_running=probe_running, tick=tick)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 from gpud.daemon.recorder import Recorder
 from gpud.daemon.schedule import Schedule
@@ -17,6 +16,7 @@ from gpud.hw.machine import Machine
 from gpud.model import Snapshot, XidEvent
 from gpud.observe import Drift, Running, observe
 from gpud.probe import history
+from gpud.probe.report import ProbeReport
 from gpud.usage import Accounting
 
 log = logging.getLogger("gpud.daemon")
@@ -52,9 +52,9 @@ class LatestProbe:
 
     def __init__(self) -> None:
         self.mtime = 0.0
-        self.latest: dict[str, Any] | None = None
+        self.latest: ProbeReport | None = None
 
-    def __call__(self) -> dict[str, Any] | None:
+    def __call__(self) -> ProbeReport | None:
         try:
             mtime = history.path().stat().st_mtime
         except OSError:

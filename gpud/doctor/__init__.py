@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 from gpud.config import Config
 from gpud.doctor import (  # noqa: F401 (they register their checks)
@@ -19,32 +20,33 @@ from gpud.doctor import (  # noqa: F401 (they register their checks)
     checks_probe,
     checks_system,
 )
-from gpud.doctor.registry import AREAS, CHECKS, Check, Context, run, selected
+from gpud.doctor.registry import AREAS, CHECKS, Area, Check, Context, run, selected
 from gpud.errors import DriverNotLoaded, NvmlError
 from gpud.hw.machine import Machine
-from gpud.model import CheckResult, Snapshot, host_json
+from gpud.model import STATUSES, CheckResult, Snapshot, Status, host_json
 from gpud.paths import daemon_running
+from gpud.probe.report import ProbeReport
 from gpud.tuning import state as tuning_state
 
-__all__ = ["AREAS", "CHECKS", "Report", "area_of", "diagnose"]
+__all__ = ["AREAS", "CHECKS", "Area", "Report", "area_of", "diagnose"]
 
 
 @dataclass(frozen=True)
 class Report:
-    host: dict[str, object]
+    host: dict[str, Any]  # gpud.model.host_json: the JSON documents' host
     checks: tuple[CheckResult, ...]
 
     @property
-    def counts(self) -> dict[str, int]:
+    def counts(self) -> dict[Status, int]:
         c = Counter(r.status for r in self.checks)
-        return {k: c.get(k, 0) for k in ("pass", "warn", "fail", "skip")}
+        return {k: c.get(k, 0) for k in STATUSES}
 
     def exit_code(self, strict: bool = False) -> int:
         n = self.counts
         return 1 if n["fail"] or (strict and n["warn"]) else 0
 
 
-def area_of(check_id: str) -> str:
+def area_of(check_id: str) -> Area:
     return next((c.area for c in CHECKS if c.id == check_id), AREAS[-1])
 
 
@@ -55,10 +57,10 @@ NOT_IN_DAEMON = ["env.cuda", "torch.cuda"]
 def diagnose(machine: Machine, config: Config, *, only: list[str] | None = None, skip: list[str] | None = None,
              expect_gpus: int | None = None, env: dict[str, str] | None = None, debug: bool = False,
              snapshot: Snapshot | None = None, in_daemon: bool = False,
-             probe: dict[str, object] | None = None) -> Report:
+             probe: ProbeReport | None = None) -> Report:
     """Read the machine once (or use ``snapshot``) and run the selected checks."""
     ctx = Context(machine=machine, config=config, env=dict(os.environ if env is None else env),
-                  expect_gpus=expect_gpus, daemon_running=in_daemon or daemon_running(config.daemon["socket"]),
+                  expect_gpus=expect_gpus, daemon_running=in_daemon or daemon_running(config.daemon.socket),
                   profile_settings=tuning_state.profile_settings(tuning_state.load()), probe=probe)
     if snapshot is not None:
         ctx.snapshot = snapshot
@@ -69,13 +71,12 @@ def diagnose(machine: Machine, config: Config, *, only: list[str] | None = None,
             ctx.error = err
     if in_daemon:
         skip = [*(skip or []), *NOT_IN_DAEMON]
-    checks: list[Check] = selected(CHECKS, only or [], [*(skip or []), *config.doctor["skip"]], probe is not None)
+    checks: list[Check] = selected(CHECKS, only or [], [*(skip or []), *config.doctor.skip], probe is not None)
     results = _once(run(ctx, [c for c in checks if not c.probe], debug=debug),
                     run(ctx, [c for c in checks if c.probe], debug=debug))
     snap = ctx.snapshot
-    host: dict[str, object] = host_json(machine.label, snap.versions if snap else None,
-                                        len(snap.samples) if snap else None, machine.host.cpu_info(),
-                                        machine.host.memory_total_bytes())
+    host = host_json(machine.label, snap.versions if snap else None, len(snap.samples) if snap else None,
+                     machine.host.cpu_info(), machine.host.memory_total_bytes())
     return Report(host, tuple(results))
 
 

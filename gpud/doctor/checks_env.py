@@ -66,13 +66,13 @@ FIND_TORCH = ("import importlib.util, json, sys; s = importlib.util.find_spec('t
 
 def _python(ctx: Context) -> str:
     """The interpreter jobs use: [doctor] python, GPUD_PYTHON, python3 on PATH, else gpud's own."""
-    return (ctx.config.doctor["python"] or ctx.env.get("GPUD_PYTHON") or shutil.which("python3", path=ctx.env.get(
+    return (ctx.config.doctor.python or ctx.env.get("GPUD_PYTHON") or shutil.which("python3", path=ctx.env.get(
         "PATH")) or sys.executable)
 
 
 def _python_origin(ctx: Context) -> str:
     """Why that interpreter, and how to choose another — said in the line itself, not only under -v."""
-    if ctx.config.doctor["python"]:
+    if ctx.config.doctor.python:
         return "[doctor] python in gpud.toml"
     if ctx.env.get("GPUD_PYTHON"):
         return "GPUD_PYTHON"

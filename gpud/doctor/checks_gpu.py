@@ -215,9 +215,9 @@ def clock_events(ctx: Context) -> Iterator[CheckResult]:
 
 @check("health.thermal", "Health")
 def thermal(ctx: Context) -> Iterator[CheckResult]:
-    warn_margin = ctx.threshold("thermal_margin_warn_celsius")
-    fail_margin = ctx.threshold("thermal_margin_fail_celsius")
-    idle_max = ctx.threshold("idle_temperature_warn_celsius")
+    warn_margin = ctx.config.doctor.thermal_margin_warn_celsius
+    fail_margin = ctx.config.doctor.thermal_margin_fail_celsius
+    idle_max = ctx.config.doctor.idle_temperature_warn_celsius
     for s in ctx.samples:
         g = ctx.infos[s.index]
         t, slow = s.temperature_celsius, g.temperature_slowdown_celsius
@@ -249,8 +249,8 @@ THERMAL_EVENTS = ("sw_thermal_slowdown", "hw_thermal_slowdown")
 
 @check("health.fans", "Health")
 def fans(ctx: Context) -> Iterator[CheckResult]:
-    hot = ctx.threshold("fan_check_min_celsius")
-    lag = ctx.threshold("fan_lag_percent")
+    hot = ctx.config.doctor.fan_check_min_celsius
+    lag = ctx.config.doctor.fan_lag_percent
     for s in ctx.samples:
         if not s.fans:
             yield skip("health.fans", "no fan reported (passive card cooled by the chassis)", gpu=s.index)
@@ -293,7 +293,7 @@ def fans(ctx: Context) -> Iterator[CheckResult]:
 
 @check("health.pcie_replay", "Health")
 def pcie_replay(ctx: Context) -> Iterator[CheckResult]:
-    limit = ctx.threshold("pcie_replay_warn")
+    limit = ctx.config.doctor.pcie_replay_warn
     for s in ctx.samples:
         if s.pcie_replay_errors is None:
             yield skip("health.pcie_replay", "PCIe replay counter not reported", gpu=s.index)

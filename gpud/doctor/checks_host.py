@@ -42,7 +42,7 @@ def cpu_governor(ctx: Context) -> Iterator[CheckResult]:
 def shm(ctx: Context) -> Iterator[CheckResult]:
     size = ctx.host.shm_bytes()
     n = _gpu_count(ctx)
-    want = ctx.threshold("shm_min_gib_per_gpu") * n * 2**30
+    want = ctx.config.doctor.shm_min_gib_per_gpu * n * 2**30
     if size is None:
         yield skip("host.shm", "/dev/shm not found")
     elif size < want:
@@ -58,7 +58,7 @@ def shm(ctx: Context) -> Iterator[CheckResult]:
 @check("host.memlock", "Host", needs_nvml=False)
 def memlock(ctx: Context) -> Iterator[CheckResult]:
     limit = ctx.host.memlock_bytes()
-    want = ctx.threshold("memlock_min_mib") * 2**20
+    want = ctx.config.doctor.memlock_min_mib * 2**20
     if limit is None:
         yield skip("host.memlock", "locked-memory limit not readable")
     elif limit < want:
@@ -104,12 +104,12 @@ def dmi_supply_watts(ctx: Context) -> int | None:
 @check("host.psu", "Host")
 def psu(ctx: Context) -> Iterator[CheckResult]:
     product = ctx.host.product_name() or ""
-    supply = ctx.config.machine["psu_watts"]
+    supply = ctx.config.machine.psu_watts
     if supply is None:
         supply = dmi_supply_watts(ctx)
     if supply is None:
         supply = next((w for prefix, w in KNOWN_SUPPLIES.items() if product.startswith(prefix)), None)
-    cpu = ctx.config.machine["cpu_tdp_watts"] or ctx.host.cpu_power_limit_watts()
+    cpu = ctx.config.machine.cpu_tdp_watts or ctx.host.cpu_power_limit_watts()
     if supply is None or cpu is None:
         missing = " and ".join(k for k, v in (("psu_watts", supply), ("cpu_tdp_watts", cpu)) if v is None)
         yield skip("host.psu", f"power budget unknown ({missing})",
@@ -117,7 +117,7 @@ def psu(ctx: Context) -> Iterator[CheckResult]:
         return
     gpus = sum(s.power_limit_watts or 0 for s in ctx.samples)
     total = gpus + cpu
-    ratio = ctx.threshold("psu_load_warn_ratio")
+    ratio = ctx.config.doctor.psu_load_warn_ratio
     text = f"GPU limits {gpus:.0f} W + CPU {cpu:.0f} W = {total:.0f} W of a {supply:.0f} W supply"
     if total > ratio * supply:
         yield warn("host.psu", f"{text} (over {ratio:.0%}): a full load can trip the supply or brake the GPUs",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import cast
 
 from gpud.doctor.registry import Context, check, fail, ok, skip, warn
 from gpud.model import ACS_BITS, CheckResult
@@ -136,7 +137,7 @@ def iommu(ctx: Context) -> Iterator[CheckResult]:
     elif io["passthrough"]:
         yield ok("host.iommu", "IOMMU in passthrough (iommu=pt)")
     else:
-        types = ", ".join(io["domain_types"]) or "translated"
+        types = ", ".join(cast("list[str]", io["domain_types"])) or "translated"  # Host.iommu's sorted list
         yield warn("host.iommu", f"IOMMU translating DMA ({types}): peer-to-peer may fail or slow down",
                    remedy="add `iommu=pt` to GRUB_CMDLINE_LINUX (then `sudo update-grub` and reboot); confirm with "
                           "`cat /sys/kernel/iommu_groups/*/type` (identity)")
@@ -186,7 +187,7 @@ def _unseen(ctx: Context) -> list[str]:
 
 def _expected_pairs(ctx: Context, up: dict[tuple[int, int], int]) -> set[tuple[int, int]]:
     """Bridged pairs the machine should have: from gpud.toml, else seen, else inferred."""
-    configured = ctx.config.machine["nvlink_pairs"]
+    configured = ctx.config.machine.nvlink_pairs
     if configured is not None:
         return {(min(p), max(p)) for p in configured}
     pairs = set(up)
@@ -221,7 +222,7 @@ def nvlink_links(ctx: Context) -> Iterator[CheckResult]:
         yield skip("nvlink.links", "no NVLink on these GPUs")
         return
     expected = _expected_pairs(ctx, links_up)
-    source = "gpud.toml" if ctx.config.machine["nvlink_pairs"] is not None else "seen"
+    source = "gpud.toml" if ctx.config.machine.nvlink_pairs is not None else "seen"
     lost, unseen = _lost(ctx), _unseen(ctx)
     for s in capable:
         total = ctx.infos[s.index].nvlink_count

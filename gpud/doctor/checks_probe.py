@@ -6,45 +6,50 @@ from collections.abc import Iterator
 
 from gpud.doctor.registry import Context, check, fail, ok, skip, warn
 from gpud.model import CheckResult
+from gpud.probe.report import ProbeReport
 from gpud.text import plural
 
 GB = 1e9
 REMEDY = "run `gpud probe` for the full report; check the links it names (`gpud topo`, `nvidia-smi topo -m`)"
 
 
+def _report(ctx: Context) -> ProbeReport:
+    return ctx.probe or ProbeReport()
+
+
 def _cpu(ctx: Context) -> bool:
-    return (ctx.probe or {}).get("device") != "cuda"
+    return _report(ctx).device != "cuda"
 
 
 @check("probe.ddp_scaling", "Probe", needs_nvml=False, probe=True)
 def ddp_scaling(ctx: Context) -> Iterator[CheckResult]:
-    r = ctx.probe or {}
-    by = (r.get("ddp") or {}).get("by_world_size", {})
-    corr = r.get("correctness", {})
+    r = _report(ctx)
+    by = r.ddp
+    corr = r.correctness
     if not by:
         yield skip("probe.ddp_scaling", "DDP not measured")
         return
-    if not corr.get("params_identical_across_ranks", True) or not corr.get("ddp_matches_one_process", True):
+    if corr.params_identical_across_ranks is False or corr.ddp_matches_one_process is False:
         yield fail("probe.ddp_scaling", "DDP is wrong: ranks disagree, or a DDP step differs from one process's",
                    remedy="check the NCCL/gloo set-up and the environment (env.cuda); " + REMEDY)
         return
-    diag = r.get("diagnosis") or {}
-    sentences = diag.get("sentences", [])
+    diag = r.diagnosis
+    sentences = diag.sentences
     for n, x in sorted(by.items(), key=lambda kv: int(kv[0])):
         if int(n) < 2:
             continue
         if _cpu(ctx):  # a functional check: no ratio is a result
             yield ok("probe.ddp_scaling", f"{n} CPU ranks: DDP works (a functional check, not a measure of hardware)")
             continue
-        verdict = (diag.get("verdicts") or {}).get(n, "n/a")
+        verdict = diag.verdicts.get(n, "n/a")
         why = next((s for s in sentences if s.startswith(f"{n} GPUs (")), "")
-        d = (diag.get("details") or {}).get(n, {})
+        d = diag.details.get(n)
         text = f"{n} GPUs: {x.get('efficiency', 0):.0%} efficiency"
-        if d.get("predicted_efficiency"):
-            lo, hi = d["predicted_efficiency"]
+        if d is not None and d.predicted_efficiency:
+            lo, hi = d.predicted_efficiency
             text += f" (predicted {lo:.0%}–{hi:.0%})"
-        if d.get("bus_ratio") is not None:
-            text += f", bus bandwidth {d['bus_ratio']:.0%} of expected"
+        if d is not None and d.bus_ratio is not None:
+            text += f", bus bandwidth {d.bus_ratio:.0%} of expected"
         if verdict == "fail":
             yield fail("probe.ddp_scaling", text, detail=why, remedy=REMEDY)
         elif verdict == "warn":
@@ -55,12 +60,12 @@ def ddp_scaling(ctx: Context) -> Iterator[CheckResult]:
 
 @check("probe.pipeline", "Probe", needs_nvml=False, probe=True)
 def pipeline(ctx: Context) -> Iterator[CheckResult]:
-    by = ((ctx.probe or {}).get("pipeline") or {}).get("by_stages", {})
+    by = _report(ctx).pipeline
     if not by:
         yield skip("probe.pipeline", "pipeline not measured (needs 2 GPUs, or 2 CPU ranks)")
         return
     for k, p in sorted(by.items()):
-        if not (ctx.probe or {}).get("correctness", {}).get("pipeline_matches_unsplit", True):
+        if _report(ctx).correctness.pipeline_matches_unsplit is False:
             yield fail("probe.pipeline", f"{k}-stage pipeline output differs from the unsplit model's "
                        f"(max difference {p['output_max_abs_diff']:.3g})", remedy=REMEDY)
         elif _cpu(ctx):
@@ -73,7 +78,7 @@ def pipeline(ctx: Context) -> Iterator[CheckResult]:
 
 @check("probe.allreduce", "Probe", needs_nvml=False, probe=True)
 def allreduce(ctx: Context) -> Iterator[CheckResult]:
-    by = ((ctx.probe or {}).get("allreduce") or {}).get("by_world_size", {})
+    by = _report(ctx).allreduce
     if not by:
         yield skip("probe.allreduce", "all-reduce not measured (one GPU)")
         return
@@ -85,15 +90,15 @@ def allreduce(ctx: Context) -> Iterator[CheckResult]:
 
 @check("probe.p2p", "Probe", needs_nvml=False, probe=True)
 def p2p(ctx: Context) -> Iterator[CheckResult]:
-    r = ctx.probe or {}
-    pairs = (r.get("p2p") or {}).get("pairs", [])
+    r = _report(ctx)
+    pairs = r.p2p_pairs
     if not pairs:
         yield skip("probe.p2p", "P2P not measured")
         return
-    slow = [x for x in (r.get("diagnosis") or {}).get("links", []) if x["ratio"] < 0.5]
+    slow = [x for x in r.diagnosis.links if x.ratio < 0.5]
     if slow:
-        detail = "\n".join(f"GPU{x['src']}→GPU{x['dst']}: {x['measured_bytes_per_second'] / GB:.1f} GB/s of "
-                           f"{x['expected_bytes_per_second'] / GB:.1f} ({x['link']}) {'; '.join(x['notes'])}"
+        detail = "\n".join(f"GPU{x.src}→GPU{x.dst}: {x.measured_bytes_per_second / GB:.1f} GB/s of "
+                           f"{x.expected_bytes_per_second / GB:.1f} ({x.link}) {'; '.join(x.notes)}"
                            for x in slow)
         yield warn("probe.p2p", f"{plural(len(slow), 'pair')} below half of what their link allows", detail=detail,
                    remedy=REMEDY)
@@ -105,7 +110,8 @@ def p2p(ctx: Context) -> Iterator[CheckResult]:
 
 @check("pcie.link_gen", "PCIe and topology", needs_nvml=True, probe=True)
 def link_gen_under_load(ctx: Context) -> Iterator[CheckResult]:
-    seen = ((ctx.probe or {}).get("load") or {}).get("pcie_max_generation_under_load", {})
+    load = _report(ctx).load
+    seen = load.pcie_max_generation_under_load if load is not None else {}
     if not seen:
         yield skip("pcie.link_gen", "not re-checked under load (no GPU load seen during the probe)")
         return

@@ -45,7 +45,7 @@ def driver_nouveau(ctx: Context) -> Iterator[CheckResult]:
 
 @check("gpu.count", "Driver", needs_nvml=False)
 def gpu_count(ctx: Context) -> Iterator[CheckResult]:
-    expect = ctx.expect_gpus if ctx.expect_gpus is not None else ctx.config.machine["expect_gpus"]
+    expect = ctx.expect_gpus if ctx.expect_gpus is not None else ctx.config.machine.expect_gpus
     pci = {d.address: d for d in ctx.host.nvidia_gpus()}
     problems: list[CheckResult] = []
     nvml_count = None

@@ -7,21 +7,28 @@ import traceback
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from gpud.config import Config
 from gpud.errors import GpudError
+from gpud.hw.host import Host
 from gpud.hw.machine import Machine
-from gpud.model import CheckResult, GpuInfo, GpuSample, Snapshot, Topology
+from gpud.model import CheckResult, GpuInfo, GpuSample, Snapshot, Status, Topology
+from gpud.probe.report import ProbeReport
 
-AREAS = ("Driver", "Display", "PCIe and topology", "Configuration", "Health", "Host", "Environment", "Probe")
+if TYPE_CHECKING:
+    from gpud.journal import Event
+
+# The areas doctor's human output groups checks under, in this order.
+Area = Literal["Driver", "Display", "PCIe and topology", "Configuration", "Health", "Host", "Environment", "Probe"]
+AREAS: tuple[Area, ...] = get_args(Area)
 CheckFn = Callable[["Context"], Iterable[CheckResult]]
 
 
 @dataclass(frozen=True)
 class Check:
     id: str
-    area: str
+    area: Area
     fn: CheckFn
     needs_nvml: bool
     probe: bool = False  # runs only with `gpud doctor --probe`
@@ -30,7 +37,7 @@ class Check:
 CHECKS: list[Check] = []
 
 
-def check(check_id: str, area: str, needs_nvml: bool = True, probe: bool = False) -> Callable[[CheckFn], CheckFn]:
+def check(check_id: str, area: Area, needs_nvml: bool = True, probe: bool = False) -> Callable[[CheckFn], CheckFn]:
     """Register a check. ``needs_nvml`` checks are skipped (with the reason) when NVML is down."""
 
     def deco(fn: CheckFn) -> CheckFn:
@@ -41,7 +48,7 @@ def check(check_id: str, area: str, needs_nvml: bool = True, probe: bool = False
     return deco
 
 
-def result(status: str) -> Callable[..., CheckResult]:
+def result(status: Status) -> Callable[..., CheckResult]:
     def make(check_id: str, summary: str, gpu: int | None = None, detail: str = "", remedy: str = "") -> CheckResult:
         return CheckResult(check_id, status, summary, gpu, detail, remedy)
 
@@ -65,17 +72,14 @@ class Context:
     # Settings the active tuning profile asks for, per GPU (e.g. {"power_limit_watts": 240}):
     # a lowered power limit asked for by a profile is not a misconfiguration.
     profile_settings: dict[int, dict[str, Any]] = field(default_factory=dict)
-    probe: dict[str, Any] | None = None  # the probe's result, with --probe
+    probe: ProbeReport | None = None  # the probe's result, with --probe
 
     @property
-    def host(self):  # type: ignore[no-untyped-def]
+    def host(self) -> Host:
         return self.machine.host
 
-    def threshold(self, name: str) -> Any:
-        return self.config.doctor[name]
-
     @cached_property
-    def history(self) -> list[Any]:
+    def history(self) -> list[Event]:
         """The health journal's Xid and throttle events (the daemon writes it; empty without one)."""
         from gpud import journal
 
@@ -112,7 +116,7 @@ class Context:
         return self.machine.topology(self.snapshot) if self.snapshot else None
 
     def loaded(self, s: GpuSample) -> bool:
-        return bool((s.utilization_gpu_percent or 0) >= self.threshold("load_utilization_percent"))
+        return bool((s.utilization_gpu_percent or 0) >= self.config.doctor.load_utilization_percent)
 
     def idle(self, s: GpuSample) -> bool:
         return (s.utilization_gpu_percent or 0) < 10 and not s.processes

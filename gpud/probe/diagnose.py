@@ -16,6 +16,7 @@ from typing import Any
 from gpud.model import GpuInfo, GpuSample, Topology
 from gpud.probe import expect
 from gpud.probe.expect import GB
+from gpud.probe.report import Diagnosis, LinkJudgement, PathSeen, ProbeReport, Scaling, Seed, Verdict
 
 DEFAULT_THRESHOLDS = {2: 0.85, 4: 0.875, 8: 0.775}  # the seeds' figures: 1.7×/2, 3.5×/4, 6.2×/8
 BUS_PASS, BUS_WARN = 0.75, 0.5  # measured / expected bus bandwidth
@@ -23,7 +24,7 @@ EFF_PASS, EFF_WARN = 0.9, 0.75  # measured / predicted DDP efficiency
 SLOWDOWNS = {"sw_power_cap": "power cap", "hw_slowdown": "hardware slowdown",
              "sw_thermal_slowdown": "thermal slowdown", "hw_thermal_slowdown": "thermal slowdown",
              "hw_power_brake_slowdown": "power brake"}
-RANK = {"pass": 0, "n/a": 0, "warn": 1, "fail": 2}
+RANK: dict[Verdict, int] = {"pass": 0, "n/a": 0, "warn": 1, "fail": 2}
 
 
 @dataclass(frozen=True)
@@ -199,7 +200,7 @@ def threshold(thresholds: dict[int, float], n: int) -> float:
     return thresholds[keys[-1]]
 
 
-def _verdict(ratio: float, good: float, poor: float) -> str:
+def _verdict(ratio: float, good: float, poor: float) -> Verdict:
     return "pass" if ratio >= good else "warn" if ratio >= poor else "fail"
 
 
@@ -222,46 +223,42 @@ def _observed_hops(view: View, gpus: list[int], transports: list[dict[str, Any]]
     return [view.path(a, b, False, kind) for (a, b), kind in sorted(seen.items())]
 
 
-def explain(result: dict[str, Any], view: View | None, thresholds: dict[int, float] | None = None) -> dict[str, Any]:
+def explain(result: ProbeReport, view: View | None, thresholds: dict[int, float] | None = None) -> Diagnosis:
     """Verdicts per world size and a plain sentence for each."""
     thresholds = thresholds or DEFAULT_THRESHOLDS
-    cpu = result.get("device") != "cuda"
-    out: dict[str, Any] = {"sentences": [], "verdicts": {}, "details": {}, "links": [], "seeds": {}}
+    cpu = result.device != "cuda"
+    out = Diagnosis()
     if cpu:
-        out["sentences"].append("CPU run: a functional check of DDP, the pipeline, all-reduce and P2P; the figures "
+        out.sentences.append("CPU run: a functional check of DDP, the pipeline, all-reduce and P2P; the figures "
                                 "say nothing about GPU hardware and no speedup is claimed.")
-    ddp = (result.get("ddp") or {}).get("by_world_size", {})
-    ar = (result.get("allreduce") or {}).get("by_world_size", {})
+    ddp, ar = result.ddp, result.allreduce
     base = ddp.get("1")
     sizes = sorted({int(n) for n in (*ddp, *ar) if int(n) >= 2})
     for n in sizes:
         ws = str(n)
         if cpu:
-            out["verdicts"][ws] = "n/a"
+            out.verdicts[ws] = "n/a"
             continue
         r, a = ddp.get(ws), ar.get(ws)
         measured = a.get("peak_busbw_bytes_per_second") if a else None
         if view is None:
-            out["verdicts"][ws] = "n/a"
-            out["sentences"].append(f"{n} GPUs: no view of the machine's links (NVML unavailable): not judged.")
+            out.verdicts[ws] = "n/a"
+            out.sentences.append(f"{n} GPUs: no view of the machine's links (NVML unavailable): not judged.")
             continue
-        gpus = rank_gpus(view, (result.get("ranks") or {}).get(ws), n)
+        gpus = rank_gpus(view, result.ranks.get(ws), n)
         expected, healthy = view.ring(gpus, healthy=True)
-        observed = _observed_hops(view, gpus, ((result.get("nccl") or {}).get("transports") or {}).get(ws, []))
+        observed = _observed_hops(view, gpus, result.nccl.transports.get(ws, []))
         now_bw, now_ring = view.ring(gpus, healthy=False)
         hops = observed or now_ring
         worst = min(hops, key=lambda p: (p.bandwidth, -len(p.notes)))
-        d: dict[str, Any] = {"gpus": gpus, "expected_busbw_bytes_per_second": expected,
-                             "expected_now_busbw_bytes_per_second": min(p.bandwidth for p in hops),
-                             "measured_busbw_bytes_per_second": measured,
-                             "path": {"gpus": [worst.a, worst.b], "transport": worst.transport, "text": worst.text},
-                             "nccl_transports_seen": bool(observed)}
-        verdicts = []
+        d = Scaling(gpus, expected, min(p.bandwidth for p in hops), measured,
+                    PathSeen([worst.a, worst.b], worst.transport, worst.text), bool(observed))
+        verdicts: list[Verdict] = []
         parts = []
         if measured:
             ratio = measured / expected if expected else 0.0
-            d["bus_ratio"], d["bus_verdict"] = ratio, _verdict(ratio, BUS_PASS, BUS_WARN)
-            verdicts.append(d["bus_verdict"])
+            d.bus_ratio, d.bus_verdict = ratio, _verdict(ratio, BUS_PASS, BUS_WARN)
+            verdicts.append(d.bus_verdict)
             parts.append(f"all-reduce bus bandwidth {measured / GB:.1f} GB/s, {ratio:.0%} of the "
                          f"{expected / GB:.1f} GB/s expected ({healthy_text(healthy)})")
         if r and base and r.get("efficiency") is not None and base.get("step_seconds"):
@@ -270,27 +267,27 @@ def explain(result: dict[str, Any], view: View | None, thresholds: dict[int, flo
             comm = r.get("gradient_bytes", 4 * r.get("parameters", 0)) * 2 * (n - 1) / n / bus
             lo, hi = t1 / (t1 + comm), t1 / max(t1, comm)
             eff = r["efficiency"]
-            d |= {"predicted_efficiency": [lo, hi], "efficiency": eff,
-                  "efficiency_verdict": _verdict(eff / lo if lo else 0.0, EFF_PASS, EFF_WARN)}
-            verdicts.append(d["efficiency_verdict"])
+            d.predicted_efficiency, d.efficiency = [lo, hi], eff
+            d.efficiency_verdict = _verdict(eff / lo if lo else 0.0, EFF_PASS, EFF_WARN)
+            verdicts.append(d.efficiency_verdict)
             parts.append(f"DDP efficiency {eff:.0%} against {lo:.0%}–{hi:.0%} predicted from one GPU's "
                          f"{t1 * 1e3:.1f} ms step and {'the measured' if measured else 'the expected'} bus bandwidth")
             seed = threshold(thresholds, n)
-            out["seeds"][ws] = {"speedup": r.get("speedup"), "seed_speedup": seed * n, "seed_efficiency": seed}
-            out["sentences"].append(f"{n} GPUs: {r.get('speedup', 0):.2f}× one GPU against the seeds' "
+            out.seeds[ws] = Seed(r.get("speedup"), seed * n, seed)
+            out.sentences.append(f"{n} GPUs: {r.get('speedup', 0):.2f}× one GPU against the seeds' "
                                     f"{seed * n:.1f}× (informational: the seeds' workload differs).")
-        verdict = max(verdicts, key=lambda v: RANK[v]) if verdicts else "n/a"
-        out["verdicts"][ws], out["details"][ws] = verdict, d
+        verdict: Verdict = max(verdicts, key=lambda v: RANK[v]) if verdicts else "n/a"
+        out.verdicts[ws], out.details[ws] = verdict, d
         pair_notes = [note for i, x in enumerate(gpus) for y in gpus[i + 1:] for note in view._notes(x, y)]
         causes = list(dict.fromkeys([*(note for note in (*worst.notes, *pair_notes) if _hardware_note(note)),
                                      *view.during_run(gpus)]))
-        d["causes"] = causes
+        d.causes = causes
         sentence = f"{n} GPUs ({verdict}): " + "; ".join(parts)
         if verdict != "pass":
             sentence += f"; limited by GPU{worst.a}↔GPU{worst.b} over {worst.text}"
         if causes:
             sentence += "; seen: " + "; ".join(causes)
-        out["sentences"].append(sentence + ".")
+        out.sentences.append(sentence + ".")
     if view is not None and not cpu:
         _judge_p2p(result, view, out)
     return out
@@ -305,10 +302,10 @@ def _hardware_note(note: str) -> bool:
     return not note.startswith(("NCCL does not use P2P", "P2P is not available"))
 
 
-def _judge_p2p(result: dict[str, Any], view: View, out: dict[str, Any]) -> None:
+def _judge_p2p(result: ProbeReport, view: View, out: Diagnosis) -> None:
     """Device-to-device copies: P2P where CUDA has peer access (NVLink or PCIe), else staged in host memory."""
     by_uuid = {g.uuid: g.index for g in view.infos.values()}
-    for pair in (result.get("p2p") or {}).get("pairs", []):
+    for pair in result.p2p_pairs:
         a, b = by_uuid.get(pair.get("src_uuid") or ""), by_uuid.get(pair.get("dst_uuid") or "")
         if a is None or b is None or a == b:
             continue
@@ -324,14 +321,12 @@ def _judge_p2p(result: dict[str, Any], view: View, out: dict[str, Any]) -> None:
         got = pair["bandwidth_bytes_per_second"]
         both = pair.get("bidirectional_bytes_per_second")
         notes = view._notes(a, b, pcie_p2p=bool(pair.get("peer_access", True)))
-        row = {"src": a, "dst": b, "link": text, "expected_bytes_per_second": want, "measured_bytes_per_second": got,
-               "ratio": got / want, "expected_bidirectional_bytes_per_second": 2 * want,
-               "measured_bidirectional_bytes_per_second": both,
-               "bidirectional_ratio": both / (2 * want) if both else None, "notes": notes}
-        out["links"].append(row)
-        bidir = row["bidirectional_ratio"]
-        if row["ratio"] < BUS_WARN or (bidir is not None and bidir < BUS_WARN):
-            out["sentences"].append(f"P2P GPU{a}→GPU{b}: {got / GB:.1f} GB/s one way"
+        row = LinkJudgement(a, b, text, want, got, got / want, 2 * want, both, both / (2 * want) if both else None,
+                            notes)
+        out.links.append(row)
+        bidir = row.bidirectional_ratio
+        if row.ratio < BUS_WARN or (bidir is not None and bidir < BUS_WARN):
+            out.sentences.append(f"P2P GPU{a}→GPU{b}: {got / GB:.1f} GB/s one way"
                                     + (f", {both / GB:.1f} GB/s both ways" if both else "")
-                                    + f", {row['ratio']:.0%} of what {text} should give"
+                                    + f", {row.ratio:.0%} of what {text} should give"
                                     + ("; " + "; ".join(notes) if notes else "") + ".")

@@ -1,6 +1,8 @@
 """Probe results, appended as JSON lines to ``$GPUD_STATE_DIR/probe-history.jsonl``.
 
-Readable without torch: the daemon and the exporter use it. A figure below the machine's best
+Readable without torch: the daemon and the exporter use it. Each line is a ``ProbeReport``'s
+JSON; ``load`` gives the records as written (any version, for comparisons and the support
+archive), ``latest`` the newest as a ``ProbeReport``. A figure below the machine's best
 recent one on the same workload by more than 10 % — or by more than three times the spread of its
 timed windows, when that is larger — is a regression.
 """
@@ -13,6 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from gpud.paths import atomic_write, state_dir
+from gpud.probe.report import ProbeReport
+
+Record = dict[str, Any]  # one line of the file, as written (by this or an earlier gpud)
 
 KEEP = 500  # results kept in the file
 RECENT = 20  # results the regression check compares against
@@ -24,7 +29,7 @@ def path() -> Path:
     return state_dir() / "probe-history.jsonl"
 
 
-def load(limit: int | None = None) -> list[dict[str, Any]]:
+def load(limit: int | None = None) -> list[Record]:
     try:
         lines = path().read_text().splitlines()
     except OSError:
@@ -38,30 +43,30 @@ def load(limit: int | None = None) -> list[dict[str, Any]]:
     return out
 
 
-def latest() -> dict[str, Any] | None:
+def latest() -> ProbeReport | None:
     runs = load(limit=1)
-    return runs[-1] if runs else None
+    return ProbeReport.from_json(runs[-1]) if runs and isinstance(runs[-1], dict) else None
 
 
-def append(result: dict[str, Any]) -> None:
+def append(result: ProbeReport) -> None:
     """Add a result: under a lock (a CLI probe and the daemon's may finish together), written
     atomically (temp, fsync, rename), the oldest beyond KEEP dropped."""
     p = path()
     p.parent.mkdir(parents=True, exist_ok=True)
     with open(p.with_name(p.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        runs = load()[-(KEEP - 1):] + [result]
+        runs = load()[-(KEEP - 1):] + [result.to_json()]
         atomic_write(p, "".join(json.dumps(r, sort_keys=True) + "\n" for r in runs))
 
 
-def workload(result: dict[str, Any], model: dict[str, Any] | None = None) -> dict[str, Any]:
+def workload(result: Record, model: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything that changes what the probe runs: a full run is never compared with a quick one."""
     return {"device": result.get("device"), "quick": bool(result.get("quick")),
             "suites": sorted(result.get("suites") or []), "dtype": result.get("dtype"), "model": model,
             "gpu_name": result.get("gpu_name"), "gpus": result.get("gpus")}
 
 
-def figures(result: dict[str, Any]) -> dict[str, tuple[float, float]]:
+def figures(result: Record) -> dict[str, tuple[float, float]]:
     """The comparable figures of one run (higher is better), each with its spread (0 when unknown)."""
     out: dict[str, tuple[float, float]] = {}
     for ws, r in (result.get("ddp") or {}).get("by_world_size", {}).items():
@@ -73,11 +78,11 @@ def figures(result: dict[str, Any]) -> dict[str, tuple[float, float]]:
     return out
 
 
-def _key(result: dict[str, Any]) -> Any:
+def _key(result: Record) -> Any:
     return result.get("workload") or workload(result)
 
 
-def regressions(result: dict[str, Any], previous: list[dict[str, Any]]) -> list[str]:
+def regressions(result: Record, previous: list[Record]) -> list[str]:
     """Figures below the best of the recent comparable runs (same host and workload) by more than
     REGRESSION, or SPREAD_FACTOR × the figure's own spread where that is larger."""
     key = _key(result)

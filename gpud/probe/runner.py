@@ -33,6 +33,7 @@ from gpud.paths import probe_lock_path
 from gpud.probe import history
 from gpud.probe.diagnose import DEFAULT_THRESHOLDS, Seen, View, explain
 from gpud.probe.expect import cpu_vendor
+from gpud.probe.report import Device, Load, Nccl, ProbeReport
 
 SUITES = ("ddp", "pipeline", "allreduce", "p2p")
 PARAM_TOLERANCE = {"cpu": 1e-4, "cuda": 1e-3}
@@ -40,6 +41,7 @@ CPU_NOTE = "CPU run: a functional check of DDP, the pipeline, all-reduce and P2P
 ACS_P2P_BITS = 0x01 | 0x04 | 0x08  # SrcValid, ReqRedir, CmpltRedir (as gpud doctor's pcie.acs)
 TEARDOWN_GRACE = 10.0  # seconds the ranks get to exit once the result is written
 BUSY_UTILIZATION = 5  # percent: a GPU above it (or with processes) is busy
+VERSION = 2  # of the report's format
 
 
 class ProbeError(GpudError):
@@ -52,7 +54,7 @@ class ProbeBusy(ProbeError):
 
 @dataclass
 class Plan:
-    device: str
+    device: Device
     world_sizes: list[int]
     suites: list[str]
     quick: bool
@@ -67,7 +69,7 @@ def torch_available() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-def make_plan(device: str, gpus: int, world_sizes: list[int] | None, suites: list[str], quick: bool) -> Plan:
+def make_plan(device: Device, gpus: int, world_sizes: list[int] | None, suites: list[str], quick: bool) -> Plan:
     """A baseline launch of one process (one-GPU DDP, the pipeline's unsplit and naive-split baselines,
     device-to-device copies between every GPU pair), then one launch per world size of two or more."""
     if device == "cuda":
@@ -384,60 +386,58 @@ class LoadMonitor:
 
 # -- the report ---------------------------------------------------------------------------------
 
-def assemble(plan: Plan, launches: list[dict[str, Any]]) -> dict[str, Any]:
-    res: dict[str, Any] = {"device": plan.device, "quick": plan.quick, "world_sizes": plan.world_sizes,
-                           "suites": sorted(plan.suites),
-                           "ddp": {"by_world_size": {}}, "allreduce": {"by_world_size": {}},
-                           "pipeline": {"by_stages": {}}, "p2p": {"pairs": []}, "ranks": {},
-                           "nccl": {"version": None, "env": nccl_env(), "transports": {}}}
+def assemble(plan: Plan, launches: list[dict[str, Any]]) -> ProbeReport:
+    """The launches' figures (each rank 0's JSON) in one report: speedups against the baselines, and
+    the correctness checks."""
+    res = ProbeReport(device=plan.device, quick=plan.quick, world_sizes=plan.world_sizes,
+                      suites=sorted(plan.suites), nccl=Nccl(env=nccl_env()))
     baselines: dict[str, Any] = {}
-    for lr in launches:
+    for i, lr in enumerate(launches):
         n = str(lr["world_size"])
-        res.setdefault("torch", lr.get("torch"))
-        res.setdefault("dtype", lr.get("dtype"))
+        if i == 0:  # the first launch says
+            res.torch, res.dtype = lr.get("torch"), lr.get("dtype")
         if lr.get("gpu_name"):
-            res["gpu_name"] = lr["gpu_name"]
+            res.gpu_name = lr["gpu_name"]
         if lr.get("nccl"):
-            res["nccl"]["version"] = lr["nccl"]
-        res["ranks"][n] = [r.get("uuid") for r in lr.get("ranks") or []]
+            res.nccl.version = lr["nccl"]
+        res.ranks[n] = [r.get("uuid") for r in lr.get("ranks") or []]
         if lr.get("nccl_transports"):
-            res["nccl"]["transports"][n] = lr["nccl_transports"]
+            res.nccl.transports[n] = lr["nccl_transports"]
         if lr.get("teardown_killed_ranks"):
-            res.setdefault("teardown_killed", {})[n] = lr["teardown_killed_ranks"]
+            res.teardown_killed = (res.teardown_killed or {}) | {n: lr["teardown_killed_ranks"]}
         if "ddp" in lr:
-            res["ddp"]["by_world_size"][n] = lr["ddp"]
+            res.ddp[n] = lr["ddp"]
         if "allreduce" in lr and "skipped" not in lr["allreduce"]:
-            res["allreduce"]["by_world_size"][n] = lr["allreduce"]
+            res.allreduce[n] = lr["allreduce"]
         if "pipeline_baseline" in lr:
             baselines |= lr["pipeline_baseline"]["by_stages"]
         if "pipeline" in lr and "skipped" not in lr["pipeline"]:
-            res["pipeline"]["by_stages"][n] = lr["pipeline"]
+            res.pipeline[n] = lr["pipeline"]
         if "p2p" in lr and lr["p2p"].get("pairs"):
-            res["p2p"] = lr["p2p"]
-    for k, p in res["pipeline"]["by_stages"].items():
+            res.p2p = lr["p2p"]
+    for k, p in res.pipeline.items():
         b = baselines.get(k)
         if b:
             p |= b | {"speedup": p["pipeline_samples_per_second"] / b["single_samples_per_second"],
                       "naive_speedup": b["naive_samples_per_second"] / b["single_samples_per_second"]}
-    base = res["ddp"]["by_world_size"].get("1")
-    for n, r in res["ddp"]["by_world_size"].items():
+    base = res.ddp.get("1")
+    for n, r in res.ddp.items():
         if base:
             r["speedup"] = r["samples_per_second"] / base["samples_per_second"]
             r["efficiency"] = r["speedup"] / int(n)
     tol = PARAM_TOLERANCE[plan.device]
-    checks: dict[str, Any] = {}
-    ddp = list(res["ddp"]["by_world_size"].values())
+    ddp = list(res.ddp.values())
     if ddp:
-        checks["params_identical_across_ranks"] = all(r["params_max_spread"] == 0.0 for r in ddp)
-        checks["ddp_matches_one_process"] = all(
+        res.correctness.params_identical_across_ranks = all(r["params_max_spread"] == 0.0 for r in ddp)
+        res.correctness.ddp_matches_one_process = all(
             r["reference"]["param_max_abs_diff"] <= tol and r["reference"]["loss_abs_diff"] <= tol * max(
                 1.0, abs(r["reference"]["loss"])) for r in ddp)
-    pipes = list(res["pipeline"]["by_stages"].values())
+    pipes = list(res.pipeline.values())
     if pipes:
-        checks["pipeline_matches_unsplit"] = all(p["output_max_abs_diff"] <= tol for p in pipes)
-    res["correctness"] = checks
+        res.correctness.pipeline_matches_unsplit = all(p["output_max_abs_diff"] <= tol for p in pipes)
     model = next((r.get("model") for r in ddp), None)
-    res["workload"] = history.workload(res, model)
+    # The GPU count is set after the launches: the workload has always recorded it as null.
+    res.workload = history.workload({**res.to_json(), "gpus": None}, model)
     return res
 
 
@@ -450,10 +450,10 @@ def machine_view(machine: Machine, seen: Seen, env: dict[str, str]) -> View | No
         return None
 
 
-def run_probe(*, device: str, gpus: int, world_sizes: list[int] | None = None, suites: list[str] | None = None,
+def run_probe(*, device: Device, gpus: int, world_sizes: list[int] | None = None, suites: list[str] | None = None,
               quick: bool = False, machine: Machine | None = None, host: str = "",
               thresholds: dict[int, float] | None = None, progress: Callable[[str, int, int], None] | None = None,
-              keep_history: bool = True, timeout: float | None = None, allow_busy: bool = False) -> dict[str, Any]:
+              keep_history: bool = True, timeout: float | None = None, allow_busy: bool = False) -> ProbeReport:
     if not torch_available():
         err = ProbeError("PyTorch is not installed for this Python")
         err.remedy = (f"install a PyTorch build matching the driver's CUDA into {sys.executable}'s environment "
@@ -466,7 +466,7 @@ def run_probe(*, device: str, gpus: int, world_sizes: list[int] | None = None, s
 
 def _run(plan: Plan, machine: Machine | None, host: str, thresholds: dict[int, float] | None,
          progress: Callable[[str, int, int], None] | None, keep_history: bool, timeout: float | None,
-         allow_busy: bool) -> dict[str, Any]:
+         allow_busy: bool) -> ProbeReport:
     device = plan.device
     gpu_machine = machine if device == "cuda" else None
     used: list[int] = []
@@ -508,21 +508,19 @@ def _run(plan: Plan, machine: Machine | None, host: str, thresholds: dict[int, f
     if progress:
         progress("done", len(plan.launches), len(plan.launches))
     res = assemble(plan, results)
-    res |= {"version": 2, "host": host, "started_at": started, "finished_at": time.time(), "gpus": plan.gpus,
-            "busy_at_start": busy, "cpu_affinity": affinity}
-    if unseen:
-        res["nvml"] = unseen
+    res.version, res.host, res.started_at, res.finished_at, res.gpus = VERSION, host, started, time.time(), plan.gpus
+    res.busy_at_start, res.cpu_affinity = busy, affinity
+    res.nvml = unseen or None
     if device == "cpu":
-        res["note"] = CPU_NOTE
-    view = machine_view(gpu_machine, monitor.seen, res["nccl"]["env"]) if gpu_machine is not None else None
-    res["diagnosis"] = explain(res, view, thresholds or DEFAULT_THRESHOLDS)
-    res["load"] = {"pcie_max_generation_under_load": {str(k): v for k, v in monitor.max_gen.items()},
-                   "clock_events": {str(k): sorted(v) for k, v in monitor.seen.clock_events.items()},
-                   "other_processes": {str(k): v for k, v in monitor.seen.processes.items()}}
-    verdicts = res["diagnosis"]["verdicts"]
-    res["ok"] = all(res["correctness"].values()) and all(v != "fail" for v in verdicts.values())
+        res.note = CPU_NOTE
+    view = machine_view(gpu_machine, monitor.seen, res.nccl.env) if gpu_machine is not None else None
+    res.diagnosis = explain(res, view, thresholds or DEFAULT_THRESHOLDS)
+    res.load = Load({str(k): v for k, v in monitor.max_gen.items()},
+                    {str(k): sorted(v) for k, v in monitor.seen.clock_events.items()},
+                    {str(k): v for k, v in monitor.seen.processes.items()})
+    res.ok = res.correctness.ok() and not res.diagnosis.failed()
     # CPU figures say nothing about the hardware: no regression is read into them.
-    res["regressions"] = history.regressions(res, history.load()) if device == "cuda" else []
+    res.regressions = history.regressions(res.to_json(), history.load()) if device == "cuda" else []
     if keep_history:
         history.append(res)
     return res
@@ -546,12 +544,12 @@ def under_torchrun() -> bool:
 
 
 def run_distributed(*, quick: bool, suites: list[str], host: str,
-                    thresholds: dict[int, float] | None = None) -> dict[str, Any] | None:
+                    thresholds: dict[int, float] | None = None) -> ProbeReport | None:
     """Under torchrun (one or many machines): this process is one rank; rank 0 returns the report."""
     from gpud.probe import worker  # torch: only here, only under torchrun
 
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
-    device = "cuda" if worker.cuda_available() else "cpu"
+    device: Device = "cuda" if worker.cuda_available() else "cpu"
     tasks = [t for t in ("ddp", "allreduce") if t in suites]
     started = time.time()
     full = worker.run({"device": device, "tasks": tasks, "quick": quick, "collective_timeout": 300}, rank, world,
@@ -563,12 +561,13 @@ def run_distributed(*, quick: bool, suites: list[str], host: str,
         return None
     plan = Plan(device, [1, world], suites, quick, world)
     res = assemble(plan, [baseline or {}, full])
-    res |= {"version": 2, "host": host, "started_at": started, "finished_at": time.time(), "gpus": world,
-            "nodes": int(os.environ.get("GROUP_WORLD_SIZE", os.environ.get("NNODES", "1")) or 1), "torchrun": True}
+    res.version, res.host, res.started_at, res.finished_at, res.gpus = VERSION, host, started, time.time(), world
+    res.nodes = int(os.environ.get("GROUP_WORLD_SIZE", os.environ.get("NNODES", "1")) or 1)
+    res.torchrun = True
     if device == "cpu":
-        res["note"] = CPU_NOTE
-    res["diagnosis"] = explain(res, None, thresholds or DEFAULT_THRESHOLDS)
-    res["ok"] = all(res["correctness"].values()) and all(v != "fail" for v in res["diagnosis"]["verdicts"].values())
-    res["regressions"] = history.regressions(res, history.load())
+        res.note = CPU_NOTE
+    res.diagnosis = explain(res, None, thresholds or DEFAULT_THRESHOLDS)
+    res.ok = res.correctness.ok() and not res.diagnosis.failed()
+    res.regressions = history.regressions(res.to_json(), history.load())
     history.append(res)
     return res
