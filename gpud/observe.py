@@ -10,15 +10,16 @@ from gpud.model import CheckResult, Snapshot
 from gpud.probe import history
 from gpud.tuning import engine
 from gpud.tuning import state as tuning_state
+from gpud.tuning.enforce import DriftMetric, exported
 
 
-def drift_of(machine: Machine, daemon: bool, snapshot: Snapshot
-             ) -> tuple[str | None, tuple[tuple[int | None, str, bool], ...]]:
+def drift_of(machine: Machine, daemon: bool, snapshot: Snapshot) -> tuple[str | None, DriftMetric]:
+    """The applied profile and its drift now: ``engine.drift`` (as ``gpud verify``), exported as the
+    daemon's enforcement exports it (``enforce.exported``)."""
     data, drifts = engine.verify(machine, daemon=daemon, snapshot=snapshot)
     if data is None:
         return None, ()
-    return data.get("profile"), tuple((d.gpu, d.setting, d.status == "drift") for d in drifts
-                                      if d.status in ("ok", "drift"))
+    return data.profile, exported(drifts)
 
 
 def observe(machine: Machine, config: Config, *, snapshot: Snapshot | None = None,
@@ -31,7 +32,7 @@ def observe(machine: Machine, config: Config, *, snapshot: Snapshot | None = Non
     profile, drifts = drift if drift is not None else drift_of(machine, daemon, snap)
     if profile is None:
         data = tuning_state.load()
-        profile = data.get("profile") if data else None
+        profile = data.profile if data else None
     return Observation(snapshot=snap, xids=tuple(machine.host.xid_events() or ()), checks=checks, profile=profile,
                        drift=drifts, reapply_total=reapply_total, fan_failsafe_total=fan_failsafe_total,
                        probe=history.latest(), nvml_errors=dict(machine.nvml.errors), tick=tick, last_tick=last_tick)

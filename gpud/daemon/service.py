@@ -31,14 +31,13 @@ from gpud.model import CheckResult, Snapshot, XidEvent, document, host_json, pro
 from gpud.paths import LockBusy, TuningLock, control_socket, probe_output_path, trusted
 from gpud.probe import history
 from gpud.tuning import engine
+from gpud.tuning.enforce import DriftMetric, Enforcer
 from gpud.tuning.fanloop import FanControl
 from gpud.tuning.profile import Profile, load
 from gpud.usage import Accounting
 
 log = logging.getLogger("gpud.daemon")
 XID_EVERY_S = 10.0
-ENFORCED = ("persistence_mode", "compute_mode", "power_limit_watts", "applications_clocks")
-
 
 def load_trusted_profile(name: str, peer: control.Peer | None = None) -> Profile:
     if peer is not None and ("/" in name or name.endswith(".toml")) and not peer.may_read(name):
@@ -58,7 +57,7 @@ class Daemon:
         self.stop_event = threading.Event()
         self.tuning_lock = threading.RLock()  # apply/restore vs the tick's fan and drift work
         self.fans = FanControl(machine)
-        self.reapply_total = 0
+        self.enforcer = Enforcer(machine, lambda kind, summary, **kw: self.recorder.profile(kind, summary, **kw))
         self.tick_stats = TickStats()
         self.tick_periods: list[float] = []  # recent tick start-to-start periods (jitter)
         self.last_tick: float | None = None
@@ -302,7 +301,8 @@ class Daemon:
             self.xids = self.recorder.xid_events(self.machine.host.xid_events())
         self.observation = Observation(
             snapshot=self.snapshot, xids=self.xids, checks=self.checks, profile=self.profile, drift=drift,
-            reapply_total=self.reapply_total, fan_failsafe_total=self.fans.failsafes, probe=self.probe_result(),
+            reapply_total=self.enforcer.reapply_total, reapply_failures_total=self.enforcer.reapply_failures_total,
+            fan_failsafe_total=self.fans.failsafes, probe=self.probe_result(),
             nvml_errors=dict(self.machine.nvml.errors), tick=self._tick_copy(), last_tick=now,
             usage=self.accounting.frozen())
 
@@ -330,41 +330,8 @@ class Daemon:
         t = self.tick_stats
         return TickStats(list(t.counts), t.total, t.sum)
 
-    def _enforce(self, snap: Snapshot) -> tuple[tuple[int | None, str, bool], ...]:
-        """Compare readable settings with the profile; re-apply a GPU's settings when one drifted."""
-        out: list[tuple[int | None, str, bool]] = []
-        for s in snap.samples:
-            want = self.desired.get(s.index)
-            if not want or s.lost:
-                continue
-            drifted = []
-            for setting in ENFORCED:
-                if setting in want and want[setting] not in (None, "unsupported", engine.RESET):
-                    cur = engine.current_value(setting, s, None)
-                    if cur is not None and not engine.same(setting, cur, want[setting]):
-                        drifted.append(setting)
-            failed = set()
-            if drifted:
-                # A driver reload or reboot resets everything, locked clocks (unreadable) included.
-                log.warning("GPU %d: %s drifted from profile %s: re-applying", s.index, ", ".join(drifted),
-                            self.profile)
-                for setting in engine.ORDER:
-                    if setting in want and setting != "fan" and want[setting] not in (None, "unsupported"):
-                        try:
-                            engine.write(self.machine, s.index, setting, want[setting])
-                        except GpudError as err:
-                            log.error("GPU %d: re-applying %s failed: %s", s.index, setting, err)
-                            failed.add(setting)
-                self.reapply_total += 1
-                self.recorder.profile(
-                    "profile_drift" if failed else "profile_reapply",
-                    f"GPU {s.index}: {', '.join(drifted)} drifted from profile {self.profile}: "
-                    + (f"re-applying {', '.join(sorted(failed))} failed" if failed else "re-applied"),
-                    gpu=s.index, drifted=drifted, failed=sorted(failed))
-            for setting in ENFORCED:
-                if setting in want:
-                    out.append((s.index, setting, setting in failed))
-        return tuple(out)
+    def _enforce(self, snap: Snapshot) -> DriftMetric:
+        return self.enforcer.enforce(snap)  # gpud.tuning.enforce: drift, re-apply, what still differs
 
     def _schedule(self, snap: Snapshot, now: float) -> None:
         d = self.config.daemon
@@ -440,7 +407,7 @@ class Daemon:
             log.error("no profile applied at start: %s — remedy: %s", err, err.remedy)
             return
         if name is None and data:
-            name = data.get("source") or data.get("profile")
+            name = data.source or data.profile
         if not name:
             return
         try:
@@ -448,7 +415,7 @@ class Daemon:
             if not reply["ok"]:
                 log.error("profile %s not applied at start: %s", name, reply.get("error"))
             elif reply.get("written"):
-                self.reapply_total += int(reply["written"])
+                self.enforcer.reapply_total += int(reply["written"])
                 log.info("profile %s applied at start (%d setting(s) written)", self.profile, reply["written"])
         except GpudError as err:
             log.error("profile %s not applied at start: %s", name, err)
@@ -463,14 +430,11 @@ class Daemon:
             if dry_run:
                 return reply
             out = engine.apply(self.machine, p, changes, desired, self.machine.host.cpu_governors())
-            reply |= {"ok": out.ok, "applied": out.ok, "error": out.error, "rolled_back": out.rolled_back,
-                      "not_restored": out.not_restored, "written": len(out.written), "messages": out.messages,
-                      "skipped": [c.as_dict() for c in out.skipped]}
+            reply |= out.as_dict()
             if out.ok:
-                for c in [*changes, *out.skipped]:
-                    if c.action == "skip" and c.gpu is not None and c.setting in desired.get(c.gpu, {}):
-                        desired[c.gpu][c.setting] = "unsupported"  # neither enforced nor verified
+                desired = engine.unsupported_removed(desired, out)  # neither enforced nor verified
                 self.desired = desired
+                self.enforcer.follow(p.name, desired, p.host)
                 self.profile = p.name
                 self.fans.configure(desired)
                 log.info("profile %s applied", p.name)
@@ -486,10 +450,12 @@ class Daemon:
                 self.fans.configure({})
                 self.desired = {}
                 self.profile = None
+                self.enforcer.follow(None, {})
             else:
                 self.fans.configure({})
                 for want in self.desired.values():
                     want.pop("fan", None)
+                self.enforcer.forget("fan")
             done, failed = engine.restore(self.machine, fans_only=fans_only)
             who = f"uid {peer.uid} (pid {peer.pid})" if peer is not None else "the daemon"
             self.recorder.profile("profile_restore", f"{'fans' if fans_only else 'settings'} restored by {who}"
@@ -512,7 +478,7 @@ class Daemon:
                 return self.apply(str(args["profile"]), bool(args.get("dry_run")), peer)
             if cmd == "verify":
                 data, drifts = engine.verify(self.machine, daemon=True, snapshot=self.snapshot)
-                return {"ok": True, "profile": data.get("profile") if data else None, "applied": data is not None,
+                return {"ok": True, "profile": data.profile if data else None, "applied": data is not None,
                         "settings": [to_jsonable(d) for d in drifts]}
             if cmd == "restore":
                 return self.restore(bool(args.get("fans_only")), peer)
@@ -580,7 +546,7 @@ class Daemon:
                         timestamp=snap.timestamp if snap is not None else None, gpus=gpus,
                         checks=[to_jsonable(c) for c in obs.checks],
                         drift=[{"gpu": g, "setting": s, "drift": d} for g, s, d in obs.drift],
-                        reapply_total=self.reapply_total, fan_failsafe_total=self.fans.failsafes,
+                        reapply_total=self.enforcer.reapply_total, fan_failsafe_total=self.fans.failsafes,
                         probe=probe_document(last, __version__, host_json(last.get("host"))) if last else None,
                         probe_running=self.probe_running(), tick=self.tick_summary())
 
