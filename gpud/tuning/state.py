@@ -58,12 +58,13 @@ class TuningState:
                    extra={k: v for k, v in data.items() if k not in known and k != "version"})
 
     def to_json(self) -> dict[str, Any]:
-        """The file's content (as older gpud wrote it: the same keys, ``applied_at`` once applied)."""
+        """The file's content, as gpud has always written it (``applied_at`` once applied, ``target`` when known)."""
         out: dict[str, Any] = {**self.extra, "profile": self.profile, "source": self.source,
                                "chain": list(self.chain), "desired": {k: dict(v) for k, v in self.desired.items()},
                                "originals": {k: dict(v) for k, v in self.originals.items()},
-                               "pending": self.pending, "started_at": self.started_at, "target": self.target,
-                               "version": VERSION}
+                               "pending": self.pending, "started_at": self.started_at, "version": VERSION}
+        if self.target is not None:  # older files have none
+            out["target"] = self.target
         if self.applied_at is not None:
             out["applied_at"] = self.applied_at
         return out
