@@ -76,8 +76,8 @@ class Enforcer:
                 by_gpu.setdefault(d.gpu, []).append(d)
         for gpu, drifted in by_gpu.items():
             fixed |= self._reapply(gpu, drifted)
-        return exported([replace(d, current=d.desired, status="ok") if (d.gpu, d.setting) in fixed else d
-                         for d in drifts])
+        return exported([replace(d, current=d.desired, status="ok") if d.drifted and (d.gpu, d.setting) in fixed
+                         else d for d in drifts])
 
     @staticmethod
     def _enforced(d: Drift) -> bool:
