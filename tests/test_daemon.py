@@ -149,9 +149,11 @@ def test_a_drift_that_cannot_be_reapplied_reads_the_same_in_gpud_metrics(daemon:
     daemon.wait_for(lambda: daemon.value("gpud_profile_drift", gpu="3", setting="power_limit_watts") == 0, 5,
                     "GPU3's power limit as the profile asks")
     sim = _sim()
-    open_machine("z8-fury-4x-a6000").nvml.set_power_limit(3, 250)  # behind gpud's back, then it cannot write it
-    sim.inject("no_permission", gpu=3, call="nvmlDeviceSetPowerManagementLimit")
-    daemon.wait_for(lambda: (daemon.value("gpud_profile_reapply_failures_total") or 0) >= 1, 5, "the failure counted")
+    sim.inject("no_permission", gpu=3, call="nvmlDeviceSetPowerManagementLimit")  # gpud cannot write it back
+    with sim.mutate():
+        sim.settings(3)["power_limit_mw"] = 250000  # changed behind gpud's back
+    daemon.wait_for(lambda: (daemon.value("gpud_profile_reapply_failures_total") or 0) >= 1, 15,
+                    "the failure counted")  # the power limit is read again within 10 s
     assert daemon.value("gpud_profile_drift", gpu="3", setting="power_limit_watts") == 1  # differs now
     assert daemon.value("gpud_profile_drift", gpu="2", setting="power_limit_watts") == 0
     assert daemon.value("gpud_profile_drift", gpu="3", setting="persistence_mode") == 0

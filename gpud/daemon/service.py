@@ -39,6 +39,7 @@ from gpud.usage import Accounting
 log = logging.getLogger("gpud.daemon")
 XID_EVERY_S = 10.0
 
+
 def load_trusted_profile(name: str, peer: control.Peer | None = None) -> Profile:
     if peer is not None and ("/" in name or name.endswith(".toml")) and not peer.may_read(name):
         # Never parse a file for a peer who could not read it: no contents, no parse errors.
