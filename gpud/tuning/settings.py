@@ -338,6 +338,6 @@ KEYS: tuple[str, ...] = tuple(s.key for s in REGISTRY)
 PROFILE_KEYS: dict[str, str] = {s.profile_key: s.key for s in GPU_SETTINGS}  # profile name → key
 
 
-__all__ = ["BY_KEY", "GPU_SETTINGS", "HOST_BY_KEY", "HOST_SETTINGS", "KEYS", "PROFILE_KEYS", "REGISTRY", "RESET",
-           "UNKNOWN", "UNSUPPORTED", "Checked", "CpuGovernor", "DriftStatus", "PlanAction", "Planned", "Scope",
-           "Setting"]
+__all__ = ["BY_KEY", "GOVERNOR", "GPU_SETTINGS", "HOST_BY_KEY", "HOST_SETTINGS", "KEYS", "PROFILE_KEYS", "REGISTRY",
+           "RESET", "UNKNOWN", "UNSUPPORTED", "Checked", "CpuGovernor", "DriftStatus", "PlanAction", "Planned",
+           "Scope", "Setting"]
