@@ -54,8 +54,9 @@ class Observation:
     xids: tuple[XidEvent, ...] = ()
     checks: tuple[CheckResult, ...] = ()
     profile: str | None = None
-    drift: tuple[tuple[int | None, str, bool], ...] = ()  # (gpu, setting, drifted)
+    drift: tuple[tuple[int | None, str, bool], ...] = ()  # (gpu, setting, differs from the profile now)
     reapply_total: int = 0
+    reapply_failures_total: int = 0  # the daemon's re-applies that failed (0 for a one-shot `gpud metrics`)
     fan_failsafe_total: int = 0
     probe: ProbeReport | None = None
     nvml_errors: dict[str, int] = field(default_factory=dict)
@@ -315,7 +316,9 @@ class GpudCollector(Collector):
                                  labels=["profile"])
         prof.add_metric([obs.profile or "none"], 1)
         yield prof
-        drift = GaugeMetricFamily("gpud_profile_drift", "1 if the setting differs from the applied profile",
+        # The same meaning in the daemon and in `gpud metrics`: the setting differs from the applied
+        # profile now (in the daemon: after this tick's re-apply), per GPU ("" for the host) and setting.
+        drift = GaugeMetricFamily("gpud_profile_drift", "1 if the setting differs from the applied profile now",
                                   labels=["gpu", "setting"])
         for index, setting, drifted in obs.drift:
             drift.add_metric(["" if index is None else str(index), setting], 1 if drifted else 0)
@@ -324,6 +327,10 @@ class GpudCollector(Collector):
                                                          "change behind gpud's back")
         re.add_metric([], obs.reapply_total)
         yield re
+        ref = CounterMetricFamily("gpud_profile_reapply_failures", "Settings the daemon could not re-apply "
+                                                                   "after they drifted from the applied profile")
+        ref.add_metric([], obs.reapply_failures_total)
+        yield ref
         fs = CounterMetricFamily("gpud_fan_failsafe", "Fans handed back to the driver by the failsafe")
         fs.add_metric([], obs.fan_failsafe_total)
         yield fs

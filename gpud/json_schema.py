@@ -124,7 +124,7 @@ SCHEMAS: dict[str, Schema] = {
         "profile": STR, "timestamp": NUM, "gpus": {"type": "array", "items": GPU},
         "checks": {"type": "array", "items": CHECK},
         "drift": {"type": "array", "items": _obj({"gpu": INT, "setting": {"type": "string"},
-                                                  "drift": {"type": "string"}})},
+                                                  "drift": {"type": "boolean"}})},
         "reapply_total": {"type": "integer"}, "fan_failsafe_total": {"type": "integer"},
         "probe": {"anyOf": [PROBE, {"type": "null"}]}, "probe_running": {"type": "boolean"},
         "tick": {"type": "object"},

@@ -21,18 +21,19 @@ from gpud.probe import history
 from gpud.probe.report import ProbeReport
 from gpud.tuning import engine
 from gpud.tuning import state as tuning_state
+from gpud.tuning.enforce import DriftMetric, exported
 from gpud.usage import Usage
 
-Drift = tuple[tuple[int | None, str, bool], ...]  # (gpu, setting, drifted)
+Drift = DriftMetric  # (gpu, setting, differs from the profile now)
 
 
-def drift_of(machine: Machine, daemon: bool, snapshot: Snapshot
-             ) -> tuple[str | None, tuple[tuple[int | None, str, bool], ...]]:
+def drift_of(machine: Machine, daemon: bool, snapshot: Snapshot) -> tuple[str | None, DriftMetric]:
+    """The applied profile and its drift now: ``engine.drift`` (as ``gpud verify``), exported as the
+    daemon's enforcement exports it (``enforce.exported``)."""
     data, drifts = engine.verify(machine, daemon=daemon, snapshot=snapshot)
     if data is None:
         return None, ()
-    return data.get("profile"), tuple((d.gpu, d.setting, d.status == "drift") for d in drifts
-                                      if d.status in ("ok", "drift"))
+    return data.profile, exported(drifts)
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class Running:
     """What only a running daemon knows (a one-shot ``gpud metrics`` has none of it)."""
 
     reapply_total: int = 0
+    reapply_failures_total: int = 0
     fan_failsafe_total: int = 0
     tick: TickStats | None = None
     last_tick: float | None = None
@@ -50,13 +52,14 @@ def observe(machine: Machine, config: Config | None, *, snapshot: Snapshot | Non
             checks: tuple[CheckResult, ...] | None = None, xids: tuple[XidEvent, ...] | None = None,
             tuning: tuple[str | None, Drift] | None = None,
             probe: Callable[[], ProbeReport | None] = history.latest,
-            running: Running | None = None) -> Observation:
+            running: Running | None = None, daemon_fans: bool = False) -> Observation:
     """The observation of ``machine``: what is not given is read now.
 
     Without ``running`` (``gpud metrics``): a missing snapshot is taken, doctor runs (``config``), the
     Xids come from the kernel log, the drift from ``tuning.verify`` and the profile from the state
     file. With ``running`` (the daemon): ``snapshot`` may be None (no reading yet) and is never taken
-    here; ``tuning`` is (the profile the daemon enforces, its drift)."""
+    here; ``tuning`` is (the profile the daemon enforces, its drift). ``daemon_fans``: a daemon drives
+    the fans, so ``gpud metrics`` compares their curves as the daemon does."""
     snap = snapshot if snapshot is not None or running is not None else machine.snapshot()
     if checks is None:
         checks = diagnose(machine, config if config is not None else Config(), snapshot=snap, in_daemon=True).checks
@@ -65,14 +68,15 @@ def observe(machine: Machine, config: Config | None, *, snapshot: Snapshot | Non
     elif snap is None:
         profile, drifts = None, ()
     else:
-        profile, drifts = drift_of(machine, running is not None, snap)
+        profile, drifts = drift_of(machine, running is not None or daemon_fans, snap)
         if profile is None:
             data = tuning_state.load()
-            profile = data.get("profile") if data else None
+            profile = data.profile if data else None
     if xids is None:
         xids = tuple(machine.host.xid_events() or ())
     run = running if running is not None else Running()
     return Observation(snapshot=snap, xids=xids, checks=checks, profile=profile, drift=drifts,
-                       reapply_total=run.reapply_total, fan_failsafe_total=run.fan_failsafe_total, probe=probe(),
+                       reapply_total=run.reapply_total, reapply_failures_total=run.reapply_failures_total,
+                       fan_failsafe_total=run.fan_failsafe_total, probe=probe(),
                        nvml_errors=dict(machine.nvml.errors), tick=run.tick, last_tick=run.last_tick,
                        usage=run.usage)

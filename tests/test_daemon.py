@@ -141,6 +141,47 @@ def test_drift_is_reapplied_and_counted(daemon: RunningDaemon) -> None:
     assert any(s.startswith("profile quiet applied by uid ") for s in applies), applies
 
 
+def _drift_lines(exposition: str) -> list[str]:
+    return sorted(line for line in exposition.splitlines() if line.startswith("gpud_profile_drift{"))
+
+
+def test_a_drift_that_cannot_be_reapplied_reads_the_same_in_gpud_metrics(daemon: RunningDaemon) -> None:
+    daemon.wait_for(lambda: daemon.value("gpud_profile_drift", gpu="3", setting="power_limit_watts") == 0, 5,
+                    "GPU3's power limit as the profile asks")
+    sim = _sim()
+    sim.inject("no_permission", gpu=3, call="nvmlDeviceSetPowerManagementLimit")  # gpud cannot write it back
+    with sim.mutate():
+        sim.settings(3)["power_limit_mw"] = 250000  # changed behind gpud's back
+    daemon.wait_for(lambda: (daemon.value("gpud_profile_reapply_failures_total") or 0) >= 1, 15,
+                    "the failure counted")  # the power limit is read again within 10 s
+    assert daemon.value("gpud_profile_drift", gpu="3", setting="power_limit_watts") == 1  # differs now
+    assert daemon.value("gpud_profile_drift", gpu="2", setting="power_limit_watts") == 0
+    assert daemon.value("gpud_profile_drift", gpu="3", setting="persistence_mode") == 0
+    r = run_gpud("metrics", "--config", str(daemon.config), env={"GPUD_SIMULATE": "z8-fury-4x-a6000",
+                                                                  "GPUD_SOCKET": daemon.sock})
+    assert r.returncode == 0, r.stderr
+    assert _drift_lines(r.stdout) == _drift_lines(daemon.metrics())
+    assert 'gpud_profile_drift{gpu="3",setting="fan"} 0.0' in r.stdout  # the curve, judged as the daemon does
+
+
+def test_a_drifted_cpu_governor_is_reapplied(daemon: RunningDaemon, tmp_path: Path) -> None:
+    profile = tmp_path / "governor.toml"
+    profile.write_text('extends = "training"\n[host]\ncpu_governor = "powersave"\n')
+    r = run_gpud("apply", str(profile), env={"GPUD_SOCKET": daemon.sock, "GPUD_SIMULATE": "z8-fury-4x-a6000"})
+    assert r.returncode == 0, r.stderr
+    m = open_machine("z8-fury-4x-a6000")
+    assert set(m.host.cpu_governors().values()) == {"powersave"}
+    before = daemon.value("gpud_profile_reapply_total") or 0
+    m.host.set_cpu_governor("performance", [0])  # behind gpud's back
+    daemon.wait_for(lambda: set(m.host.cpu_governors().values()) == {"powersave"}, 5, "the governor re-applied")
+    daemon.wait_for(lambda: (daemon.value("gpud_profile_reapply_total") or 0) > before, 3, "re-apply counted")
+    assert daemon.value("gpud_profile_drift", gpu="", setting="cpu_governor") == 0
+    from gpud import journal
+
+    daemon.wait_for(lambda: any(e.summary.startswith("host: cpu_governor drifted")
+                                for e in journal.events(kinds=("profile_reapply",))), 5, "journalled")
+
+
 def test_sighup_refuses_an_invalid_configuration(daemon: RunningDaemon) -> None:
     good = daemon.config.read_text()
     daemon.config.write_text(good + "interval_seconds_typo = 3\n")

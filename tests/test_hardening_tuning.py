@@ -96,7 +96,7 @@ def test_originals_survive_a_second_apply_until_a_restore_completes(capsys, tmp_
     code, _, err = cli(capsys, "apply", str(write_profile(tmp_path, {"all": {"power_limit": 200}}, "b.toml")),
                        "--simulate", SIM)
     assert code == 0, err
-    assert st.read()["originals"]["0"]["power_limit_watts"] == original["0"]["power"]
+    assert st.read().originals["0"]["power_limit_watts"] == original["0"]["power"]
     code, _, err = cli(capsys, "restore", "--simulate", SIM)
     assert code == 0, err
     assert fingerprint(fresh()) == original and st.read() is None
@@ -219,7 +219,7 @@ def test_a_setting_nvml_does_not_support_is_skipped_not_rolled_back(capsys, tmp_
     assert [(c["gpu"], c["setting"]) for c in result["skipped"]] == [(2, "memory_clocks")]
     assert "not supported" in result["skipped"][0]["note"] and result["rolled_back"] == []
     assert fingerprint(fresh())["2"]["power"] == 250
-    assert st.read()["desired"]["2"]["memory_clocks"] == "unsupported"  # not verified, not enforced
+    assert st.read().desired["2"]["memory_clocks"] == "unsupported"  # not verified, not enforced
 
 
 def test_locked_memory_clocks_need_ampere(capsys, tmp_path, state_dir) -> None:
@@ -245,7 +245,7 @@ def test_state_of_another_machine_is_not_restored_here(capsys, tmp_path, state_d
     cli(capsys, "apply", str(write_profile(tmp_path, RICH)), "--simulate", SIM)
     code, _, err = cli(capsys, "restore", "--simulate", DEGRADED)
     assert code == 1 and f"applied to simulated workstation {SIM}" in err
-    assert st.read()["profile"] == "p"
+    assert st.read().profile == "p"
 
 
 def test_a_read_only_state_directory_stops_apply_before_any_write(tmp_path: Path, monkeypatch, capsys) -> None:

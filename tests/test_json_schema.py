@@ -64,6 +64,19 @@ def test_daemon_status_follows_the_schema(desc: str, state_dir: Path) -> None:
     assert [g["info"] for g in cli["gpus"]] == [g["info"] for g in json.loads(json.dumps(d.status()))["gpus"]]
 
 
+def test_daemon_status_with_a_profile_follows_the_schema(state_dir: Path) -> None:
+    from gpud import config as cfg
+    from gpud.backends import open_machine
+    from gpud.daemon.service import Daemon
+
+    d = Daemon(open_machine("z8-fury-4x-a6000"), cfg.Config())
+    assert d.apply("quiet")["ok"]
+    d.tick()
+    doc = json.loads(json.dumps(d.status(full=True)))
+    assert check(doc) == []
+    assert {"gpu": 0, "setting": "power_limit_watts", "drift": False} in doc["drift"]  # differs now: no
+
+
 def test_watch_json_writes_one_document_per_line(state_dir: Path) -> None:
     p = subprocess.Popen([sys.executable, "-m", "gpud", "status", "--watch", "--json", "--interval", "0.2",
                           "--simulate", "z8-fury-4x-a6000"], stdout=subprocess.PIPE, text=True, cwd=REPO)

@@ -148,7 +148,7 @@ def test_crash_between_writes_then_restore_in_a_new_process(tmp_path: Path, stat
     r = subprocess.run([sys.executable, "-m", "gpud", "apply", str(p)], env=env, capture_output=True, text=True,
                        cwd=REPO)
     assert r.returncode == -signal.SIGKILL, r.stderr
-    assert st.load()["pending"] is True  # the originals were saved before the first write
+    assert st.load().pending is True  # the originals were saved before the first write
     fresh().simulation.machine.clear_faults()
     r = subprocess.run([sys.executable, "-m", "gpud", "restore"], env=env, capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr
@@ -164,7 +164,7 @@ def test_restore_fans_only_keeps_the_rest(capsys, tmp_path, state_dir) -> None:
     assert code == 0 and out.splitlines() == [f"restoring simulated workstation {SIM}", "restored GPU 0: fan 0 → auto"]
     fp = fingerprint(fresh())
     assert fp["0"]["fans"] == [("auto", None)] and fp["0"]["power"] == 250
-    assert st.load()["profile"] == "p"
+    assert st.load().profile == "p"
 
 
 def test_required_unsupported_setting_writes_nothing(capsys, tmp_path, state_dir) -> None:

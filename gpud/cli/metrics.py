@@ -17,10 +17,14 @@ def metrics(simulate: Simulate = None,
     from gpud import config as cfg
     from gpud.exporter import exposition
     from gpud.observe import observe
+    from gpud.paths import daemon_running
 
     conf = cfg.load(config)
     m = machine(simulate)
-    sys.stdout.write(exposition(observe(m, conf, snapshot=m.snapshot(pcie=True))).decode())
+    # With a daemon driving the fans, their curves are compared as the daemon compares them, so
+    # gpud_profile_drift says the same here as on the daemon's /metrics.
+    daemon = daemon_running(conf.daemon.socket)
+    sys.stdout.write(exposition(observe(m, conf, snapshot=m.snapshot(pcie=True), daemon_fans=daemon)).decode())
 
 
 def register(app: typer.Typer) -> None:

@@ -83,7 +83,8 @@ def _gather(m, config_path: str | None) -> tuple[dict[str, str], list[str]]:  # 
         st = None
         notes.append(f"tuning.json: the state file is unusable: {err}")
     files["tuning.json"] = dump({"configured_profile": conf.daemon.profile, "config_file": conf.path,
-                                 "state_file": str(state.path()), "state": st})
+                                 "state_file": str(state.path()),
+                                 "state": st.to_json() if st is not None else None})
     log = _journal()
     if log is None:
         notes.append("daemon.log: the gpud service's journal is not readable here (journalctl missing, or "

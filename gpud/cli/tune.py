@@ -191,9 +191,7 @@ def _local_apply(profile: str, dry_run: bool, t: Target) -> dict[str, Any]:
         if dry_run:
             return result
         out = engine.apply(m, p, changes, desired, m.host.cpu_governors())
-    return result | {"ok": out.ok, "applied": out.ok, "error": out.error, "rolled_back": out.rolled_back,
-                     "not_restored": out.not_restored, "written": len(out.written), "messages": out.messages,
-                     "skipped": [c.as_dict() for c in out.skipped]}
+    return result | out.as_dict()
 
 
 def apply(
@@ -264,7 +262,7 @@ def verify(json: Json = False, simulate: Simulate = None, config: Config = None)
         from gpud.tuning import engine
 
         data, drifts = engine.verify(t.machine, daemon=False)
-        profile, applied = (data.get("profile") if data else None), data is not None
+        profile, applied = (data.profile if data else None), data is not None
         rows = [{"gpu": d.gpu, "setting": d.setting, "current": d.current, "desired": d.desired, "status": d.status}
                 for d in drifts]
     bad = [d for d in rows if d["status"] == "drift"]

@@ -64,7 +64,7 @@ def _ping(d: Served, args: dict[str, Any], peer: Peer | None) -> Reply:
 
 def _verify(d: Served, args: dict[str, Any], peer: Peer | None) -> Reply:
     data, drifts = engine.verify(d.machine, daemon=True, snapshot=d.snapshot)
-    return {"ok": True, "profile": data.get("profile") if data else None, "applied": data is not None,
+    return {"ok": True, "profile": data.profile if data else None, "applied": data is not None,
             "settings": [to_jsonable(x) for x in drifts]}
 
 

@@ -26,7 +26,7 @@ from gpud.daemon.requests import REQUESTS
 from gpud.daemon.schedule import Schedule
 from gpud.daemon.status import Report
 from gpud.daemon.systemd import notify, watchdog_seconds
-from gpud.daemon.tick import Ticker
+from gpud.daemon.tick import Ticker, TuningFacts
 from gpud.errors import GpudError, InvalidInput
 from gpud.exporter import Observation
 from gpud.hw.machine import Machine
@@ -35,11 +35,11 @@ from gpud.model import Snapshot
 from gpud.observe import Drift
 from gpud.paths import LockBusy, TuningLock, control_socket, trusted
 from gpud.tuning import engine
+from gpud.tuning.enforce import DriftMetric, Enforcer
 from gpud.tuning.fanloop import FanControl
 from gpud.tuning.profile import Profile, load
 
 log = logging.getLogger("gpud.daemon")
-ENFORCED = ("persistence_mode", "compute_mode", "power_limit_watts", "applications_clocks")
 
 
 def load_trusted_profile(name: str, peer: control.Peer | None = None) -> Profile:
@@ -199,8 +199,8 @@ class Daemon:
         self.fans = FanControl(machine)
         self.desired: dict[int, dict[str, Any]] = {}
         self.profile: str | None = None
-        self.reapply_total = 0
         self.recorder = Recorder(None, None)  # the health journal, opened at start()
+        self.enforcer = Enforcer(machine, lambda kind, summary, **kw: self.recorder.profile(kind, summary, **kw))
         self.schedule = Schedule(machine, lambda: self.config, lambda: self.recorder)
         self.ticker = Ticker(machine, self._drive, self._tuning_facts, self.schedule, lambda: self.recorder,
                              float(config.daemon.interval_seconds))
@@ -332,44 +332,12 @@ class Daemon:
             self.fans.step(snap.samples, time.monotonic())
             return self._enforce(snap)
 
-    def _tuning_facts(self) -> tuple[str | None, int, int]:
-        return self.profile, self.reapply_total, self.fans.failsafes
+    def _tuning_facts(self) -> TuningFacts:
+        return TuningFacts(self.profile, self.enforcer.reapply_total, self.enforcer.reapply_failures_total,
+                           self.fans.failsafes)
 
-    def _enforce(self, snap: Snapshot) -> tuple[tuple[int | None, str, bool], ...]:
-        """Compare readable settings with the profile; re-apply a GPU's settings when one drifted."""
-        out: list[tuple[int | None, str, bool]] = []
-        for s in snap.samples:
-            want = self.desired.get(s.index)
-            if not want or s.lost:
-                continue
-            drifted = []
-            for setting in ENFORCED:
-                if setting in want and want[setting] not in (None, "unsupported", engine.RESET):
-                    cur = engine.current_value(setting, s, None)
-                    if cur is not None and not engine.same(setting, cur, want[setting]):
-                        drifted.append(setting)
-            failed = set()
-            if drifted:
-                # A driver reload or reboot resets everything, locked clocks (unreadable) included.
-                log.warning("GPU %d: %s drifted from profile %s: re-applying", s.index, ", ".join(drifted),
-                            self.profile)
-                for setting in engine.ORDER:
-                    if setting in want and setting != "fan" and want[setting] not in (None, "unsupported"):
-                        try:
-                            engine.write(self.machine, s.index, setting, want[setting])
-                        except GpudError as err:
-                            log.error("GPU %d: re-applying %s failed: %s", s.index, setting, err)
-                            failed.add(setting)
-                self.reapply_total += 1
-                self.recorder.profile(
-                    "profile_drift" if failed else "profile_reapply",
-                    f"GPU {s.index}: {', '.join(drifted)} drifted from profile {self.profile}: "
-                    + (f"re-applying {', '.join(sorted(failed))} failed" if failed else "re-applied"),
-                    gpu=s.index, drifted=drifted, failed=sorted(failed))
-            for setting in ENFORCED:
-                if setting in want:
-                    out.append((s.index, setting, setting in failed))
-        return tuple(out)
+    def _enforce(self, snap: Snapshot) -> DriftMetric:
+        return self.enforcer.enforce(snap)  # gpud.tuning.enforce: drift, re-apply, what still differs
 
     # -- profiles -----------------------------------------------------------------------
     def _load_profile_at_start(self) -> None:
@@ -381,7 +349,7 @@ class Daemon:
             log.error("no profile applied at start: %s — remedy: %s", err, err.remedy)
             return
         if name is None and data:
-            name = data.get("source") or data.get("profile")
+            name = data.source or data.profile
         if not name:
             return
         try:
@@ -389,7 +357,7 @@ class Daemon:
             if not reply["ok"]:
                 log.error("profile %s not applied at start: %s", name, reply.get("error"))
             elif reply.get("written"):
-                self.reapply_total += int(reply["written"])
+                self.enforcer.reapply_total += int(reply["written"])
                 log.info("profile %s applied at start (%d setting(s) written)", self.profile, reply["written"])
         except GpudError as err:
             log.error("profile %s not applied at start: %s", name, err)
@@ -404,14 +372,11 @@ class Daemon:
             if dry_run:
                 return reply
             out = engine.apply(self.machine, p, changes, desired, self.machine.host.cpu_governors())
-            reply |= {"ok": out.ok, "applied": out.ok, "error": out.error, "rolled_back": out.rolled_back,
-                      "not_restored": out.not_restored, "written": len(out.written), "messages": out.messages,
-                      "skipped": [c.as_dict() for c in out.skipped]}
+            reply |= out.as_dict()
             if out.ok:
-                for c in [*changes, *out.skipped]:
-                    if c.action == "skip" and c.gpu is not None and c.setting in desired.get(c.gpu, {}):
-                        desired[c.gpu][c.setting] = "unsupported"  # neither enforced nor verified
+                desired = engine.unsupported_removed(desired, out)  # neither enforced nor verified
                 self.desired = desired
+                self.enforcer.follow(p.name, desired, p.host)
                 self.profile = p.name
                 self.fans.configure(desired)
                 log.info("profile %s applied", p.name)
@@ -427,10 +392,12 @@ class Daemon:
                 self.fans.configure({})
                 self.desired = {}
                 self.profile = None
+                self.enforcer.follow(None, {})
             else:
                 self.fans.configure({})
                 for want in self.desired.values():
                     want.pop("fan", None)
+                self.enforcer.forget("fan")
             done, failed = engine.restore(self.machine, fans_only=fans_only)
             who = f"uid {peer.uid} (pid {peer.pid})" if peer is not None else "the daemon"
             self.recorder.profile("profile_restore", f"{'fans' if fans_only else 'settings'} restored by {who}"
@@ -477,7 +444,7 @@ class Daemon:
     def status(self, full: bool = False) -> dict[str, Any]:
         return self.report.status(self.observation, self.ticker.timing, self.tick_summary(),
                                   show_processes=full or self.show_processes(), profile=self.profile,
-                                  reapply_total=self.reapply_total, fan_failsafe_total=self.fans.failsafes,
+                                  reapply_total=self.enforcer.reapply_total, fan_failsafe_total=self.fans.failsafes,
                                   probe_running=self.schedule.probe_running())
 
     def tick_summary(self) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 from gpud.daemon.recorder import Recorder
 from gpud.daemon.schedule import Schedule
@@ -25,8 +26,14 @@ XID_EVERY_S = 10.0
 # The tick's hardware work: (snapshot, why there is none) → drift. With no snapshot every fan goes
 # to its failsafe; with one, the fan loop steps and the applied profile is enforced.
 Drive = Callable[[Snapshot | None, str], Drift]
-# (applied profile, settings re-applied so far, fans handed to their failsafe so far)
-TuningFacts = Callable[[], tuple[str | None, int, int]]
+class TuningFacts(NamedTuple):
+    """What the enforcement tells the tick: the profile it enforces and its counters."""
+
+    profile: str | None
+    reapply_total: int
+    reapply_failures_total: int
+    fan_failsafe_total: int
+
 
 
 class KernelLog:
@@ -66,7 +73,7 @@ class LatestProbe:
 
 
 class Ticker:
-    def __init__(self, machine: Machine, drive: Drive, tuning: TuningFacts, schedule: Schedule,
+    def __init__(self, machine: Machine, drive: Drive, tuning: Callable[[], TuningFacts], schedule: Schedule,
                  recorder: Callable[[], Recorder], interval_s: float) -> None:
         self.machine = machine
         self._drive = drive
@@ -101,14 +108,15 @@ class Ticker:
             recorder.snapshot(snap)
         else:
             drift = ()
-        profile, reapply_total, failsafes = self._tuning()
-        recorder.fan_failsafes(failsafes)
+        facts = self._tuning()
+        recorder.fan_failsafes(facts.fan_failsafe_total)
         self.timing.end(now, time.perf_counter() - t0)
         xids = self.kernel_log.read(now)
         self.observation = observe(
             self.machine, None, snapshot=self.snapshot, checks=self.schedule.checks, xids=xids,
-            tuning=(profile, drift), probe=self.probe,
-            running=Running(reapply_total=reapply_total, fan_failsafe_total=failsafes, tick=self.timing.copy(),
+            tuning=(facts.profile, drift), probe=self.probe,
+            running=Running(reapply_total=facts.reapply_total, reapply_failures_total=facts.reapply_failures_total,
+                            fan_failsafe_total=facts.fan_failsafe_total, tick=self.timing.copy(),
                             last_tick=now, usage=self.accounting.frozen()))
 
     def _log_lost(self, snap: Snapshot) -> None:

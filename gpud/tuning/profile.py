@@ -18,13 +18,13 @@ from gpud.errors import InvalidInput
 from gpud.model import GpuInfo
 from gpud.paths import CONFIG_DIR
 from gpud.schema import Spec, load_toml, take
+from gpud.tuning.settings import GPU_SETTINGS, PROFILE_KEYS
 
 USER_DIR = CONFIG_DIR / "profiles"
 # Shipped profiles: package data beside this module, as the simulated workstations' descriptions are.
 SHIPPED = Path(__file__).resolve().parent / "profiles"
 NUM = (int, float)
-SETTINGS = ("persistence_mode", "compute_mode", "power_limit", "applications_clocks", "gpu_clocks", "memory_clocks",
-            "fan")
+SETTINGS = tuple(s.profile_key for s in GPU_SETTINGS)  # the names profiles use (and `required` lists)
 COMPUTE_MODES = ("default", "exclusive_process", "prohibited")
 FAN_MODES = ("auto", "fixed", "curve")
 
@@ -258,8 +258,8 @@ def _absolute(g: GpuInfo, wanted: dict[str, Any], where: dict[str, tuple[str, st
     out: dict[str, Any] = {"required": list(wanted.pop("required", []))}
     for key, value in wanted.items():
         file, dotted = where[key]
-        if key == "power_limit":
-            out["power_limit_watts"] = _watts(g, value, file, dotted)
+        if key == "power_limit":  # watts, a share of the default, default/min/max → watts
+            out[PROFILE_KEYS[key]] = _watts(g, value, file, dotted)
         elif key in ("gpu_clocks", "memory_clocks"):
             top = g.max_clocks_mhz.get("sm" if key == "gpu_clocks" else "memory")
             if value == "reset":

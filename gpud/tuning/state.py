@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,50 @@ class StateError(GpudError):
     """tuning.json exists but cannot be used, or cannot be written."""
 
 
+@dataclass(frozen=True)
+class TuningState:
+    """What ``tuning.json`` holds. ``desired`` and ``originals`` are keyed by GPU index as text
+    ("0", "1", …) and "host", then by setting key (``gpud.tuning.settings``); values are as written
+    to the file. Keys this gpud does not know are kept in ``extra`` and written back unchanged."""
+
+    profile: str | None = None
+    source: str | None = None
+    chain: tuple[str, ...] = ()
+    desired: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    originals: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    pending: bool = False  # saved before the first write; False once every write was read back
+    started_at: float | None = None
+    applied_at: float | None = None
+    target: str | None = None  # the machine it was applied to (``engine.target``); None in older files
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TuningState:
+        known = {f.name for f in fields(cls)} - {"extra"}
+        return cls(profile=data.get("profile"), source=data.get("source"), chain=tuple(data.get("chain") or ()),
+                   desired={str(k): dict(v) for k, v in (data.get("desired") or {}).items()},
+                   originals={str(k): dict(v) for k, v in (data.get("originals") or {}).items()},
+                   pending=bool(data.get("pending", False)), started_at=data.get("started_at"),
+                   applied_at=data.get("applied_at"), target=data.get("target"),
+                   extra={k: v for k, v in data.items() if k not in known and k != "version"})
+
+    def to_json(self) -> dict[str, Any]:
+        """The file's content, as gpud has always written it (``applied_at`` once applied, ``target`` when known)."""
+        out: dict[str, Any] = {**self.extra, "profile": self.profile, "source": self.source,
+                               "chain": list(self.chain), "desired": {k: dict(v) for k, v in self.desired.items()},
+                               "originals": {k: dict(v) for k, v in self.originals.items()},
+                               "pending": self.pending, "started_at": self.started_at, "version": VERSION}
+        if self.target is not None:  # older files have none
+            out["target"] = self.target
+        if self.applied_at is not None:
+            out["applied_at"] = self.applied_at
+        return out
+
+    def gpu_desired(self) -> dict[int, dict[str, Any]]:
+        """What the applied profile asked for, per GPU index (the host's settings left out)."""
+        return {int(k): dict(v) for k, v in self.desired.items() if k.isdigit()}
+
+
 def path() -> Path:
     return state_dir() / "tuning.json"
 
@@ -39,7 +85,7 @@ def _bad(p: Path, why: str) -> StateError:
     return err
 
 
-def read() -> dict[str, Any] | None:
+def read() -> TuningState | None:
     """The state; None when no file exists (nothing applied). Anything else wrong → StateError."""
     p = path()
     try:
@@ -65,10 +111,13 @@ def read() -> dict[str, Any] | None:
             raise _bad(p, f"'{key}' is not a table of settings")
     if not data.get("profile") and not data.get("originals"):
         return None  # a restore that could not remove the file emptied it
-    return data
+    try:
+        return TuningState.from_json(data)
+    except (TypeError, ValueError, AttributeError) as err:
+        raise _bad(p, "not a gpud state file") from err
 
 
-def load() -> dict[str, Any] | None:
+def load() -> TuningState | None:
     """The state for readers that only report (doctor, metrics): None when absent or unusable."""
     try:
         return read()
@@ -76,10 +125,10 @@ def load() -> dict[str, Any] | None:
         return None
 
 
-def save(data: dict[str, Any]) -> None:
+def save(data: TuningState) -> None:
     """Write the state atomically; StateError (no temporary file left) when it cannot be written."""
     try:
-        atomic_write(path(), json.dumps({**data, "version": VERSION}, indent=1, sort_keys=True))
+        atomic_write(path(), json.dumps(data.to_json(), indent=1, sort_keys=True))
     except OSError as err:
         e = StateError(f"cannot save {path()}: {err.strerror or err}")
         e.remedy = f"free space or make {path().parent} writable (GPUD_STATE_DIR chooses another directory)"
@@ -109,8 +158,6 @@ def clear() -> str | None:
         return f"{p} could not be removed ({why}) nor emptied ({err.strerror}): remove it by hand"
 
 
-def profile_settings(data: dict[str, Any] | None) -> dict[int, dict[str, Any]]:
+def profile_settings(data: TuningState | None) -> dict[int, dict[str, Any]]:
     """What the applied profile asked for, per GPU index (for doctor and the daemon)."""
-    if not data:
-        return {}
-    return {int(k): v for k, v in data.get("desired", {}).items() if k.isdigit()}
+    return data.gpu_desired() if data is not None else {}

@@ -1,0 +1,181 @@
+"""The registry of settings: every tunable writes, reads back and restores; the state file's format
+from before the registry still loads; the daemon's enforcement re-applies a drifted CPU governor."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tuning_helpers import fingerprint, fresh, write_profile
+
+from gpud.model import GpuInfo, GpuSample
+from gpud.tuning import engine
+from gpud.tuning import state as st
+from gpud.tuning.enforce import Enforcer, exported
+from gpud.tuning.profile import load
+from gpud.tuning.settings import BY_KEY, GOVERNOR, GPU_SETTINGS, KEYS, REGISTRY, UNKNOWN
+
+# Per setting: a value an RTX A6000 takes that differs from the simulated workstation's own, and
+# what a profile asks for to see it (``Setting.check``).
+Value = tuple[Any, Any]
+VALUES: dict[str, Any] = {
+    "persistence_mode": lambda g, s: (not s.persistence_mode, not s.persistence_mode),
+    "compute_mode": lambda g, s: ("exclusive_process", "exclusive_process"),
+    "power_limit_watts": lambda g, s: (g.power_min_limit_watts, g.power_min_limit_watts),
+    "applications_clocks": lambda g, s: ([g.max_clocks_mhz["memory"], g.max_clocks_mhz["graphics"]],) * 2,
+    "gpu_clocks": lambda g, s: ([1500, 1800], [1500, 1800]),
+    "memory_clocks": lambda g, s: ([g.max_clocks_mhz["memory"]] * 2,) * 2,
+    "fan": lambda g, s: ("auto", {"mode": "auto"}),  # apply only ever writes the automatic policy
+}
+
+
+def _value(key: str, g: GpuInfo, s: GpuSample) -> Value:
+    v: Value = VALUES[key](g, s)
+    return v
+
+
+def test_the_registry_is_one_ordered_list_with_a_round_trip_for_each() -> None:
+    assert KEYS == ("persistence_mode", "compute_mode", "power_limit_watts", "applications_clocks", "gpu_clocks",
+                    "memory_clocks", "fan", "cpu_governor")
+    assert REGISTRY[0].key == "persistence_mode"  # first: the settings after it need it
+    assert set(VALUES) == set(BY_KEY)  # a new setting needs its round trip below
+    assert {s.key for s in GPU_SETTINGS if s.needs_persistence} == {"compute_mode", "power_limit_watts",
+                                                                     "applications_clocks"}
+    assert [s.key for s in GPU_SETTINGS if not s.verifiable] == ["gpu_clocks", "memory_clocks"]
+    assert BY_KEY["power_limit_watts"].profile_key == "power_limit"  # the one rename, said once
+
+
+@pytest.mark.parametrize("undo", [False, True], ids=["restore", "rollback"])
+@pytest.mark.parametrize("key", list(VALUES))
+def test_each_setting_writes_reads_back_and_goes_back(key: str, undo: bool, state_dir) -> None:
+    m = fresh()
+    before = fingerprint(m)
+    setting = BY_KEY[key]
+    if key == "fan":
+        m.nvml.set_fan_speed(1, 0, 80)  # manual, as a daemon driving a curve leaves it
+    g, s = m.info(1), m.snapshot().samples[1]
+    assert g is not None
+    value, asked = _value(key, g, s)
+    current = setting.read(s)
+    assert not setting.unsupported(g, value, current)
+    assert setting.check(s, asked, daemon=False).status in ("drift", "unverifiable")  # it differs now
+
+    got = setting.write(m, 1, value)
+    assert setting.read_back_ok(value, got)
+    after = m.snapshot().samples[1]
+    if setting.verifiable:
+        assert setting.check(after, asked, daemon=False).status == "ok"
+        if key != "fan":
+            assert setting.same(setting.read(after), value) and setting.same(got, value)
+    else:  # no getter: what gpud set is what it records and shows; the hardware holds it
+        assert got is None and setting.read(after) == UNKNOWN and setting.read(after, value) == value
+        held = m.simulation.machine.settings(1)["locked_gpu" if key == "gpu_clocks" else "locked_mem"]
+        assert list(held) == value
+    assert fingerprint(fresh()) != before or key == "fan" and fingerprint(m) == before
+
+    back = setting.undo(current) if undo else setting.original(current)
+    setting.write(m, 1, back)
+    assert fingerprint(fresh()) == before
+
+
+@pytest.mark.parametrize("undo", [False, True], ids=["restore", "rollback"])
+def test_the_cpu_governor_writes_reads_back_and_goes_back(undo: bool, state_dir) -> None:
+    m = fresh()
+    before = fingerprint(m)
+    now = GOVERNOR.read(m)
+    other = sorted(m.host.cpu_governors_available() - set(now.values()))[0]
+    assert GOVERNOR.plan(m, other).action == "set"
+    got = GOVERNOR.write(m, other)
+    assert GOVERNOR.read_back_ok(other, got) and GOVERNOR.same(GOVERNOR.read(m), other)
+    assert GOVERNOR.check(m, other).status == "ok" and GOVERNOR.plan(m, other).action == "none"
+    GOVERNOR.write(m, GOVERNOR.original(now))  # restore and rollback both write each CPU's own back
+    assert fingerprint(fresh()) == before and GOVERNOR.read(m) == now
+
+
+# What gpud wrote before the registry (``sort_keys``, ``indent=1``): a profile with a power limit,
+# persistence, locked clocks and a governor, applied to GPU 0 of the simulated workstation.
+OLD_STATE = {
+    "applied_at": 1767225601.5, "chain": ["p"],
+    "desired": {"0": {"gpu_clocks": [1500, 2000], "persistence_mode": True, "power_limit_watts": 250.0},
+                "host": {"cpu_governor": "powersave"}},
+    "originals": {"0": {"gpu_clocks": "reset", "power_limit_watts": 300.0},
+                  "host": {"cpu_governor": {"0": "performance", "1": "performance"}}},
+    "pending": False, "profile": "p", "source": "/etc/gpud/profiles/p.toml", "started_at": 1767225600.25,
+    "target": "simulated workstation z8-fury-4x-a6000", "version": 1,
+}
+
+
+def test_a_state_file_written_before_the_registry_still_loads_verifies_and_restores(state_dir) -> None:
+    st.path().parent.mkdir(parents=True, exist_ok=True)
+    st.path().write_text(json.dumps(OLD_STATE, indent=1, sort_keys=True))
+    data = st.read()
+    assert data is not None and data.profile == "p" and data.chain == ("p",) and not data.pending
+    assert data.gpu_desired() == {0: OLD_STATE["desired"]["0"]} == st.profile_settings(data)
+    assert data.to_json() == OLD_STATE  # written back the same
+    st.save(data)
+    assert json.loads(st.path().read_text()) == OLD_STATE
+
+    m = fresh()
+    m.nvml.set_power_limit(0, 250)
+    m.nvml.set_locked_gpu_clocks(0, 1500, 2000)
+    m.host.set_cpu_governor("powersave")
+    _, drifts = engine.verify(m)
+    assert {(d.gpu, d.setting): d.status for d in drifts} == {
+        (0, "persistence_mode"): "ok", (0, "power_limit_watts"): "ok", (0, "gpu_clocks"): "unverifiable",
+        (None, "cpu_governor"): "ok"}
+    done, failed = engine.restore(m)
+    assert not failed and "GPU 0: power_limit_watts → 300 W" in done and "GPU 0: gpu_clocks → reset" in done
+    assert m.snapshot().samples[0].power_management_limit_watts == 300.0
+    govs = m.host.cpu_governors()  # the CPUs the file names are back; the others were not gpud's
+    assert (govs[0], govs[1]) == ("performance", "performance") and st.read() is None
+
+
+def test_a_state_file_without_target_or_applied_at_loads(state_dir) -> None:
+    older = {k: v for k, v in OLD_STATE.items() if k not in ("target", "applied_at")} | {"pending": True}
+    st.path().parent.mkdir(parents=True, exist_ok=True)
+    st.path().write_text(json.dumps(older))
+    data = st.read()
+    assert data is not None and data.target is None and data.applied_at is None and data.pending
+    assert engine.read_state(fresh()) == data  # no target: any machine's
+    assert data.to_json() == older
+
+
+def test_enforcement_reapplies_a_drifted_cpu_governor(tmp_path: Path, state_dir) -> None:
+    m = fresh()
+    p = load(str(write_profile(tmp_path, {"description": "governor", "all": {"power_limit": 250},
+                                          "host": {"cpu_governor": "powersave"}})))
+    changes, desired = engine.plan(m, p, daemon=True)
+    out = engine.apply(m, p, changes, desired, m.host.cpu_governors())
+    assert out.ok, out.error
+    events: list[tuple[str, str]] = []
+    enforcer = Enforcer(m, lambda kind, summary, **kw: events.append((kind, summary)))
+    enforcer.follow(p.name, engine.unsupported_removed(desired, out), p.host)
+    assert (None, "cpu_governor", False) in enforcer.enforce(m.snapshot()) and enforcer.reapply_total == 0
+
+    m.host.set_cpu_governor("performance", [1])  # one CPU, behind gpud's back
+    drift = enforcer.enforce(m.snapshot())
+    assert set(m.host.cpu_governors().values()) == {"powersave"}  # written again
+    assert (None, "cpu_governor", False) in drift and not any(d for _, _, d in drift)  # what differs now: nothing
+    assert enforcer.reapply_total == 1 and enforcer.reapply_failures_total == 0
+    assert events == [("profile_reapply", "host: cpu_governor drifted from profile p: re-applied")]
+    assert engine.verify(m)[1] and all(d.status == "ok" for d in engine.verify(m)[1])
+
+
+def test_a_failed_reapply_is_still_drift_and_counted(tmp_path: Path, state_dir) -> None:
+    m = fresh()
+    p = load(str(write_profile(tmp_path, {"description": "power", "all": {"power_limit": 250}})))
+    changes, desired = engine.plan(m, p, daemon=True)
+    out = engine.apply(m, p, changes, desired, m.host.cpu_governors())
+    assert out.ok, out.error
+    enforcer = Enforcer(m)
+    enforcer.follow(p.name, engine.unsupported_removed(desired, out), p.host)
+    m.nvml.set_power_limit(2, 300)
+    m.simulation.machine.inject("no_permission", gpu=2, call="nvmlDeviceSetPowerManagementLimit")
+    snap = m.snapshot()
+    drift = enforcer.enforce(snap)
+    assert (2, "power_limit_watts", True) in drift and (1, "power_limit_watts", False) in drift
+    assert enforcer.reapply_total == 1 and enforcer.reapply_failures_total == 1
+    # the same drift as `gpud verify` and `gpud metrics` see it (the write failed: the reading stands)
+    assert drift == exported(engine.verify(m, snapshot=snap)[1])
