@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,6 +24,11 @@ from gpud.sim.description import Description, Fault, validate_fault
 PASSIVE_SHARE = 0.3
 TIME_CONSTANT_S = 30.0
 AUTO_FAN_T0, AUTO_FAN_T1 = 40.0, 87.0  # driver curve: minimum duty at T0, 100 % at T1
+# Clock-event reasons with an NVML violation counter (nvml.h: NVML_FI_DEV_CLOCKS_EVENT_REASON_*, in ns).
+VIOLATION_REASONS = ("sw_power_cap", "sync_boost", "sw_thermal_slowdown", "hw_thermal_slowdown",
+                     "hw_power_brake_slowdown")
+NVLINK_LINK_BYTES_S = 25e9  # one NVLink 4 link, one direction (HGX H200: 18 links, 450 GB/s each way)
+NVLINK_LOAD_SHARE = 0.5  # share of a link's bandwidth a fully busy GPU moves (a model, not a measurement)
 
 DEFAULT_XID_TEXT = {
     13: "Graphics Exception: ESR 0x404600=0x80000002",
@@ -62,6 +67,8 @@ class Thermal:
     energy_mj: float
     pcie_tx_bytes: float = 0.0  # cumulative, as NVML_FI_DEV_PCIE_COUNT_TX_BYTES
     pcie_rx_bytes: float = 0.0
+    violation_ns: dict[str, float] = field(default_factory=dict)  # per reason since boot (field values 74…271)
+    nvlink_kib: dict[int, float] = field(default_factory=dict)  # data per link and direction since start, KiB
 
 
 class SimMachine:
@@ -81,7 +88,10 @@ class SimMachine:
         self._lost: set[int] = set()
         self._refused: set[tuple[str, Any, Any]] = set()
         self._load_state()
+        # Whether an NVLink is up (the NVML library sets it: link state is its business).
+        self.nvlink_up: Callable[[int, int], bool] = lambda gpu, link: True
         self.thermal = [self._calibrate(i) for i in range(len(desc.gpus))]
+        self._boot_seen = self.state.get("boot", 0)
         self._last = self.now()
 
     # -- persisted state ---------------------------------------------------------------
@@ -368,7 +378,38 @@ class SimMachine:
         # settings written later change the equilibrium, as they would on real hardware).
         duty = self._described_duty(gpu, temp)
         conductance = draw / (rise * _cooling(duty))
-        return Thermal(temp, conductance, conductance * TIME_CONSTANT_S, 3.6e9 + gpu * 1.1e8)
+        th = Thermal(temp, conductance, conductance * TIME_CONSTANT_S, 3.6e9 + gpu * 1.1e8)
+        # The violation counters count from boot: the machine has been in its described state since, so
+        # every process (and every reader) starts from the same totals, and a reboot starts them again.
+        since_boot = max(0.0, time.time() - self.boot_time())
+        active = self.clock_event_reasons(gpu, temp)
+        th.violation_ns = {r: since_boot * 1e9 if r in active else 0.0 for r in VIOLATION_REASONS}
+        return th
+
+    def clock_event_reasons(self, gpu: int, temp: float | None = None) -> set[str]:
+        """The active clock-event reasons: injected ones, idle at 0 % utilisation, the SW power cap when
+        the load wants more than the limit, SW thermal slowdown at the max operating temperature, HW
+        slowdown and HW thermal slowdown at the slowdown temperature."""
+        g = self.desc.gpus[gpu]
+        out = {r for p in self.faults_of("clock_events", gpu) for r in p["reasons"]}
+        if self.utilization(gpu) == 0:
+            out.add("gpu_idle")
+        if self.demand_watts(gpu) > self.settings(gpu)["power_limit_mw"] / 1000.0:
+            out.add("sw_power_cap")
+        t = self.temperature(gpu) if temp is None else temp
+        if g.get("max_operating_celsius") is not None and t >= g["max_operating_celsius"]:
+            out.add("sw_thermal_slowdown")  # the driver holds the GPU at its target temperature
+        if t >= g["slowdown_celsius"]:
+            out |= {"hw_slowdown", "hw_thermal_slowdown"}
+        return out
+
+    def violation_ns(self, gpu: int) -> dict[str, int]:
+        self.step()
+        return {r: int(v) for r, v in self.thermal[gpu].violation_ns.items()}
+
+    def nvlink_kib(self, gpu: int, link: int) -> int:
+        self.step()
+        return int(self.thermal[gpu].nvlink_kib.get(link, 0.0))
 
     def _described_duty(self, gpu: int, temp: float) -> float:
         g = self.desc.gpus[gpu]
@@ -385,6 +426,11 @@ class SimMachine:
     def step(self) -> None:
         """Integrate the thermal model up to now (1 s steps; calls closer than 50 ms apart do nothing)."""
         now = self.now()
+        if self.state.get("boot", 0) != self._boot_seen:  # rebooted (here or by another process)
+            self._boot_seen = self.state.get("boot", 0)
+            for gpu, th in enumerate(self.thermal):  # the driver's counters start again
+                fresh = self._calibrate(gpu)
+                th.violation_ns, th.nvlink_kib = fresh.violation_ns, {}
         dt_total = now - self._last
         if dt_total < 0.05:
             return
@@ -401,7 +447,23 @@ class SimMachine:
                 tx, rx = self.pcie_rates(gpu)
                 th.pcie_tx_bytes += tx * dt
                 th.pcie_rx_bytes += rx * dt
+                self._count_violations_and_links(gpu, th, dt)
                 remaining -= dt
+
+    def _count_violations_and_links(self, gpu: int, th: Thermal, dt: float) -> None:
+        """The same physics that sets the clock-event reasons advances their violation counters; a busy
+        GPU moves data over each NVLink that is up."""
+        g = self.desc.gpus[gpu]
+        if g.get("violation_counters"):
+            active = self.clock_event_reasons(gpu, th.temperature)
+            for r in VIOLATION_REASONS:
+                if r in active:
+                    th.violation_ns[r] = th.violation_ns.get(r, 0.0) + dt * 1e9
+        if g.get("nvlink_throughput"):
+            kib_s = self.utilization(gpu) / 100.0 * NVLINK_LOAD_SHARE * NVLINK_LINK_BYTES_S / 1024.0
+            for link in range(int(g["nvlinks"] or 0)):
+                if kib_s and self.nvlink_up(gpu, link):
+                    th.nvlink_kib[link] = th.nvlink_kib.get(link, 0.0) + kib_s * dt
 
     def temperature(self, gpu: int) -> float:
         self.step()

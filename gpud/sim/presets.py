@@ -44,6 +44,8 @@ GPU_MODELS: dict[str, dict[str, Any]] = {
         "idle_pcie_generation": 1,
         "pcie_byte_counters": False,
         "tlimit_thresholds": False,
+        "violation_counters": False,
+        "nvlink_throughput": False,
     },
     "RTX 6000 Ada": {
         "name": "NVIDIA RTX 6000 Ada Generation",
@@ -80,6 +82,8 @@ GPU_MODELS: dict[str, dict[str, Any]] = {
         "idle_pcie_generation": 1,
         "pcie_byte_counters": False,
         "tlimit_thresholds": True,
+        "violation_counters": False,
+        "nvlink_throughput": False,
     },
     "Quadro RTX 8000": {
         "name": "Quadro RTX 8000",
@@ -116,6 +120,8 @@ GPU_MODELS: dict[str, dict[str, Any]] = {
         "idle_pcie_generation": 1,
         "pcie_byte_counters": False,
         "tlimit_thresholds": False,
+        "violation_counters": False,
+        "nvlink_throughput": False,
     },
     "H200": {
         "name": "NVIDIA H200",
@@ -152,5 +158,7 @@ GPU_MODELS: dict[str, dict[str, Any]] = {
         "idle_pcie_generation": None,
         "pcie_byte_counters": True,
         "tlimit_thresholds": True,
+        "violation_counters": True,
+        "nvlink_throughput": True,
     },
 }
