@@ -834,11 +834,15 @@ class Nvml:
         reason no field gives (a driver that does not know the id) from nvmlDeviceGetViolationStatus
         where a policy counts it. None when the GPU keeps none (the caller counts per tick then)."""
         out: dict[str, int] = {}
-        values = self.get("nvmlDeviceGetFieldValues", h, list(FI_VIOLATIONS), gpu=index)
-        for v in values or ():
-            got = field_int(v)
-            if got is not None and int(v.fieldId) in FI_VIOLATIONS:
-                out[FI_VIOLATIONS[int(v.fieldId)]] = got[0]
+        key = ("nvmlDeviceGetFieldValues", index, ("violations",))
+        if key not in self._unsupported:
+            values = self.get("nvmlDeviceGetFieldValues", h, list(FI_VIOLATIONS), gpu=index)
+            for v in values or ():
+                got = field_int(v)
+                if got is not None and int(v.fieldId) in FI_VIOLATIONS:
+                    out[FI_VIOLATIONS[int(v.fieldId)]] = got[0]
+            if values is not None and all(int(v.nvmlReturn) == 3 for v in values):
+                self._unsupported.add(key)  # every id Not Supported: a capability, not asked again
         for policy, reason in PERF_POLICIES.items():
             if reason not in out:
                 t = self.get("nvmlDeviceGetViolationStatus", h, policy, gpu=index)
@@ -851,8 +855,13 @@ class Nvml:
         KiB); None where the GPU gives none."""
         if not info.nvlink_count:
             return None
+        key = ("nvmlDeviceGetFieldValues", index, ("nvlink_data",))
+        if key in self._unsupported:
+            return None
         ids = [(fid, link) for link in range(info.nvlink_count) for fid in FI_NVLINK_DATA]
         values = self.get("nvmlDeviceGetFieldValues", h, ids, gpu=index)
+        if values is not None and all(int(v.nvmlReturn) == 3 for v in values):
+            self._unsupported.add(key)  # the GPU counts no NVLink data: not asked again
         out = []
         for v in values or ():
             got = field_int(v)
