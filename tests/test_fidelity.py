@@ -608,7 +608,8 @@ def test_violation_counters_follow_the_physics_and_start_again_at_a_reboot(tmp_p
     other = open_machine(path)  # another process's view of the same GPU: the same total since boot
     assert other.simulation.machine.violation_ns(0)["sw_power_cap"] >= first[(74, 0)][1]
     sim.reboot()
-    assert _fields(m, 0, [74])[(74, 0)][1] < later[(74, 0)][1]  # counted from the new boot
+    assert _fields(m, 0, [74])[(74, 0)][1] < 5e9  # counted from the reboot: seconds, not a day
+    assert open_machine(path).simulation.machine.violation_ns(0)["sw_power_cap"] < 5e9  # in any process
 
 
 def test_nvlink_data_counters_on_nvswitch_gpus_not_on_bridged_workstation_cards(tmp_path) -> None:

@@ -219,6 +219,7 @@ class SimMachine:
             boot = int(self.state.get("boot", 0)) + 1
             self.state = self._initial()
             self.state["boot"] = boot
+            self.state["counters_since"] = time.time()  # the driver's counters start at this reboot
         return boot
 
     def boot_time(self) -> int:
@@ -381,7 +382,7 @@ class SimMachine:
         th = Thermal(temp, conductance, conductance * TIME_CONSTANT_S, 3.6e9 + gpu * 1.1e8)
         # The violation counters count from boot: the machine has been in its described state since, so
         # every process (and every reader) starts from the same totals, and a reboot starts them again.
-        since_boot = max(0.0, time.time() - self.boot_time())
+        since_boot = max(0.0, time.time() - float(self.state.get("counters_since") or self.boot_time()))
         active = self.clock_event_reasons(gpu, temp)
         th.violation_ns = {r: since_boot * 1e9 if r in active else 0.0 for r in VIOLATION_REASONS}
         return th
