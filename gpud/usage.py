@@ -74,7 +74,8 @@ class Accounting:
                     k = (s.index, s.uuid, reason)
                     if reason in nvml:
                         continue
-                    self.event_source.setdefault(k, "tick")
+                    if self._nvml_ns.pop(k, None) is not None or k not in self.event_source:  # NVML stopped
+                        self.event_source[k] = "tick"  # answering: counted per tick again, from where it was
                     self.event_seconds[k] = self.event_seconds.get(k, 0.0) + (dt if reason in s.clock_events else 0.0)
             for user in {self.label(p.user) for p in s.processes or ()}:  # a GPU occupied by a user: 1 GPU-second/s
                 self.user_seconds[user] = self.user_seconds.get(user, 0.0) + dt

@@ -45,6 +45,10 @@ def test_a_series_counted_per_tick_continues_from_there_when_nvml_starts_answeri
     acc.add(_snap(4.0, ("sw_power_cap",), {"sw_power_cap": 900_000_000_000}))
     acc.add(_snap(5.0, ("sw_power_cap",), {"sw_power_cap": 901_000_000_000}))
     assert acc.event_seconds[(0, "GPU-0", "sw_power_cap")] == 4.0  # 3 ticked, then NVML's 1 s: no jump
+    acc.add(_snap(6.0, ("sw_power_cap",), None))  # NVML stops answering: per tick again, from there
+    acc.add(_snap(7.0, ("sw_power_cap",), {"sw_power_cap": 990_000_000_000}))  # and back: no 89 s jump
+    assert acc.event_seconds[(0, "GPU-0", "sw_power_cap")] == 5.0
+    assert acc.event_source[(0, "GPU-0", "sw_power_cap")] == "nvml"
 
 
 def test_simulated_gpus_each_source(state_dir) -> None:
