@@ -156,6 +156,8 @@ class GpudCollector(Collector):
         nvl_err = CounterMetricFamily("gpud_gpu_nvlink_errors", "NVLink errors since the driver loaded "
                                       "(replay, recovery, crc_flit, crc_data)", labels=L + ["link", "type"])
         events = g("gpud_gpu_clock_event_active", "1 while the clock-event reason is active", ["reason"])
+        nvl_data = CounterMetricFamily("gpud_gpu_nvlink_data_bytes", "NVLink data sent (tx) and received (rx) "
+                                       "since the driver loaded, per link", labels=L + ["link", "direction"])
         persistence = g("gpud_gpu_persistence_mode", "1 if persistence mode is on")
         ecc = CounterMetricFamily("gpud_gpu_ecc_errors", "ECC errors since boot (volatile)", labels=L + ["type"])
         ecc_life = CounterMetricFamily("gpud_gpu_ecc_errors_aggregate", "ECC errors over the GPU's lifetime "
@@ -214,6 +216,8 @@ class GpudCollector(Collector):
                 nvl.add_metric(lab + [str(ln.link)], 1 if ln.up else 0)
             for link, kind, n in s.nvlink_errors or ():
                 nvl_err.add_metric(lab + [str(link), kind], n)
+            for link, direction, n in s.nvlink_data_bytes or ():
+                nvl_data.add_metric(lab + [str(link), direction], n)
             if s.clock_events is not None:
                 active = set(s.clock_events)
                 for _, reason in CLOCK_EVENT_REASONS:
@@ -254,7 +258,7 @@ class GpudCollector(Collector):
             xinfo.add_metric([str(x), d.kind, d.meaning], 1)
         yield from (info, up, temp, slow, shut, fan, fan_target, fan_manual, power, limit, default, pmin, pmax,
                     energy, clock, max_clock, util, mem_util, used, total, gen, width, thr, replay, nvl, nvl_err,
-                    events, persistence, ecc, ecc_life, rows, rows_pending, rows_failed, xid, xinfo, procs)
+                    nvl_data, events, persistence, ecc, ecc_life, rows, rows_pending, rows_failed, xid, xinfo, procs)
 
     @staticmethod
     def _users(obs: Observation) -> Iterator[Metric]:
@@ -287,6 +291,12 @@ class GpudCollector(Collector):
         for (gpu, uuid, reason), t in sorted(usage.event_seconds.items()):
             ev.add_metric([str(gpu), uuid, reason], t)
         yield ev
+        src = GaugeMetricFamily("gpud_gpu_clock_event_source_info", "Where gpud_gpu_clock_event_seconds_total "
+                                "comes from: NVML's violation counter (nvml) or gpud's per-tick count (tick)",
+                                labels=["gpu", "uuid", "reason", "source"])
+        for (gpu, uuid, reason), source in sorted(usage.event_source.items()):
+            src.add_metric([str(gpu), uuid, reason, source], 1)
+        yield src
         thr = CounterMetricFamily("gpud_gpu_throttled_seconds", "Time held below the requested clocks by power or "
                                   "thermal limits (any of them)", labels=["gpu", "uuid"])
         for (gpu, uuid), t in sorted(usage.throttled_seconds.items()):

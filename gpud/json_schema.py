@@ -55,6 +55,10 @@ PROCESS = _obj({"pid": {"type": "integer"}, "used_memory_bytes": INT, "user": ST
 # NVLink error counters read every 10 s: [link, counter name, count]
 NVLINK_ERRORS = {"type": ["array", "null"],
                  "items": {"type": "array", "items": {"type": ["integer", "string"]}}}
+# NVLink data counters read every 10 s: [link, "tx" | "rx", bytes since the driver loaded]
+NVLINK_DATA = NVLINK_ERRORS
+# NVML's violation counters read every 10 s: clock-event reason → ns since the driver loaded
+VIOLATIONS = {"type": ["object", "null"], "additionalProperties": {"type": "integer"}}
 ECC = _obj({"volatile_corrected": INT, "volatile_uncorrected": INT, "aggregate_corrected": INT,
             "aggregate_uncorrected": INT}, nullable=True)
 
@@ -75,7 +79,7 @@ GPU_SAMPLE = _obj({
     "remapped_rows_correctable": INT, "remapped_rows_uncorrectable": INT, "remapped_rows_pending": BOOL,
     "remapped_rows_failure": BOOL, "nvlinks": {"type": "array", "items": NVLINK},
     "processes": {"type": ["array", "null"], "items": PROCESS}, "ecc_enabled_after_reboot": BOOL,
-    "nvlink_errors": NVLINK_ERRORS,
+    "nvlink_errors": NVLINK_ERRORS, "nvlink_data_bytes": NVLINK_DATA, "clock_event_nanoseconds": VIOLATIONS,
 })
 
 GPU = _obj({"info": GPU_INFO, "sample": GPU_SAMPLE})

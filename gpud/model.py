@@ -101,7 +101,8 @@ class GpuProcess:
     command: str | None
     kind: str = "compute"  # compute | graphics | compute+graphics (in both of NVML's lists)
     container: str | None = None  # docker:ID, podman:ID, pod:UID, slurm:JOB or unit:NAME (/proc/PID/cgroup)
-    sm_utilization_percent: int | None = None  # per-process SM use: not read (None)
+    # SM use over the latest samples (nvmlDeviceGetProcessUtilization); None: no sample (idle, or unsupported)
+    sm_utilization_percent: int | None = None
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,11 @@ class GpuSample:
     processes: tuple[GpuProcess, ...] | None = None
     # (link, counter, errors since the driver loaded): replay, recovery, crc_flit, crc_data; read every 10 s
     nvlink_errors: tuple[tuple[int, str, int], ...] | None = None
+    # NVML's violation counters: nanoseconds in each clock-event reason since the driver loaded, for the
+    # reasons the GPU counts (field values, or nvmlDeviceGetViolationStatus); read every 10 s
+    clock_event_nanoseconds: dict[str, int] | None = None
+    # (link, direction, bytes of data since the driver loaded): tx, rx; read every 10 s
+    nvlink_data_bytes: tuple[tuple[int, str, int], ...] | None = None
 
 
 # nvidia-smi topo -m levels, closest first.

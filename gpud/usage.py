@@ -2,6 +2,11 @@
 reason per GPU (the counters behind ``gpud_user_gpu_seconds_total`` and
 ``gpud_gpu_clock_event_seconds_total``). Pure: fed one snapshot per tick.
 
+A reason whose time NVML counts itself (its violation counters, ``GpuSample.clock_event_nanoseconds``)
+follows NVML's figure: the first reading is the total since the driver loaded, later ones add their
+difference, and a counter that went down (the driver reloaded, the GPU was reset) adds what it shows since.
+Other reasons are counted per tick from the clock-event mask. ``source`` says which, per series.
+
 Cardinality is bounded: the first ``max_users`` distinct users keep their name (so a counter never
 changes its label), later ones are counted as ``other``; a process whose owner cannot be read is
 ``unknown``.
@@ -38,6 +43,8 @@ class Accounting:
     event_seconds: dict[tuple[int, str, str], float] = field(default_factory=dict)  # (gpu, uuid, reason)
     throttled_seconds: dict[tuple[int, str], float] = field(default_factory=dict)  # (gpu, uuid): any reason
     watched_seconds: dict[tuple[int, str], float] = field(default_factory=dict)  # (gpu, uuid): clock events read
+    event_source: dict[tuple[int, str, str], str] = field(default_factory=dict)  # "nvml" or "tick"
+    _nvml_ns: dict[tuple[int, str, str], int] = field(default_factory=dict)  # NVML's last counter reading
     _last: float | None = None
 
     def label(self, user: str | None) -> str:
@@ -54,6 +61,9 @@ class Accounting:
         for s in snap.samples:
             if s.lost:
                 continue
+            nvml = s.clock_event_nanoseconds or {}
+            for reason, ns in nvml.items():
+                self._count_nvml((s.index, s.uuid, reason), ns)
             if s.clock_events is not None:
                 key = (s.index, s.uuid)
                 self.throttled_seconds.setdefault(key, 0.0)
@@ -62,13 +72,29 @@ class Accounting:
                     self.throttled_seconds[key] += dt
                 for _, reason in CLOCK_EVENT_REASONS:
                     k = (s.index, s.uuid, reason)
+                    if reason in nvml:
+                        continue
+                    if self._nvml_ns.pop(k, None) is not None or k not in self.event_source:  # NVML stopped
+                        self.event_source[k] = "tick"  # answering: counted per tick again, from where it was
                     self.event_seconds[k] = self.event_seconds.get(k, 0.0) + (dt if reason in s.clock_events else 0.0)
             for user in {self.label(p.user) for p in s.processes or ()}:  # a GPU occupied by a user: 1 GPU-second/s
                 self.user_seconds[user] = self.user_seconds.get(user, 0.0) + dt
 
+    def _count_nvml(self, key: tuple[int, str, str], ns: int) -> None:
+        last = self._nvml_ns.get(key)
+        if last is None:  # NVML's total, unless this series was counted per tick until now
+            delta = 0 if key in self.event_seconds else ns
+        elif ns >= last:
+            delta = ns - last
+        else:  # the counter started again (driver reload, GPU reset): what it shows is new time
+            delta = ns
+        self._nvml_ns[key] = ns
+        self.event_source[key] = "nvml"
+        self.event_seconds[key] = self.event_seconds.get(key, 0.0) + delta / 1e9
+
     def frozen(self) -> Usage:
         return Usage(tuple(self.named), dict(self.user_seconds), dict(self.event_seconds),
-                     dict(self.throttled_seconds), dict(self.watched_seconds))
+                     dict(self.throttled_seconds), dict(self.watched_seconds), dict(self.event_source))
 
 
 @dataclass(frozen=True)
@@ -80,3 +106,4 @@ class Usage:
     event_seconds: dict[tuple[int, str, str], float]
     throttled_seconds: dict[tuple[int, str], float]
     watched_seconds: dict[tuple[int, str], float]
+    event_source: dict[tuple[int, str, str], str] = field(default_factory=dict)  # "nvml" or "tick"

@@ -158,6 +158,11 @@ def workstation() -> dict[str, Any]:
     b.panel("timeseries", "PCIe throughput", "Bps",
             [(f"gpud_gpu_pcie_throughput_bytes_per_second{{{GPUS}}}", "GPU{{gpu}} {{direction}}")])
     b.panel("timeseries", "NVLinks up", "none", [(f"sum by (gpu) (gpud_gpu_nvlink_link_up{{{GPUS}}})", "GPU{{gpu}}")])
+    b.panel("timeseries", "NVLink throughput", "Bps",
+            [(f"sum by (gpu, direction) (rate(gpud_gpu_nvlink_data_bytes_total{{{GPUS}}}[$__rate_interval]))",
+              "GPU{{gpu}} {{direction}}")],
+            description="data over all of a GPU's NVLinks, where NVML counts it (data-centre GPUs; NVML's counters "
+                        "are read every 10 s)")
     b.panel("table", "Xids since boot", "none", [(f"gpud_gpu_xid_errors_total{{{GPUS}}} > 0", "")], table=True)
     b.panel("timeseries", "ECC errors, PCIe replays, NVLink errors (rate)", "short",
             [(f"rate(gpud_gpu_ecc_errors_total{{{GPUS}}}[$__rate_interval])", "GPU{{gpu}} ECC {{type}}"),

@@ -553,3 +553,109 @@ def test_a_descriptions_power_supply_reaches_doctor_through_smbios(tmp_path) -> 
     """psu_watts is laid out as SMBIOS type 39 (Max Power Capacity), which host.psu reads first."""
     res = _doctor(describe(tmp_path, machine="psu_watts = 900"), "host.psu")[None]
     assert "900 W supply" in res["summary"] and res["status"] in ("warn", "fail")
+
+
+# -- violation counters, NVLink throughput, per-process utilisation --------------------------------------
+
+def _fields(m: Machine, gpu: int, ids: list[Any]) -> dict[tuple[int, int], tuple[int, int]]:
+    """(field id, scope) → (nvmlReturn, value) through the installed bindings' own wrapper."""
+    mod = m.simulation.module
+    mod.nvmlInit()
+    values = mod.nvmlDeviceGetFieldValues(mod.nvmlDeviceGetHandleByIndex(gpu), ids)
+    return {(int(v.fieldId), int(v.scopeId)): (int(v.nvmlReturn), int(v.value.ullVal)) for v in values}
+
+
+def test_violation_counters_on_the_h200_not_on_workstation_cards(tmp_path) -> None:
+    """Clocks Event Reasons Counters: printed by nvidia-smi from driver 580 on an H200 (590.48.01) and an
+    L40S (595.80); no dump of an RTX A6000 or RTX 6000 Ada shows them: Not Supported there. Ids 269-271
+    (newer than nvidia-ml-py 12.535) are unknown to drivers before 580: the power and sync-boost ids (74, 76)
+    and nvmlDeviceGetViolationStatus answer there."""
+    ids = [74, 76, 269, 270, 271]
+    new = open_machine(describe(tmp_path, name="h590", model="H200", machine='driver_version = "590.48.01"'))
+    assert {k[0]: r for k, (r, _) in _fields(new, 0, ids).items()} == dict.fromkeys(ids, 0)
+    old = open_machine(describe(tmp_path, name="h570", model="H200", machine='driver_version = "570.133.20"'))
+    assert {k[0]: r for k, (r, _) in _fields(old, 0, ids).items()} == {74: 0, 76: 0, 269: 3, 270: 3, 271: 3}
+    mod = old.simulation.module
+    t = mod.nvmlDeviceGetViolationStatus(mod.nvmlDeviceGetHandleByIndex(0), 1)  # NVML_PERF_POLICY_THERMAL
+    assert t.violationTime == 0 and t.referenceTime > 0
+    assert set(old.snapshot().samples[0].clock_event_nanoseconds or {}) == {
+        "sw_power_cap", "sync_boost", "sw_thermal_slowdown"}  # the rest is counted per tick
+    assert set(new.snapshot().samples[0].clock_event_nanoseconds or {}) == set(
+        ("sw_power_cap", "sync_boost", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"))
+    for model in ("RTX A6000", "RTX 6000 Ada"):
+        ws = open_machine(describe(tmp_path, name=model.replace(" ", ""), model=model,
+                                   machine='driver_version = "590.48.01"'))
+        assert {r for r, _ in _fields(ws, 0, ids).values()} == {3}
+        wmod = ws.simulation.module
+        with pytest.raises(wmod.NVMLError_NotSupported):
+            wmod.nvmlDeviceGetViolationStatus(wmod.nvmlDeviceGetHandleByIndex(0), 0)
+        assert ws.snapshot().samples[0].clock_event_nanoseconds is None
+
+
+def test_violation_counters_follow_the_physics_and_start_again_at_a_reboot(tmp_path) -> None:
+    path = describe(tmp_path, name="hv", model="H200", machine='driver_version = "590.48.01"',
+                    gpu0="utilization_percent = 90\npower_watts = 900")  # wants more than the 700 W limit
+    m = open_machine(path)
+    sim = m.simulation.machine
+    first = _fields(m, 0, [74, 269])
+    idle = _fields(m, 1, [74])
+    assert first[(74, 0)][1] > 0  # power-capped since boot, in ns
+    sim.advance(20)
+    later = _fields(m, 0, [74, 269])
+    assert 19e9 <= later[(74, 0)][1] - first[(74, 0)][1] <= 21e9  # the reason held for the 20 s
+    assert later[(269, 0)][1] == first[(269, 0)][1] == 0  # no thermal slowdown: no time counted
+    assert _fields(m, 1, [74])[(74, 0)] == idle[(74, 0)] == (0, 0)
+    other = open_machine(path)  # another process's view of the same GPU: the same total since boot
+    assert other.simulation.machine.violation_ns(0)["sw_power_cap"] >= first[(74, 0)][1]
+    sim.reboot()
+    assert _fields(m, 0, [74])[(74, 0)][1] < 5e9  # counted from the reboot: seconds, not a day
+    assert open_machine(path).simulation.machine.violation_ns(0)["sw_power_cap"] < 5e9  # in any process
+
+
+def test_nvlink_data_counters_on_nvswitch_gpus_not_on_bridged_workstation_cards(tmp_path) -> None:
+    """NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX (KiB, scopeId = link): modelled on the H200, Not Supported on
+    the bridged RTX A6000 (no source shows them answered there)."""
+    m = open_machine("hgx-8x-h200")
+    sim = m.simulation.machine
+    sim.set_load(0, 80, 600)
+    before = _fields(m, 0, [(138, 0), (139, 17), (140, 0)])
+    assert before[(138, 0)][0] == 0 and before[(139, 17)][0] == 0 and before[(140, 0)][0] == 3  # RAW: not modelled
+    sim.advance(5)
+    after = _fields(m, 0, [(138, 0), (139, 17)])
+    assert after[(138, 0)][1] > before[(138, 0)][1] and after[(139, 17)][1] > before[(139, 17)][1]
+    sim.inject("nvlink_down", gpus=[0, 1], links=[3])  # a link that is down carries nothing
+    mark = _fields(m, 0, [(138, 3)])[(138, 3)][1]
+    sim.advance(5)
+    assert _fields(m, 0, [(138, 3)])[(138, 3)][1] == mark
+    s = m.nvml.sample(0)
+    data = {(link, d): n for link, d, n in s.nvlink_data_bytes or ()}
+    assert len(data) == 18 * 2 and data[(0, "tx")] % 1024 == 0 and data[(0, "tx")] > 0  # KiB → bytes
+    bridged = open_machine("z8-fury-4x-a6000")
+    assert {r for r, _ in _fields(bridged, 0, [(138, 0), (139, 0)]).values()} == {3}
+    assert bridged.nvml.sample(0).nvlink_data_bytes is None
+
+
+def test_process_utilization_samples_since_the_last_read(tmp_path, monkeypatch) -> None:
+    """nvmlDeviceGetProcessUtilization: samples newer than lastSeenTimeStamp only, NOT_FOUND when there is
+    none (no figure, not 0); a process without SM use has no sample; the shares never exceed the device."""
+    import gpud.sim.libnvml as libnvml
+
+    desc = describe(tmp_path, name="pu", gpu0="utilization_percent = 90\npower_watts = 250\nprocesses = ["
+                    "{ pid = 4101, used_mib = 20000 }, { pid = 4102, used_mib = 10000 }]",
+                    extra='processes = [{ pid = 4201, used_mib = 2000, user = "carol" }]')
+    m = open_machine(desc)
+    mod = m.simulation.module
+    mod.nvmlInit()
+    frozen = libnvml.time.time()
+    monkeypatch.setattr(libnvml.time, "time", lambda: frozen)
+    with pytest.raises(mod.NVMLError_NotFound):  # GPU1 is idle: its process has no sample
+        mod.nvmlDeviceGetProcessUtilization(mod.nvmlDeviceGetHandleByIndex(1), 0)
+    s = m.snapshot().samples
+    sm = {p.pid: p.sm_utilization_percent for p in s[0].processes or ()}
+    assert sm[4101] is not None and sm[4102] is not None and 0 < sm[4101] + sm[4102] <= 90
+    assert [p.sm_utilization_percent for p in s[1].processes or ()] == [None]
+    again = m.snapshot().samples[0]  # no sample newer than the one read: no figure
+    assert [p.sm_utilization_percent for p in again.processes or ()] == [None, None]
+    m.simulation.machine.advance(2)
+    fresh = m.snapshot().samples[0]
+    assert all(p.sm_utilization_percent for p in fresh.processes or ())

@@ -170,12 +170,13 @@ def lab(tmp_path_factory: pytest.TempPathFactory):
         healthy = lab.daemon("healthy", "z8-fury-4x-a6000", 'profile = "training"\n')
         degraded = lab.daemon("degraded", "z8-fury-4x-a6000-degraded")
         faulty = lab.daemon("faulty", "z8-fury-4x-rtx6000ada", 'profile = "quiet"\n')
+        hgx = lab.daemon("hgx", "hgx-8x-h200")  # NVLink data counters: only NVSwitch GPUs give them
         down = f"127.0.0.1:{free_port()}"  # a workstation whose gpud is not running
-        lab.start_prometheus([f"127.0.0.1:{d.port}" for d in (healthy, degraded, faulty)] + [down])
+        lab.start_prometheus([f"127.0.0.1:{d.port}" for d in (healthy, degraded, faulty, hgx)] + [down])
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                if len(lab.query('up{job="gpud"}')) == 4:
+                if len(lab.query('up{job="gpud"}')) == 5:
                     break
             except OSError:
                 pass
@@ -211,6 +212,13 @@ def _substitute(expr: str) -> str:
     return expr.replace("$instance", ".*").replace("$gpu", ".*").replace("$__rate_interval", "15s")
 
 
+def test_nvlink_throughput_comes_from_the_nvswitch_gpus(lab: Lab) -> None:
+    hgx = f"127.0.0.1:{lab.daemons[3].port}"
+    got = lab.query('sum by (instance, gpu, direction) (rate(gpud_gpu_nvlink_data_bytes_total[15s]))')
+    assert {r["metric"]["instance"] for r in got} == {hgx}  # the bridged A6000s give no such counter
+    assert len(got) == 8 * 2
+
+
 def test_every_panel_query_returns_data(lab: Lab) -> None:
     empty = []
     for uid, title, expr in panel_queries():
@@ -241,7 +249,8 @@ def test_expected_alerts_fire(lab: Lab) -> None:
         ("GpudNewXid", "faulty", "2"), ("GpudProfileDrift", "faulty", "0"), ("GpudDown", "down", ""),
         ("GpudGpuThrottledShare", "degraded", "1"),
     }
-    ports = {str(d.port): name for d, name in zip(lab.daemons, ("healthy", "degraded", "faulty"), strict=True)}
+    ports = {str(d.port): name for d, name in zip(lab.daemons, ("healthy", "degraded", "faulty", "hgx"),
+                                                   strict=True)}
     while True:
         with urllib.request.urlopen(lab.url + "/api/v1/alerts", timeout=10) as r:
             alerts = json.loads(r.read())["data"]["alerts"]

@@ -72,6 +72,13 @@ def test_samples_are_plausible(machine: Machine) -> None:
             assert f.policy in ("auto", "manual", None)
         assert s.clock_events is None or all(isinstance(e, str) for e in s.clock_events)
         assert s.compute_mode in ("default", "exclusive_process", "prohibited", None)
+        # NVML's counters: absent (None) where the GPU keeps none, never negative; SM use a percentage or None
+        assert s.clock_event_nanoseconds is None or (s.clock_event_nanoseconds and all(
+            isinstance(v, int) and v >= 0 for v in s.clock_event_nanoseconds.values()))
+        for link, direction, n in s.nvlink_data_bytes or ():
+            assert 0 <= link < len(s.nvlinks) and direction in ("tx", "rx") and n >= 0
+        for p in s.processes or ():
+            assert p.sm_utilization_percent is None or 0 <= p.sm_utilization_percent <= 100
         for field in dataclasses.fields(GpuSample):
             value = getattr(s, field.name)
             assert not isinstance(value, pynvml.NVMLError)

@@ -199,6 +199,8 @@ def test_the_twin_reads_back_what_the_dump_says(capsys, tmp_path, dump: str) -> 
             assert top - info["temperature_slowdown_celsius"] == num(w("tl_slowdown"))
         assert (s["pcie_generation"], s["pcie_width"]) == (num(w("gen")), num(w("width")))
         assert (info["pcie_max_generation"], info["pcie_max_width"]) == (num(w("gen_max")), num(w("width_max")))
+        if "Clocks Event Reasons Counters" in text or "<clocks_event_reasons_counters>" in text:
+            assert "sw_power_cap" in (s["clock_event_nanoseconds"] or {})  # the dump shows the counters
         assert s["persistence_mode"] == {"Enabled": True, "Disabled": False}.get(w("persistence") or "")
         assert s["ecc_enabled"] == {"Enabled": True, "Disabled": False}.get(w("ecc") or "")
         assert s["compute_mode"] == (w("compute") or "").lower()

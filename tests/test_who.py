@@ -46,10 +46,13 @@ def test_ps_names_two_users_and_a_container_on_the_degraded_z8(state_dir) -> Non
     assert got == {(1, 48213, "alice", "compute", "unit:session-1.scope", 40960),
                    (2, 60112, "carol", "compute", "docker:3f9c2a1b7d4e", 8192),
                    (3, 51877, "bob", "compute", "unit:session-1.scope", 30720)}
-    assert all(p["sm_utilization_percent"] is None for p in rows)  # not read: None, never 0
+    # The trainers have SM samples; carol's notebook on an idle GPU has none since the last read: no figure, not 0.
+    sm = {p["pid"]: p["sm_utilization_percent"] for p in rows}
+    assert sm[60112] is None and sm[48213] == 100 and sm[51877] == 100
     table = run_gpud("ps", env=DEGRADED)
     assert table.returncode == 0, table.stderr
     assert "docker:3f9c2a1b7d4e" in table.stdout and "alice" in table.stdout and "python finetune.py" in table.stdout
+    assert "SM" in table.stdout and "100%" in table.stdout
 
 
 def _desc(tmp_path: Path, processes: str, extra: str = "") -> str:

@@ -1,5 +1,5 @@
 """``gpud ps``: every process on every GPU — who (user), what (command), where (container, pod, Slurm
-job or systemd unit) and how much GPU memory."""
+job or systemd unit), how much GPU memory and SM ("-": no utilisation sample for it since the last read)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from gpud.cli.common import Json, Simulate, machine
 from gpud.cli.output import emit_json, fmt, table
 from gpud.model import Snapshot
 
-HEADERS = ["GPU", "PID", "User", "Type", "Memory", "Container / job", "Command"]
+HEADERS = ["GPU", "PID", "User", "Type", "Memory", "SM", "Container / job", "Command"]
 
 
 def rows_of(snap: Snapshot) -> list[dict[str, Any]]:
@@ -28,7 +28,7 @@ def _mib(n: int | None) -> str:
 
 
 def ps(simulate: Simulate = None, json: Json = False) -> None:
-    """Processes on the GPUs: pid, user, type, GPU memory, container or job, command."""
+    """Processes on the GPUs: pid, user, type, GPU memory, SM use, container or job, command."""
     m = machine(simulate)
     snap = m.snapshot()
     rows = rows_of(snap)
@@ -37,7 +37,8 @@ def ps(simulate: Simulate = None, json: Json = False) -> None:
         emit_json({"host": m.label, "processes": rows, "unreadable_gpus": unknown})
         return
     table(HEADERS, [[str(r["gpu"]), str(r["pid"]), fmt(r["user"]), r["kind"], _mib(r["used_memory_bytes"]),
-                     r["container"] or "-", fmt(r["command"])] for r in rows],
+                     fmt(r["sm_utilization_percent"], "%", none="-"), r["container"] or "-", fmt(r["command"])]
+                    for r in rows],
           title=f"{m.label} — {len(rows)} process(es) on {len({r['gpu'] for r in rows})} GPU(s)")
     if unknown:
         print(f"process list not reported for GPU {', '.join(map(str, unknown))}")

@@ -87,6 +87,23 @@ GRAPHICS_CALLS = ("nvmlDeviceGetGraphicsRunningProcesses_v3", "nvmlDeviceGetGrap
 PROCESS_ENTRY_MAX = 32
 # nvmlNvLinkErrorCounter_t: NVML_NVLINK_ERROR_DL_REPLAY, _DL_RECOVERY, _DL_CRC_FLIT, _DL_CRC_DATA
 NVLINK_ERROR_COUNTERS = {"replay": 0, "recovery": 1, "crc_flit": 2, "crc_data": 3}
+# NVML's violation counters (ns in each clock-event reason since the driver loaded): field values
+# NVML_FI_DEV_CLOCKS_EVENT_REASON_* of nvml.h 13.x (74 and 76 are the older PERF_POLICY ids, 269–271 newer
+# ids an older driver does not know), else the deprecated nvmlDeviceGetViolationStatus per policy.
+FI_VIOLATIONS = {74: "sw_power_cap", 76: "sync_boost", 269: "sw_thermal_slowdown", 270: "hw_thermal_slowdown",
+                 271: "hw_power_brake_slowdown"}
+PERF_POLICIES = {0: "sw_power_cap", 1: "sw_thermal_slowdown", 2: "sync_boost"}  # nvmlPerfPolicyType_t (nvml.h)
+FI_NVLINK_DATA = {138: "tx", 139: "rx"}  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/_RX: KiB, scopeId = link
+NOT_FOUND = 6
+
+
+class ProcessUtilizationSample(ctypes.Structure):
+    """``nvmlProcessUtilizationSample_t`` (nvml.h): gpud's own, so the size call works with any bindings."""
+
+    _fields_ = [("pid", ctypes.c_uint), ("timeStamp", ctypes.c_ulonglong), ("smUtil", ctypes.c_uint),
+                ("memUtil", ctypes.c_uint), ("encUtil", ctypes.c_uint), ("decUtil", ctypes.c_uint)]
+
+
 SENTINEL = 0xA5
 INSUFFICIENT_SIZE = 7
 NOT_AVAILABLE_ULL = 2**64 - 1
@@ -107,12 +124,13 @@ def normalize_bus_id(raw: str | bytes) -> str:
 class GpuProcessEntry:
     """One entry of NVML's process list (the fields gpud uses, as the bindings name them)."""
 
-    __slots__ = ("pid", "usedGpuMemory", "kind")
+    __slots__ = ("pid", "usedGpuMemory", "kind", "sm")
 
     def __init__(self, pid: int, used: int | None, kind: str = "compute") -> None:
         self.pid = pid
         self.usedGpuMemory = used
         self.kind = kind
+        self.sm: int | None = None  # SM use from nvmlDeviceGetProcessUtilization
 
 
 def _hashable(arg: Any) -> Any:
@@ -178,6 +196,7 @@ class Nvml:
         self._pcie_counts: dict[int, tuple[float, int, int]] = {}  # cumulative byte counters, last tick
         self._pcie_sampled: dict[int, tuple[float, int, int]] = {}  # (when, TX B/s, RX B/s) off the tick
         self._procs: dict[int, tuple[float, Any]] = {}  # (when, processes) read off the tick
+        self._util_seen: dict[int, int] = {}  # newest process-utilisation sample read per GPU (µs)
         self._pcie_counter_ok: set[int] = set()  # GPUs whose cumulative PCIe byte counters answer
         self._gone: set[str] = set()  # functions the driver or the bindings do not have
         self.offtick = False  # a sampler thread reads the blocking readings; the tick uses its results
@@ -543,9 +562,11 @@ class Nvml:
             remapped_rows_failure=bool(remap[3]) if remap is not None else None,
             nvlinks=self._nvlinks(index, h),
             nvlink_errors=slow["nvlink_errors"],
+            clock_event_nanoseconds=slow["violations"],
+            nvlink_data_bytes=slow["nvlink_data"],
             processes=tuple(
                 GpuProcess(pid=p.pid, used_memory_bytes=p.usedGpuMemory, user=None, command=None,
-                           kind=getattr(p, "kind", "compute"))
+                           kind=getattr(p, "kind", "compute"), sm_utilization_percent=getattr(p, "sm", None))
                 for p in procs
             )
             if procs is not None
@@ -567,7 +588,53 @@ class Nvml:
             else:
                 g.kind = "graphics"
                 by_pid[g.pid] = g
+        sm = self._process_sm(index, h, locked)
+        for p in by_pid.values():
+            p.sm = sm.get(p.pid) if sm is not None else None
         return list(by_pid.values())
+
+    def _process_sm(self, index: int, h: Any, locked: bool) -> dict[int, int] | None:
+        """Each process's SM use over the samples since the last read (the mean of its samples); a
+        process without a newer sample has no figure. None when the GPU does not give it."""
+        name = "nvmlDeviceGetProcessUtilization"
+
+        def read() -> dict[int, int]:
+            if not locked:
+                return self._utilization_samples(name, h, index)
+            with self._lock:
+                return self._utilization_samples(name, h, index)
+
+        out: dict[int, int] | None = self._optional((name, index, ()), read)
+        return out
+
+    def _utilization_samples(self, name: str, h: Any, index: int) -> dict[int, int]:
+        """``nvmlDeviceGetProcessUtilization`` with gpud's own buffer: the bindings' wrapper raises on the
+        size call's SUCCESS and NOT_FOUND answers (nvidia-ml-py 12.535 and 13.x alike). NOT_FOUND ("no
+        valid sample entries are found since the lastSeenTimeStamp", nvml.h) means no figure, not 0."""
+        fn = self._c_function(name, index)
+        last = ctypes.c_ulonglong(self._util_seen.get(index, 0))
+        count = ctypes.c_uint(0)
+        self.calls += 1
+        ret = fn(h, None, ctypes.byref(count), last)
+        if ret in (0, NOT_FOUND):
+            return {}
+        if ret != INSUFFICIENT_SIZE:
+            self._c_check(ret, name, index)
+        room = count.value * 2 + 5  # processes may start between the two calls
+        buf = (ProcessUtilizationSample * room)()
+        count.value = room
+        self.calls += 1
+        ret = fn(h, buf, ctypes.byref(count), last)
+        if ret == NOT_FOUND:
+            return {}
+        self._c_check(ret, name, index)
+        samples = buf[:min(count.value, room)]
+        per: dict[int, list[int]] = {}
+        for smp in samples:
+            per.setdefault(int(smp.pid), []).append(min(int(smp.smUtil), 100))
+        if samples:
+            self._util_seen[index] = max(int(smp.timeStamp) for smp in samples)
+        return {pid: round(sum(v) / len(v)) for pid, v in per.items()}
 
     def _process_list(self, index: int, h: Any, locked: bool, calls: tuple[str, ...]) -> Any:
         """One of NVML's process lists, from the newest entry point the driver exports."""
@@ -757,9 +824,50 @@ class Nvml:
                   "applications_clocks": {k: get("nvmlDeviceGetApplicationsClock", CLOCK_TYPES[k])
                                           for k in ("graphics", "memory")},
                   "pcie_width": get("nvmlDeviceGetCurrPcieLinkWidth"),
-                  "nvlink_errors": self._nvlink_errors(index, h, info)}
+                  "nvlink_errors": self._nvlink_errors(index, h, info),
+                  "violations": self._violations(index, h), "nvlink_data": self._nvlink_data(index, h, info)}
         self._slow[index] = (now, fields)
         return fields
+
+    def _violations(self, index: int, h: Any) -> dict[str, int] | None:
+        """NVML's violation counters, ns per clock-event reason: one field-value call for every id; a
+        reason no field gives (a driver that does not know the id) from nvmlDeviceGetViolationStatus
+        where a policy counts it. None when the GPU keeps none (the caller counts per tick then)."""
+        out: dict[str, int] = {}
+        key = ("nvmlDeviceGetFieldValues", index, ("violations",))
+        if key not in self._unsupported:
+            values = self.get("nvmlDeviceGetFieldValues", h, list(FI_VIOLATIONS), gpu=index)
+            for v in values or ():
+                got = field_int(v)
+                if got is not None and int(v.fieldId) in FI_VIOLATIONS:
+                    out[FI_VIOLATIONS[int(v.fieldId)]] = got[0]
+            if values is not None and all(int(v.nvmlReturn) == 3 for v in values):
+                self._unsupported.add(key)  # every id Not Supported: a capability, not asked again
+        for policy, reason in PERF_POLICIES.items():
+            if reason not in out:
+                t = self.get("nvmlDeviceGetViolationStatus", h, policy, gpu=index)
+                if t is not None:
+                    out[reason] = int(t.violationTime)
+        return out or None
+
+    def _nvlink_data(self, index: int, h: Any, info: GpuInfo) -> tuple[tuple[int, str, int], ...] | None:
+        """Data bytes each link sent and received since the driver loaded (field values 138/139 per link,
+        KiB); None where the GPU gives none."""
+        if not info.nvlink_count:
+            return None
+        key = ("nvmlDeviceGetFieldValues", index, ("nvlink_data",))
+        if key in self._unsupported:
+            return None
+        ids = [(fid, link) for link in range(info.nvlink_count) for fid in FI_NVLINK_DATA]
+        values = self.get("nvmlDeviceGetFieldValues", h, ids, gpu=index)
+        if values is not None and all(int(v.nvmlReturn) == 3 for v in values):
+            self._unsupported.add(key)  # the GPU counts no NVLink data: not asked again
+        out = []
+        for v in values or ():
+            got = field_int(v)
+            if got is not None and int(v.fieldId) in FI_NVLINK_DATA:
+                out.append((int(v.scopeId), FI_NVLINK_DATA[int(v.fieldId)], got[0] * 1024))
+        return tuple(out) if out else None
 
     def _nvlink_errors(self, index: int, h: Any, info: GpuInfo) -> tuple[tuple[int, str, int], ...] | None:
         """Each link's error counters (``nvidia-smi nvlink -e``); None where the GPU gives none."""

@@ -127,6 +127,8 @@ MODEL_KEYS: dict[str, tuple[Any, Any]] = {
     "idle_pcie_generation": (int, None),
     "pcie_byte_counters": (bool, None),
     "tlimit_thresholds": (bool, None),
+    "violation_counters": (bool, None),
+    "nvlink_throughput": (bool, None),
 }
 PROCESS_KEYS: dict[str, tuple[Any, Any]] = {
     "pid": (int, _ANY),

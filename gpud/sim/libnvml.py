@@ -55,6 +55,17 @@ ARCH_CODES = {"kepler": 2, "maxwell": 3, "pascal": 4, "volta": 5, "turing": 6, "
               "hopper": 9, "blackwell": 10}
 P2P_CODES = {name: code for code, name in enumerate(P2P_STATUSES)}
 FI_PCIE_COUNT_TX_BYTES, FI_PCIE_COUNT_RX_BYTES = 197, 198  # NVML_FI_DEV_PCIE_COUNT_{TX,RX}_BYTES
+# NVML_FI_DEV_CLOCKS_EVENT_REASON_* (nvml.h 13.x): time in each reason since the driver loaded, in ns.
+# 74 and 76 are the older NVML_FI_DEV_PERF_POLICY_POWER / _SYNC_BOOST ids; 269–271 are newer.
+FI_VIOLATIONS = {74: "sw_power_cap", 76: "sync_boost", 269: "sw_thermal_slowdown", 270: "hw_thermal_slowdown",
+                 271: "hw_power_brake_slowdown"}
+FI_VIOLATIONS_NEW = (269, 270, 271)
+VIOLATION_FIELDS_FROM_DRIVER = 580  # the first driver whose nvidia-smi prints "Clocks Event Reasons Counters"
+# nvmlPerfPolicyType_t → the reason its violation time counts (nvml.h's translation table).
+PERF_POLICIES = {0: "sw_power_cap", 1: "sw_thermal_slowdown", 2: "sync_boost"}
+# NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/_RX (KiB, scopeId = link); RAW (140/141) is not modelled.
+FI_NVLINK_DATA_TX, FI_NVLINK_DATA_RX = 138, 139
+PROCESS_SAMPLES_KEPT = 5  # samples per process in the driver's buffer (one per second): a model
 VALUE_TYPE_ULL = 3  # NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
 NVLINK_DEVICE_GPU, NVLINK_DEVICE_SWITCH = 0, 2
 THRESHOLD_SHUTDOWN, THRESHOLD_SLOWDOWN, THRESHOLD_MEM_MAX, THRESHOLD_GPU_MAX = 0, 1, 2, 3
@@ -92,6 +103,8 @@ class LatencyModel:
         "nvmlDeviceGetComputeRunningProcesses_v2": 4.5e-3,
         "nvmlDeviceGetGraphicsRunningProcesses_v3": 4.5e-3,  # the same list, of graphics clients
         "nvmlDeviceGetGraphicsRunningProcesses_v2": 4.5e-3,
+        # Not measured anywhere we found; it reads the same per-process accounting as the lists.
+        "nvmlDeviceGetProcessUtilization": 4.5e-3,
         "nvmlDeviceGetFanSpeed": 137e-6,
         "nvmlDeviceGetFanSpeed_v2": 137e-6,
     })
@@ -211,6 +224,8 @@ class SimLibrary:
         self._functions: dict[str, Callable[..., Any]] = {
             name: self._bind(name, e) for name, e in ENTRIES.items() if name not in lacks}
         self._functions["nvmlErrorString"] = self._error_string
+
+        sim.nvlink_up = lambda gpu, link: peer(self, gpu, link)[1]
 
     def __getattr__(self, name: str) -> Any:
         functions = self.__dict__.get("_functions", {})
@@ -619,7 +634,7 @@ def _set_power(lib: SimLibrary, i: int, limit_mw: int) -> None:
 
 
 def events(lib: SimLibrary, i: int) -> int:
-    return lib.sim.clock_events(i)
+    return lib.sim.clock_events(i)  # the mask of the reasons the violation counters count too
 
 
 @entry("nvmlDeviceGetCurrentClocksEventReasons")
@@ -860,6 +875,15 @@ def _field_values(lib: SimLibrary, i: int, count: Any, values: Any) -> None:
             v.valueType = VALUE_TYPE_ULL
             v.value.ullVal = int(counters[0 if v.fieldId == FI_PCIE_COUNT_TX_BYTES else 1]) & (2**64 - 1)
             v.nvmlReturn = SUCCESS
+        elif v.fieldId in FI_VIOLATIONS and violation_field(lib, i, int(v.fieldId)):
+            v.valueType = VALUE_TYPE_ULL
+            v.value.ullVal = lib.sim.violation_ns(i)[FI_VIOLATIONS[v.fieldId]] & (2**64 - 1)
+            v.nvmlReturn = SUCCESS
+        elif (v.fieldId in (FI_NVLINK_DATA_TX, FI_NVLINK_DATA_RX) and lib.gpu(i).nvlink_throughput
+              and 0 <= v.scopeId < int(lib.gpu(i).nvlinks or 0)):
+            v.valueType = VALUE_TYPE_ULL  # both directions alike: a GPU in a collective sends what it receives
+            v.value.ullVal = lib.sim.nvlink_kib(i, int(v.scopeId)) & (2**64 - 1)
+            v.nvmlReturn = SUCCESS
         elif v.fieldId in TLIMIT_FIELDS and lib.gpu(i).tlimit_thresholds:
             g = lib.gpu(i)  # the margin T.Limit shows when the threshold is reached: −2 for slowdown
             v.valueType = VALUE_TYPE_SIGNED_INT
@@ -868,6 +892,58 @@ def _field_values(lib: SimLibrary, i: int, count: Any, values: Any) -> None:
             v.nvmlReturn = SUCCESS
         else:
             v.nvmlReturn = NOT_SUPPORTED
+
+
+def driver_major(lib: SimLibrary) -> int:
+    major = str(lib.sim.desc.machine.driver_version).split(".")[0]
+    return int(major) if major.isdigit() else 0
+
+
+def violation_field(lib: SimLibrary, i: int, field_id: int) -> bool:
+    """The GPU keeps violation counters (``violation_counters``) and the driver knows the field id: the
+    newer ids 269–271 only from driver 580, the first whose nvidia-smi prints these counters."""
+    if not lib.gpu(i).violation_counters:
+        return False
+    return field_id not in FI_VIOLATIONS_NEW or driver_major(lib) >= VIOLATION_FIELDS_FROM_DRIVER
+
+
+@entry("nvmlDeviceGetViolationStatus")
+def _violation_status(lib: SimLibrary, i: int, policy: int) -> dict[str, int]:
+    """``nvmlViolationTime_t``: referenceTime (CPU timestamp, µs) and violationTime (ns) for the power,
+    thermal and sync-boost policies; the other policies (board limit, low utilisation, reliability,
+    totals) are not modelled: Not Supported."""
+    reason = PERF_POLICIES.get(int(policy))
+    if not lib.gpu(i).violation_counters or reason is None:
+        fail(NOT_SUPPORTED)
+    return {"referenceTime": int(time.time() * 1e6), "violationTime": lib.sim.violation_ns(i)[reason]}  # type: ignore[index]
+
+
+@entry("nvmlDeviceGetProcessUtilization", outs="raw")
+def _process_utilization(lib: SimLibrary, i: int, out: Any, count: Any, last_seen: Any) -> None:
+    """Samples newer than ``lastSeenTimeStamp`` (µs), one per second per process that had non-zero SM
+    use, the last few kept (nvml.h: "one utilization sample structure is returned per process running,
+    that had some non-zero utilization during the last sample period"; NOT_FOUND when none is newer).
+    A process's share of the device's utilisation follows its memory, so the shares sum to at most the
+    device's figure."""
+    seen = int(value_of(last_seen))
+    util = lib.sim.utilization(i)
+    procs = lib.gpu(i).processes
+    total = sum(max(int(p.used_mib), 1) for p in procs)
+    shares = [(p.pid, util * max(int(p.used_mib), 1) // total) for p in procs] if procs else []
+    now_s = int(time.time() + lib.sim.offset)
+    samples = [(pid, (now_s - k) * 1_000_000, sm) for k in range(PROCESS_SAMPLES_KEPT)
+               for pid, sm in shares if sm > 0 and (now_s - k) * 1_000_000 > seen]
+    n = _target(count)
+    if not samples:
+        fail(NOT_FOUND)
+    if out is None or n.value < len(samples):
+        n.value = len(samples)
+        fail(INSUFFICIENT_SIZE)
+    arr = _target(out)
+    for k, (pid, ts, sm) in enumerate(samples):
+        arr[k].pid, arr[k].timeStamp, arr[k].smUtil = pid, ts, sm
+        arr[k].memUtil, arr[k].encUtil, arr[k].decUtil = int(sm * 0.6), 0, 0
+    n.value = len(samples)
 
 
 # -- ECC and memory health -------------------------------------------------------------------------

@@ -168,6 +168,7 @@ class SimMachine(Physics):
             boot = int(self.state.get("boot", 0)) + 1
             self.state = self._initial()
             self.state["boot"] = boot
+            self.state["counters_since"] = time.time()  # the driver's counters start at this reboot
         return boot
 
     def boot_time(self) -> int:

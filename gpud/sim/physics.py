@@ -1,16 +1,18 @@
 """The simulated workstation's physics: heat, fans, power, clocks and clock-event reasons, and
-the counters that advance with time (energy, PCIe bytes).
+the counters that advance with time (energy, PCIe bytes, the violation counters, NVLink data).
 
 ``Physics`` is the half of ``SimMachine`` that turns the persisted settings and faults (its other
 half, ``gpud.sim.machine``) and simulated time into readings: a first-order thermal model per GPU
 integrated in 1 s steps, the driver's automatic fan curve, the power cap and its clocks (``f³``),
-and the clock-event mask NVML reports. It holds no state of its own but the integrated ``Thermal``
+and the clock-event reasons NVML reports (one set, from ``clock_event_reasons``, gives both the mask and
+the violation counters it advances). It holds no state of its own but the integrated ``Thermal``
 values; the settings it reads are the machine's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
@@ -25,6 +27,11 @@ CLOCK_GRAPHICS, CLOCK_SM, CLOCK_MEM = 0, 1, 2  # nvmlClockType_t
 EVENT_BITS = {"gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4, "hw_slowdown": 0x8,
               "sync_boost": 0x10, "sw_thermal_slowdown": 0x20, "hw_thermal_slowdown": 0x40,
               "hw_power_brake_slowdown": 0x80, "display_clock_setting": 0x100}  # nvmlClocksEventReasons
+# Clock-event reasons with an NVML violation counter (nvml.h: NVML_FI_DEV_CLOCKS_EVENT_REASON_*, in ns).
+VIOLATION_REASONS = ("sw_power_cap", "sync_boost", "sw_thermal_slowdown", "hw_thermal_slowdown",
+                     "hw_power_brake_slowdown")
+NVLINK_LINK_BYTES_S = 25e9  # one NVLink 4 link, one direction (HGX H200: 18 links, 450 GB/s each way)
+NVLINK_LOAD_SHARE = 0.5  # share of a link's bandwidth a fully busy GPU moves (a model, not a measurement)
 
 
 def auto_fan_percent(temp: float, minimum: int) -> int:
@@ -45,6 +52,8 @@ class Thermal:
     energy_mj: float
     pcie_tx_bytes: float = 0.0  # cumulative, as NVML_FI_DEV_PCIE_COUNT_TX_BYTES
     pcie_rx_bytes: float = 0.0
+    violation_ns: dict[str, float] = field(default_factory=dict)  # per reason since boot (field values 74…271)
+    nvlink_kib: dict[int, float] = field(default_factory=dict)  # data per link and direction since start, KiB
 
 
 class Physics:
@@ -55,8 +64,15 @@ class Physics:
     offset: float  # simulated seconds added by advance()
     thermal: list[Thermal]
     _last: float
+    state: dict[str, Any]  # the machine's persisted state (its boot number here)
+    _boot_seen: int
+    # Whether an NVLink is up (the NVML library sets it: link state is its business).
+    nvlink_up: Callable[[int, int], bool]
 
     def settings(self, gpu: int) -> dict[str, Any]:  # pragma: no cover - SimMachine's
+        raise NotImplementedError
+
+    def boot_time(self) -> int:  # pragma: no cover - SimMachine's
         raise NotImplementedError
 
     def faults_of(self, kind: str, gpu: int | None = None) -> list[Fault]:  # pragma: no cover
@@ -64,7 +80,9 @@ class Physics:
 
     def start_physics(self) -> None:
         """Calibrate each GPU's thermal model to its described state; simulated time starts now."""
+        self.nvlink_up = lambda gpu, link: True
         self.thermal = [self._calibrate(i) for i in range(len(self.desc.gpus))]
+        self._boot_seen = int(self.state.get("boot", 0))
         self._last = self.now()
 
     # -- load and thermal model ----------------------------------------------------------
@@ -132,7 +150,13 @@ class Physics:
         # settings written later change the equilibrium, as they would on real hardware).
         duty = self._described_duty(gpu, temp)
         conductance = draw / (rise * _cooling(duty))
-        return Thermal(temp, conductance, conductance * TIME_CONSTANT_S, 3.6e9 + gpu * 1.1e8)
+        th = Thermal(temp, conductance, conductance * TIME_CONSTANT_S, 3.6e9 + gpu * 1.1e8)
+        # The violation counters count from boot: the machine has been in its described state since, so
+        # every process (and every reader) starts from the same totals, and a reboot starts them again.
+        since_boot = max(0.0, time.time() - float(self.state.get("counters_since") or self.boot_time()))
+        active = self.clock_event_reasons(gpu, temp)
+        th.violation_ns = {r: since_boot * 1e9 if r in active else 0.0 for r in VIOLATION_REASONS}
+        return th
 
     def _described_duty(self, gpu: int, temp: float) -> float:
         g = self.desc.gpus[gpu]
@@ -148,6 +172,11 @@ class Physics:
     def step(self) -> None:
         """Integrate the thermal model up to now (1 s steps; calls closer than 50 ms apart do nothing)."""
         now = self.now()
+        if int(self.state.get("boot", 0)) != self._boot_seen:  # rebooted (here or by another process)
+            self._boot_seen = int(self.state.get("boot", 0))
+            for gpu, th in enumerate(self.thermal):  # the driver's counters start again
+                fresh = self._calibrate(gpu)
+                th.violation_ns, th.nvlink_kib = fresh.violation_ns, {}
         dt_total = now - self._last
         if dt_total < 0.05:
             return
@@ -164,29 +193,61 @@ class Physics:
                 tx, rx = self.pcie_rates(gpu)
                 th.pcie_tx_bytes += tx * dt
                 th.pcie_rx_bytes += rx * dt
+                self._count_violations_and_links(gpu, th, dt)
                 remaining -= dt
+
+    def _count_violations_and_links(self, gpu: int, th: Thermal, dt: float) -> None:
+        """The same physics that sets the clock-event reasons advances their violation counters; a busy
+        GPU moves data over each NVLink that is up."""
+        g = self.desc.gpus[gpu]
+        if g.violation_counters:
+            active = self.clock_event_reasons(gpu, th.temperature)
+            for r in VIOLATION_REASONS:
+                if r in active:
+                    th.violation_ns[r] = th.violation_ns.get(r, 0.0) + dt * 1e9
+        if g.nvlink_throughput:
+            kib_s = self.utilization(gpu) / 100.0 * NVLINK_LOAD_SHARE * NVLINK_LINK_BYTES_S / 1024.0
+            for link in range(int(g.nvlinks or 0)):
+                if kib_s and self.nvlink_up(gpu, link):
+                    th.nvlink_kib[link] = th.nvlink_kib.get(link, 0.0) + kib_s * dt
 
     def temperature(self, gpu: int) -> float:
         self.step()
         return self.thermal[gpu].temperature
 
-    def clock_events(self, gpu: int) -> int:
-        """The clock-event reasons mask (``nvmlDeviceGetCurrentClocksEventReasons``): injected
-        reasons, idle, the power cap, and the thermal slowdowns the temperature brings."""
+    def violation_ns(self, gpu: int) -> dict[str, int]:
+        """Time in each reason with a violation counter since boot, ns (``VIOLATION_REASONS``)."""
+        self.step()
+        return {r: int(v) for r, v in self.thermal[gpu].violation_ns.items()}
+
+    def nvlink_kib(self, gpu: int, link: int) -> int:
+        """Data over NVLink ``link`` since the driver started, KiB (either direction)."""
+        self.step()
+        return int(self.thermal[gpu].nvlink_kib.get(link, 0.0))
+
+    def clock_event_reasons(self, gpu: int, temp: float | None = None) -> set[str]:
+        """The active clock-event reasons: injected ones, idle at 0 % utilisation, the SW power cap when
+        the load wants more than the limit, SW thermal slowdown at the max operating temperature, HW
+        slowdown and HW thermal slowdown at the slowdown temperature (``temp``: the current one)."""
         g = self.desc.gpus[gpu]
-        mask = 0
-        for p in self.faults_of("clock_events", gpu):
-            for r in p.reasons:
-                mask |= EVENT_BITS[r]
+        out = {r for p in self.faults_of("clock_events", gpu) for r in p.reasons}
         if self.utilization(gpu) == 0:
-            mask |= EVENT_BITS["gpu_idle"]
+            out.add("gpu_idle")
         if self.demand_watts(gpu) > self.settings(gpu)["power_limit_mw"] / 1000.0:
-            mask |= EVENT_BITS["sw_power_cap"]
-        temp = self.temperature(gpu)
-        if g.max_operating_celsius is not None and temp >= g.max_operating_celsius:
-            mask |= EVENT_BITS["sw_thermal_slowdown"]  # the driver holds the GPU at its target temperature
-        if temp >= g.slowdown_celsius:
-            mask |= EVENT_BITS["hw_slowdown"] | EVENT_BITS["hw_thermal_slowdown"]
+            out.add("sw_power_cap")
+        t = self.temperature(gpu) if temp is None else temp
+        if g.max_operating_celsius is not None and t >= g.max_operating_celsius:
+            out.add("sw_thermal_slowdown")  # the driver holds the GPU at its target temperature
+        if t >= g.slowdown_celsius:
+            out |= {"hw_slowdown", "hw_thermal_slowdown"}
+        return out
+
+    def clock_events(self, gpu: int) -> int:
+        """The clock-event reasons mask (``nvmlDeviceGetCurrentClocksEventReasons``), built from
+        ``clock_event_reasons``: the same set the violation counters advance with."""
+        mask = 0
+        for r in self.clock_event_reasons(gpu):
+            mask |= EVENT_BITS[r]
         return mask
 
     def clock_mhz(self, gpu: int, clock: int) -> int:

@@ -50,6 +50,8 @@ class Preset:
     idle_pcie_generation: int | None  # None: the link stays at its trained generation when idle
     pcie_byte_counters: bool  # NVML_FI_DEV_PCIE_COUNT_{TX,RX}_BYTES answered
     tlimit_thresholds: bool  # thresholds only relative to T.Limit (Ada and later, drivers from 550)
+    violation_counters: bool  # NVML's violation counters (field values 74/76/269–271, ViolationStatus)
+    nvlink_throughput: bool  # NVLink data counters (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/_RX, per link)
 
 
 GPU_MODELS: dict[str, Preset] = {
@@ -88,6 +90,8 @@ GPU_MODELS: dict[str, Preset] = {
         idle_pcie_generation=1,
         pcie_byte_counters=False,
         tlimit_thresholds=False,
+        violation_counters=False,
+        nvlink_throughput=False,
     ),
     "RTX 6000 Ada": Preset(
         name="NVIDIA RTX 6000 Ada Generation",
@@ -124,6 +128,8 @@ GPU_MODELS: dict[str, Preset] = {
         idle_pcie_generation=1,
         pcie_byte_counters=False,
         tlimit_thresholds=True,
+        violation_counters=False,
+        nvlink_throughput=False,
     ),
     "Quadro RTX 8000": Preset(
         name="Quadro RTX 8000",
@@ -160,6 +166,8 @@ GPU_MODELS: dict[str, Preset] = {
         idle_pcie_generation=1,
         pcie_byte_counters=False,
         tlimit_thresholds=False,
+        violation_counters=False,
+        nvlink_throughput=False,
     ),
     "H200": Preset(
         name="NVIDIA H200",
@@ -196,5 +204,7 @@ GPU_MODELS: dict[str, Preset] = {
         idle_pcie_generation=None,
         pcie_byte_counters=True,
         tlimit_thresholds=True,
+        violation_counters=True,
+        nvlink_throughput=True,
     ),
 }

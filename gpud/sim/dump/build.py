@@ -193,6 +193,8 @@ def _gpu(i: int, r: Reader, placement: Placement, notes: Notes) -> dict[str, Any
                      ("default_app_memory_mhz", "default_app_memory")):
         model_key(key, r.integer(src, "MHz"), f"{src.replace('_', ' ')} clock not in the dump")
     _thresholds(i, r, own, preset, model, notes)
+    if r.integer("violation_power", "us") is not None:  # the dump shows NVML's violation counters
+        own["violation_counters"] = True
     _pcie(i, r, g, own, preset, generic, notes)
     if fan is None:
         own["fans"] = 0

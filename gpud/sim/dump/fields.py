@@ -75,6 +75,9 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "power_default": _in(_POWER, "default power limit", "default_power_limit"),
     "power_min": _in(_POWER, "min power limit", "min_power_limit"),
     "power_max": _in(_POWER, "max power limit", "max_power_limit"),
+    # Driver 580+: time in each reason (NVML's violation counters), e.g. "SW Power Capping : 204642816 us"
+    "violation_power": ("clocks event reasons counters/sw power capping",
+                        "clocks_event_reasons_counters/clocks_event_reasons_counters_sw_power_cap"),
     "clock_graphics": ("clocks/graphics", "clocks/graphics_clock"),
     "clock_sm": ("clocks/sm", "clocks/sm_clock"),
     "clock_memory": ("clocks/memory", "clocks/mem_clock"),
