@@ -361,6 +361,7 @@ DAEMON_ONLY = {
     "gpud_gpu_clock_event_seconds_total": "time in each clock-event reason, accumulated over ticks",
     "gpud_gpu_throttled_seconds_total": "time throttled, accumulated over ticks",
     "gpud_gpu_watched_seconds_total": "time the clock events were watched, accumulated over ticks",
+    "gpud_gpu_clock_event_source_info": "which of those seconds follow NVML's counters: part of the accounting",
 }
 
 
