@@ -692,3 +692,13 @@ def test_nvlink_data_counters_not_supported_at_start_are_asked_again_later(monke
     clock[0] += nvml_mod.NVLINK_DATA_RETRY_S
     got = nv._nvlink_data(0, h, info)
     assert got is not None and len(got) == 18 * 2
+
+
+def test_a_process_without_a_sample_in_a_window_that_has_samples_used_no_sm(tmp_path) -> None:
+    """NVML samples only processes with non-zero use: when the call returns samples, a process on that GPU
+    without one used no SM in the window (0); with no sample at all (NOT_FOUND) there is no figure."""
+    desc = describe(tmp_path, name="pz", gpu0="utilization_percent = 90\npower_watts = 250\nprocesses = ["
+                    "{ pid = 4101, used_mib = 20000 }, { pid = 4103, used_mib = 0 }]")
+    m = open_machine(desc)
+    sm = {p.pid: p.sm_utilization_percent for p in m.snapshot().samples[0].processes or ()}
+    assert sm[4101] is not None and sm[4101] > 0 and sm[4103] == 0

@@ -593,14 +593,16 @@ class Nvml:
             else:
                 g.kind = "graphics"
                 by_pid[g.pid] = g
-        sm = self._process_sm(index, h, locked)
+        sm = self._process_sm(index, h, locked) if by_pid else None  # no process: nothing to ask
         for p in by_pid.values():
-            p.sm = sm.get(p.pid) if sm is not None else None
+            # NVML samples only processes with non-zero use: in a window that has samples, a process
+            # without one used no SM (0); with no sample at all (NOT_FOUND) there is no figure.
+            p.sm = None if not sm else sm.get(p.pid, 0)
         return list(by_pid.values())
 
     def _process_sm(self, index: int, h: Any, locked: bool) -> dict[int, int] | None:
-        """Each process's SM use over the samples since the last read (the mean of its samples); a
-        process without a newer sample has no figure. None when the GPU does not give it."""
+        """Each process's SM use over the samples since the last read (the mean of its samples); empty
+        when NVML has no newer sample. None when the GPU does not give it."""
         name = "nvmlDeviceGetProcessUtilization"
 
         def read() -> dict[int, int]:
