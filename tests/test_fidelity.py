@@ -659,3 +659,46 @@ def test_process_utilization_samples_since_the_last_read(tmp_path, monkeypatch) 
     m.simulation.machine.advance(2)
     fresh = m.snapshot().samples[0]
     assert all(p.sm_utilization_percent for p in fresh.processes or ())
+
+
+def test_nvlink_data_counters_not_supported_at_start_are_asked_again_later(monkeypatch) -> None:
+    """A daemon may start before an NVSwitch fabric is trained: NVLink data counters that every link
+    answered Not Supported once are asked again after NVLINK_DATA_RETRY_S, not never."""
+    import gpud.hw.nvml as nvml_mod
+
+    m = open_machine("hgx-8x-h200")
+    nv = m.nvml
+    clock = [1000.0]
+    monkeypatch.setattr(nvml_mod.time, "monotonic", lambda: clock[0])
+    real_get = nv.get
+    untrained = [True]
+
+    def get(name, *args, **kw):  # type: ignore[no-untyped-def]
+        got = real_get(name, *args, **kw)
+        if name == "nvmlDeviceGetFieldValues" and untrained[0] and got is not None:
+            ids = {int(v.fieldId) for v in got}
+            if ids <= set(nvml_mod.FI_NVLINK_DATA):
+                for v in got:
+                    v.nvmlReturn = 3  # NOT_SUPPORTED, as the links might answer before training
+        return got
+
+    monkeypatch.setattr(nv, "get", get)
+    info = nv.info(0)
+    h = nv.handle(0)
+    assert nv._nvlink_data(0, h, info) is None
+    untrained[0] = False
+    clock[0] += 60
+    assert nv._nvlink_data(0, h, info) is None  # not asked again yet
+    clock[0] += nvml_mod.NVLINK_DATA_RETRY_S
+    got = nv._nvlink_data(0, h, info)
+    assert got is not None and len(got) == 18 * 2
+
+
+def test_a_process_without_a_sample_in_a_window_that_has_samples_used_no_sm(tmp_path) -> None:
+    """NVML samples only processes with non-zero use: when the call returns samples, a process on that GPU
+    without one used no SM in the window (0); with no sample at all (NOT_FOUND) there is no figure."""
+    desc = describe(tmp_path, name="pz", gpu0="utilization_percent = 90\npower_watts = 250\nprocesses = ["
+                    "{ pid = 4101, used_mib = 20000 }, { pid = 4103, used_mib = 0 }]")
+    m = open_machine(desc)
+    sm = {p.pid: p.sm_utilization_percent for p in m.snapshot().samples[0].processes or ()}
+    assert sm[4101] is not None and sm[4101] > 0 and sm[4103] == 0

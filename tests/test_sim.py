@@ -202,3 +202,16 @@ def test_every_fault_kind_is_registered_once_with_its_keys_and_where_it_acts() -
                                                                                           "links": None}
     with pytest.raises(InvalidInput, match="must be one of gpu_lost, off_bus"):
         validate_fault({"kind": "melted"}, 2, "inject", "fault")
+
+
+def test_field_values_cost_a_reading_per_id(state_dir) -> None:
+    """The latency model charges nvmlDeviceGetFieldValues per id asked (docs/simulation.md)."""
+    from gpud.backends import open_machine
+
+    m = open_machine("hgx-8x-h200")
+    m.nvml.init()
+    lib = m.simulation.library
+    h = m.nvml.handle(0)
+    before = lib.modelled_s
+    m.nvml.get("nvmlDeviceGetFieldValues", h, [(138, link) for link in range(18)] * 2, gpu=0)
+    assert lib.modelled_s - before == pytest.approx(36 * lib.latency.default_s)

@@ -68,6 +68,10 @@ SLOW_EVERY_S = 10.0  # ECC, page retirement, row remapping, PCIe replays: read t
 # must see it come back), not a missing capability.
 CHANGING_SUPPORT = {"nvmlDeviceGetNvLinkRemotePciInfo", "nvmlDeviceGetNvLinkState", "nvmlDeviceGetTemperature"}
 CPU_SET_WORDS = 16  # 64-bit words: up to 1024 CPUs
+# NVLink data counters that every link answered Not Supported are asked again this much later, not
+# never: on an NVSwitch system the daemon may start before the fabric manager has trained the links,
+# and what a link that is not up yet answers is not documented.
+NVLINK_DATA_RETRY_S = 600.0
 THRESHOLD_GPU_MAX = 3  # NVML_TEMPERATURE_THRESHOLD_GPU_MAX ("GPU Max Operating Temp")
 # Ada and later: thresholds as offsets from T.Limit (nvml.h: NVML_FI_DEV_TEMPERATURE_*_TLIMIT), with the
 # current margin from nvmlDeviceGetMarginTemperature; nvidia-smi prints only these there.
@@ -201,6 +205,7 @@ class Nvml:
         self._gone: set[str] = set()  # functions the driver or the bindings do not have
         self.offtick = False  # a sampler thread reads the blocking readings; the tick uses its results
         self._unsupported: set[tuple[Any, ...]] = set()  # (function, GPU, arguments) that said NotSupported
+        self._nvlink_data_retry: dict[int, float] = {}  # GPU → when to ask its NVLink data counters again
         self.calls = 0  # NVML calls made (for the benchmarks)
         self.errors: Counter[str] = Counter()  # NVML errors per function name
 
@@ -588,14 +593,16 @@ class Nvml:
             else:
                 g.kind = "graphics"
                 by_pid[g.pid] = g
-        sm = self._process_sm(index, h, locked)
+        sm = self._process_sm(index, h, locked) if by_pid else None  # no process: nothing to ask
         for p in by_pid.values():
-            p.sm = sm.get(p.pid) if sm is not None else None
+            # NVML samples only processes with non-zero use: in a window that has samples, a process
+            # without one used no SM (0); with no sample at all (NOT_FOUND) there is no figure.
+            p.sm = None if not sm else sm.get(p.pid, 0)
         return list(by_pid.values())
 
     def _process_sm(self, index: int, h: Any, locked: bool) -> dict[int, int] | None:
-        """Each process's SM use over the samples since the last read (the mean of its samples); a
-        process without a newer sample has no figure. None when the GPU does not give it."""
+        """Each process's SM use over the samples since the last read (the mean of its samples); empty
+        when NVML has no newer sample. None when the GPU does not give it."""
         name = "nvmlDeviceGetProcessUtilization"
 
         def read() -> dict[int, int]:
@@ -855,13 +862,14 @@ class Nvml:
         KiB); None where the GPU gives none."""
         if not info.nvlink_count:
             return None
-        key = ("nvmlDeviceGetFieldValues", index, ("nvlink_data",))
-        if key in self._unsupported:
+        if time.monotonic() < self._nvlink_data_retry.get(index, 0.0):
             return None
         ids = [(fid, link) for link in range(info.nvlink_count) for fid in FI_NVLINK_DATA]
         values = self.get("nvmlDeviceGetFieldValues", h, ids, gpu=index)
         if values is not None and all(int(v.nvmlReturn) == 3 for v in values):
-            self._unsupported.add(key)  # the GPU counts no NVLink data: not asked again
+            # No link counts data (a workstation bridge, or links not trained yet): asked again later.
+            self._nvlink_data_retry[index] = time.monotonic() + NVLINK_DATA_RETRY_S
+            return None
         out = []
         for v in values or ():
             got = field_int(v)
