@@ -38,6 +38,13 @@ run topo.txt "$gpud" topo
 run metrics.txt "$gpud" metrics
 command -v promtool >/dev/null && promtool check metrics <"$out/metrics.txt" >"$out/promtool.txt" 2>&1
 run apply-dry-run.txt "$gpud" apply training --dry-run
+run ps.json "$gpud" ps --json
+# The driver's own view, to compare with gpud's readings (violation counters, NVLink data, processes)
+# and to make a simulated twin of this machine (read-only queries).
+run nvidia-smi-q.txt nvidia-smi -q
+run nvidia-smi-topo.txt nvidia-smi topo -m
+run nvidia-smi-nvlink-gt.txt nvidia-smi nvlink -gt d
+run sim-import.toml "$gpud" sim import "$out/nvidia-smi-q.txt" --topo "$out/nvidia-smi-topo.txt"
 run probe.json "$gpud" probe --gpus 1 --quick --json
 run probe.txt "$gpud" probe --gpus 1 --quick
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
