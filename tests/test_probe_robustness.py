@@ -275,3 +275,118 @@ def test_history_written_before_the_report_was_typed_still_loads(state_dir) -> N
     # keys of another version survive a round trip
     other = {**records[0], "future_key": {"a": 1}}
     assert ProbeReport.from_json(other).to_json() == other
+
+
+def _json_values():
+    from hypothesis import strategies as hs
+
+    scalars = hs.none() | hs.booleans() | hs.integers() | hs.floats(allow_nan=False) | hs.text(max_size=8)
+    return hs.recursive(scalars, lambda inner: hs.lists(inner, max_size=4)
+                        | hs.dictionaries(hs.text(max_size=8), inner, max_size=4), max_leaves=12)
+
+
+def test_history_report_reading_never_raises_on_any_json_value() -> None:
+    """``ProbeReport.from_json`` takes any JSON value, at the top level and under every key it knows
+    (and under the keys of its parts): a value of the wrong type reads as absent, and is described."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as hs
+
+    from gpud.probe.report import _KEYS, ProbeReport
+
+    fixture = REPO / "tests" / "fixtures" / "probe" / "history-v2.jsonl"
+    records = [json.loads(line) for line in fixture.read_text().splitlines()]
+    inner = {"ddp": ["by_world_size"], "allreduce": ["by_world_size"], "pipeline": ["by_stages"], "p2p": ["pairs"],
+             "nccl": ["version", "env", "transports"], "correctness": ["params_identical_across_ranks"],
+             "load": ["pcie_max_generation_under_load", "clock_events", "other_processes"],
+             "diagnosis": ["sentences", "verdicts", "details", "links", "seeds"]}
+    paths = [(k,) for k in _KEYS] + [(k, sub) for k, subs in inner.items() for sub in subs]
+    paths += [("diagnosis", "details", "4", k) for k in ("gpus", "path", "bus_verdict", "predicted_efficiency")]
+    paths += [("diagnosis", "links", 0), ("diagnosis", "seeds", "4"), ("diagnosis", "verdicts", "4")]
+
+    def put(rec: dict, path: tuple, value: object) -> dict:
+        rec = json.loads(json.dumps(rec))
+        at = rec
+        for k in path[:-1]:
+            at = at[k] if isinstance(at, dict) and k in at or isinstance(at, list) and at else None
+            if at is None:
+                return rec
+        if isinstance(at, list):
+            at[:1] = [value]
+        else:
+            at[path[-1]] = value
+        return rec
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(value=_json_values(), path=hs.sampled_from(paths), base=hs.sampled_from(records))
+    def check(value: object, path: tuple, base: dict) -> None:
+        problems: list[str] = []
+        report = ProbeReport.from_json(value, problems)
+        report.to_json()
+        problems = []
+        report = ProbeReport.from_json(put(base, path, value), problems)
+        json.dumps(report.to_json())
+        report.p2p_pairs, report.diagnosis.failed(), report.correctness.ok()
+        assert all(isinstance(p, str) and p for p in problems)
+
+    check()
+    for path, value in [(("diagnosis",), "x"), (("nccl",), "2.18"), (("world_sizes",), 4)]:
+        problems = []
+        ProbeReport.from_json(put(records[1], path, value), problems)
+        assert len(problems) == 1 and problems[0].startswith(path[0]), problems
+    assert ProbeReport.from_json({"diagnosis": "x"}).diagnosis.verdicts == {}
+    assert ProbeReport.from_json({"nccl": "2.18"}).nccl.version is None
+    assert ProbeReport.from_json({"world_sizes": 4}).world_sizes == []
+
+
+BAD_LINES = ['{"diagnosis": "x"}', '{"nccl": "2.18"}', '{"world_sizes": 4}', "[1, 2]", "not json"]
+
+
+def _history_with_bad_lines() -> dict:
+    """The history: a valid CPU report, then lines that are not reports; the valid one returned."""
+    from gpud.probe import history
+
+    fixture = REPO / "tests" / "fixtures" / "probe" / "history-v2.jsonl"
+    good = json.loads(fixture.read_text().splitlines()[0])  # the CPU report: its figures are complete
+    history.path().parent.mkdir(parents=True, exist_ok=True)
+    history.path().write_text(json.dumps(good) + "\n" + "\n".join(BAD_LINES) + "\n")
+    return good
+
+
+def test_history_lines_that_are_not_reports_are_skipped_and_named(state_dir, caplog) -> None:
+    from gpud.probe import history
+
+    good = _history_with_bad_lines()
+    with caplog.at_level("WARNING", logger="gpud.probe"):
+        assert history.load() == [good]
+        assert history.load(limit=1) == [good]
+        latest = history.latest()
+    assert latest is not None and latest.to_json() == good
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == len(BAD_LINES), warned  # once each, however often the file is read
+    for n, msg in enumerate(warned, start=2):
+        assert msg.startswith(f"{history.path()} line {n} skipped: not ")
+    assert "diagnosis" in warned[0] and "nccl" in warned[1] and "world_sizes" in warned[2]
+    caplog.clear()
+    history.append(latest)  # a change of the file: the lines left are valid, nothing more to say
+    assert history.load() == [good, good] and not caplog.records
+
+
+def test_history_lines_that_are_not_reports_leave_metrics_and_the_daemon_running(state_dir) -> None:
+    from gpud import config as cfg
+    from gpud.daemon.service import Daemon
+
+    good = _history_with_bad_lines()
+    r = run_gpud("metrics", "--simulate", "z8-fury-4x-a6000", env={"GPUD_STATE_DIR": str(state_dir)})
+    assert r.returncode == 0, r.stderr
+    assert "gpud_probe_success 1.0" in r.stdout
+    assert 'gpud_probe_ddp_samples_per_second{world_size="2"}' in r.stdout
+    [stamp] = re.findall(r"^gpud_probe_last_run_timestamp_seconds (\S+)$", r.stdout, re.M)
+    assert float(stamp) == good["finished_at"]  # the newest valid record
+    assert f"{state_dir / 'probe-history.jsonl'} line 2 skipped: not a probe report (diagnosis: " in r.stderr
+    d = Daemon(open_machine("z8-fury-4x-a6000"), cfg.Config())
+    d.tick()
+    d.tick()
+    text = d.metrics().decode()
+    assert "gpud_probe_success 1.0" in text and 'gpud_probe_ddp_samples_per_second{world_size="2"}' in text
+    probe = d.status()["probe"]
+    assert probe is not None and probe["finished_at"] == good["finished_at"]

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tuning_helpers import fingerprint, fresh, write_profile
+from tuning_helpers import cli, fingerprint, fresh, write_profile
 
 from gpud.model import GpuInfo, GpuSample
 from gpud.tuning import engine
@@ -140,6 +140,35 @@ def test_a_state_file_without_target_or_applied_at_loads(state_dir) -> None:
     assert data is not None and data.target is None and data.applied_at is None and data.pending
     assert engine.read_state(fresh()) == data  # no target: any machine's
     assert data.to_json() == older
+
+
+WRONG_TYPES = [("chain", "p", "'chain' is a string, not a list of profile names"),
+               ("chain", ["p", 3], "'chain' is a list, not a list of profile names"),
+               ("started_at", "yesterday", "'started_at' is a string, not a time (seconds since 1970)"),
+               ("applied_at", {"t": 1}, "'applied_at' is a table, not a time (seconds since 1970)"),
+               ("applied_at", True, "'applied_at' is a boolean, not a time (seconds since 1970)"),
+               ("pending", "false", "'pending' is a string, not true or false"),
+               ("profile", ["p"], "'profile' is a list, not a profile name"),
+               ("source", 7, "'source' is a number, not a file name"),
+               ("target", {}, "'target' is a table, not a machine's name")]
+
+
+@pytest.mark.parametrize(("key", "value", "reason"), WRONG_TYPES)
+def test_a_state_file_with_a_value_of_the_wrong_type_is_a_state_error(state_dir, capsys, key, value, reason) -> None:
+    """A hand-edited file is never misread (a string chain is not a chain of its characters): one
+    line naming the file, the key and what is wrong."""
+    st.path().parent.mkdir(parents=True, exist_ok=True)
+    st.path().write_text(json.dumps(OLD_STATE | {key: value}))
+    with pytest.raises(st.StateError) as err:
+        st.read()
+    assert str(err.value).startswith(f"{st.path()}: {reason}: ") and "\n" not in str(err.value)
+    assert st.load() is None  # readers that only report: as if unusable
+    code, _, stderr = cli(capsys, "verify", "--simulate", "z8-fury-4x-a6000")
+    assert code == 1 and f"{st.path()}: {reason}: " in stderr and "Traceback" not in stderr
+    for absent in (None, "missing"):  # null or no key: as before
+        data = {k: v for k, v in OLD_STATE.items() if k != key} | ({key: None} if absent is None else {})
+        st.path().write_text(json.dumps(data))
+        assert st.read() is not None
 
 
 def test_enforcement_reapplies_a_drifted_cpu_governor(tmp_path: Path, state_dir) -> None:

@@ -2,7 +2,9 @@
 
 Readable without torch: the daemon and the exporter use it. Each line is a ``ProbeReport``'s
 JSON; ``load`` gives the records as written (any version, for comparisons and the support
-archive), ``latest`` the newest as a ``ProbeReport``. A figure below the machine's best
+archive), ``latest`` the newest as a ``ProbeReport``. A line that is not JSON, or not a report
+(not an object, or a value of the wrong type: a hand-edited or damaged file), is skipped, with a
+warning naming the file and the line, once each time the file changes. A figure below the machine's best
 recent one on the same workload by more than 10 % — or by more than three times the spread of its
 timed windows, when that is larger — is a regression.
 """
@@ -11,11 +13,14 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 from gpud.paths import atomic_write, state_dir
 from gpud.probe.report import ProbeReport
+
+log = logging.getLogger("gpud.probe")
 
 Record = dict[str, Any]  # one line of the file, as written (by this or an earlier gpud)
 
@@ -29,23 +34,67 @@ def path() -> Path:
     return state_dir() / "probe-history.jsonl"
 
 
-def load(limit: int | None = None) -> list[Record]:
+# the file as last seen (name, mtime, size) and the numbers of its skipped lines already logged
+_warned: tuple[tuple[str, int, int], set[int]] = (("", 0, 0), set())
+
+
+def _parse(line: str) -> tuple[Record | None, str]:
+    """One line as a record, or None and why it is not one."""
     try:
-        lines = path().read_text().splitlines()
-    except OSError:
+        rec = json.loads(line)
+    except (ValueError, RecursionError):
+        return None, "not valid JSON"
+    if not isinstance(rec, dict):
+        return None, "not a probe report (not a JSON object)"
+    problems: list[str] = []
+    ProbeReport.from_json(rec, problems)
+    if problems:
+        return None, "not a probe report (" + "; ".join(problems[:3]) + (", …" if len(problems) > 3 else "") + ")"
+    return rec, ""
+
+
+def _read(newest: int | None = None) -> list[tuple[int, Record]]:
+    """The usable records with their line numbers, oldest first; with ``newest``, only that many
+    of the newest usable ones (read from the end). Skipped lines are logged once per file change."""
+    global _warned
+    p = path()
+    try:
+        st = p.stat()
+        lines = p.read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
         return []
-    out = []
-    for line in lines[-limit:] if limit else lines:
-        try:
-            out.append(json.loads(line))
-        except ValueError:
+    out: list[tuple[int, Record]] = []
+    skipped: list[tuple[int, str]] = []
+    order = range(len(lines) - 1, -1, -1) if newest else range(len(lines))
+    for i in order:
+        if not lines[i].strip():
             continue
-    return out
+        rec, why = _parse(lines[i])
+        if rec is None:
+            skipped.append((i + 1, why))
+            continue
+        out.append((i + 1, rec))
+        if newest and len(out) >= newest:
+            break
+    sig = (str(p), st.st_mtime_ns, st.st_size)
+    if sig != _warned[0]:
+        _warned = (sig, set())
+    for n, why in sorted(skipped):
+        if n not in _warned[1]:
+            _warned[1].add(n)
+            log.warning("%s line %d skipped: %s", p, n, why)
+    return sorted(out, key=lambda x: x[0]) if newest else out
+
+
+def load(limit: int | None = None) -> list[Record]:
+    """The usable records, oldest first (the newest ``limit`` of them when given)."""
+    return [rec for _, rec in _read(limit)]
 
 
 def latest() -> ProbeReport | None:
+    """The newest usable record as a report; None when there is none."""
     runs = load(limit=1)
-    return ProbeReport.from_json(runs[-1]) if runs and isinstance(runs[-1], dict) else None
+    return ProbeReport.from_json(runs[-1]) if runs else None
 
 
 def append(result: ProbeReport) -> None:

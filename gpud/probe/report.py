@@ -5,7 +5,9 @@ No torch here. ``ProbeReport.to_json()`` is the report's JSON exactly as the his
 ``gpud probe --json`` (through ``gpud.model.probe_document``) have always written it;
 ``ProbeReport.from_json()`` reads any record the history holds: keys a record lacks take their
 defaults (a torchrun report has no ``load``), keys this version does not know are kept in
-``extra`` and written back unchanged.
+``extra`` and written back unchanged. It never raises, whatever JSON value it is given: a value of
+the wrong type (a hand-edited or damaged file) is read as if it were absent, and described in
+``problems`` when the caller passes a list (``gpud.probe.history`` skips such records).
 
 The measurements themselves (one DDP world size, one all-reduce, one pipeline, the P2P copies)
 stay the worker's JSON objects (``Figures``, documented in docs/probe.md): gpud passes them
@@ -15,9 +17,10 @@ through to the output and reads a few named figures from them, and their shape b
 
 from __future__ import annotations
 
+import types
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 Device = Literal["cuda", "cpu"]
 Verdict = Literal["pass", "warn", "fail", "n/a"]  # n/a: not judged (a CPU run, no view of the links)
@@ -27,10 +30,146 @@ CORRECTNESS = {"params_identical_across_ranks": "parameters identical on every r
                "pipeline_matches_unsplit": "pipeline output = unsplit model output"}
 
 
-def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
-    """The keys of ``data`` that are fields of ``cls`` (a record of another version may have more)."""
-    names = {f.name for f in fields(cls)}
-    return {k: v for k, v in data.items() if k in names}
+Problems = list[str] | None  # where from_json describes the values it could not use; None: not wanted
+
+
+class _Bad(Exception):
+    """A value of the wrong type (internal to the reading; from_json never lets it out)."""
+
+
+_HINTS: dict[str, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    """The field types of a dataclass of this module (resolved once)."""
+    if cls.__name__ not in _HINTS:
+        _HINTS[cls.__name__] = get_type_hints(cls)
+    return _HINTS[cls.__name__]
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _as(tp: Any, value: Any, where: str) -> Any:
+    """``value`` checked against the field type ``tp`` (the JSON shapes: bool, int, float, str,
+    Literal, ``X | None``, list[X], dict[str, X], a dataclass of this module, Any); _Bad naming
+    ``where`` when it does not fit. Integers are kept as integers in float fields (the JSON
+    written back stays the same)."""
+    origin, args = get_origin(tp), get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        for a in args:
+            if a is not type(None):
+                try:
+                    return _as(a, value, where)
+                except _Bad:
+                    pass
+        raise _Bad(f"{where}: {_kind(value)} is not what it should be")
+    if origin is Literal:
+        if value in args and isinstance(value, str):
+            return value
+        raise _Bad(f"{where}: {value!r} is not one of {', '.join(map(repr, args))}")
+    if tp is bool:
+        ok = isinstance(value, bool)
+    elif tp is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif tp is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+    elif tp is str:
+        ok = isinstance(value, str)
+    elif origin is list:
+        if not isinstance(value, list):
+            raise _Bad(f"{where}: {_kind(value)}, not a list")
+        return [_as(args[0], v, f"{where}[{i}]") for i, v in enumerate(value)]
+    elif origin is dict:
+        if not isinstance(value, dict):
+            raise _Bad(f"{where}: {_kind(value)}, not an object")
+        return {k: _as(args[1], v, f"{where}.{k}") for k, v in value.items()}
+    elif isinstance(tp, type) and is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise _Bad(f"{where}: {_kind(value)}, not an object")
+        problems: list[str] = []
+        out = _read(tp, value, problems, f"{where}.")
+        if problems:
+            raise _Bad(problems[0])
+        return out
+    else:  # pragma: no cover - a field type this reader does not know
+        raise TypeError(f"cannot read {tp!r}")
+    if not ok:
+        raise _Bad(f"{where}: {_kind(value)}, not {_kind(tp()) if tp is not float else 'a number'}")
+    return value
+
+
+def _field(tp: Any, data: dict[str, Any], key: str, default: Any, problems: Problems, where: str) -> Any:
+    """``data[key]`` read as ``tp``; ``default`` when absent or of the wrong type (then described in ``problems``)."""
+    if key not in data:
+        return default
+    try:
+        return _as(tp, data[key], f"{where}{key}")
+    except _Bad as err:
+        if problems is not None:
+            problems.append(str(err))
+        return default
+
+
+def _obj(data: Any, problems: Problems, where: str) -> dict[str, Any]:
+    """``data`` when it is a JSON object; otherwise empty (and described in ``problems`` unless null)."""
+    if isinstance(data, dict):
+        return data
+    if data is not None and problems is not None:
+        problems.append(f"{where.rstrip('.') or 'the record'}: {_kind(data)}, not an object")
+    return {}
+
+
+def _read(cls: Any, data: dict[str, Any], problems: Problems, where: str = "") -> Any:
+    """A dataclass of this module from the keys of ``data`` that are its fields (a record of another
+    version may have more), each checked against the field's type; a field without a default that is
+    missing or unusable makes the whole object unusable (_Bad)."""
+    hints = _hints(cls)
+    kw: dict[str, Any] = {}
+    for f in fields(cls):
+        required = f.default is MISSING and f.default_factory is MISSING
+        if f.name not in data:
+            if required:
+                raise _Bad(f"{where}{f.name}: missing")
+            continue
+        try:
+            kw[f.name] = _as(hints[f.name], data[f.name], f"{where}{f.name}")
+        except _Bad as err:
+            if required:
+                raise
+            if problems is not None:
+                problems.append(str(err))
+    return cls(**kw)
+
+
+def _items(tp: Any, value: Any, problems: Problems, where: str, kind: type = dict) -> Any:
+    """A JSON object (``kind`` dict) or list read item by item as ``tp``: an unusable item is left
+    out, a value of another kind reads as empty (both described in ``problems``)."""
+    if not isinstance(value, kind):
+        if value is not None and problems is not None:
+            problems.append(f"{where}: {_kind(value)}, not {'a list' if kind is list else 'an object'}")
+        return kind()
+    out: Any = kind()
+    container: Any = value
+    pairs = container.items() if kind is dict else enumerate(container)
+    for k, v in pairs:
+        try:
+            item = _as(tp, v, f"{where}[{k}]" if kind is list else f"{where}.{k}")
+        except _Bad as err:
+            if problems is not None:
+                problems.append(str(err))
+            continue
+        if isinstance(out, list):
+            out.append(item)
+        else:
+            out[k] = item
+    return out
 
 
 @dataclass
@@ -55,8 +194,9 @@ class Correctness:
         return dict(self.items())
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Correctness:
-        return cls(**{k: data[k] for k in CORRECTNESS if k in data})
+    def from_json(cls, data: Any, problems: Problems = None, where: str = "correctness.") -> Correctness:
+        c: Correctness = _read(cls, _obj(data, problems, where), problems, where)
+        return c
 
 
 @dataclass
@@ -67,8 +207,9 @@ class Nccl:
     transports: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Nccl:
-        return cls(data.get("version"), dict(data.get("env") or {}), dict(data.get("transports") or {}))
+    def from_json(cls, data: Any, problems: Problems = None, where: str = "nccl.") -> Nccl:
+        n: Nccl = _read(cls, _obj(data, problems, where), problems, where)
+        return n
 
 
 @dataclass
@@ -80,9 +221,9 @@ class Load:
     other_processes: dict[str, list[str]] = field(default_factory=dict)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Load:
-        return cls(dict(data.get("pcie_max_generation_under_load") or {}), dict(data.get("clock_events") or {}),
-                   dict(data.get("other_processes") or {}))
+    def from_json(cls, data: Any, problems: Problems = None, where: str = "load.") -> Load:
+        load: Load = _read(cls, _obj(data, problems, where), problems, where)
+        return load
 
 
 @dataclass
@@ -116,8 +257,9 @@ class Scaling:
         return {k: v for k, v in asdict(self).items() if v is not None or k not in optional}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Scaling:
-        return cls(**{**_known(cls, data), "path": PathSeen(**_known(PathSeen, data.get("path") or {}))})
+    def from_json(cls, data: Any, problems: Problems = None, where: str = "") -> Scaling:
+        s: Scaling = _read(cls, _obj(data, problems, where), problems, where)
+        return s
 
 
 @dataclass
@@ -163,11 +305,13 @@ class Diagnosis:
                 "links": [asdict(x) for x in self.links], "seeds": {k: asdict(s) for k, s in self.seeds.items()}}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Diagnosis:
-        return cls(list(data.get("sentences") or []), dict(data.get("verdicts") or {}),
-                   {k: Scaling.from_json(d) for k, d in (data.get("details") or {}).items()},
-                   [LinkJudgement(**_known(LinkJudgement, x)) for x in data.get("links") or []],
-                   {k: Seed(**_known(Seed, s)) for k, s in (data.get("seeds") or {}).items()})
+    def from_json(cls, data: Any, problems: Problems = None, where: str = "diagnosis.") -> Diagnosis:
+        data = _obj(data, problems, where)
+        return cls(_field(list[str], data, "sentences", [], problems, where),
+                   _items(Verdict, data.get("verdicts"), problems, f"{where}verdicts"),
+                   _items(Scaling, data.get("details"), problems, f"{where}details"),
+                   _items(LinkJudgement, data.get("links"), problems, f"{where}links", list),
+                   _items(Seed, data.get("seeds"), problems, f"{where}seeds"))
 
 
 # The report's keys in the order the runner writes them; ``None`` in an optional one means absent.
@@ -238,23 +382,37 @@ class ProbeReport:
         return out | self.extra
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ProbeReport:
-        get = data.get
-        load = get("load")
-        return cls(
-            device="cuda" if get("device") == "cuda" else "cpu", quick=bool(get("quick")),
-            world_sizes=list(get("world_sizes") or []), suites=list(get("suites") or []),
-            ddp=dict((get("ddp") or {}).get("by_world_size") or {}),
-            allreduce=dict((get("allreduce") or {}).get("by_world_size") or {}),
-            pipeline=dict((get("pipeline") or {}).get("by_stages") or {}),
-            p2p=dict(get("p2p") or {"pairs": []}), ranks=dict(get("ranks") or {}),
-            nccl=Nccl.from_json(get("nccl") or {}),
-            torch=get("torch"), dtype=get("dtype"), gpu_name=get("gpu_name"), teardown_killed=get("teardown_killed"),
-            correctness=Correctness.from_json(get("correctness") or {}), workload=dict(get("workload") or {}),
-            version=get("version"), host=get("host") or "", started_at=get("started_at", 0.0),
-            finished_at=get("finished_at", 0.0), gpus=get("gpus") or 0, nodes=get("nodes"), torchrun=get("torchrun"),
-            busy_at_start=get("busy_at_start"), cpu_affinity=get("cpu_affinity"), nvml=get("nvml"), note=get("note"),
-            diagnosis=Diagnosis.from_json(get("diagnosis") or {}),
-            load=Load.from_json(load) if isinstance(load, dict) else None, ok=bool(get("ok")),
-            regressions=list(get("regressions") or []),
-            extra={k: v for k, v in data.items() if k not in _KEYS})
+    def from_json(cls, data: Any, problems: Problems = None) -> ProbeReport:
+        """The report a record holds. Never raises: a record that is not an object reads as an empty
+        report, a value of the wrong type as if it were absent; both are described in ``problems``
+        (one line each, naming the key) when a list is given."""
+        data = _obj(data, problems, "")
+        if (load := data.get("load")) is not None:
+            _obj(load, problems, "load.")  # not an object: as if absent (a torchrun report has none)
+        hints = _hints(cls)
+        kw: dict[str, Any] = {}
+        for f in fields(cls):
+            k = f.name
+            if k in ("extra", "nccl", "correctness", "diagnosis", "load") or data.get(k) is None:
+                continue  # null: as if absent (torch and dtype are written as null)
+            if k in ("ddp", "allreduce", "pipeline"):
+                inner = "by_stages" if k == "pipeline" else "by_world_size"
+                outer = _obj(data[k], problems, f"{k}.")
+                if outer.get(inner) is not None:
+                    kw[k] = _items(Figures, outer[inner], problems, f"{k}.{inner}")
+            elif k == "p2p":
+                p2p = _obj(data[k], problems, "p2p.")
+                pairs = _field(list[Figures], p2p, "pairs", None, problems, "p2p.")
+                if p2p and (pairs is not None or "pairs" not in p2p):
+                    kw[k] = p2p
+            elif k == "device":
+                kw[k] = "cuda" if data[k] == "cuda" else "cpu"
+            else:
+                v = _field(hints[k], data, k, MISSING, problems, "")
+                if v is not MISSING:
+                    kw[k] = v
+        return cls(**kw, nccl=Nccl.from_json(data.get("nccl"), problems),
+                   correctness=Correctness.from_json(data.get("correctness"), problems),
+                   diagnosis=Diagnosis.from_json(data.get("diagnosis"), problems),
+                   load=Load.from_json(load, problems) if isinstance(load, dict) else None,
+                   extra={k: v for k, v in data.items() if k not in _KEYS})

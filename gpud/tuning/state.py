@@ -30,6 +30,31 @@ class StateError(GpudError):
     """tuning.json exists but cannot be used, or cannot be written."""
 
 
+def _kind(value: Any) -> str:
+    return {dict: "a table", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+            float: "a number"}.get(type(value), type(value).__name__)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+# the keys TuningState.from_json checks (null is absent for each): key, test, what it should be
+_TYPES: tuple[tuple[str, Any, str], ...] = (
+    ("profile", lambda v: isinstance(v, str), "a profile name"),
+    ("source", lambda v: isinstance(v, str), "a file name"),
+    ("chain", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of profile names"),
+    ("desired", lambda v: isinstance(v, dict) and all(isinstance(x, dict) for x in v.values()),
+     "a table of settings"),
+    ("originals", lambda v: isinstance(v, dict) and all(isinstance(x, dict) for x in v.values()),
+     "a table of settings"),
+    ("pending", lambda v: isinstance(v, bool), "true or false"),
+    ("started_at", _number, "a time (seconds since 1970)"),
+    ("applied_at", _number, "a time (seconds since 1970)"),
+    ("target", lambda v: isinstance(v, str), "a machine's name"),
+)
+
+
 @dataclass(frozen=True)
 class TuningState:
     """What ``tuning.json`` holds. ``desired`` and ``originals`` are keyed by GPU index as text
@@ -49,6 +74,10 @@ class TuningState:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TuningState:
+        """The state a file holds; ValueError ("'key' is …, not …") for a value of the wrong type."""
+        for key, ok, what in _TYPES:
+            if data.get(key) is not None and not ok(data[key]):
+                raise ValueError(f"'{key}' is {_kind(data[key])}, not {what}")
         known = {f.name for f in fields(cls)} - {"extra"}
         return cls(profile=data.get("profile"), source=data.get("source"), chain=tuple(data.get("chain") or ()),
                    desired={str(k): dict(v) for k, v in (data.get("desired") or {}).items()},
@@ -113,7 +142,9 @@ def read() -> TuningState | None:
         return None  # a restore that could not remove the file emptied it
     try:
         return TuningState.from_json(data)
-    except (TypeError, ValueError, AttributeError) as err:
+    except ValueError as err:  # a value of the wrong type: the key and what it should be
+        raise _bad(p, str(err)) from err
+    except (TypeError, AttributeError) as err:
         raise _bad(p, "not a gpud state file") from err
 
 
