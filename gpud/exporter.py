@@ -362,16 +362,30 @@ class GpudCollector(Collector):
         if p:
             last.add_metric([], p.finished_at)
             ok.add_metric([], 1 if p.ok else 0)
-            for ws, r in sorted(p.ddp.items(), key=lambda kv: int(kv[0])):
-                sps.add_metric([str(ws)], r["samples_per_second"])
-                eff.add_metric([str(ws)], r["efficiency"])
-            for ws, r in sorted(p.allreduce.items(), key=lambda kv: int(kv[0])):
-                busbw.add_metric([str(ws)], r["peak_busbw_bytes_per_second"])
+            # A history record from another version may lack a figure: absent, never a failed scrape.
+            for ws, r in sorted(p.ddp.items(), key=_numeric_first):
+                _opt(sps, [str(ws)], _figure(r, "samples_per_second"))
+                _opt(eff, [str(ws)], _figure(r, "efficiency"))
+            for ws, r in sorted(p.allreduce.items(), key=_numeric_first):
+                _opt(busbw, [str(ws)], _figure(r, "peak_busbw_bytes_per_second"))
             for pair in p.p2p_pairs:
-                p2p.add_metric([str(pair["src"]), str(pair["dst"])], pair["bandwidth_bytes_per_second"])
-            for stages, r in sorted(p.pipeline.items()):
-                pipe.add_metric([str(stages)], r["speedup"])
+                if isinstance(pair, dict) and "src" in pair and "dst" in pair:
+                    _opt(p2p, [str(pair["src"]), str(pair["dst"])], _figure(pair, "bandwidth_bytes_per_second"))
+            for stages, r in sorted(p.pipeline.items(), key=_numeric_first):
+                _opt(pipe, [str(stages)], _figure(r, "speedup"))
         yield from (last, ok, sps, eff, busbw, p2p, pipe)
+
+
+def _figure(record: object, key: str) -> float | None:
+    """A probe figure from a history record: a number, else None (missing, or of another type)."""
+    value = record.get(key) if isinstance(record, dict) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _numeric_first(item: tuple[object, object]) -> tuple[int, str]:
+    """World sizes and stage counts in numeric order; a key that is no number sorts last."""
+    key = str(item[0])
+    return (int(key), "") if key.isdigit() else (2**31, key)
 
 
 def _opt(family: GaugeMetricFamily, labels: list[str], value: float | int | None) -> None:

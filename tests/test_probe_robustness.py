@@ -272,6 +272,8 @@ def test_history_written_before_the_report_was_typed_still_loads(state_dir) -> N
     assert history.load()[-1] == records[-1]
     text = exposition(Observation(None, probe=cpu)).decode()  # the synthetic one lacks samples/s
     assert 'gpud_probe_ddp_samples_per_second{world_size="2"}' in text and "gpud_probe_success 1.0" in text
+    text = exposition(Observation(None, probe=gpu)).decode()  # a record lacking figures: absent, no KeyError
+    assert "gpud_probe_success 0.0" in text
     # keys of another version survive a round trip
     other = {**records[0], "future_key": {"a": 1}}
     assert ProbeReport.from_json(other).to_json() == other
