@@ -104,6 +104,9 @@ def test_regression_against_the_recent_best_of_the_same_workload() -> None:
     # the threshold exceeds the measured spread: a figure that varies by 10 % needs a 30 % drop
     assert history.regressions(run(800, spread=0.10), [run(1000)]) == []
     assert history.regressions(run(650, spread=0.10), [run(1000)])
+    # a record of another version lacking a figure is left out of the comparison, not a KeyError
+    lacking = {**run(1000), "ddp": {"by_world_size": {"4": {"spread": 0.01}}}}
+    assert history.regressions(run(850), [lacking]) == [] and history.regressions(lacking, [run(1000)]) == []
 
 
 @needs_torch

@@ -103,7 +103,7 @@ def p2p(ctx: Context) -> Iterator[CheckResult]:
         yield warn("probe.p2p", f"{plural(len(slow), 'pair')} below half of what their link allows", detail=detail,
                    remedy=REMEDY)
     else:
-        best = max(x["bandwidth_bytes_per_second"] for x in pairs)
+        best = max((x.get("bandwidth_bytes_per_second") or 0.0 for x in pairs), default=0.0)
         yield ok("probe.p2p", f"{plural(len(pairs), 'pair')}, up to {best / GB:.1f} GB/s" +
                  (" (CPU: function only)" if _cpu(ctx) else ""))
 

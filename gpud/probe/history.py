@@ -118,13 +118,27 @@ def workload(result: Record, model: dict[str, Any] | None = None) -> dict[str, A
 def figures(result: Record) -> dict[str, tuple[float, float]]:
     """The comparable figures of one run (higher is better), each with its spread (0 when unknown)."""
     out: dict[str, tuple[float, float]] = {}
-    for ws, r in (result.get("ddp") or {}).get("by_world_size", {}).items():
-        out[f"ddp samples/s at world size {ws}"] = (r["samples_per_second"], r.get("spread", 0.0))
-    for ws, r in (result.get("allreduce") or {}).get("by_world_size", {}).items():
-        out[f"all-reduce busbw at world size {ws}"] = (r["peak_busbw_bytes_per_second"], r.get("peak_spread", 0.0))
-    for pair in (result.get("p2p") or {}).get("pairs", []):
-        out[f"P2P GPU{pair['src']}→GPU{pair['dst']}"] = (pair["bandwidth_bytes_per_second"], pair.get("spread", 0.0))
+
+    def put(name: str, r: Any, value: str, spread: str) -> None:  # a record lacking a figure: left out
+        v, s = (r.get(value), r.get(spread, 0.0)) if isinstance(r, dict) else (None, None)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[name] = (float(v), float(s) if isinstance(s, (int, float)) else 0.0)
+
+    for ws, r in _table(result, "ddp", "by_world_size").items():
+        put(f"ddp samples/s at world size {ws}", r, "samples_per_second", "spread")
+    for ws, r in _table(result, "allreduce", "by_world_size").items():
+        put(f"all-reduce busbw at world size {ws}", r, "peak_busbw_bytes_per_second", "peak_spread")
+    pairs = (result.get("p2p") or {}).get("pairs") if isinstance(result.get("p2p"), dict) else None
+    for pair in pairs if isinstance(pairs, list) else []:
+        if isinstance(pair, dict):
+            put(f"P2P GPU{pair.get('src')}→GPU{pair.get('dst')}", pair, "bandwidth_bytes_per_second", "spread")
     return out
+
+
+def _table(result: Record, section: str, key: str) -> dict[str, Any]:
+    part = result.get(section)
+    table = part.get(key) if isinstance(part, dict) else None
+    return table if isinstance(table, dict) else {}
 
 
 def _key(result: Record) -> Any:
