@@ -326,3 +326,21 @@ def test_the_enforcer_reads_the_cpu_governors_at_most_every_10_s(tmp_path: Path,
     clock.now += HOST_EVERY_S
     assert (None, "cpu_governor", False) in enforcer.enforce(m.snapshot())
     assert set(real().values()) == {"powersave"} and enforcer.reapply_total == 1
+
+
+def test_the_daemon_does_not_enforce_a_cpu_governor_this_host_cannot_take(tmp_path: Path, state_dir) -> None:
+    from gpud import config as cfg
+    from gpud.daemon.service import Daemon
+
+    m = fresh()
+    _no_cpufreq(m)
+    profile = write_profile(tmp_path, {"description": "governor", "all": {"power_limit": 250},
+                                       "host": {"cpu_governor": "performance"}})
+    d = Daemon(m, cfg.Config())
+    d.schedule.checks_at = 2e9
+    reply = d.apply(str(profile))
+    assert reply["ok"], reply
+    assert d.enforcer.state is not None and d.enforcer.state.desired["host"] == {"cpu_governor": "unsupported"}
+    for _ in range(3):
+        d.tick()
+    assert d.enforcer.reapply_total == 0 and d.enforcer.reapply_failures_total == 0
