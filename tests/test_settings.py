@@ -4,18 +4,21 @@ from before the registry still loads; the daemon's enforcement re-applies a drif
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 from tuning_helpers import cli, fingerprint, fresh, write_profile
 
+from gpud.hw.machine import Machine
 from gpud.model import GpuInfo, GpuSample
 from gpud.tuning import engine
 from gpud.tuning import state as st
-from gpud.tuning.enforce import Enforcer, exported
+from gpud.tuning.enforce import BACKOFF_FIRST_S, BACKOFF_MAX_S, HOST_EVERY_S, Enforcer, exported
 from gpud.tuning.profile import load
-from gpud.tuning.settings import BY_KEY, GOVERNOR, GPU_SETTINGS, KEYS, REGISTRY, UNKNOWN
+from gpud.tuning.settings import BY_KEY, GOVERNOR, GPU_SETTINGS, KEYS, REGISTRY, UNKNOWN, Checked
 
 # Per setting: a value an RTX A6000 takes that differs from the simulated workstation's own, and
 # what a profile asks for to see it (``Setting.check``).
@@ -29,6 +32,16 @@ VALUES: dict[str, Any] = {
     "memory_clocks": lambda g, s: ([g.max_clocks_mhz["memory"]] * 2,) * 2,
     "fan": lambda g, s: ("auto", {"mode": "auto"}),  # apply only ever writes the automatic policy
 }
+
+
+class Clock:
+    """The enforcer's monotonic clock, moved by hand (no sleeps)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def _value(key: str, g: GpuInfo, s: GpuSample) -> Value:
@@ -179,11 +192,13 @@ def test_enforcement_reapplies_a_drifted_cpu_governor(tmp_path: Path, state_dir)
     out = engine.apply(m, p, changes, desired, m.host.cpu_governors())
     assert out.ok, out.error
     events: list[tuple[str, str]] = []
-    enforcer = Enforcer(m, lambda kind, summary, **kw: events.append((kind, summary)))
+    clock = Clock()
+    enforcer = Enforcer(m, lambda kind, summary, **kw: events.append((kind, summary)), clock)
     enforcer.follow(p.name, engine.unsupported_removed(desired, out), p.host)
     assert (None, "cpu_governor", False) in enforcer.enforce(m.snapshot()) and enforcer.reapply_total == 0
 
     m.host.set_cpu_governor("performance", [1])  # one CPU, behind gpud's back
+    clock.now += HOST_EVERY_S  # the governors are read again
     drift = enforcer.enforce(m.snapshot())
     assert set(m.host.cpu_governors().values()) == {"powersave"}  # written again
     assert (None, "cpu_governor", False) in drift and not any(d for _, _, d in drift)  # what differs now: nothing
@@ -208,3 +223,153 @@ def test_a_failed_reapply_is_still_drift_and_counted(tmp_path: Path, state_dir) 
     assert enforcer.reapply_total == 1 and enforcer.reapply_failures_total == 1
     # the same drift as `gpud verify` and `gpud metrics` see it (the write failed: the reading stands)
     assert drift == exported(engine.verify(m, snapshot=snap)[1])
+
+
+def _no_cpufreq(m: Machine) -> None:
+    """An HGX server whose BIOS keeps the P-states, or a VM: no CPU has a cpufreq directory."""
+    for d in m.host.path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpufreq"):
+        shutil.rmtree(d)
+    assert m.host.cpu_governors() == {}
+
+
+def test_a_cpu_governor_on_a_host_without_cpufreq_is_unsupported_not_drift(tmp_path: Path, state_dir, caplog) -> None:
+    m = fresh()
+    _no_cpufreq(m)
+    p = load(str(write_profile(tmp_path, {"description": "governor", "all": {"power_limit": 250},
+                                          "host": {"cpu_governor": "performance"}})))
+    changes, desired = engine.plan(m, p, daemon=True)
+    host = [c for c in changes if c.gpu is None]
+    assert [(c.setting, c.action, c.note) for c in host] == [("cpu_governor", "skip", "no cpufreq on this host")]
+    out = engine.apply(m, p, changes, desired, m.host.cpu_governors())
+    assert out.ok, out.error
+    assert st.read().desired["host"] == {"cpu_governor": "unsupported"}  # neither enforced nor verified
+    assert engine.host_unsupported_removed(p.host, out) == {"cpu_governor": "unsupported"}
+    events: list[tuple[str, str]] = []
+    clock = Clock()
+    enforcer = Enforcer(m, lambda kind, summary, **kw: events.append((kind, summary)), clock)
+    enforcer.follow(p.name, engine.unsupported_removed(desired, out), engine.host_unsupported_removed(p.host, out))
+    with caplog.at_level(logging.WARNING, logger="gpud.daemon"):
+        for _ in range(3):
+            clock.now += HOST_EVERY_S
+            drift = enforcer.enforce(m.snapshot())
+            assert not any(d for _, _, d in drift) and not any(s == "cpu_governor" for _, s, _ in drift)
+    assert enforcer.reapply_total == 0 and enforcer.reapply_failures_total == 0 and events == []
+    assert not caplog.records
+    _, drifts = engine.verify(m)
+    assert drifts and not [d for d in drifts if d.drifted]
+
+    # A state file saying "performance" (written by an older gpud, or cpufreq gone since): skip, not drift.
+    assert GOVERNOR.check(m, "performance") == Checked(None, "performance", "skip")
+    enforcer.follow(p.name, engine.unsupported_removed(desired, out), dict(p.host))
+    for _ in range(3):
+        clock.now += HOST_EVERY_S
+        assert not any(d for _, _, d in enforcer.enforce(m.snapshot()))
+    assert enforcer.reapply_total == 0 and enforcer.reapply_failures_total == 0 and events == []
+
+
+def _failing_power(tmp_path: Path) -> tuple[Machine, Enforcer, Clock, list[tuple[str, str]]]:
+    """GPU 2's power limit changed behind gpud's back, and gpud not allowed to write it back."""
+    m = fresh()
+    p = load(str(write_profile(tmp_path, {"description": "power", "all": {"power_limit": 250}})))
+    changes, desired = engine.plan(m, p, daemon=True)
+    out = engine.apply(m, p, changes, desired, m.host.cpu_governors())
+    assert out.ok, out.error
+    events: list[tuple[str, str]] = []
+    clock = Clock()
+    enforcer = Enforcer(m, lambda kind, summary, **kw: events.append((kind, summary)), clock)
+    enforcer.follow(p.name, engine.unsupported_removed(desired, out), p.host)
+    m.nvml.set_power_limit(2, 300)
+    m.simulation.machine.inject("no_permission", gpu=2, call="nvmlDeviceSetPowerManagementLimit")
+    return m, enforcer, clock, events
+
+
+def test_a_reapply_that_keeps_failing_backs_off(tmp_path: Path, state_dir, caplog) -> None:
+    m, enforcer, clock, events = _failing_power(tmp_path)
+    attempts = []
+    with caplog.at_level(logging.WARNING, logger="gpud.daemon"):
+        for _ in range(5):  # five ticks of a second: one attempt
+            assert (2, "power_limit_watts", True) in enforcer.enforce(m.snapshot())  # still drift
+            clock.now += 1
+        attempts.append(enforcer.reapply_failures_total)
+        assert [r.levelname for r in caplog.records] == ["WARNING", "ERROR"]  # when the failure starts
+        assert [k for k, _ in events] == ["profile_drift"]
+        # then 10 s, 20 s, 40 s … between attempts, up to 10 min
+        t0 = clock.now - 5
+        delay, at = BACKOFF_FIRST_S, t0
+        for _ in range(8):
+            at += delay
+            clock.now = at - 0.5
+            assert (2, "power_limit_watts", True) in enforcer.enforce(m.snapshot())
+            attempts.append(enforcer.reapply_failures_total)
+            clock.now = at
+            assert (2, "power_limit_watts", True) in enforcer.enforce(m.snapshot())
+            attempts.append(enforcer.reapply_failures_total)
+            delay = min(delay * 2, BACKOFF_MAX_S)
+        assert delay == BACKOFF_MAX_S
+        assert len(caplog.records) == 2 and len(events) == 1  # the retries are counted, not logged again
+    assert attempts == [1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9]
+
+    # it clears: the next attempt writes it, and says so once
+    m.simulation.machine.clear_faults()
+    clock.now += BACKOFF_MAX_S
+    assert (2, "power_limit_watts", False) in enforcer.enforce(m.snapshot())
+    assert m.snapshot().samples[2].power_management_limit_watts == 250
+    assert events[1:] == [("profile_reapply", "GPU 2: power_limit_watts re-applied after 9 failure(s) (profile p)")]
+    assert enforcer.reapply_failures_total == 9 and not enforcer.failing
+    # and a new drift is re-applied at once again
+    m.nvml.set_power_limit(2, 300)
+    clock.now += 1
+    assert (2, "power_limit_watts", False) in enforcer.enforce(m.snapshot())
+    assert events[-1] == ("profile_reapply", "GPU 2: power_limit_watts drifted from profile p: re-applied")
+
+
+def test_a_new_profile_ends_the_back_off(tmp_path: Path, state_dir) -> None:
+    m, enforcer, clock, events = _failing_power(tmp_path)
+    enforcer.enforce(m.snapshot())
+    assert enforcer.reapply_failures_total == 1
+    clock.now += 1
+    enforcer.enforce(m.snapshot())
+    assert enforcer.reapply_failures_total == 1  # backing off
+    assert enforcer.state is not None
+    enforcer.follow("q", {int(k): dict(v) for k, v in enforcer.state.desired.items() if k.isdigit()})
+    enforcer.enforce(m.snapshot())
+    assert enforcer.reapply_failures_total == 2 and [k for k, _ in events] == ["profile_drift", "profile_drift"]
+
+
+def test_the_enforcer_reads_the_cpu_governors_at_most_every_10_s(tmp_path: Path, state_dir, monkeypatch) -> None:
+    m = fresh()
+    p = load(str(write_profile(tmp_path, {"description": "governor", "host": {"cpu_governor": "powersave"}})))
+    changes, desired = engine.plan(m, p, daemon=True)
+    assert engine.apply(m, p, changes, desired, m.host.cpu_governors()).ok
+    clock = Clock()
+    enforcer = Enforcer(m, clock=clock)
+    enforcer.follow(p.name, engine.unsupported_removed(desired, engine.Outcome(changes)), p.host)
+    reads = []
+    real = m.host.cpu_governors
+    monkeypatch.setattr(m.host, "cpu_governors", lambda: reads.append(clock.now) or real())
+    for _ in range(11):  # ticks of a second
+        assert (None, "cpu_governor", False) in enforcer.enforce(m.snapshot())
+        clock.now += 1
+    assert reads == [1000.0, 1010.0]
+    m.host.set_cpu_governor("performance", [0])  # seen at the next reading, and written back
+    clock.now += HOST_EVERY_S
+    assert (None, "cpu_governor", False) in enforcer.enforce(m.snapshot())
+    assert set(real().values()) == {"powersave"} and enforcer.reapply_total == 1
+
+
+def test_the_daemon_does_not_enforce_a_cpu_governor_this_host_cannot_take(tmp_path: Path, state_dir) -> None:
+    from gpud import config as cfg
+    from gpud.daemon.service import Daemon
+
+    m = fresh()
+    _no_cpufreq(m)
+    profile = write_profile(tmp_path, {"description": "governor", "all": {"power_limit": 250},
+                                       "host": {"cpu_governor": "performance"}})
+    d = Daemon(m, cfg.Config())
+    d.schedule.checks_at = 2e9
+    reply = d.apply(str(profile))
+    assert reply["ok"], reply
+    assert d.enforcer.state is not None and d.enforcer.state.desired["host"] == {"cpu_governor": "unsupported"}
+    for _ in range(3):
+        d.tick()
+    assert d.enforcer.reapply_total == 0 and d.enforcer.reapply_failures_total == 0

@@ -376,7 +376,7 @@ class Daemon:
             if out.ok:
                 desired = engine.unsupported_removed(desired, out)  # neither enforced nor verified
                 self.desired = desired
-                self.enforcer.follow(p.name, desired, p.host)
+                self.enforcer.follow(p.name, desired, engine.host_unsupported_removed(p.host, out))
                 self.profile = p.name
                 self.fans.configure(desired)
                 log.info("profile %s applied", p.name)

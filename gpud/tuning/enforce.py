@@ -7,13 +7,20 @@ of a GPU's enforced settings differs, all of that GPU's enforced settings are wr
 registry order (locked clocks too: they have no getter, and a reset lost them as well); a drifted
 CPU governor is written again on every CPU. What is returned is the drift *after* that: a setting
 that was written and read back as asked is no longer drift; one whose write failed still is.
+
+A setting whose re-apply failed is tried again with an exponential back-off (10 s doubling to
+10 min), not on every tick: the failure is logged and journalled when it starts and once when it
+clears, each attempt made is counted, and the setting stays drift while it differs. A successful
+re-apply, or another desired value (a new profile), starts afresh. The CPU governors (one sysfs
+file per CPU) are read at most every 10 s, and again after each re-apply of the governor.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpud.errors import GpudError
@@ -31,6 +38,20 @@ Record = Callable[..., None]
 # What ``gpud_profile_drift`` exports: (gpu, setting, differs from the profile now).
 DriftMetric = tuple[tuple[int | None, str, bool], ...]
 
+BACKOFF_FIRST_S = 10.0  # the first retry after a failed re-apply
+BACKOFF_MAX_S = 600.0  # doubling up to this
+HOST_EVERY_S = 10.0  # how often the host's settings (the CPU governors) are read
+
+
+@dataclass
+class Failing:
+    """A setting whose re-apply failed: the value asked, attempts failed in a row, the next try."""
+
+    value: Any
+    failures: int
+    delay: float
+    next_at: float
+
 
 def exported(drifts: list[Drift]) -> DriftMetric:
     """The drift items compared with a reading, as ``gpud_profile_drift`` exports them."""
@@ -38,17 +59,24 @@ def exported(drifts: list[Drift]) -> DriftMetric:
 
 
 class Enforcer:
-    """Holds the profile the daemon applied; ``enforce`` is called each tick under the tuning lock."""
+    """Holds the profile the daemon applied; ``enforce`` is called each tick under the tuning lock.
+    ``clock`` (monotonic seconds) times the back-off and the governor readings."""
 
-    def __init__(self, machine: Machine, record: Record | None = None) -> None:
+    def __init__(self, machine: Machine, record: Record | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.machine = machine
         self.record = record
+        self.clock = clock
         self.state: TuningState | None = None
         self.reapply_total = 0  # re-applies (one per GPU or host whose settings drifted), plus start-up writes
-        self.reapply_failures_total = 0  # settings whose re-apply failed
+        self.reapply_failures_total = 0  # settings whose re-apply was attempted and failed
+        self.failing: dict[tuple[int | None, str], Failing] = {}
+        self._host: tuple[float, list[Drift]] | None = None  # (read at, the host's drift then)
 
     def follow(self, profile: str | None, desired: Desired, host: dict[str, Any] | None = None) -> None:
         """Enforce ``desired`` (per GPU, as the apply left it) and ``host`` from now on; None: nothing."""
+        self.failing = {}
+        self._host = None
         if profile is None:
             self.state = None
             return
@@ -63,21 +91,41 @@ class Enforcer:
         if self.state is not None:
             self.state = replace(self.state, desired={k: {s: v for s, v in want.items() if s != key}
                                                       for k, want in self.state.desired.items()})
+        self.failing = {k: f for k, f in self.failing.items() if k[1] != key}
+        self._host = None
 
     def enforce(self, snap: Snapshot) -> DriftMetric:
         """Drift against ``snap``; re-apply what drifted; the drift that remains, for ``/metrics``."""
         if self.state is None:
             return ()
-        drifts = engine.drift(self.machine, self.state, snap, daemon=True)
+        now = self.clock()
+        drifts = self._drift(snap, now)
         fixed: set[tuple[int | None, str]] = set()
         by_gpu: dict[int | None, list[Drift]] = {}
         for d in drifts:
             if d.drifted and d.current is not None and self._enforced(d):
                 by_gpu.setdefault(d.gpu, []).append(d)
+            elif d.measured and not d.drifted:
+                self._matches_again(d)
         for gpu, drifted in by_gpu.items():
-            fixed |= self._reapply(gpu, drifted)
+            if any(self._due(gpu, d.setting, now) for d in drifted):
+                fixed |= self._reapply(gpu, drifted, now)
         return exported([replace(d, current=d.desired, status="ok") if d.drifted and (d.gpu, d.setting) in fixed
                          else d for d in drifts])
+
+    def _drift(self, snap: Snapshot, now: float) -> list[Drift]:
+        """``engine.drift`` of the GPUs against ``snap``, then the host's, read at most every ``HOST_EVERY_S``."""
+        assert self.state is not None
+        desired = self.state.desired
+        drifts = engine.drift(self.machine, replace(self.state, desired={k: v for k, v in desired.items()
+                                                                         if k != "host"}), snap, daemon=True)
+        if "host" not in desired:
+            return drifts
+        if self._host is None or now - self._host[0] >= HOST_EVERY_S:
+            host = engine.drift(self.machine, replace(self.state, desired={"host": desired["host"]}), snap,
+                                daemon=True)
+            self._host = (now, host)
+        return drifts + self._host[1]
 
     @staticmethod
     def _enforced(d: Drift) -> bool:
@@ -85,43 +133,98 @@ class Enforcer:
             return d.setting in HOST_BY_KEY and HOST_BY_KEY[d.setting].enforced
         return d.setting in BY_KEY and BY_KEY[d.setting].enforced
 
-    def _reapply(self, gpu: int | None, drifted: list[Drift]) -> set[tuple[int | None, str]]:
-        """Write the GPU's (or the host's) enforced settings again; the (gpu, setting) read back as asked."""
+    def _want(self, gpu: int | None) -> dict[str, Any]:
+        assert self.state is not None
+        return dict(self.state.desired.get("host" if gpu is None else str(gpu), {}))
+
+    def _due(self, gpu: int | None, key: str, now: float) -> bool:
+        """Whether a re-apply of ``key`` may be tried now: not failing, asked another value, or its back-off over."""
+        f = self.failing.get((gpu, key))
+        return f is None or f.value != self._want(gpu).get(key) or now >= f.next_at
+
+    def _matches_again(self, d: Drift) -> None:
+        """A failing setting read as the profile asks (someone else put it back): its back-off ends."""
+        f = self.failing.pop((d.gpu, d.setting), None)
+        if f is not None:
+            log.info("%s: %s matches profile %s again after %d failed re-apply(s)",
+                     "host" if d.gpu is None else f"GPU {d.gpu}", d.setting,
+                     self.state.profile if self.state else None, f.failures)
+
+    def _failed(self, gpu: int | None, key: str, value: Any, now: float) -> bool:
+        """Note a failed re-apply of ``key``; True when it is a new failure (not a retry of one)."""
+        f = self.failing.get((gpu, key))
+        if f is None or f.value != value:
+            self.failing[(gpu, key)] = Failing(value, 1, BACKOFF_FIRST_S, now + BACKOFF_FIRST_S)
+            return True
+        f.failures += 1
+        f.delay = min(f.delay * 2, BACKOFF_MAX_S)
+        f.next_at = now + f.delay
+        return False
+
+    def _reapply(self, gpu: int | None, drifted: list[Drift], now: float) -> set[tuple[int | None, str]]:
+        """Write the GPU's (or the host's) enforced settings again, those in back-off left out; the
+        (gpu, setting) read back as asked. Logged and journalled when a drift or a failure is new,
+        and when a failure clears; a retry that fails again is only counted."""
         assert self.state is not None
         names = [d.setting for d in drifted]
         where = "host" if gpu is None else f"GPU {gpu}"
         profile = self.state.profile
-        want = self.state.desired.get("host" if gpu is None else str(gpu), {})
-        log.warning("%s: %s drifted from profile %s: re-applying", where, ", ".join(names), profile)
+        want = self._want(gpu)
+        before = {d.setting: self.failing.get((gpu, d.setting)) for d in drifted}
+        new_drift = [k for k, f in before.items() if f is None or f.value != want.get(k)]
+        if new_drift:
+            log.warning("%s: %s drifted from profile %s: re-applying", where, ", ".join(names), profile)
         keys = (list(HOST_BY_KEY) if gpu is None
                 else [s.key for s in GPU_SETTINGS if s.enforced])
         fixed: set[tuple[int | None, str]] = set()
         failed: set[str] = set()
+        new_failed: set[str] = set()
+        recovered: list[str] = []
         for key in keys:
             value = want.get(key)
-            if value is None or value == UNSUPPORTED:
+            if value is None or value == UNSUPPORTED or not self._due(gpu, key, now):
                 continue
+            why = ""
             try:
                 got = engine.write(self.machine, gpu, key, value)
+                if not engine.read_back_ok(engine.Change(gpu, key, None, value, "set"), got):
+                    why = f"read back {engine.show(got)}, wanted {engine.show(value)}"
             except GpudError as err:
-                log.error("%s: re-applying %s failed: %s", where, key, err)
-                failed.add(key)
-                continue
-            change = engine.Change(gpu, key, None, value, "set")
-            if engine.read_back_ok(change, got):
+                why = f"failed: {err}"
+            if not why:
                 fixed.add((gpu, key))
+                was = self.failing.pop((gpu, key), None)
+                if was is not None and was.value == value:
+                    recovered.append(f"{key} re-applied after {was.failures} failure(s)")
+                continue
+            failed.add(key)
+            if self._failed(gpu, key, value, now):
+                new_failed.add(key)
+                log.error("%s: re-applying %s %s (next try in %.0f s, backing off to %.0f s)", where, key, why,
+                          BACKOFF_FIRST_S, BACKOFF_MAX_S)
             else:
-                log.error("%s: re-applying %s read back %s, wanted %s", where, key, engine.show(got),
-                          engine.show(value))
-                failed.add(key)
+                f = self.failing[(gpu, key)]
+                log.debug("%s: re-applying %s %s again (%d in a row; next try in %.0f s)", where, key, why,
+                          f.failures, f.delay)
+        if gpu is None:
+            self._host = None  # read the governors again on the next tick
         self.reapply_total += 1
         self.reapply_failures_total += len(failed)
+        for line in recovered:
+            log.info("%s: %s (profile %s)", where, line, profile)
         if self.record is not None:
-            self.record("profile_drift" if failed else "profile_reapply",
-                        f"{where}: {', '.join(names)} drifted from profile {profile}: "
-                        + (f"re-applying {', '.join(sorted(failed))} failed" if failed else "re-applied"),
-                        gpu=gpu, drifted=names, failed=sorted(failed))
+            if new_failed:
+                self.record("profile_drift", f"{where}: {', '.join(names)} drifted from profile {profile}: "
+                            f"re-applying {', '.join(sorted(new_failed))} failed",
+                            gpu=gpu, drifted=names, failed=sorted(new_failed))
+            elif new_drift and not failed:
+                self.record("profile_reapply", f"{where}: {', '.join(names)} drifted from profile {profile}: "
+                            "re-applied" + "".join(f"; {line}" for line in recovered),
+                            gpu=gpu, drifted=names, failed=[])
+            elif recovered:
+                self.record("profile_reapply", f"{where}: {'; '.join(recovered)} (profile {profile})",
+                            gpu=gpu, drifted=names, failed=sorted(failed))
         return fixed
 
 
-__all__ = ["DriftMetric", "Enforcer", "exported"]
+__all__ = ["BACKOFF_FIRST_S", "BACKOFF_MAX_S", "HOST_EVERY_S", "DriftMetric", "Enforcer", "Failing", "exported"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -223,11 +224,12 @@ def apply(machine: Machine, profile: Profile, changes: list[Change], desired: De
         originals.setdefault(key, {}).setdefault(c.setting, first)
     wanted: dict[str, dict[str, Any]] = {str(i): {k: v for k, v in d.items() if k != "required"}
                                          for i, d in desired.items()}
-    for c in changes:  # what is skipped is neither enforced nor verified
-        if c.action == "skip" and c.gpu is not None and c.setting in wanted.get(str(c.gpu), {}):
-            wanted[str(c.gpu)][c.setting] = UNSUPPORTED
     if profile.host:
         wanted["host"] = dict(profile.host)
+    for c in changes:  # what is skipped is neither enforced nor verified
+        key = "host" if c.gpu is None else str(c.gpu)
+        if c.action == "skip" and c.setting in wanted.get(key, {}):
+            wanted[key][c.setting] = UNSUPPORTED
     record = TuningState(profile=profile.name, source=profile.source, chain=tuple(profile.chain), desired=wanted,
                          originals=originals, pending=True, started_at=time.time(), target=target(machine))
     try:
@@ -245,8 +247,7 @@ def apply(machine: Machine, profile: Profile, changes: list[Change], desired: De
                 return out
             skipped = Change(c.gpu, c.setting, c.current, c.desired, "skip", f"not supported by this GPU ({err})")
             out.skipped.append(skipped)
-            if c.gpu is not None:
-                wanted[str(c.gpu)][c.setting] = UNSUPPORTED
+            wanted["host" if c.gpu is None else str(c.gpu)][c.setting] = UNSUPPORTED
             continue
         except GpudError as err:
             out.error = f"{c.where}: {c.setting}: {err}"
@@ -272,6 +273,16 @@ def unsupported_removed(desired: Desired, out: Outcome) -> Desired:
     for c in [*out.plan, *out.skipped]:
         if c.action == "skip" and c.gpu is not None and c.setting in marked.get(c.gpu, {}):
             marked[c.gpu][c.setting] = UNSUPPORTED
+    return marked
+
+
+def host_unsupported_removed(host: Mapping[str, Any], out: Outcome) -> dict[str, Any]:
+    """The profile's host settings with what the plan or the writes skipped (no cpufreq on this
+    host) marked unsupported, as the state file records them."""
+    marked = dict(host)
+    for c in [*out.plan, *out.skipped]:
+        if c.action == "skip" and c.gpu is None and c.setting in marked:
+            marked[c.setting] = UNSUPPORTED
     return marked
 
 
@@ -325,7 +336,7 @@ def drift(machine: Machine, data: TuningState, snapshot: Snapshot, daemon: bool 
     for key, want in sorted(data.desired.items(), key=lambda kv: (not kv[0].isdigit(), kv[0])):
         if key == "host":
             for hkey, host_setting in HOST_BY_KEY.items():
-                if want.get(hkey) is not None:
+                if want.get(hkey) not in (None, UNSUPPORTED):
                     c = host_setting.check(machine, want[hkey])
                     out.append(Drift(None, hkey, c.current, c.desired, c.status))
             continue
@@ -427,5 +438,5 @@ def restore(machine: Machine, fans_only: bool = False) -> tuple[list[str], list[
     return done, failed
 
 
-__all__ = ["Change", "Drift", "Outcome", "RESET", "UNKNOWN", "apply", "drift", "plan", "read_back_ok", "restore",
-           "show", "verify", "write"]
+__all__ = ["Change", "Drift", "Outcome", "RESET", "UNKNOWN", "apply", "drift", "host_unsupported_removed", "plan",
+           "read_back_ok", "restore", "show", "unsupported_removed", "verify", "write"]

@@ -23,8 +23,9 @@ from gpud.model import GpuInfo, GpuSample
 Scope = Literal["gpu", "host"]
 # Plan actions: write it, already there, cannot (with the reason), left to the daemon's fan loop.
 PlanAction = Literal["set", "none", "skip", "daemon"]
-# Verify statuses: as asked, differs now, no getter (locked clocks, a reset), needs the daemon.
-DriftStatus = Literal["ok", "drift", "unverifiable", "daemon"]
+# Verify statuses: as asked, differs now, no getter (locked clocks, a reset), needs the daemon,
+# cannot be read or set here (a CPU governor on a host without cpufreq).
+DriftStatus = Literal["ok", "drift", "unverifiable", "daemon", "skip"]
 
 RESET = "reset"
 UNKNOWN = "unknown"  # NVML has no getter (locked clocks) and gpud did not set it
@@ -316,6 +317,8 @@ class CpuGovernor:
 
     def check(self, machine: Machine, value: str) -> Checked:
         govs = self.read(machine)
+        if not govs:  # no cpufreq (P-states kept by the BIOS, a VM): nothing to compare, nothing to write
+            return Checked(None, value, "skip")
         return Checked(self.shown(govs), value, "ok" if self.same(govs, value) else "drift")
 
 
