@@ -215,3 +215,15 @@ def test_field_values_cost_a_reading_per_id(state_dir) -> None:
     before = lib.modelled_s
     m.nvml.get("nvmlDeviceGetFieldValues", h, [(138, link) for link in range(18)] * 2, gpu=0)
     assert lib.modelled_s - before == pytest.approx(36 * lib.latency.default_s)
+
+
+def test_every_process_sees_the_same_boot_time(state_dir) -> None:
+    """The boot time (``/proc/stat`` btime, the origin of the kernel-log clock and of the counters since
+    boot) is one per simulated boot, not one per process that opens the machine."""
+    import time
+
+    from gpud.backends import open_machine
+
+    first = open_machine("hgx-8x-h200").simulation.machine.boot_time()
+    time.sleep(1.1)  # a boot time computed afresh would now be a second later
+    assert open_machine("hgx-8x-h200").simulation.machine.boot_time() == first

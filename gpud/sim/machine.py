@@ -37,6 +37,7 @@ class SimMachine(Physics):
         self.offset = 0.0  # simulated seconds added by advance()
         self._state_mtime = 0.0
         self._checked = 0.0
+        self._unsaved = False  # the state in hand exists only in this process (no file yet, or a new description)
         self.state: dict[str, Any] = {}
         self._faults_key: tuple[int, int] | None = None
         self._generation = 0
@@ -44,6 +45,11 @@ class SimMachine(Physics):
         self._lost: set[int] = set()
         self._refused: set[tuple[str, Any, Any]] = set()
         self._load_state()
+        if self._unsaved:
+            # A state only this process holds would give each process its own boot time (and so its
+            # own kernel-log clock and counters since boot): the first to open the machine saves it.
+            with self.mutate():
+                pass
         self.start_physics()
 
     # -- persisted state ---------------------------------------------------------------
@@ -72,8 +78,10 @@ class SimMachine(Physics):
             data = json.loads(self.state_file.read_text())
         except (OSError, ValueError):
             self.state = self._initial()
+            self._unsaved = True
             return
-        if data.get("digest") != self.desc.digest:
+        self._unsaved = data.get("digest") != self.desc.digest
+        if self._unsaved:
             data = self._initial()  # the description changed: old writes no longer apply
         self.state = data
         self._state_mtime = st.st_mtime
