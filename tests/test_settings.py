@@ -184,17 +184,24 @@ def test_a_state_file_with_a_value_of_the_wrong_type_is_a_state_error(state_dir,
         assert st.read() is not None
 
 
-def test_enforcement_reapplies_a_drifted_cpu_governor(tmp_path: Path, state_dir) -> None:
+def _enforcing(tmp_path: Path, profile: dict[str, Any]) -> tuple[Machine, Enforcer, Clock, list[tuple[str, str]]]:
+    """The profile applied to a fresh simulated machine, and an enforcer following it on a test clock;
+    the events it journals are collected."""
     m = fresh()
-    p = load(str(write_profile(tmp_path, {"description": "governor", "all": {"power_limit": 250},
-                                          "host": {"cpu_governor": "powersave"}})))
+    p = load(str(write_profile(tmp_path, profile)))
     changes, desired = engine.plan(m, p, daemon=True)
     out = engine.apply(m, p, changes, desired, m.host.cpu_governors())
     assert out.ok, out.error
     events: list[tuple[str, str]] = []
     clock = Clock()
     enforcer = Enforcer(m, lambda kind, summary, **kw: events.append((kind, summary)), clock)
-    enforcer.follow(p.name, engine.unsupported_removed(desired, out), p.host)
+    enforcer.follow(p.name, engine.unsupported_removed(desired, out), engine.host_unsupported_removed(p.host, out))
+    return m, enforcer, clock, events
+
+
+def test_enforcement_reapplies_a_drifted_cpu_governor(tmp_path: Path, state_dir) -> None:
+    m, enforcer, clock, events = _enforcing(tmp_path, {"description": "governor", "all": {"power_limit": 250},
+                                                       "host": {"cpu_governor": "powersave"}})
     assert (None, "cpu_governor", False) in enforcer.enforce(m.snapshot()) and enforcer.reapply_total == 0
 
     m.host.set_cpu_governor("performance", [1])  # one CPU, behind gpud's back
@@ -269,15 +276,7 @@ def test_a_cpu_governor_on_a_host_without_cpufreq_is_unsupported_not_drift(tmp_p
 
 def _failing_power(tmp_path: Path) -> tuple[Machine, Enforcer, Clock, list[tuple[str, str]]]:
     """GPU 2's power limit changed behind gpud's back, and gpud not allowed to write it back."""
-    m = fresh()
-    p = load(str(write_profile(tmp_path, {"description": "power", "all": {"power_limit": 250}})))
-    changes, desired = engine.plan(m, p, daemon=True)
-    out = engine.apply(m, p, changes, desired, m.host.cpu_governors())
-    assert out.ok, out.error
-    events: list[tuple[str, str]] = []
-    clock = Clock()
-    enforcer = Enforcer(m, lambda kind, summary, **kw: events.append((kind, summary)), clock)
-    enforcer.follow(p.name, engine.unsupported_removed(desired, out), p.host)
+    m, enforcer, clock, events = _enforcing(tmp_path, {"description": "power", "all": {"power_limit": 250}})
     m.nvml.set_power_limit(2, 300)
     m.simulation.machine.inject("no_permission", gpu=2, call="nvmlDeviceSetPowerManagementLimit")
     return m, enforcer, clock, events

@@ -20,7 +20,7 @@ from __future__ import annotations
 import types
 from collections.abc import Iterator
 from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 Device = Literal["cuda", "cpu"]
 Verdict = Literal["pass", "warn", "fail", "n/a"]  # n/a: not judged (a CPU run, no view of the links)
@@ -30,6 +30,7 @@ CORRECTNESS = {"params_identical_across_ranks": "parameters identical on every r
                "pipeline_matches_unsplit": "pipeline output = unsplit model output"}
 
 
+T = TypeVar("T")
 Problems = list[str] | None  # where from_json describes the values it could not use; None: not wanted
 
 
@@ -148,6 +149,12 @@ def _read(cls: Any, data: dict[str, Any], problems: Problems, where: str = "") -
     return cls(**kw)
 
 
+def _part(cls: type[T], data: Any, problems: Problems, where: str) -> T:
+    """A part of the report from a JSON value of any kind (a non-object reads as empty)."""
+    got: T = _read(cls, _obj(data, problems, where), problems, where)
+    return got
+
+
 def _items(tp: Any, value: Any, problems: Problems, where: str, kind: type = dict) -> Any:
     """A JSON object (``kind`` dict) or list read item by item as ``tp``: an unusable item is left
     out, a value of another kind reads as empty (both described in ``problems``)."""
@@ -195,8 +202,7 @@ class Correctness:
 
     @classmethod
     def from_json(cls, data: Any, problems: Problems = None, where: str = "correctness.") -> Correctness:
-        c: Correctness = _read(cls, _obj(data, problems, where), problems, where)
-        return c
+        return _part(cls, data, problems, where)
 
 
 @dataclass
@@ -208,8 +214,7 @@ class Nccl:
 
     @classmethod
     def from_json(cls, data: Any, problems: Problems = None, where: str = "nccl.") -> Nccl:
-        n: Nccl = _read(cls, _obj(data, problems, where), problems, where)
-        return n
+        return _part(cls, data, problems, where)
 
 
 @dataclass
@@ -222,8 +227,7 @@ class Load:
 
     @classmethod
     def from_json(cls, data: Any, problems: Problems = None, where: str = "load.") -> Load:
-        load: Load = _read(cls, _obj(data, problems, where), problems, where)
-        return load
+        return _part(cls, data, problems, where)
 
 
 @dataclass
@@ -258,8 +262,7 @@ class Scaling:
 
     @classmethod
     def from_json(cls, data: Any, problems: Problems = None, where: str = "") -> Scaling:
-        s: Scaling = _read(cls, _obj(data, problems, where), problems, where)
-        return s
+        return _part(cls, data, problems, where)
 
 
 @dataclass
