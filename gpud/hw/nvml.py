@@ -11,7 +11,9 @@ give them (Unsupported is not zero); a lost GPU is never hidden.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
+import math
 import threading
 import time
 from collections import Counter
@@ -205,7 +207,7 @@ class Nvml:
         self._gone: set[str] = set()  # functions the driver or the bindings do not have
         self.offtick = False  # a sampler thread reads the blocking readings; the tick uses its results
         self._unsupported: set[tuple[Any, ...]] = set()  # (function, GPU, arguments) that said NotSupported
-        self._nvlink_data_retry: dict[int, float] = {}  # GPU → when to ask its NVLink data counters again
+        self._fields_retry: dict[tuple[int, str], float] = {}  # (GPU, field group) → when to ask it again
         self.calls = 0  # NVML calls made (for the benchmarks)
         self.errors: Counter[str] = Counter()  # NVML errors per function name
 
@@ -605,13 +607,8 @@ class Nvml:
         when NVML has no newer sample. None when the GPU does not give it."""
         name = "nvmlDeviceGetProcessUtilization"
 
-        def read() -> dict[int, int]:
-            if not locked:
-                return self._utilization_samples(name, h, index)
-            with self._lock:
-                return self._utilization_samples(name, h, index)
-
-        out: dict[int, int] | None = self._optional((name, index, ()), read)
+        out: dict[int, int] | None = self._optional(
+            (name, index, ()), lambda: self._maybe_locked(locked, self._utilization_samples, name, h, index))
         return out
 
     def _utilization_samples(self, name: str, h: Any, index: int) -> dict[int, int]:
@@ -643,19 +640,21 @@ class Nvml:
             self._util_seen[index] = max(int(smp.timeStamp) for smp in samples)
         return {pid: round(sum(v) / len(v)) for pid, v in per.items()}
 
+    def _maybe_locked(self, locked: bool, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` under gpud's NVML lock, or without it (the off-tick sampler: NVML is thread-safe)."""
+        if not locked:
+            return fn(*args)
+        with self._lock:
+            return fn(*args)
+
     def _process_list(self, index: int, h: Any, locked: bool, calls: tuple[str, ...]) -> Any:
         """One of NVML's process lists, from the newest entry point the driver exports."""
         for name in calls:
             if (name, index, ()) in self._unsupported:
                 continue
 
-            def read(n: str = name) -> Any:
-                if not locked:
-                    return self._process_entries(n, h, index)
-                with self._lock:
-                    return self._process_entries(n, h, index)
-
-            procs = self._optional((name, index, ()), read)
+            procs = self._optional((name, index, ()),
+                                   functools.partial(self._maybe_locked, locked, self._process_entries, name, h, index))
             if procs is not None:
                 return procs
         return None
@@ -841,15 +840,11 @@ class Nvml:
         reason no field gives (a driver that does not know the id) from nvmlDeviceGetViolationStatus
         where a policy counts it. None when the GPU keeps none (the caller counts per tick then)."""
         out: dict[str, int] = {}
-        key = ("nvmlDeviceGetFieldValues", index, ("violations",))
-        if key not in self._unsupported:
-            values = self.get("nvmlDeviceGetFieldValues", h, list(FI_VIOLATIONS), gpu=index)
-            for v in values or ():
-                got = field_int(v)
-                if got is not None and int(v.fieldId) in FI_VIOLATIONS:
-                    out[FI_VIOLATIONS[int(v.fieldId)]] = got[0]
-            if values is not None and all(int(v.nvmlReturn) == 3 for v in values):
-                self._unsupported.add(key)  # every id Not Supported: a capability, not asked again
+        # every id Not Supported: a capability, not asked again
+        for v in self._field_values(index, h, list(FI_VIOLATIONS), "violations", retry_s=None) or ():
+            got = field_int(v)
+            if got is not None and int(v.fieldId) in FI_VIOLATIONS:
+                out[FI_VIOLATIONS[int(v.fieldId)]] = got[0]
         for policy, reason in PERF_POLICIES.items():
             if reason not in out:
                 t = self.get("nvmlDeviceGetViolationStatus", h, policy, gpu=index)
@@ -862,20 +857,26 @@ class Nvml:
         KiB); None where the GPU gives none."""
         if not info.nvlink_count:
             return None
-        if time.monotonic() < self._nvlink_data_retry.get(index, 0.0):
-            return None
         ids = [(fid, link) for link in range(info.nvlink_count) for fid in FI_NVLINK_DATA]
-        values = self.get("nvmlDeviceGetFieldValues", h, ids, gpu=index)
-        if values is not None and all(int(v.nvmlReturn) == 3 for v in values):
-            # No link counts data (a workstation bridge, or links not trained yet): asked again later.
-            self._nvlink_data_retry[index] = time.monotonic() + NVLINK_DATA_RETRY_S
-            return None
+        # No link counts data (a workstation bridge, or links not trained yet): asked again later.
+        values = self._field_values(index, h, ids, "nvlink_data", retry_s=NVLINK_DATA_RETRY_S)
         out = []
         for v in values or ():
             got = field_int(v)
             if got is not None and int(v.fieldId) in FI_NVLINK_DATA:
                 out.append((int(v.scopeId), FI_NVLINK_DATA[int(v.fieldId)], got[0] * 1024))
         return tuple(out) if out else None
+
+    def _field_values(self, index: int, h: Any, ids: list[Any], what: str, retry_s: float | None) -> Any:
+        """One ``nvmlDeviceGetFieldValues`` call for ``ids``; None when it cannot be read. A GPU that
+        answers every id Not Supported is not asked again for ``retry_s`` seconds (None: never)."""
+        if time.monotonic() < self._fields_retry.get((index, what), 0.0):
+            return None
+        values = self.get("nvmlDeviceGetFieldValues", h, ids, gpu=index)
+        if values is not None and all(int(v.nvmlReturn) == 3 for v in values):
+            self._fields_retry[(index, what)] = math.inf if retry_s is None else time.monotonic() + retry_s
+            return None
+        return values
 
     def _nvlink_errors(self, index: int, h: Any, info: GpuInfo) -> tuple[tuple[int, str, int], ...] | None:
         """Each link's error counters (``nvidia-smi nvlink -e``); None where the GPU gives none."""
