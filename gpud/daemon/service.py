@@ -197,8 +197,6 @@ class Daemon:
         # tuning enforcement: apply/restore and the tick's fan and drift work, under one lock
         self.tuning_lock = threading.RLock()
         self.fans = FanControl(machine)
-        self.desired: dict[int, dict[str, Any]] = {}
-        self.profile: str | None = None
         self.recorder = Recorder(None, None)  # the health journal, opened at start()
         self.enforcer = Enforcer(machine, lambda kind, summary, **kw: self.recorder.profile(kind, summary, **kw))
         self.schedule = Schedule(machine, lambda: self.config, lambda: self.recorder)
@@ -208,6 +206,11 @@ class Daemon:
         self.report = Report(machine)
 
     # The parts' state, where callers (and tests) have always read it.
+    @property
+    def profile(self) -> str | None:
+        """The profile the daemon applied and enforces (the enforcer holds it)."""
+        return self.enforcer.state.profile if self.enforcer.state is not None else None
+
     @property
     def config(self) -> cfg.Config:
         return self.settings.config
@@ -375,9 +378,7 @@ class Daemon:
             reply |= out.as_dict()
             if out.ok:
                 desired = engine.unsupported_removed(desired, out)  # neither enforced nor verified
-                self.desired = desired
                 self.enforcer.follow(p.name, desired, engine.host_unsupported_removed(p.host, out))
-                self.profile = p.name
                 self.fans.configure(desired)
                 log.info("profile %s applied", p.name)
                 who = f"uid {peer.uid} (pid {peer.pid})" if peer is not None else "the daemon"
@@ -390,13 +391,9 @@ class Daemon:
             self.fans.release()
             if not fans_only:
                 self.fans.configure({})
-                self.desired = {}
-                self.profile = None
                 self.enforcer.follow(None, {})
             else:
                 self.fans.configure({})
-                for want in self.desired.values():
-                    want.pop("fan", None)
                 self.enforcer.forget("fan")
             done, failed = engine.restore(self.machine, fans_only=fans_only)
             who = f"uid {peer.uid} (pid {peer.pid})" if peer is not None else "the daemon"
