@@ -126,3 +126,21 @@ def test_nvlink_error_counters_are_read_every_10_s_not_every_tick(state_dir) -> 
     assert sim.library.called["nvmlDeviceGetNvLinkErrorCounter"] == calls
     ada = open_machine("z8-fury-4x-rtx6000ada")  # PCIe only: no NVLink, no counters (absent, not 0)
     assert ada.nvml.sample(0).nvlink_errors is None
+
+
+def test_a_gpu_process_is_looked_up_in_proc_once_while_it_stays(state_dir, monkeypatch) -> None:
+    """User, command and container come from /proc/PID when a process first shows on a GPU, not on
+    every tick; one that leaves the lists is forgotten (its pid may be reused)."""
+    from gpud.backends import open_machine
+
+    m = open_machine("z8-fury-4x-a6000-degraded")
+    looked: list[int] = []
+    real = m.host.process
+    monkeypatch.setattr(m.host, "process", lambda pid: (looked.append(pid), real(pid))[1])
+    first = m.snapshot()
+    users = {p.pid: p.user for s in first.samples for p in s.processes or ()}
+    assert sorted(looked) == sorted(users) and users[48213] == "alice"
+    second = m.snapshot()
+    assert sorted(looked) == sorted(users)  # not read again
+    assert {p.pid: (p.user, p.container) for s in second.samples for p in s.processes or ()} == \
+        {p.pid: (p.user, p.container) for s in first.samples for p in s.processes or ()}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpud.errors import GpuLost
@@ -24,6 +24,8 @@ class Machine:
     host: Host
     label: str  # hostname, or the simulated workstation's name
     simulation: Any = None  # the gpud.sim.Simulation when simulated (tests inject faults through it)
+    # (user, command, container) of each GPU process, read from /proc once while it stays on a GPU
+    _owners: dict[int, tuple[str | None, str | None, str | None]] = field(default_factory=dict, repr=False)
 
     def snapshot(self, pcie: bool = False) -> Snapshot:
         """Read every GPU once. Lost GPUs come back as ``lost`` samples, not as errors.
@@ -37,15 +39,17 @@ class Machine:
         if pcie:
             self.nvml.sample_pcie_all(list(range(count)))
         samples = []
+        seen: dict[int, tuple[str | None, str | None, str | None]] = {}
         for i in range(count):
             sample = self.nvml.sample(i)  # a lost GPU keeps the UUID NVML's cache knows
             if sample.processes:
                 sample = dataclasses.replace(sample, processes=tuple(
-                    dataclasses.replace(p, user=u, command=c, container=self.host.workload(p.pid))
+                    dataclasses.replace(p, user=u, command=c, container=w)
                     for p in sample.processes
-                    for u, c in [self.host.process(p.pid)]
+                    for u, c, w in [self._owner(p.pid, seen)]
                 ))
             samples.append(sample)
+        self._owners = seen  # a process no GPU lists any more is forgotten
         infos = (self.nvml.cached_info(s.index) for s in samples)
         return Snapshot(
             timestamp=time.time(),
@@ -53,6 +57,18 @@ class Machine:
             gpus=tuple(g for g in infos if g is not None),
             samples=tuple(samples),
         )
+
+    def _owner(self, pid: int, seen: dict[int, tuple[str | None, str | None, str | None]]
+               ) -> tuple[str | None, str | None, str | None]:
+        """(user, command, container) of a GPU process: read from ``/proc/PID`` when it first shows on a
+        GPU, not on every tick (NVML's process lists change every few seconds at most). What could not
+        be read yet (the process was just starting) is read again next time."""
+        got = seen.get(pid) or self._owners.get(pid)
+        if got is None or got[0] is None:
+            user, command = self.host.process(pid)
+            got = (user, command, self.host.workload(pid))
+        seen[pid] = got
+        return got
 
     def topology(self, snap: Snapshot) -> Topology:
         return self.nvml.topology(snap.samples)
