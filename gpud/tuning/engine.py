@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -226,10 +226,7 @@ def apply(machine: Machine, profile: Profile, changes: list[Change], desired: De
                                          for i, d in desired.items()}
     if profile.host:
         wanted["host"] = dict(profile.host)
-    for c in changes:  # what is skipped is neither enforced nor verified
-        key = "host" if c.gpu is None else str(c.gpu)
-        if c.action == "skip" and c.setting in wanted.get(key, {}):
-            wanted[key][c.setting] = UNSUPPORTED
+    _mark_skipped(wanted, changes)  # what is skipped is neither enforced nor verified
     record = TuningState(profile=profile.name, source=profile.source, chain=tuple(profile.chain), desired=wanted,
                          originals=originals, pending=True, started_at=time.time(), target=target(machine))
     try:
@@ -247,7 +244,7 @@ def apply(machine: Machine, profile: Profile, changes: list[Change], desired: De
                 return out
             skipped = Change(c.gpu, c.setting, c.current, c.desired, "skip", f"not supported by this GPU ({err})")
             out.skipped.append(skipped)
-            wanted["host" if c.gpu is None else str(c.gpu)][c.setting] = UNSUPPORTED
+            _mark_skipped(wanted, [skipped])
             continue
         except GpudError as err:
             out.error = f"{c.where}: {c.setting}: {err}"
@@ -269,21 +266,26 @@ def apply(machine: Machine, profile: Profile, changes: list[Change], desired: De
 def unsupported_removed(desired: Desired, out: Outcome) -> Desired:
     """``desired`` with what the plan or the writes skipped marked unsupported (neither enforced nor
     verified), as the state file records it."""
-    marked = {gpu: dict(want) for gpu, want in desired.items()}
-    for c in [*out.plan, *out.skipped]:
-        if c.action == "skip" and c.gpu is not None and c.setting in marked.get(c.gpu, {}):
-            marked[c.gpu][c.setting] = UNSUPPORTED
-    return marked
+    marked = {str(gpu): dict(want) for gpu, want in desired.items()}
+    _mark_skipped(marked, [*out.plan, *out.skipped])
+    return {int(gpu): want for gpu, want in marked.items()}
 
 
 def host_unsupported_removed(host: Mapping[str, Any], out: Outcome) -> dict[str, Any]:
     """The profile's host settings with what the plan or the writes skipped (no cpufreq on this
     host) marked unsupported, as the state file records them."""
-    marked = dict(host)
-    for c in [*out.plan, *out.skipped]:
-        if c.action == "skip" and c.gpu is None and c.setting in marked:
-            marked[c.setting] = UNSUPPORTED
-    return marked
+    marked = {"host": dict(host)}
+    _mark_skipped(marked, [*out.plan, *out.skipped])
+    return marked["host"]
+
+
+def _mark_skipped(wanted: dict[str, dict[str, Any]], changes: Iterable[Change]) -> None:
+    """Mark unsupported, in ``wanted`` (keyed as the state file: GPU index as a string, or "host"),
+    every setting a change skipped."""
+    for c in changes:
+        key = "host" if c.gpu is None else str(c.gpu)
+        if c.action == "skip" and c.setting in wanted.get(key, {}):
+            wanted[key][c.setting] = UNSUPPORTED
 
 
 def _fail(machine: Machine, out: Outcome, host_before: dict[int, str] | None, previous: TuningState | None,
