@@ -61,3 +61,17 @@ def test_the_dispatch_table_is_the_one_list_of_requests(state_dir) -> None:
     reply = d.handle({"cmd": "apply", "args": {"profile": "training"}})
     assert reply["ok"] and d.profile == "training" and m.simulation.machine.state["writes"] > writes, reply
     assert d.handle({"cmd": "restore"})["ok"] and d.profile is None
+
+
+def test_the_daemon_applies_a_fan_curve_profile_on_gpus_without_fans(state_dir) -> None:
+    """The H200 is passively cooled: the plan skips its fan curve (unsupported), and the daemon's fan
+    loop must take that as "no curve", not fail the apply."""
+    from gpud import config as cfg
+    from gpud.backends import open_machine
+    from gpud.daemon.service import Daemon
+
+    d = Daemon(open_machine("hgx-8x-h200"), cfg.Config())
+    reply = d.handle({"cmd": "apply", "args": {"profile": "training"}})
+    assert reply["ok"], reply
+    assert d.enforcer.state is not None and d.enforcer.state.desired["0"]["fan"] == "unsupported"
+    assert d.fans.controllers == {}

@@ -46,7 +46,9 @@ class FanControl:
 
     def configure(self, desired: dict[int, dict[str, Any]]) -> None:
         """(Re)build the controllers from a profile's per-GPU settings; fans no longer asked for go auto."""
-        wanted = {gpu: s["fan"] for gpu, s in desired.items() if s.get("fan") and s["fan"]["mode"] != "auto"}
+        # A fan setting the plan skipped (a GPU without fans) is "unsupported", not a curve.
+        wanted = {gpu: s["fan"] for gpu, s in desired.items()
+                  if isinstance(s.get("fan"), dict) and s["fan"]["mode"] != "auto"}
         for gpu in set(self.controllers) - set(wanted):
             self._to_auto(gpu, "no longer controlled")
             self.controllers.pop(gpu, None)
