@@ -44,6 +44,41 @@ class DriverNotLoaded(NvmlError):
     )
 
 
+class DriverMismatch(DriverNotLoaded):
+    """The NVML library and the loaded kernel module come from different driver versions
+    (NVML_ERROR_LIB_RM_VERSION_MISMATCH): a driver upgraded without a reboot."""
+
+    remedy = (
+        "the driver was upgraded but the old kernel module is still loaded: reboot; or stop everything "
+        "that uses the GPUs (display manager, nvidia-persistenced, gpud) and reload the modules: `sudo rmmod "
+        "nvidia_uvm nvidia_drm nvidia_modeset nvidia && sudo modprobe nvidia`; confirm with "
+        "`cat /proc/driver/nvidia/version` and `nvidia-smi`"
+    )
+
+
+class GpuUnusable(NvmlError):
+    """NVML counts the GPU but cannot open it for a reason of the GPU's own that is not loss: each
+    subclass names the cause (an nvmlDeviceGetHandleByIndex answer) and its remedy."""
+
+    cause = ""
+
+
+class InsufficientPower(GpuUnusable):
+    """NVML_ERROR_INSUFFICIENT_POWER: "a device's external power cables are not properly attached"."""
+
+    cause = "insufficient_power"
+    remedy = ("power the machine off and seat the GPU's auxiliary power cables (8-pin or 12VHPWR/12V-2x6) in the "
+              "card and the supply; check the supply's rating; confirm with `nvidia-smi -q -d POWER`")
+
+
+class IrqIssue(GpuUnusable):
+    """NVML_ERROR_IRQ_ISSUE: "NVIDIA kernel detected an interrupt issue with a GPU"."""
+
+    cause = "irq_issue"
+    remedy = ("check `sudo dmesg | grep -iE 'NVRM|msi|irq'` and `cat /proc/interrupts | grep nvidia`; update the "
+              "BIOS, enable MSI (`options nvidia NVreg_EnableMSI=1`), move the card to another slot; reboot")
+
+
 class InvalidInput(GpudError):
     """A file (profile, configuration, workstation description) is invalid: exit code 2."""
 

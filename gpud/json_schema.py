@@ -42,7 +42,7 @@ GPU_INFO = _obj({
     "fan_count": INT, "fan_min_speed_percent": INT, "fan_max_speed_percent": INT,
     "nvlink_count": {"type": "integer"}, "numa_node": INT, "cpu_affinity": INTS,
     "pcie_gpu_max_generation": INT, "temperature_max_operating_celsius": INT,
-    "default_applications_clocks_mhz": CLOCKS,
+    "default_applications_clocks_mhz": CLOCKS, "open_seconds": NUM,
 }, nullable=True)
 
 FAN = _obj({"fan": {"type": "integer"}, "speed_percent": INT, "target_percent": INT,
@@ -65,6 +65,7 @@ ECC = _obj({"volatile_corrected": INT, "volatile_uncorrected": INT, "aggregate_c
 GPU_SAMPLE = _obj({
     "index": {"type": "integer"}, "uuid": {"type": "string"}, "timestamp": {"type": "number"},
     "lost": {"type": "boolean"}, "error": STR, "inaccessible": {"type": "boolean"},
+    "cause": {"enum": [None, "insufficient_power", "irq_issue"]},
     "temperature_celsius": INT, "fans": {"type": "array", "items": FAN},
     "power_watts": NUM, "power_limit_watts": NUM, "power_management_limit_watts": NUM, "energy_joules": NUM,
     "clocks_mhz": CLOCKS, "applications_clocks_mhz": CLOCKS,

@@ -83,6 +83,22 @@ class GpuInfo:
     pcie_gpu_max_generation: int | None = None
     temperature_max_operating_celsius: int | None = None  # NVML_TEMPERATURE_THRESHOLD_GPU_MAX
     default_applications_clocks_mhz: dict[str, int | None] = field(default_factory=dict)
+    # Wall time of this process's first nvmlDeviceGetHandleByIndex: seconds where the lookup initialised
+    # the GPU (persistence mode off and no other client holding it), about nothing otherwise.
+    open_seconds: float | None = None
+
+
+# A first handle lookup this slow initialised the GPU: "order of 1-3 second startup cost per GPU due to ECC
+# scrubbing" without persistence mode (NVIDIA driver-persistence documentation).
+SLOW_OPEN_S = 1.0
+
+
+def slow_open(info: GpuInfo | None) -> str | None:
+    """Why this command waited for the GPU, where its first NVML lookup initialised it; None otherwise."""
+    if info is None or info.open_seconds is None or info.open_seconds < SLOW_OPEN_S:
+        return None
+    return (f"opening it took {info.open_seconds:.1f} s: no process held it open and persistence mode is off, so "
+            "the driver initialised it for this command (ECC scrub, 1-3 s per GPU)")
 
 
 @dataclass(frozen=True)
@@ -123,6 +139,7 @@ class GpuSample:
     lost: bool = False
     error: str | None = None  # why a lost GPU could not be read (NVML's answer)
     inaccessible: bool = False  # not lost: NVML refused this user the device (NO_PERMISSION)
+    cause: str | None = None  # not lost: the handle lookup named the GPU's problem ("insufficient_power", "irq_issue")
     temperature_celsius: int | None = None
     fans: tuple[FanReading, ...] = ()
     power_watts: float | None = None

@@ -17,6 +17,10 @@ REPO = Path(__file__).resolve().parent.parent
 # Simulated NVML setters need root, as real ones do: the suite (and every gpud it starts) writes as
 # if under sudo, whoever runs it; the test of the refusal sets another uid.
 os.environ["GPUD_SIM_EUID"] = "0"
+# Opening a GPU without persistence mode lasts 3 s in the simulator (as on hardware); the suite opens such
+# GPUs hundreds of times, so it shortens that. The test of it (test_fidelity.py,
+# test_without_persistence_the_first_lookup_initialises_the_gpu) runs with the real figure.
+os.environ["GPUD_SIM_GPU_INIT_S"] = "0.05"
 SHIPPED = shipped_names()
 
 

@@ -294,10 +294,23 @@ def test_nvswitch_topology_without_the_device_type_call(tmp_path) -> None:
 
 
 def test_thresholds_from_tlimit_offsets_where_the_threshold_call_is_unsupported() -> None:
+    """R570+ (hgx-8x-h200 runs 570.133.20): thresholds from the T.Limit offsets and the margin. nvidia-ml-py
+    before 12.570 (12.535, 12.560) has no wrapper for nvmlDeviceGetMarginTemperature: gpud calls the C function
+    with nvml.h's versioned struct itself (CI runs this file over 12.535.77 as well)."""
     m = open_machine("hgx-8x-h200")
-    mod = m.simulation.module
-    if not hasattr(mod, "nvmlDeviceGetMarginTemperature"):
-        pytest.skip("these nvidia-ml-py bindings predate nvmlDeviceGetMarginTemperature: thresholds stay None")
+    wrapped = hasattr(m.simulation.module, "nvmlDeviceGetMarginTemperature")
+    g = m.snapshot().gpus[0]
+    assert (g.temperature_slowdown_celsius, g.temperature_shutdown_celsius,
+            g.temperature_max_operating_celsius) == (90, 96, 88)
+    assert m.simulation.library.called["nvmlDeviceGetMarginTemperature"] >= 1
+    assert not m.nvml.errors["nvmlDeviceGetMarginTemperature"], (wrapped, m.nvml.errors)
+
+
+def test_the_margin_fallback_passes_the_struct_version_nvml_checks(monkeypatch) -> None:
+    """The fallback taken under nvidia-ml-py 12.535/12.560, forced here whatever is installed: a wrong
+    struct version would answer ARGUMENT_VERSION_MISMATCH and leave the thresholds None."""
+    m = open_machine("hgx-8x-h200")
+    monkeypatch.delattr(m.simulation.module, "nvmlDeviceGetMarginTemperature", raising=False)
     g = m.snapshot().gpus[0]
     assert (g.temperature_slowdown_celsius, g.temperature_shutdown_celsius,
             g.temperature_max_operating_celsius) == (90, 96, 88)
@@ -670,11 +683,11 @@ def test_nvlink_data_counters_not_supported_at_start_are_asked_again_later(monke
     nv = m.nvml
     clock = [1000.0]
     monkeypatch.setattr(nvml_mod.time, "monotonic", lambda: clock[0])
-    real_get = nv.get
+    real_call = nv.call
     untrained = [True]
 
-    def get(name, *args, **kw):  # type: ignore[no-untyped-def]
-        got = real_get(name, *args, **kw)
+    def call(name, *args, **kw):  # type: ignore[no-untyped-def]
+        got = real_call(name, *args, **kw)
         if name == "nvmlDeviceGetFieldValues" and untrained[0] and got is not None:
             ids = {int(v.fieldId) for v in got}
             if ids <= set(nvml_mod.FI_NVLINK_DATA):
@@ -682,7 +695,7 @@ def test_nvlink_data_counters_not_supported_at_start_are_asked_again_later(monke
                     v.nvmlReturn = 3  # NOT_SUPPORTED, as the links might answer before training
         return got
 
-    monkeypatch.setattr(nv, "get", get)
+    monkeypatch.setattr(nv, "call", call)
     info = nv.info(0)
     h = nv.handle(0)
     assert nv._nvlink_data(0, h, info) is None
@@ -702,3 +715,177 @@ def test_a_process_without_a_sample_in_a_window_that_has_samples_used_no_sm(tmp_
     m = open_machine(desc)
     sm = {p.pid: p.sm_utilization_percent for p in m.snapshot().samples[0].processes or ()}
     assert sm[4101] is not None and sm[4101] > 0 and sm[4103] == 0
+
+
+# -- NVML behaviours that depend on the driver release -------------------------------------------------
+
+def _field_ids_asked(monkeypatch: pytest.MonkeyPatch, nv: Nvml) -> list[int]:
+    """Every field id gpud asks through ``nvmlDeviceGetFieldValues`` from now on."""
+    asked: list[int] = []
+    real = nv.call
+
+    def call(name: str, *args: Any, gpu: int | None = None) -> Any:
+        if name == "nvmlDeviceGetFieldValues":
+            asked.extend(f if isinstance(f, int) else f[0] for f in args[1])
+        return real(name, *args, gpu=gpu)
+
+    monkeypatch.setattr(nv, "call", call)
+    return asked
+
+
+def test_violation_field_ids_follow_the_running_driver(tmp_path, monkeypatch) -> None:
+    """nvml.h 12.9 / 13.0 (drivers 575 to 580.65; nvidia-ml-py 12.575.51, 13.580.65) number the thermal
+    violation counters 251-253 and power-smoothing settings 269-271; nvml.h 13.1 (from 580.82; nvidia-ml-py
+    13.580.82) the other way round. gpud asks the ids of the running driver, never a power-smoothing one."""
+    hot = "utilization_percent = 90\npower_watts = 700\ntemperature_celsius = 91"  # HW thermal slowdown
+    early = open_machine(describe(tmp_path, name="h58065", model="H200", machine='driver_version = "580.65.06"',
+                                  gpu0=hot))
+    assert {k[0]: r for k, (r, _) in _fields(early, 0, [251, 252, 253, 269, 270, 271]).items()} == {
+        251: 0, 252: 0, 253: 0, 269: 3, 270: 3, 271: 3}
+    asked = _field_ids_asked(monkeypatch, early.nvml)
+    ns = early.snapshot().samples[0].clock_event_nanoseconds or {}
+    assert {"hw_thermal_slowdown", "hw_power_brake_slowdown"} <= set(ns) and ns["hw_thermal_slowdown"] > 0
+    assert {251, 252, 253} <= set(asked) and not {269, 270, 271} & set(asked)
+    late = open_machine(describe(tmp_path, name="h58082", model="H200", machine='driver_version = "580.82.07"',
+                                 gpu0=hot))
+    assert {k[0]: r for k, (r, _) in _fields(late, 0, [251, 252, 253, 269, 270, 271]).items()} == {
+        251: 3, 252: 3, 253: 3, 269: 0, 270: 0, 271: 0}
+    asked = _field_ids_asked(monkeypatch, late.nvml)
+    ns = late.snapshot().samples[0].clock_event_nanoseconds or {}
+    assert ns["hw_thermal_slowdown"] > 0 and not {251, 252, 253} & set(asked)
+    old = open_machine(describe(tmp_path, name="h575", model="H200", machine='driver_version = "575.57.08"'))
+    asked = _field_ids_asked(monkeypatch, old.nvml)
+    old.snapshot()
+    assert not {269, 270, 271} & set(asked)  # nvml.h 12.9: power smoothing there
+    assert set(old.snapshot().samples[0].clock_event_nanoseconds or {}) == {
+        "sw_power_cap", "sync_boost", "sw_thermal_slowdown"}  # 251-253 Not Supported before 580 (nvidia-smi)
+
+
+def test_a_field_value_call_that_fails_whole_is_asked_again(tmp_path) -> None:
+    """nvml.h: each field value carries its own nvmlReturn; a call that fails whole says nothing about the
+    fields, so it must not mark a group (violation counters, PCIe byte counters) unsupported for good."""
+    m = open_machine(describe(tmp_path, name="fvw", model="H200", machine='driver_version = "590.48.01"'))
+    sim = m.simulation.machine
+    nv = m.nvml
+    h = nv.handle(0)
+    sim.inject("unsupported", call="nvmlDeviceGetFieldValues")
+    assert "hw_thermal_slowdown" not in (nv._violations(0, h) or {})
+    assert nv._pcie_rates(0, h, 1.0) == (None, None)
+    sim.clear_faults()
+    assert "hw_thermal_slowdown" in (nv._violations(0, h) or {})
+    nv._pcie_rates(0, h, 2.0)
+    assert 0 in nv._pcie_counter_ok
+
+
+def test_margin_temperature_only_from_r570_and_thresholds_from_the_threshold_call_before(tmp_path) -> None:
+    """nvmlDeviceGetMarginTemperature is declared from nvml.h 12.8 (R570): a 550 driver does not export it
+    (Function Not Found), and there Ada and Hopper give their thresholds through
+    nvmlDeviceGetTemperatureThreshold, which nvml.h documents."""
+    for model, (slowdown, shutdown, max_op) in (("RTX 6000 Ada", (91, 96, 89)), ("H200", (90, 96, 88))):
+        m = open_machine(describe(tmp_path, name=f"t550{model[:3]}", model=model,
+                                  machine='driver_version = "550.127.05"'))
+        assert "nvmlDeviceGetMarginTemperature" not in m.simulation.library.exported()
+        mod = m.simulation.module
+        mod.nvmlInit()
+        h = mod.nvmlDeviceGetHandleByIndex(0)
+        if hasattr(mod, "nvmlDeviceGetMarginTemperature"):
+            with pytest.raises(mod.NVMLError_FunctionNotFound):
+                mod.nvmlDeviceGetMarginTemperature(h)
+        assert mod.nvmlDeviceGetTemperatureThreshold(h, 1) == slowdown
+        g = m.snapshot().gpus[0]
+        assert (g.temperature_slowdown_celsius, g.temperature_shutdown_celsius,
+                g.temperature_max_operating_celsius) == (slowdown, shutdown, max_op)
+    new = open_machine(describe(tmp_path, name="t570", model="RTX 6000 Ada", machine='driver_version = "570.133.20"'))
+    assert "nvmlDeviceGetMarginTemperature" in new.simulation.library.exported()
+
+
+# -- errors that name their own cause ------------------------------------------------------------------
+
+def test_rm_version_mismatch_is_its_own_error_with_the_remedy(tmp_path) -> None:
+    """NVML_ERROR_LIB_RM_VERSION_MISMATCH (18): the driver was upgraded and the old kernel module is still
+    loaded (nvidia-smi: "Failed to initialize NVML: Driver/library version mismatch"). Every command and
+    doctor say so, with the remedy: reboot, or reload the nvidia modules."""
+    from gpud.errors import DriverMismatch
+
+    path = describe(tmp_path, name="rm", extra='[[fault]]\nkind = "driver_mismatch"\n')
+    with pytest.raises(DriverMismatch):
+        open_machine(path).snapshot()
+    for cmd in (("status",), ("topo",), ("status", "--json")):
+        r = run_gpud(*cmd, "--simulate", path)
+        assert r.returncode == 1 and "version" in r.stderr and "reboot" in r.stderr and "modprobe" in r.stderr, r
+        assert "install the NVIDIA driver" not in r.stderr
+    r = run_gpud("doctor", "--json", "--simulate", path, "--skip", "torch.cuda")
+    check = {c["id"]: c for c in json.loads(r.stdout)["checks"]}["nvml.available"]
+    assert check["status"] == "fail" and "reboot" in check["remedy"] and "rmmod" in check["remedy"]
+
+
+@pytest.mark.parametrize(("code", "cause", "words"), [(8, "insufficient_power", "power cables"),
+                                                      (11, "irq_issue", "interrupt")])
+def test_a_handle_lookup_naming_power_or_an_irq_problem_is_its_own_finding(tmp_path, monkeypatch, code: int,
+                                                                           cause: str, words: str) -> None:
+    """nvml.h: NVML_ERROR_INSUFFICIENT_POWER (8) "a device's external power cables are not properly
+    attached", NVML_ERROR_IRQ_ISSUE (11) "NVIDIA kernel detected an interrupt issue with a GPU": a finding
+    with its own remedy, not "GPU lost"; the other GPUs are read."""
+    _, out = status_json(monkeypatch, zero_machine(tmp_path, handle_errors={1: code}))
+    gpus = json.loads(out)["gpus"]
+    assert [g["sample"]["cause"] for g in gpus] == [None, cause, None, None]
+    fault = f'[[fault]]\nkind = "handle_refused"\ngpu = 1\nerror = "{cause}"\n'
+    path = describe(tmp_path, name=f"hr{code}", extra=fault)
+    s = open_machine(path).snapshot().samples
+    assert not s[0].lost and s[1].cause == cause
+    r = run_gpud("doctor", "--json", "--simulate", path, "--skip", "torch.cuda")
+    checks = {(c["id"], c["gpu"]): c for c in json.loads(r.stdout)["checks"]}
+    found = checks[("gpu.count", 1)]
+    assert found["status"] == "fail" and words in found["summary"] and "lost" not in found["summary"]
+    assert found["remedy"] and "reboot" not in found["remedy"].split(";")[0]
+
+
+def test_nvml_calls_serialise_on_the_rm_lock() -> None:
+    """NVML calls take the driver's RM lock (MangoHud PR #2104 and #1307): four threads each reading one GPU's
+    PCIe throughput (20 ms a call) take 80 ms together, not 20; a plain reading waits behind a slow one."""
+    import threading
+    import time
+
+    m = open_machine("z8-fury-4x-a6000")
+    mod = m.simulation.module
+    mod.nvmlInit()
+    handles = [mod.nvmlDeviceGetHandleByIndex(i) for i in range(4)]
+    threads = [threading.Thread(target=mod.nvmlDeviceGetPcieThroughput, args=(h, 0)) for h in handles]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert time.perf_counter() - t0 >= 4 * 0.020
+    slow = threading.Thread(target=mod.nvmlDeviceGetPcieThroughput, args=(handles[0], 0))
+    lock = m.simulation.library._lock
+    slow.start()
+    while lock.acquire(blocking=False):  # until the slow call holds the lock (for its 20 ms)
+        lock.release()
+    t0 = time.perf_counter()
+    mod.nvmlDeviceGetTemperature(handles[1], 0)
+    waited = time.perf_counter() - t0
+    slow.join()
+    assert waited >= 0.010
+
+
+def test_without_persistence_the_first_lookup_initialises_the_gpu(tmp_path, monkeypatch) -> None:
+    """nvml.h: the handle lookup "causes NVML to initialize the target GPU"; without persistence mode and with
+    no other client holding it, that is the "order of 1-3 second startup cost per GPU due to ECC scrubbing" of
+    NVIDIA's driver-persistence documentation (3 s modelled). A one-shot status and doctor say why they were
+    slow; a GPU another client holds open, or one with persistence mode, opens at once."""
+    monkeypatch.delenv("GPUD_SIM_GPU_INIT_S")
+    path = describe(tmp_path, name="cold", extra="persistence_mode = false")
+    r = run_gpud("status", "--simulate", path)
+    assert r.returncode == 0 and re.search(r"GPU1\s+opening it took 3\.\d s", r.stdout), r.stdout
+    assert "initialised it for this command" in r.stdout and not re.search(r"GPU0\s+opening", r.stdout)
+    r = run_gpud("doctor", "--json", "--simulate", path, "--check", "config.persistence_mode")
+    checks = {(c["id"], c["gpu"]): c for c in json.loads(r.stdout)["checks"]}
+    assert "initialised it for this command" in checks[("config.persistence_mode", 1)]["summary"]
+    assert checks[("config.persistence_mode", 0)]["status"] == "pass"
+    m = open_machine(path)
+    m.snapshot()
+    assert m.nvml.info(1).open_seconds >= 3.0 and (m.nvml.info(0).open_seconds or 0) < 1.0
+    held = open_machine(path)  # this process is still a client: the GPU stays initialised
+    held.snapshot()
+    assert (held.nvml.info(1).open_seconds or 0) < 1.0

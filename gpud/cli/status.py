@@ -13,7 +13,7 @@ from gpud import __version__
 from gpud.cli.common import Json, Simulate, host, machine
 from gpud.cli.output import colour, emit_json, fmt, is_tty, plural, table, wrap
 from gpud.hw.machine import Machine
-from gpud.model import GpuInfo, GpuSample, Snapshot, document, sample_json, to_jsonable
+from gpud.model import GpuInfo, GpuSample, Snapshot, document, sample_json, slow_open, to_jsonable
 
 HEADERS = ["GPU", "Name", "Temp", "Fan", "Power / limit", "SM / mem clock", "Util", "Memory",
            "PCIe now/max", "Persist", "ECC", "NVLink", "Processes", "Clock events"]
@@ -154,6 +154,11 @@ def render(label: str, snap: Snapshot, when: float | None = None) -> None:
     for i, why in bad.items():
         for col, text in why.items():
             lines += wrap(f"{col}: {text}", indent="        ", first=colour(f"  GPU{i}", "1") + "  ")
+    for i in sorted(infos):
+        slow = slow_open(infos[i])
+        if slow:  # why this command was slow: the lookup initialised the GPU
+            lines += wrap(f"{slow}; `sudo nvidia-smi -pm 1` keeps it initialised", indent="        ",
+                          first=colour(f"  GPU{i}", "1") + "  ")
     sys.stdout.write("\n" + "\n".join(lines) + "\n")
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from gpud.doctor.registry import Context, check, fail, ok, skip, warn
 from gpud.doctor.xid import describe, escalated
-from gpud.model import CheckResult
+from gpud.model import CheckResult, slow_open
 from gpud.text import plural
 
 HW_EVENTS = {"hw_slowdown": "HW slowdown", "hw_thermal_slowdown": "HW thermal slowdown",
@@ -23,8 +23,9 @@ def persistence(ctx: Context) -> Iterator[CheckResult]:
         elif s.persistence_mode:
             yield ok("config.persistence_mode", "persistence mode on", gpu=s.index)
         else:
+            slow = slow_open(ctx.infos.get(s.index))
             yield warn("config.persistence_mode", "persistence mode off: the driver unloads between jobs "
-                       "(slow start, settings lost)", gpu=s.index,
+                       "(slow start, settings lost)" + (f"; {slow}" if slow else ""), gpu=s.index,
                        remedy="`sudo systemctl enable --now nvidia-persistenced` (or `sudo nvidia-smi -pm 1`, "
                               "or a gpud profile); confirm with "
                               "`nvidia-smi --query-gpu=persistence_mode --format=csv`")

@@ -6,8 +6,8 @@ import re
 from collections.abc import Iterator
 
 from gpud.doctor.registry import Context, check, fail, ok, warn
-from gpud.errors import DriverNotLoaded
-from gpud.model import CheckResult
+from gpud.errors import DriverNotLoaded, InsufficientPower, IrqIssue, PermissionDenied
+from gpud.model import CheckResult, GpuSample
 from gpud.text import plural
 
 OFF = {"off", "false", "0", "no", "disable", "disabled"}
@@ -54,9 +54,7 @@ def gpu_count(ctx: Context) -> Iterator[CheckResult]:
         nvml_bus = set(ctx.by_bus())
         for s in ctx.snapshot.samples:
             if s.lost:
-                problems.append(fail("gpu.count", f"GPU {s.index} is lost (fallen off the bus)", gpu=s.index,
-                                     remedy="check `sudo dmesg | grep -i xid` (Xid 79), power cables and seating; "
-                                            "reboot"))
+                problems.append(_unreadable(s))
         lost_known = sum(1 for s in ctx.snapshot.samples if s.lost)
         for addr, dev in sorted(pci.items()):
             if addr in nvml_bus:
@@ -81,6 +79,28 @@ def gpu_count(ctx: Context) -> Iterator[CheckResult]:
     if expect is not None:
         parts.append(f"expected {expect}")
     yield ok("gpu.count", f"{plural(seen, 'GPU')}: {', '.join(parts)}")
+
+
+# A GPU NVML counts but cannot open, by the handle lookup's answer (nvml.h): (summary, remedy).
+UNUSABLE = {
+    "insufficient_power": ("its external power cables are not properly attached (NVML: Insufficient External "
+                           "Power)", InsufficientPower.remedy),
+    "irq_issue": ("the NVIDIA kernel module detected an interrupt problem with it (NVML: IRQ issue)",
+                  IrqIssue.remedy),
+}
+
+
+def _unreadable(s: GpuSample) -> CheckResult:
+    """Why NVML could not open the GPU: its own finding for each cause NVML names, "lost" otherwise."""
+    if s.cause in UNUSABLE:
+        summary, remedy = UNUSABLE[s.cause]
+        return fail("gpu.count", f"GPU {s.index} cannot be used: {summary}", gpu=s.index, detail=s.error or "",
+                    remedy=remedy)
+    if s.inaccessible:
+        return fail("gpu.count", f"GPU {s.index}: NVML refused this user the device", gpu=s.index,
+                    detail=s.error or "", remedy=PermissionDenied.remedy + "; check `ls -l /dev/nvidia*`")
+    return fail("gpu.count", f"GPU {s.index} is lost (fallen off the bus)", gpu=s.index,
+                remedy="check `sudo dmesg | grep -i xid` (Xid 79), power cables and seating; reboot")
 
 
 def xorg_name(name: str) -> str:

@@ -19,7 +19,17 @@ import time
 from collections import Counter
 from typing import Any, Callable, TypeVar
 
-from gpud.errors import DriverNotLoaded, GpuLost, NvmlError, PermissionDenied, Unsupported
+from gpud.errors import (
+    DriverMismatch,
+    DriverNotLoaded,
+    GpuLost,
+    GpuUnusable,
+    InsufficientPower,
+    IrqIssue,
+    NvmlError,
+    PermissionDenied,
+    Unsupported,
+)
 from gpud.model import (
     P2P_STATUSES,
     EccCounts,
@@ -41,7 +51,9 @@ log = logging.getLogger("gpud.nvml")
 _NOT_SUPPORTED = {3, 13, 26}  # NOT_SUPPORTED, FUNCTION_NOT_FOUND, DEPRECATED (app clocks on 590+ drivers)
 _NO_PERMISSION = {4}
 _GPU_LOST = {15, 16}  # GPU_IS_LOST, RESET_REQUIRED
-_NO_DRIVER = {9, 12, 18}  # DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, LIB_RM_VERSION_MISMATCH
+_NO_DRIVER = {9, 12}  # DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND
+_RM_MISMATCH = 18  # LIB_RM_VERSION_MISMATCH: the library of a newer driver over the old kernel module
+_UNUSABLE = {8: InsufficientPower, 11: IrqIssue}  # INSUFFICIENT_POWER, IRQ_ISSUE (nvml.h)
 _UNINITIALIZED = 1
 
 CLOCK_TYPES = {"graphics": 0, "sm": 1, "memory": 2}  # NVML_CLOCK_*
@@ -94,10 +106,17 @@ PROCESS_ENTRY_MAX = 32
 # nvmlNvLinkErrorCounter_t: NVML_NVLINK_ERROR_DL_REPLAY, _DL_RECOVERY, _DL_CRC_FLIT, _DL_CRC_DATA
 NVLINK_ERROR_COUNTERS = {"replay": 0, "recovery": 1, "crc_flit": 2, "crc_data": 3}
 # NVML's violation counters (ns in each clock-event reason since the driver loaded): field values
-# NVML_FI_DEV_CLOCKS_EVENT_REASON_* of nvml.h 13.x (74 and 76 are the older PERF_POLICY ids, 269–271 newer
-# ids an older driver does not know), else the deprecated nvmlDeviceGetViolationStatus per policy.
-FI_VIOLATIONS = {74: "sw_power_cap", 76: "sync_boost", 269: "sw_thermal_slowdown", 270: "hw_thermal_slowdown",
-                 271: "hw_power_brake_slowdown"}
+# NVML_FI_DEV_CLOCKS_EVENT_REASON_*, else the deprecated nvmlDeviceGetViolationStatus per policy. 74 and 76
+# (the older PERF_POLICY ids) never moved; the three thermal ids were renumbered: nvml.h 12.9 and 13.0
+# (drivers 575 to 580.65; nvidia-ml-py 12.575.51, 13.580.65) put them at 251–253 and power-smoothing
+# settings at 269–271, nvml.h 13.1 (drivers from 580.82; nvidia-ml-py 13.580.82) the other way round. The
+# ids asked are chosen by the running driver, so a power-smoothing setting is never read as throttle time;
+# a driver before 575, or one whose version is unknown, is asked only 74 and 76.
+FI_VIOLATIONS = {74: "sw_power_cap", 76: "sync_boost"}
+FI_THERMAL_VIOLATIONS: tuple[tuple[tuple[int, int], dict[int, str]], ...] = (  # (first driver, ids), newest first
+    ((580, 82), {269: "sw_thermal_slowdown", 270: "hw_thermal_slowdown", 271: "hw_power_brake_slowdown"}),
+    ((575, 0), {251: "sw_thermal_slowdown", 252: "hw_thermal_slowdown", 253: "hw_power_brake_slowdown"}),
+)
 PERF_POLICIES = {0: "sw_power_cap", 1: "sw_thermal_slowdown", 2: "sync_boost"}  # nvmlPerfPolicyType_t (nvml.h)
 FI_NVLINK_DATA = {138: "tx", 139: "rx"}  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/_RX: KiB, scopeId = link
 NOT_FOUND = 6
@@ -168,6 +187,25 @@ def field_int(v: Any) -> tuple[int, int] | None:
     return int(getattr(v.value, kind[0])), kind[1]
 
 
+def driver_release(version: str | None) -> tuple[int, int] | None:
+    """``580.65.06`` → (580, 65); None when it is not a driver version."""
+    parts = (version or "").split(".")
+    if len(parts) < 2 or not parts[0].isdigit() or not parts[1].isdigit():
+        return None
+    return int(parts[0]), int(parts[1])
+
+
+def violation_fields(driver: str | None) -> dict[int, str]:
+    """The violation-counter field ids this driver gives, and the clock-event reason each counts."""
+    release = driver_release(driver)
+    out = dict(FI_VIOLATIONS)
+    for first, ids in FI_THERMAL_VIOLATIONS:
+        if release is not None and release >= first:
+            out.update(ids)
+            break
+    return out
+
+
 def _bits(words: Any) -> tuple[int, ...]:
     out = []
     for w, word in enumerate(words):
@@ -193,6 +231,7 @@ class Nvml:
         self._lock = threading.RLock()
         self._initialized = False
         self._handles: dict[int, Any] = {}
+        self._open_seconds: dict[int, float] = {}  # how long this process's first handle lookup took, per GPU
         self._info: dict[int, GpuInfo] = {}
         self._sli: dict[int, tuple[bool | None, ...]] = {}
         self._pairs: dict[tuple[int, int], tuple[str, str, str, str]] = {}
@@ -222,6 +261,11 @@ class Nvml:
             return PermissionDenied(msg, call=call, gpu=gpu, code=code)
         if code in _GPU_LOST:
             return GpuLost(msg, call=call, gpu=gpu, code=code)
+        if code in _UNUSABLE:
+            return _UNUSABLE[code](msg, call=call, gpu=gpu, code=code)
+        if code == _RM_MISMATCH:
+            return DriverMismatch(f"NVML library and kernel module differ in version ({err})", call=call, gpu=gpu,
+                                  code=code)
         if code in _NO_DRIVER or (code == _UNINITIALIZED and call == "nvmlInit"):
             return DriverNotLoaded(
                 f"NVIDIA driver/NVML not available ({err})", call=call, gpu=gpu, code=code
@@ -338,17 +382,21 @@ class Nvml:
     def handle(self, index: int) -> Any:
         """The GPU's handle. A GPU that NVML counts but cannot open — a GPU fallen off the bus answers
         ``NVML_ERROR_UNKNOWN`` (999) or ``GPU_IS_LOST`` here, and ``nvidia-smi`` prints "Unable to
-        determine the device handle for GPU …" — is lost, whatever the code."""
+        determine the device handle for GPU …" — is lost, whatever the code; but for the answers that name
+        another cause (no permission; its power cables, an interrupt problem: ``GpuUnusable``)."""
         with self._lock:
             h = self._handles.get(index)
             if h is None:
+                started = time.perf_counter()
                 try:
                     h = self.call("nvmlDeviceGetHandleByIndex", index, gpu=index)
-                except (GpuLost, DriverNotLoaded, PermissionDenied):
+                except (GpuLost, DriverNotLoaded, PermissionDenied, GpuUnusable):
                     raise  # NO_PERMISSION: a device node this user may not open (nvml.h), not a lost GPU
                 except NvmlError as err:
                     raise GpuLost(str(err), call=err.call, gpu=index, code=err.code) from err
                 self._handles[index] = h
+                # The first lookup initialises a GPU nobody holds open (persistence mode off): seconds.
+                self._open_seconds.setdefault(index, time.perf_counter() - started)
             return h
 
     # -- static facts, read once ------------------------------------------------------
@@ -431,6 +479,7 @@ class Nvml:
             default_applications_clocks_mhz={
                 k: get("nvmlDeviceGetDefaultApplicationsClock", CLOCK_TYPES[k]) for k in ("graphics", "memory")
             },
+            open_seconds=round(self._open_seconds.get(index, 0.0), 3),
         )
         self._info[index] = info
         return info
@@ -492,7 +541,8 @@ class Nvml:
             self._handles.pop(index, None)  # look the GPU up again next time: it may come back
             self._info.pop(index, None) if cached is None else None
             return GpuSample(index=index, uuid=cached.uuid if cached else "", timestamp=now, lost=True,
-                             error=str(err), inaccessible=isinstance(err, PermissionDenied))
+                             error=str(err), inaccessible=isinstance(err, PermissionDenied),
+                             cause=err.cause if isinstance(err, GpuUnusable) else None)
 
     def _sample(self, index: int, info: GpuInfo, now: float) -> GpuSample:
         h = self.handle(index)
@@ -708,10 +758,10 @@ class Nvml:
     def _pcie_rates(self, index: int, h: Any, now: float) -> tuple[int | None, int | None]:
         """PCIe TX/RX bytes per second without blocking the tick: from NVML's cumulative byte counters
         (two ticks apart) where the GPU has them, else the latest off-tick ``sample_pcie`` result."""
-        key = ("nvmlDeviceGetFieldValues", index, ("pcie_bytes",))
-        if key not in self._unsupported:
-            values = self.get("nvmlDeviceGetFieldValues", h, [FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES], gpu=index)
-            counts = [field_int(v) for v in values] if values is not None else [None]
+        # Every id Not Supported: no counters, not asked again (a call that fails whole is asked again).
+        values = self._field_values(index, h, [FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES], "pcie_bytes", retry_s=None)
+        if values is not None:
+            counts = [field_int(v) for v in values]
             if None not in counts:
                 self._pcie_counter_ok.add(index)
                 (tx, bits), (rx, _) = counts  # type: ignore[misc]
@@ -720,8 +770,8 @@ class Nvml:
                 if last is not None and now > last[0]:
                     dt, wrap = now - last[0], 1 << bits  # "Value can be wrapped" (nvml.h): modulo its width
                     return int((tx - last[1]) % wrap / dt), int((rx - last[2]) % wrap / dt)
-            else:
-                self._unsupported.add(key)
+            elif any(int(v.nvmlReturn) == 3 for v in values):  # one of the pair missing: no use either
+                self._fields_retry[(index, "pcie_bytes")] = math.inf
         sampled = self._pcie_sampled.get(index)  # no counters, or no earlier count yet
         if sampled is None or now - sampled[0] > 3 * OFFTICK_EVERY_S:
             return None, None
@@ -840,11 +890,12 @@ class Nvml:
         reason no field gives (a driver that does not know the id) from nvmlDeviceGetViolationStatus
         where a policy counts it. None when the GPU keeps none (the caller counts per tick then)."""
         out: dict[str, int] = {}
+        ids = violation_fields(self.versions().driver)
         # every id Not Supported: a capability, not asked again
-        for v in self._field_values(index, h, list(FI_VIOLATIONS), "violations", retry_s=None) or ():
+        for v in self._field_values(index, h, list(ids), "violations", retry_s=None) or ():
             got = field_int(v)
-            if got is not None and int(v.fieldId) in FI_VIOLATIONS:
-                out[FI_VIOLATIONS[int(v.fieldId)]] = got[0]
+            if got is not None and int(v.fieldId) in ids:
+                out[ids[int(v.fieldId)]] = got[0]
         for policy, reason in PERF_POLICIES.items():
             if reason not in out:
                 t = self.get("nvmlDeviceGetViolationStatus", h, policy, gpu=index)
@@ -872,7 +923,17 @@ class Nvml:
         answers every id Not Supported is not asked again for ``retry_s`` seconds (None: never)."""
         if time.monotonic() < self._fields_retry.get((index, what), 0.0):
             return None
-        values = self.get("nvmlDeviceGetFieldValues", h, ids, gpu=index)
+        try:
+            values = self.call("nvmlDeviceGetFieldValues", h, ids, gpu=index)
+        except (GpuLost, DriverNotLoaded, GpuUnusable):
+            raise
+        except NvmlError as err:
+            # The call failed whole: nvml.h gives each field its own answer (nvmlReturn), so this says
+            # nothing about the fields (asked again next time) unless the function itself is missing.
+            if err.code in (13, None):
+                self._gone.add("nvmlDeviceGetFieldValues")
+                self._fields_retry[(index, what)] = math.inf
+            return None
         if values is not None and all(int(v.nvmlReturn) == 3 for v in values):
             self._fields_retry[(index, what)] = math.inf if retry_s is None else time.monotonic() + retry_s
             return None

@@ -84,6 +84,10 @@ class Fault:
         return str(self.params.get("handle_error", ""))
 
     @property
+    def error(self) -> str:
+        return str(self.params.get("error", ""))
+
+    @property
     def width(self) -> int | None:
         return self.params.get("width")
 
@@ -203,6 +207,10 @@ FAULTS: dict[str, FaultKind] = {
     "fan_stuck": FaultKind({"gpu": (int, _ANY), "fan": (int, 0), "percent": (int, 0)},
                            "physics (fan_duty: cools with the stuck duty, reads as asked)",
                            check=_fan_stuck, check_gpus=_fan_exists),
+    "driver_mismatch": FaultKind({}, "libnvml (nvmlInit: LIB_RM_VERSION_MISMATCH; a process that initialised "
+                                     "before keeps its library)"),
+    "handle_refused": FaultKind({"gpu": (int, _ANY), "error": (("insufficient_power", "irq_issue"), _ANY)},
+                                "libnvml (nvmlDeviceGetHandleByIndex answers INSUFFICIENT_POWER or IRQ_ISSUE)"),
     "nvlink_errors": FaultKind({"gpu": (int, _ANY), "link": (int, None),
                                 "counter": (("replay", "recovery", "crc_flit", "crc_data"), "crc_flit"),
                                 "per_second": ((int, float), 1.0)},

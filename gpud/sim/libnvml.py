@@ -40,26 +40,36 @@ NOT_SUPPORTED = 3
 NO_PERMISSION = 4
 NOT_FOUND = 6
 INSUFFICIENT_SIZE = 7
+INSUFFICIENT_POWER = 8
 DRIVER_NOT_LOADED = 9
+IRQ_ISSUE = 11
 GPU_IS_LOST = 15
+LIB_RM_VERSION_MISMATCH = 18
 UNKNOWN = 999
 
 ERROR_TEXT = {26: "Requested functionality has been deprecated",
               SUCCESS: "Success", UNINITIALIZED: "Uninitialized", INVALID_ARGUMENT: "Invalid Argument",
               NOT_SUPPORTED: "Not Supported", NO_PERMISSION: "Insufficient Permissions", NOT_FOUND: "Not Found",
               INSUFFICIENT_SIZE: "Insufficient Size", DRIVER_NOT_LOADED: "Driver Not Loaded",
-              GPU_IS_LOST: "GPU is lost", 13: "Function Not Found", UNKNOWN: "Unknown Error"}
+              GPU_IS_LOST: "GPU is lost", 13: "Function Not Found", UNKNOWN: "Unknown Error",
+              25: "Argument version mismatch",
+              INSUFFICIENT_POWER: "Insufficient External Power", IRQ_ISSUE: "Interrupt request issue",
+              LIB_RM_VERSION_MISMATCH: "RM has detected an NVML/RM version mismatch."}
+HANDLE_ERRORS = {"insufficient_power": INSUFFICIENT_POWER, "irq_issue": IRQ_ISSUE}
 
 IDLE_SM_MHZ, IDLE_MEM_MHZ = 210, 405
 ARCH_CODES = {"kepler": 2, "maxwell": 3, "pascal": 4, "volta": 5, "turing": 6, "ampere": 7, "ada": 8,
               "hopper": 9, "blackwell": 10}
 P2P_CODES = {name: code for code, name in enumerate(P2P_STATUSES)}
 FI_PCIE_COUNT_TX_BYTES, FI_PCIE_COUNT_RX_BYTES = 197, 198  # NVML_FI_DEV_PCIE_COUNT_{TX,RX}_BYTES
-# NVML_FI_DEV_CLOCKS_EVENT_REASON_* (nvml.h 13.x): time in each reason since the driver loaded, in ns.
-# 74 and 76 are the older NVML_FI_DEV_PERF_POLICY_POWER / _SYNC_BOOST ids; 269–271 are newer.
-FI_VIOLATIONS = {74: "sw_power_cap", 76: "sync_boost", 269: "sw_thermal_slowdown", 270: "hw_thermal_slowdown",
-                 271: "hw_power_brake_slowdown"}
-FI_VIOLATIONS_NEW = (269, 270, 271)
+# NVML_FI_DEV_CLOCKS_EVENT_REASON_*: time in each reason since the driver loaded, in ns. 74 and 76 are the
+# older NVML_FI_DEV_PERF_POLICY_POWER / _SYNC_BOOST ids. The thermal ones were renumbered: 251–253 in
+# nvml.h 12.9 and 13.0 (drivers 575 to 580.65), 269–271 from nvml.h 13.1 (drivers from 580.82); the other
+# triple holds power-smoothing settings in each, which no modelled GPU has (Not Supported).
+FI_VIOLATIONS = {74: "sw_power_cap", 76: "sync_boost"}
+FI_THERMAL_OLD = {251: "sw_thermal_slowdown", 252: "hw_thermal_slowdown", 253: "hw_power_brake_slowdown"}
+FI_THERMAL_NEW = {269: "sw_thermal_slowdown", 270: "hw_thermal_slowdown", 271: "hw_power_brake_slowdown"}
+THERMAL_IDS_RENUMBERED = (580, 82)  # the first driver with the thermal ids at 269–271
 VIOLATION_FIELDS_FROM_DRIVER = 580  # the first driver whose nvidia-smi prints "Clocks Event Reasons Counters"
 # nvmlPerfPolicyType_t → the reason its violation time counts (nvml.h's translation table).
 PERF_POLICIES = {0: "sw_power_cap", 1: "sw_thermal_slowdown", 2: "sync_boost"}
@@ -95,6 +105,10 @@ class LatencyModel:
     # A plain reading: about 22 µs a call measured on an RTX 5080 (4 readings in 0.09 ms), 11.6 µs
     # for GetMemoryInfo on an RTX 4090 laptop.
     default_s: float = 20e-6
+    # Opening a GPU that is not initialised (persistence mode off, no other client): "order of 1-3 second
+    # startup cost per GPU due to ECC scrubbing" (NVIDIA driver-persistence documentation); the upper end.
+    # GPUD_SIM_GPU_INIT_S overrides it (the test suite shortens it; tests of it use the default).
+    gpu_init_s: float = field(default_factory=lambda: float(os.environ.get("GPUD_SIM_GPU_INIT_S") or 3.0))
     per_call: dict[str, float] = field(default_factory=lambda: {
         # "… sampled over a 20 ms interval" (NVML reference, nvmlDeviceGetPcieThroughput).
         "nvmlDeviceGetPcieThroughput": 20e-3,
@@ -210,13 +224,18 @@ def base_name(name: str) -> str:
     return head if sep and tail.isdigit() else name
 
 
+# Entry points a driver exports only from a release on (nvml.h of the first CUDA toolkit that declares them).
+ENTRY_FROM_DRIVER = {"nvmlDeviceGetMarginTemperature": 570}  # nvml.h 12.8 (R570)
+MARGIN_FROM_DRIVER = ENTRY_FROM_DRIVER["nvmlDeviceGetMarginTemperature"]
+
+
 class SimLibrary:
     """The simulated ``libnvidia-ml.so.1``: ``getattr(lib, name)`` gives a C entry point."""
 
     def __init__(self, sim: SimMachine, latency: LatencyModel | None = None) -> None:
         self.sim = sim
         self.latency = latency or LatencyModel()
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # the RM lock: every entry point holds it for its whole duration
         self._init_count = 0
         self._handle_of: dict[int, int] = {}  # address of the handle's struct → description index
         self._structs: dict[int, Any] = {}  # index → the struct a handle points at (kept alive)
@@ -225,6 +244,8 @@ class SimLibrary:
         self.called: Counter[str] = Counter()  # calls per entry point
         self.internal_errors = 0  # Python exceptions inside an entry point: simulator bugs
         lacks = set(sim.desc.machine.driver_lacks)  # an older driver exports fewer entry points
+        major = str(sim.desc.machine.driver_version).split(".")[0]
+        lacks |= {name for name, first in ENTRY_FROM_DRIVER.items() if not major.isdigit() or int(major) < first}
         self._functions: dict[str, Callable[..., Any]] = {
             name: self._bind(name, e) for name, e in ENTRIES.items() if name not in lacks}
         self._functions["nvmlErrorString"] = self._error_string
@@ -247,16 +268,19 @@ class SimLibrary:
     # -- the C calling convention ----------------------------------------------------------
     def _bind(self, name: str, e: Entry) -> Callable[..., int]:
         def c_function(*args: Any) -> int:
-            start = time.perf_counter()
+            entered = time.perf_counter()
             latency = self.latency.of(name, args)
-            try:
-                with self._lock:
+            # The driver's resource-manager lock: a call holds it for all of its time, so a slow call
+            # (20 ms of PCIe throughput) makes every other thread's call wait (docs/simulation.md).
+            with self._lock:
+                start = time.perf_counter()
+                try:
                     code = self._invoke(name, e, args)
-            finally:
-                wait_until(start + latency)
-                self.spent_s += time.perf_counter() - start
-                self.modelled_s += latency
-                self.called[name] += 1
+                finally:
+                    wait_until(start + latency)
+                    self.spent_s += time.perf_counter() - entered
+                    self.modelled_s += latency
+                    self.called[name] += 1
             return code
 
         c_function.__name__ = name
@@ -357,6 +381,10 @@ class SimLibrary:
 def _init(lib: SimLibrary, flags: int = 0) -> None:
     if not lib.sim.desc.machine.driver_loaded:
         fail(DRIVER_NOT_LOADED)
+    if lib.sim.faults_of("driver_mismatch"):
+        # A driver upgraded without a reboot: the new library finds the old kernel module (nvidia-smi:
+        # "Failed to initialize NVML: Driver/library version mismatch").
+        fail(LIB_RM_VERSION_MISMATCH)
     lib.sim.client_attach()
     lib._init_count += 1
 
@@ -406,6 +434,15 @@ def _handle_by_index(lib: SimLibrary, index: Any, out: Any) -> None:
         # (nvidia-smi: "Unable to determine the device handle for GPU …: Unknown Error") or GPU is lost.
         params = [p for p in lib.sim.faults_of("gpu_lost", visible[i]) if p.at_write is None]
         fail(GPU_IS_LOST if params and params[0].handle_error == "gpu_is_lost" else UNKNOWN)
+    for refused in lib.sim.faults_of("handle_refused", visible[i]):
+        fail(HANDLE_ERRORS[refused.error])  # nvml.h: cables not attached, or an interrupt problem
+    if not lib.settings(visible[i]).get("initialised", True):
+        # nvml.h: "this API causes NVML to initialize the target GPU"; under the RM lock, so every other
+        # call waits too.
+        wait_until(time.perf_counter() + lib.latency.gpu_init_s)
+        lib.modelled_s += lib.latency.gpu_init_s
+        with lib.sim.mutate():
+            lib.settings(visible[i])["initialised"] = True
     lib.new_handle(out, visible[i])
 
 
@@ -493,9 +530,12 @@ VALUE_TYPE_SIGNED_INT = 5
 @entry("nvmlDeviceGetTemperatureThreshold")
 def _threshold(lib: SimLibrary, i: int, threshold: int) -> int:
     g = lib.gpu(i)
-    if g.tlimit_thresholds and threshold in (THRESHOLD_SHUTDOWN, THRESHOLD_SLOWDOWN, THRESHOLD_GPU_MAX):
-        # Ada and later: drivers from 550 on give these only relative to T.Limit (nvidia-smi prints
-        # "GPU Slowdown T.Limit Temp: -2 C"); modelled as unsupported here, the stricter reading.
+    if (g.tlimit_thresholds and threshold in (THRESHOLD_SHUTDOWN, THRESHOLD_SLOWDOWN, THRESHOLD_GPU_MAX)
+            and driver_major(lib) >= MARGIN_FROM_DRIVER):
+        # Ada and later: nvidia-smi prints these only relative to T.Limit ("GPU Slowdown T.Limit Temp: -2 C").
+        # Whether the call still answers once nvmlDeviceGetMarginTemperature exists (R570) is not documented:
+        # Not Supported, the stricter reading. Before R570 there is no margin call, and nvml.h documents
+        # this one: it answers there.
         fail(NOT_SUPPORTED)
     key = {THRESHOLD_SHUTDOWN: "shutdown_celsius", THRESHOLD_SLOWDOWN: "slowdown_celsius",
            THRESHOLD_GPU_MAX: "max_operating_celsius", THRESHOLD_MEM_MAX: "memory_max_celsius"}.get(threshold)
@@ -504,14 +544,22 @@ def _threshold(lib: SimLibrary, i: int, threshold: int) -> int:
     return int(getattr(g, str(key)))
 
 
-@entry("nvmlDeviceGetMarginTemperature")
-def _margin(lib: SimLibrary, i: int) -> dict[str, int]:
-    """Degrees left before T.Limit (the max operating temperature): "GPU T.Limit Temp: 61 C"."""
+MARGIN_V1 = 8 | 1 << 24  # nvmlMarginTemperature_v1 = NVML_STRUCT_VERSION(MarginTemperature, 1): 8 bytes
+ARGUMENT_VERSION_MISMATCH = 25
+
+
+@entry("nvmlDeviceGetMarginTemperature", outs="raw")
+def _margin(lib: SimLibrary, i: int, out: Any) -> None:
+    """Degrees left before T.Limit (the max operating temperature): "GPU T.Limit Temp: 61 C". The struct's
+    ``version`` must be nvmlMarginTemperature_v1 (nvml.h: ARGUMENT_VERSION_MISMATCH otherwise)."""
+    target = _target(out)
+    if int(getattr(target, "version", 0)) != MARGIN_V1 or ctypes.sizeof(target) < 8:
+        fail(ARGUMENT_VERSION_MISMATCH)
     g = lib.gpu(i)
     if not g.tlimit_thresholds:
         fail(NOT_SUPPORTED)
     limit = g.max_operating_celsius  # a model with T.Limit thresholds has a max operating temperature
-    return {"marginTemperature": int(limit) - int(round(lib.sim.temperature(i)))}  # type: ignore[arg-type]
+    target.marginTemperature = int(limit) - int(round(lib.sim.temperature(i)))  # type: ignore[arg-type]
 
 
 @entry("nvmlDeviceGetNumFans")
@@ -751,6 +799,7 @@ def _persistence(lib: SimLibrary, i: int) -> int:
 def _set_persistence(lib: SimLibrary, i: int, mode: int) -> None:
     lib.write()
     lib.settings(i)["persistence"] = 1 if mode else 0
+    lib.settings(i)["initialised"] = True  # the GPU was opened to set it: it stays initialised now
 
 
 @entry("nvmlDeviceGetComputeMode")
@@ -879,9 +928,9 @@ def _field_values(lib: SimLibrary, i: int, count: Any, values: Any) -> None:
             v.valueType = VALUE_TYPE_ULL
             v.value.ullVal = int(counters[0 if v.fieldId == FI_PCIE_COUNT_TX_BYTES else 1]) & (2**64 - 1)
             v.nvmlReturn = SUCCESS
-        elif v.fieldId in FI_VIOLATIONS and violation_field(lib, i, int(v.fieldId)):
+        elif (reason := violation_field(lib, i, int(v.fieldId))) is not None:
             v.valueType = VALUE_TYPE_ULL
-            v.value.ullVal = lib.sim.violation_ns(i)[FI_VIOLATIONS[v.fieldId]] & (2**64 - 1)
+            v.value.ullVal = lib.sim.violation_ns(i)[reason] & (2**64 - 1)
             v.nvmlReturn = SUCCESS
         elif (v.fieldId in (FI_NVLINK_DATA_TX, FI_NVLINK_DATA_RX) and lib.gpu(i).nvlink_throughput
               and 0 <= v.scopeId < int(lib.gpu(i).nvlinks or 0)):
@@ -898,17 +947,28 @@ def _field_values(lib: SimLibrary, i: int, count: Any, values: Any) -> None:
             v.nvmlReturn = NOT_SUPPORTED
 
 
+def driver_release(lib: SimLibrary) -> tuple[int, int]:
+    """The driver's (major, minor): ``580.65.06`` → (580, 65); (0, 0) when it does not parse."""
+    parts = [*str(lib.sim.desc.machine.driver_version).split("."), "", ""]
+    return (int(parts[0]) if parts[0].isdigit() else 0, int(parts[1]) if parts[1].isdigit() else 0)
+
+
 def driver_major(lib: SimLibrary) -> int:
-    major = str(lib.sim.desc.machine.driver_version).split(".")[0]
-    return int(major) if major.isdigit() else 0
+    return driver_release(lib)[0]
 
 
-def violation_field(lib: SimLibrary, i: int, field_id: int) -> bool:
-    """The GPU keeps violation counters (``violation_counters``) and the driver knows the field id: the
-    newer ids 269–271 only from driver 580, the first whose nvidia-smi prints these counters."""
+def violation_field(lib: SimLibrary, i: int, field_id: int) -> str | None:
+    """The reason a violation-counter field id counts, where the GPU keeps the counters
+    (``violation_counters``) and this driver gives the id: 74 and 76 always; the thermal reasons only from
+    driver 580 (the first whose nvidia-smi prints these counters), at 251–253 before 580.82 and at 269–271
+    from it (nvml.h 13.0 / 13.1). None: Not Supported."""
     if not lib.gpu(i).violation_counters:
-        return False
-    return field_id not in FI_VIOLATIONS_NEW or driver_major(lib) >= VIOLATION_FIELDS_FROM_DRIVER
+        return None
+    if field_id in FI_VIOLATIONS:
+        return FI_VIOLATIONS[field_id]
+    if driver_major(lib) < VIOLATION_FIELDS_FROM_DRIVER:
+        return None
+    return (FI_THERMAL_NEW if driver_release(lib) >= THERMAL_IDS_RENUMBERED else FI_THERMAL_OLD).get(field_id)
 
 
 @entry("nvmlDeviceGetViolationStatus")

@@ -59,6 +59,9 @@ class SimMachine(Physics):
             gpus[str(i)] = {
                 "power_limit_mw": int(g.power_limit_watts * 1000),
                 "persistence": 1 if g.persistence_mode else 0,
+                # Initialised by the driver: kept so by persistence mode; otherwise the first client to open
+                # the GPU initialises it (seconds), and the last one leaving tears it down.
+                "initialised": bool(g.persistence_mode),
                 "compute_mode": {"default": 0, "prohibited": 2, "exclusive_process": 3}[g.compute_mode],
                 "locked_gpu": None,
                 "locked_mem": None,
@@ -241,6 +244,7 @@ class SimMachine(Physics):
             s = self.settings(i)
             if s["persistence"]:
                 continue
+            s["initialised"] = False
             s["power_limit_mw"] = int(g.power_default_watts * 1000)
             s["compute_mode"] = 0
             s["locked_gpu"] = s["locked_mem"] = s["app_clocks"] = None
