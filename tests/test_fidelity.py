@@ -889,3 +889,48 @@ def test_without_persistence_the_first_lookup_initialises_the_gpu(tmp_path, monk
     held = open_machine(path)  # this process is still a client: the GPU stays initialised
     held.snapshot()
     assert (held.nvml.info(1).open_seconds or 0) < 1.0
+
+
+def test_the_samplers_blocking_calls_wait_for_the_tick(monkeypatch) -> None:
+    """NVML calls serialise on the RM lock, so a tick whose calls met the sampler's would wait for one slow
+    call each (docs/performance.md, "The RM lock"): while a snapshot reads the GPUs, the sampler makes no
+    blocking call; a tick waits for at most the one in progress when it began."""
+    import contextlib
+    import threading
+
+    m = open_machine("z8-fury-4x-a6000")
+    lib = m.simulation.library
+    slow = ("nvmlDeviceGetPcieThroughput", "nvmlDeviceGetComputeRunningProcesses_v3",
+            "nvmlDeviceGetGraphicsRunningProcesses_v3", "nvmlDeviceGetProcessUtilization")
+
+    def blocking() -> int:
+        return sum(lib.called[n] for n in slow)
+
+    m.snapshot()
+    m.nvml.offtick = True  # as the daemon's sampler sets it: the tick reads no blocking call itself
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            m.nvml.sample_pcie_all([0, 1, 2, 3], processes=True)
+
+    gate = m.nvml.reading_all
+    spans: list[tuple[int, int]] = []
+
+    @contextlib.contextmanager
+    def spy():  # type: ignore[no-untyped-def]
+        with gate():
+            first = blocking()
+            yield
+            spans.append((first, blocking()))
+
+    monkeypatch.setattr(m.nvml, "reading_all", spy)
+    sampler = threading.Thread(target=loop, daemon=True)
+    start = blocking()
+    sampler.start()
+    for _ in range(8):
+        m.snapshot()
+    stop.set()
+    sampler.join()
+    assert blocking() > start and len(spans) == 8
+    assert all(a == b for a, b in spans), spans

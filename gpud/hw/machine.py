@@ -40,8 +40,9 @@ class Machine:
             self.nvml.sample_pcie_all(list(range(count)))
         samples = []
         seen: dict[int, tuple[str | None, str | None, str | None]] = {}
-        for i in range(count):
-            sample = self.nvml.sample(i)  # a lost GPU keeps the UUID NVML's cache knows
+        with self.nvml.reading_all():  # the off-tick sampler's blocking calls wait until every GPU is read
+            read = [self.nvml.sample(i) for i in range(count)]  # a lost GPU keeps the UUID NVML's cache knows
+        for sample in read:
             if sample.processes:
                 sample = dataclasses.replace(sample, processes=tuple(
                     dataclasses.replace(p, user=u, command=c, container=w)

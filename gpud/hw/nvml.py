@@ -10,6 +10,7 @@ give them (Unsupported is not zero); a lost GPU is never hidden.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import logging
@@ -17,6 +18,7 @@ import math
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any, Callable, TypeVar
 
 from gpud.errors import (
@@ -216,6 +218,51 @@ def _bits(words: Any) -> tuple[int, ...]:
     return tuple(out)
 
 
+class TickGate:
+    """Keeps the sampler's blocking calls out of a tick. The driver serialises NVML calls on its RM lock, so
+    a tick whose calls met the sampler's would wait for one slow call (20 ms of PCIe throughput, a process
+    list) each. A snapshot holds ``tick()`` while it reads every GPU; each sampler call holds ``call()``:
+    one at a time, none while a tick runs or waits, so a tick waits for at most the one in progress. A
+    sampler call made inside a tick's own thread (a one-shot read before the sampler runs) passes."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._ticks: dict[int, int] = {}  # thread → snapshots it runs (running or waiting)
+        self._calling = False
+
+    @contextlib.contextmanager
+    def tick(self) -> Iterator[None]:
+        me = threading.get_ident()
+        with self._cond:
+            self._ticks[me] = self._ticks.get(me, 0) + 1
+            while self._calling:
+                self._cond.wait()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._ticks[me] -= 1
+                if not self._ticks[me]:
+                    del self._ticks[me]
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def call(self) -> Iterator[None]:
+        if threading.get_ident() in self._ticks:
+            yield
+            return
+        with self._cond:
+            while self._ticks or self._calling:
+                self._cond.wait()
+            self._calling = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._calling = False
+                self._cond.notify_all()
+
+
 class Nvml:
     """NVML behind a lock, with gpud errors, call counting and static caching.
 
@@ -245,6 +292,7 @@ class Nvml:
         self._pcie_counter_ok: set[int] = set()  # GPUs whose cumulative PCIe byte counters answer
         self._gone: set[str] = set()  # functions the driver or the bindings do not have
         self.offtick = False  # a sampler thread reads the blocking readings; the tick uses its results
+        self._gate = TickGate()  # the sampler's blocking calls only between ticks (the driver's RM lock)
         self._unsupported: set[tuple[Any, ...]] = set()  # (function, GPU, arguments) that said NotSupported
         self._fields_retry: dict[tuple[int, str], float] = {}  # (GPU, field group) → when to ask it again
         self.calls = 0  # NVML calls made (for the benchmarks)
@@ -529,6 +577,10 @@ class Nvml:
         with self._lock:  # once for the whole sample: the calls inside re-enter it cheaply
             return self._sample_locked(index)
 
+    def reading_all(self) -> contextlib.AbstractContextManager[None]:
+        """Held while a snapshot reads every GPU (``Machine.snapshot``): the sampler's blocking calls wait."""
+        return self._gate.tick()
+
     def _sample_locked(self, index: int) -> GpuSample:
         now = time.time()
         cached = self._info.get(index)
@@ -691,9 +743,11 @@ class Nvml:
         return {pid: round(sum(v) / len(v)) for pid, v in per.items()}
 
     def _maybe_locked(self, locked: bool, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` under gpud's NVML lock, or without it (the off-tick sampler: NVML is thread-safe)."""
+        """``fn(*args)`` under gpud's NVML lock, or without it (the off-tick sampler: NVML is thread-safe),
+        between two ticks' reads."""
         if not locked:
-            return fn(*args)
+            with self._gate.call():
+                return fn(*args)
         with self._lock:
             return fn(*args)
 
@@ -795,7 +849,8 @@ class Nvml:
             key = ("nvmlDeviceGetPcieThroughput", index, (counter,))
 
             def read(c: int = counter) -> Any:
-                return self._raw("nvmlDeviceGetPcieThroughput", h, c, gpu=index)
+                with self._gate.call():
+                    return self._raw("nvmlDeviceGetPcieThroughput", h, c, gpu=index)
 
             kbs = self._optional(key, read)
             if kbs is None:
