@@ -83,8 +83,8 @@ class GpuInfo:
     pcie_gpu_max_generation: int | None = None
     temperature_max_operating_celsius: int | None = None  # NVML_TEMPERATURE_THRESHOLD_GPU_MAX
     default_applications_clocks_mhz: dict[str, int | None] = field(default_factory=dict)
-    # Wall time of this process's first nvmlDeviceGetHandleByIndex: seconds where the lookup initialised
-    # the GPU (persistence mode off and no other client holding it), about nothing otherwise.
+    # Wall time of this process's first nvmlDeviceGetHandleByIndex where it took SLOW_OPEN_S or more: the
+    # lookup initialised the GPU (persistence mode off, no other client holding it); None when it was quick.
     open_seconds: float | None = None
 
 

@@ -885,10 +885,10 @@ def test_without_persistence_the_first_lookup_initialises_the_gpu(tmp_path, monk
     assert checks[("config.persistence_mode", 0)]["status"] == "pass"
     m = open_machine(path)
     m.snapshot()
-    assert m.nvml.info(1).open_seconds >= 3.0 and (m.nvml.info(0).open_seconds or 0) < 1.0
+    assert (m.nvml.info(1).open_seconds or 0) >= 3.0 and m.nvml.info(0).open_seconds is None
     held = open_machine(path)  # this process is still a client: the GPU stays initialised
     held.snapshot()
-    assert (held.nvml.info(1).open_seconds or 0) < 1.0
+    assert held.nvml.info(1).open_seconds is None
 
 
 def test_the_samplers_blocking_calls_wait_for_the_tick(monkeypatch) -> None:

@@ -30,8 +30,9 @@ class Machine:
     def snapshot(self, pcie: bool = False) -> Snapshot:
         """Read every GPU once. Lost GPUs come back as ``lost`` samples, not as errors.
 
-        ``pcie``: also measure PCIe throughput now, for every GPU at once (about 40 ms: NVML samples
-        it over 20 ms per direction) — one-shot commands; the daemon samples it off the tick instead.
+        ``pcie``: also measure PCIe throughput now, for every GPU (about 40 ms each: NVML samples it over
+        20 ms per direction, and the driver serialises the calls) — one-shot commands; the daemon samples
+        it off the tick instead.
         """
         self.nvml.init()
         versions = self.nvml.versions()

@@ -34,6 +34,7 @@ from gpud.errors import (
 )
 from gpud.model import (
     P2P_STATUSES,
+    SLOW_OPEN_S,
     EccCounts,
     FanReading,
     GpuInfo,
@@ -527,7 +528,7 @@ class Nvml:
             default_applications_clocks_mhz={
                 k: get("nvmlDeviceGetDefaultApplicationsClock", CLOCK_TYPES[k]) for k in ("graphics", "memory")
             },
-            open_seconds=round(self._open_seconds.get(index, 0.0), 3),
+            open_seconds=slow if (slow := round(self._open_seconds.get(index, 0.0), 1)) >= SLOW_OPEN_S else None,
         )
         self._info[index] = info
         return info
@@ -871,7 +872,8 @@ class Nvml:
             log.debug("off-tick readings of GPU %d: %s", index, err)
 
     def sample_pcie_all(self, indices: list[int], processes: bool = False) -> None:
-        """Every GPU's blocking readings at once, in parallel: one 40 ms wait, not 40 ms per GPU."""
+        """Every GPU's blocking readings, a thread per GPU. The driver serialises NVML calls on its RM lock
+        (and ``TickGate`` makes them one at a time): about 40 ms of PCIe throughput per GPU all the same."""
         threads = [threading.Thread(target=self.sample_offtick, args=(i, processes), daemon=True) for i in indices]
         for t in threads:
             t.start()
