@@ -16,13 +16,17 @@ from pathlib import Path
 import pytest
 from conftest import REPO, run_gpud
 from daemon_helpers import RunningDaemon, free_port
+from probe_helpers import XORG, desktop
 
 from gpud.backends import open_machine
 from gpud.daemon.control import request
+from gpud.model import GpuProcess
 from gpud.probe import runner
 from gpud.probe.runner import (
+    LoadMonitor,
     ProbeBusy,
     assemble,
+    busy_gpus,
     cpu_affinity,
     launch,
     make_plan,
@@ -187,6 +191,29 @@ def test_busy_gpus_are_refused_before_anything_starts(state_dir) -> None:
     m = open_machine("z8-fury-4x-a6000-degraded")  # GPU1 trains someone's model
     with pytest.raises(ProbeBusy, match=r"GPU1: 100 % busy, pid 48213 \(alice: python train_resnet.py --gpu 1\)"):
         run_probe(device="cuda", gpus=4, world_sizes=[2], suites=["ddp"], quick=True, machine=m, keep_history=False)
+
+
+def test_a_desktops_display_server_is_not_a_job(tmp_path: Path, state_dir) -> None:
+    m = open_machine(desktop(tmp_path))  # Xorg and gnome-shell on GPU0, nothing else
+    assert busy_gpus(m, [0, 1, 2, 3]) == []
+    mon = LoadMonitor(m)
+    mon.sample()
+    assert mon.seen.processes == {}  # not named as a cause with --allow-busy either
+    # A job beside the desktop is one.
+    job = open_machine(desktop(tmp_path, XORG + ', { pid = 2003, used_mib = 8192, user = "erin", uid = 1005, '
+                                                 'command = "python -m jupyter lab" }'))
+    assert busy_gpus(job, [0]) == ["GPU0: 0 % busy, pid 2003 (erin: python -m jupyter lab)"]
+
+
+def test_in_a_container_the_probes_own_ranks_are_not_other_users(state_dir) -> None:
+    # NVML reports host PIDs; the ranks' PIDs in the container differ and /proc here does not know them.
+    mon = LoadMonitor(None)
+    mon.ours, mon.before = {101}, {0: {900}}
+    rank = GpuProcess(pid=48001, used_memory_bytes=1 << 30, user=None, command=None)
+    stranger = GpuProcess(pid=900, used_memory_bytes=1 << 30, user=None, command=None)
+    alice = GpuProcess(pid=48002, used_memory_bytes=1 << 30, user="alice", command="python train.py")
+    assert mon.others(0, [rank, stranger, alice]) == [stranger, alice]
+    assert mon.hidden == {0: {48001}}
 
 
 def test_every_nccl_variable_is_recorded(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,11 +28,11 @@ from typing import Any
 
 from gpud.errors import GpudError
 from gpud.hw.machine import Machine
-from gpud.model import ACS_BITS, GpuInfo
+from gpud.model import ACS_BITS, GpuInfo, GpuProcess
 from gpud.paths import probe_lock_path
 from gpud.probe import history
 from gpud.probe.diagnose import DEFAULT_THRESHOLDS, Seen, View, explain
-from gpud.probe.expect import cpu_vendor
+from gpud.probe.expect import cpu_link, cpu_vendor
 from gpud.probe.report import Device, Load, Nccl, ProbeReport
 
 SUITES = ("ddp", "pipeline", "allreduce", "p2p")
@@ -115,23 +115,27 @@ def _free_port() -> int:
 
 # -- NCCL -------------------------------------------------------------------------------------
 
-TRANSPORT_LINE = re.compile(r"Channel (\d+)(?:/(\d+))? : (\d+)\[[0-9a-fA-Fx]+\] -> (\d+)\[[0-9a-fA-Fx]+\]"
+TRANSPORT_LINE = re.compile(r"Channel (\d+)(?:/(\d+))? : (\d+)\[([0-9a-fA-Fx]+)\] -> (\d+)\[([0-9a-fA-Fx]+)\]"
                             r"(?: \[(send|receive)\])? via (\S+)")
 
 
 def parse_nccl_transports(text: str) -> list[dict[str, Any]]:
     """The transport of each channel from NCCL's INFO lines, e.g.
     ``NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC`` (p2p.cc), ``… via SHM/direct/direct`` (shm.cc),
-    ``… [send] via NET/Socket/0`` (net.cc), ``… via P2P/CUMEM/read``."""
+    ``… [send] via NET/Socket/0`` (net.cc), ``… via P2P/CUMEM/read``.
+
+    The bracket after each rank is the GPU: its NVML index (``nvmlDev``) from NCCL 2.18.3 on (commit
+    ea383122), its PCI bus id in hex before. The rank is the communicator's: a ``send``/``recv`` pair
+    has a two-rank communicator of its own, so only the bracket says which GPUs a line is about."""
     rows, seen = [], set()
     for m in TRANSPORT_LINE.finditer(text):
-        channel, _, src, dst, direction, via = m.groups()
-        key = (int(channel), int(src), int(dst), via)
+        channel, _, src, src_dev, dst, dst_dev, direction, via = m.groups()
+        key = (int(channel), int(src), src_dev, int(dst), dst_dev, via)
         if key in seen:
             continue
         seen.add(key)
-        rows.append({"channel": int(channel), "src_rank": int(src), "dst_rank": int(dst), "transport": via,
-                     **({"direction": direction} if direction else {})})
+        rows.append({"channel": int(channel), "src_rank": int(src), "dst_rank": int(dst), "src_dev": src_dev,
+                     "dst_dev": dst_dev, "transport": via, **({"direction": direction} if direction else {})})
     return rows
 
 
@@ -283,17 +287,22 @@ def visible_gpus(infos: list[GpuInfo], env: dict[str, str] | None = None) -> lis
     return out
 
 
+def _named(p: GpuProcess) -> str:
+    return f"pid {p.pid}" + (f" ({p.user}: {p.command})" if p.user or p.command else "")
+
+
 def busy_gpus(machine: Machine, indices: list[int]) -> list[str]:
-    """GPUs in use by others now: processes or utilisation above BUSY_UTILIZATION %."""
+    """GPUs in use by others now: a job (a process on NVML's compute list) or utilisation above
+    BUSY_UTILIZATION %. A desktop's display server and shell (the graphics list alone) are not jobs:
+    what they draw shows in the utilisation."""
     out = []
     for s in machine.snapshot().samples:
         if s.index not in indices or s.lost:
             continue
-        procs = [f"pid {p.pid}" + (f" ({p.user}: {p.command})" if p.user or p.command else "")
-                 for p in s.processes or ()]
+        jobs = [_named(p) for p in s.processes or () if not p.graphics_only]
         util = s.utilization_gpu_percent or 0
-        if procs or util > BUSY_UTILIZATION:
-            out.append(f"GPU{s.index}: {util} % busy" + (f", {', '.join(procs)}" if procs else ""))
+        if jobs or util > BUSY_UTILIZATION:
+            out.append(f"GPU{s.index}: {util} % busy" + (f", {', '.join(jobs)}" if jobs else ""))
     return out
 
 
@@ -340,9 +349,26 @@ class LoadMonitor:
         self.period = period
         self.seen = Seen()
         self.ours: set[int] = set()
+        self.before: dict[int, set[int]] = {}  # GPU → PIDs on it before the probe started
+        self.hidden: dict[int, set[int]] = {}  # GPU → PIDs taken for the probe's ranks (see ``others``)
         self.loaded: set[int] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def others(self, gpu: int, procs: Iterable[GpuProcess]) -> list[GpuProcess]:
+        """The jobs on a GPU that are not the probe's ranks. In a container NVML reports the host's PIDs,
+        which this PID namespace does not know (no /proc entry: neither user nor command), so the ranks'
+        own PIDs do not match: a process unknown here that was not on the GPU when the probe started is
+        taken for one of its ranks (``hidden``, recorded in the report)."""
+        out = []
+        for p in procs:
+            if p.graphics_only or p.pid in self.ours:
+                continue
+            if p.user is None and p.command is None and p.pid not in self.before.get(gpu, set()):
+                self.hidden.setdefault(gpu, set()).add(p.pid)
+                continue
+            out.append(p)
+        return out
 
     @property
     def max_gen(self) -> dict[int, int]:
@@ -361,8 +387,7 @@ class LoadMonitor:
                 continue
             if s.clock_events:
                 self.seen.clock_events.setdefault(s.index, set()).update(s.clock_events)
-            others = [f"pid {p.pid}" + (f" ({p.user}: {p.command})" if p.user or p.command else "")
-                      for p in s.processes or () if p.pid not in self.ours]
+            others = [_named(p) for p in self.others(s.index, s.processes or ())]
             if others:
                 known = self.seen.processes.setdefault(s.index, [])
                 known.extend(o for o in others if o not in known)
@@ -444,8 +469,10 @@ def assemble(plan: Plan, launches: list[dict[str, Any]]) -> ProbeReport:
 def machine_view(machine: Machine, seen: Seen, env: dict[str, str]) -> View | None:
     try:
         snap = machine.snapshot()
+        cpuinfo = machine.host.read("/proc/cpuinfo")
+        vendor = cpu_vendor(machine.host.cpu_info().model, cpuinfo)
         return View(machine.topology(snap), {g.index: g for g in snap.gpus}, {s.index: s for s in snap.samples},
-                    seen, cpu_vendor(machine.host.cpu_info().model), acs_above(machine), env)
+                    seen, vendor, acs_above(machine), env, cpu_link(vendor, cpuinfo))
     except GpudError:
         return None
 
@@ -473,9 +500,12 @@ def _run(plan: Plan, machine: Machine | None, host: str, thresholds: dict[int, f
     busy: list[str] = []
     affinity: list[list[int]] = []
     unseen = None
+    monitor = LoadMonitor(gpu_machine)
     if gpu_machine is not None:
         try:
-            used = visible_gpus(list(gpu_machine.snapshot().gpus))[:plan.gpus]
+            snap = gpu_machine.snapshot()
+            used = visible_gpus(list(snap.gpus))[:plan.gpus]
+            monitor.before = {s.index: {p.pid for p in s.processes or ()} for s in snap.samples}
             busy = busy_gpus(gpu_machine, used)
             affinity = cpu_affinity(gpu_machine, used)
         except GpudError as err:  # no NVML: the probe still runs, unjudged
@@ -486,7 +516,7 @@ def _run(plan: Plan, machine: Machine | None, host: str, thresholds: dict[int, f
     started = time.time()
     results = []
     workdir = Path(tempfile.mkdtemp(prefix="gpud-probe-"))
-    monitor = LoadMonitor(gpu_machine)
+    monitor.machine = gpu_machine
     try:
         with monitor:
             for k, spec in enumerate(plan.launches):
