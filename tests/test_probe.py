@@ -29,14 +29,21 @@ def test_cpu_probe_reports_every_section_with_correct_results(state_dir) -> None
     assert set(ddp) == {"1", "2"} and all(x["samples_per_second"] > 0 for x in ddp.values())
     assert ddp["2"]["speedup"] > 0 and 0 < ddp["2"]["efficiency"]
     assert ddp["2"]["ddp"] == {"bucket_cap_mb": 25, "gradient_as_bucket_view": True, "static_graph": True}
+    # gradients stay DDP's bucket views: cleared in place, never set to None (the reducer would copy them)
+    assert ddp["2"]["zero_grad_set_to_none"] is False and ddp["1"]["zero_grad_set_to_none"] is False
+    assert ddp["2"]["reference"]["shards"] == 2  # rank 0's reference takes one shard at a time
     # correctness: identical parameters on every rank; a DDP step equals one process's step on the global batch
     assert ddp["2"]["params_max_spread"] == 0.0
     assert ddp["2"]["reference"]["param_max_abs_diff"] < 1e-4 and ddp["2"]["reference"]["loss_abs_diff"] < 1e-4
     pipe = res["pipeline"]["by_stages"]["2"]
     assert pipe["output_max_abs_diff"] < 1e-4  # pipeline output equals the unsplit model's
     assert pipe["pipeline_samples_per_second"] > 0 and pipe["activation_bytes_per_second"] > 0
+    assert pipe["dtype"] == "fp32" and pipe["speedup"] > 0  # against a baseline in the same precision
     ar = res["allreduce"]["by_world_size"]["2"]
     assert ar["peak_busbw_bytes_per_second"] > 0
+    # DDP's 25 MiB bucket is one of the sizes swept: the prediction reads its bus bandwidth
+    assert ar["bucket_bytes"] == 25 << 20 and 25 << 20 in [row["bytes"] for row in ar["sizes"]]
+    assert ar["bucket_busbw_bytes_per_second"] > 0
     for row in ar["sizes"]:
         assert row["busbw_bytes_per_second"] == pytest.approx(row["algbw_bytes_per_second"] * 2 * (2 - 1) / 2)
         assert row["algbw_bytes_per_second"] == pytest.approx(row["bytes"] / row["seconds"])

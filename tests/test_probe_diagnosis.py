@@ -212,6 +212,16 @@ def test_efficiency_below_prediction_is_named_even_when_the_bus_is_fine(state_di
     assert d.verdicts == {"4": "fail"}
 
 
+def test_the_prediction_uses_the_bus_bandwidth_at_ddps_bucket_size(state_dir) -> None:
+    v = machine_view("z8-fury-4x-a6000")
+    r = result(4, 11 * GB, 0.93)
+    r["allreduce"]["by_world_size"]["4"] |= {"bucket_bytes": 25 << 20, "bucket_busbw_bytes_per_second": 5.5 * GB}
+    d = explain(r, v)
+    comm = 0.4e9 * 2 * 3 / 4 / 5.5e9  # 25 MiB buckets reduce at 5.5 GB/s, not at the 256 MiB peak of 11
+    assert d.details["4"].predicted_efficiency == pytest.approx([0.1 / (0.1 + comm), 0.1 / max(0.1, comm)])
+    assert "measured at DDP's 25 MiB buckets" in d.sentences[-1]
+
+
 def test_thermal_slowdown_seen_during_the_run_is_named() -> None:
     infos = [gpu(0), gpu(1)]
     seen = Seen(clock_events={1: {"hw_thermal_slowdown", "gpu_idle"}}, processes={0: ["pid 7 (bob: python x.py)"]})

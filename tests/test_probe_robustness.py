@@ -21,7 +21,7 @@ from probe_helpers import XORG, desktop
 from gpud.backends import open_machine
 from gpud.daemon.control import request
 from gpud.model import GpuProcess
-from gpud.probe import runner
+from gpud.probe import history, runner
 from gpud.probe.runner import (
     LoadMonitor,
     ProbeBusy,
@@ -214,6 +214,54 @@ def test_in_a_container_the_probes_own_ranks_are_not_other_users(state_dir) -> N
     alice = GpuProcess(pid=48002, used_memory_bytes=1 << 30, user="alice", command="python train.py")
     assert mon.others(0, [rank, stranger, alice]) == [stranger, alice]
     assert mon.hidden == {0: {48001}}
+
+
+@needs_torch
+def test_a_failed_launch_keeps_what_it_measured_and_the_report_says_why(state_dir, monkeypatch) -> None:
+    real = runner.make_plan
+
+    def plan(*a, **kw):  # the one-GPU launch measures DDP, then meets a task that fails
+        p = real(*a, **kw)
+        p.launches = [{"world_size": 1, "tasks": ["ddp", "no_such_task"]}]
+        return p
+    monkeypatch.setattr(runner, "make_plan", plan)
+    res = run_probe(device="cpu", gpus=0, world_sizes=[1], suites=["ddp"], quick=True)
+    assert res.ddp["1"]["samples_per_second"] > 0  # measured before the failure: kept
+    [failure] = res.failures
+    assert failure.startswith("world size 1 (ddp, no_such_task): rank 0 exited with 1: KeyError: 'no_such_task'")
+    assert "the ranks' logs: " in failure
+    assert res.ok is False and res.diagnosis.sentences  # diagnosed
+    latest = history.latest()  # and kept in the history
+    assert latest is not None and latest.failures == [failure] and latest.ddp["1"]
+
+
+@needs_torch
+def test_a_p2p_pair_that_hangs_is_killed_at_its_deadline_and_named_with_acs(tmp_path: Path, state_dir) -> None:
+    m = open_machine("z8-fury-4x-a6000-degraded")  # ACS on the root ports above every GPU
+    done = [{"src": 0, "dst": 1, "bandwidth_bytes_per_second": 1e9}]
+    spec = {"device": "cpu", "tasks": ["ddp"], "quick": True,
+            "test_hang": {"p2p_pair": [1, 2], "deadline_seconds": 2, "done": done}}
+    failures: list[str] = []
+    t0 = time.monotonic()
+    kept = runner._launch_kept(spec, 1, 120, tmp_path, None, [], LoadMonitor(None), failures, m)
+    assert time.monotonic() - t0 < 60  # the pair's deadline, not the launch's 120 s
+    assert failures[0].startswith("P2P GPU1→GPU2 hung: its copies did not finish within 2 s; ACS on a PCIe bridge "
+                                  "above the GPUs redirects peer-to-peer requests through the root complex")
+    assert "ACS is on above GPU1: " in failures[0] and len(failures) == 1
+    # the pairs measured before the hang are kept; the launch started again after the pair and finished
+    assert kept[0]["p2p"]["pairs"] == done and kept[0]["p2p"]["partial"] is True
+    assert kept[1]["ddp"]["samples_per_second"] > 0
+
+
+def test_the_pipeline_speedup_compares_one_precision_with_itself() -> None:
+    plan = make_plan("cuda", 2, [2], ["pipeline"], True)
+    base = {"world_size": 1, "pipeline_baseline": {"by_stages": {"2": {
+        "single_samples_per_second": 100.0, "naive_samples_per_second": 60.0, "dtype": "bf16"}}}}
+    pipe = {"world_size": 2, "pipeline": {"pipeline_samples_per_second": 150.0, "dtype": "fp32",
+                                          "output_max_abs_diff": 0.0}}
+    assert "speedup" not in assemble(plan, [base, pipe]).pipeline["2"]  # bf16 against fp32: no speedup
+    base["pipeline_baseline"]["by_stages"]["2"]["dtype"] = "fp32"
+    assert assemble(plan, [base, pipe]).pipeline["2"]["speedup"] == 1.5
 
 
 def test_every_nccl_variable_is_recorded(monkeypatch: pytest.MonkeyPatch) -> None:

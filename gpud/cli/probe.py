@@ -101,6 +101,8 @@ def render(r: ProbeReport) -> None:
         echo_wrapped(s, indent="    ", first="  → ")
     for s in r.regressions:
         echo_wrapped(f"REGRESSION: {s}", indent="    ", first="  ")
+    for s in r.failures or []:  # what was measured before is shown above
+        echo_wrapped(f"FAILED: {s}", indent="    ", first="  ")
     out.write(f"\n{'OK' if r.ok else 'FAILED'}\n")
 
 

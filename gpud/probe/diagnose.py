@@ -305,7 +305,9 @@ def explain(result: ProbeReport, view: View | None, thresholds: dict[int, float]
             parts.append(f"all-reduce bus bandwidth {measured / GB:.1f} GB/s, {ratio:.0%} of the "
                          f"{expected / GB:.1f} GB/s expected ({healthy_text(healthy)})")
         if r and base and r.get("efficiency") is not None and base.get("step_seconds"):
-            bus = measured or min(p.bandwidth for p in hops)
+            # DDP reduces buckets of bucket_cap_mb: the sweep's figure at that size, where it was measured
+            at_bucket = a.get("bucket_busbw_bytes_per_second") if a else None
+            bus = at_bucket or measured or min(p.bandwidth for p in hops)
             t1 = base["step_seconds"]
             comm = r.get("gradient_bytes", 4 * r.get("parameters", 0)) * 2 * (n - 1) / n / bus
             lo, hi = t1 / (t1 + comm), t1 / max(t1, comm)
@@ -313,8 +315,12 @@ def explain(result: ProbeReport, view: View | None, thresholds: dict[int, float]
             d.predicted_efficiency, d.efficiency = [lo, hi], eff
             d.efficiency_verdict = _verdict(eff / lo if lo else 0.0, EFF_PASS, EFF_WARN)
             verdicts.append(d.efficiency_verdict)
+            if at_bucket and a and a.get("bucket_bytes"):
+                source = f"the bus bandwidth measured at DDP's {a['bucket_bytes'] / 2**20:.0f} MiB buckets"
+            else:
+                source = "the measured bus bandwidth" if measured else "the expected bus bandwidth"
             parts.append(f"DDP efficiency {eff:.0%} against {lo:.0%}–{hi:.0%} predicted from one GPU's "
-                         f"{t1 * 1e3:.1f} ms step and {'the measured' if measured else 'the expected'} bus bandwidth")
+                         f"{t1 * 1e3:.1f} ms step and {source}")
             seed = threshold(thresholds, n)
             out.seeds[ws] = Seed(r.get("speedup"), seed * n, seed)
             out.sentences.append(f"{n} GPUs: {r.get('speedup', 0):.2f}× one GPU against the seeds' "

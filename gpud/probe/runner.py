@@ -39,13 +39,23 @@ SUITES = ("ddp", "pipeline", "allreduce", "p2p")
 PARAM_TOLERANCE = {"cpu": 1e-4, "cuda": 1e-3}
 CPU_NOTE = "CPU run: a functional check of DDP, the pipeline, all-reduce and P2P — not a measure of hardware."
 ACS_P2P_BITS = 0x01 | 0x04 | 0x08  # SrcValid, ReqRedir, CmpltRedir (as gpud doctor's pcie.acs)
+ACS_HANG = ("ACS on a PCIe bridge above the GPUs redirects peer-to-peer requests through the root complex, "
+            "where they are slow or never complete (NCCL troubleshooting, \"PCI Access Control Services\"): "
+            "`gpud doctor --check pcie.acs`, `sudo lspci -vvv | grep ACSCtl`")
 TEARDOWN_GRACE = 10.0  # seconds the ranks get to exit once the result is written
 BUSY_UTILIZATION = 5  # percent: a GPU above it (or with processes) is busy
 VERSION = 2  # of the report's format
 
 
 class ProbeError(GpudError):
-    remedy = "run `gpud probe --debug` for the workers' output; check `gpud doctor`"
+    remedy = "the failing rank's last output is above (all ranks' logs: the directory named); check `gpud doctor`"
+
+    def __init__(self, message: str, partial: dict[str, Any] | None = None, hung: dict[str, Any] | None = None,
+                 logs: Path | None = None) -> None:
+        super().__init__(message)
+        self.partial = partial  # what rank 0 had measured before the launch failed
+        self.hung = hung  # the P2P pair that passed its deadline: its progress line
+        self.logs = logs
 
 
 class ProbeBusy(ProbeError):
@@ -90,10 +100,11 @@ def make_plan(device: Device, gpus: int, world_sizes: list[int] | None, suites: 
         base.append("ddp")
     if plan.stages:
         base.append("pipeline_baseline")
-    if "p2p" in suites and device == "cuda" and gpus >= 2:
-        base.append("p2p")
     if base:
         plan.launches.append({"world_size": 1, "tasks": base})
+    if "p2p" in suites and device == "cuda" and gpus >= 2:
+        # A launch of its own: a pair that hangs (ACS) costs its own deadline, not the baselines' figures.
+        plan.launches.append({"world_size": 1, "tasks": ["p2p"]})
     cpu_p2p = "p2p" in suites and device == "cpu"
     for n in multi:
         tasks: list[str] = [t for t in ("ddp", "allreduce") if t in suites]
@@ -175,7 +186,12 @@ def launch(spec: dict[str, Any], world: int, timeout: float, workdir: Path, gpus
     collective, not in the launch's kill. Once rank 0 has written its result, a tear-down that hangs
     is killed after a grace period and does not fail the probe."""
     out = workdir / f"ws{world}-{'-'.join(spec['tasks'])}.json"
-    spec = {**spec, "out": str(out), "timeout": timeout, "collective_timeout": max(5.0, timeout / 2)}
+    progress = out.with_suffix(".progress")
+    progress.unlink(missing_ok=True)
+    partial = Path(str(out) + ".partial")
+    partial.unlink(missing_ok=True)
+    spec = {**spec, "out": str(out), "timeout": timeout, "collective_timeout": max(5.0, timeout / 2),
+            "progress": str(progress)}
     spec_file = out.with_suffix(".spec.json")
     procs: list[subprocess.Popen[bytes]] = []
     logs = []
@@ -196,9 +212,15 @@ def launch(spec: dict[str, Any], world: int, timeout: float, workdir: Path, gpus
     culprit = 0
     written_at: float | None = None
     lingering: list[int] = []
+    hung: dict[str, Any] | None = None
     try:
         while any(p.poll() is None for p in procs):
             now = time.monotonic()
+            hung = _overdue(progress)
+            if hung is not None and written_at is None:
+                failed = (f"P2P GPU{hung['p2p_pair'][0]}→GPU{hung['p2p_pair'][1]} hung (no result within "
+                          f"{hung['deadline_seconds']:.0f} s)")
+                break
             if written_at is None and out.is_file():
                 written_at = now
             if written_at is not None and now - written_at > TEARDOWN_GRACE:
@@ -231,15 +253,29 @@ def launch(spec: dict[str, Any], world: int, timeout: float, workdir: Path, gpus
         for log in logs:
             log.close()
     if failed is not None or not out.is_file():
-        tail = (workdir / f"ws{world}-rank{culprit}.log").read_text(errors="replace")[-2000:]
+        tail = "" if hung else (workdir / f"ws{world}-rank{culprit}.log").read_text(errors="replace")[-2000:]
+        kept = json.loads(partial.read_text()) if partial.is_file() else None
         raise ProbeError(f"world size {world} ({', '.join(spec['tasks'])}): {failed or 'no result written'}"
-                         + (f"\n{tail}" if tail.strip() else ""))
+                         + (f"\n{tail}" if tail.strip() else ""), kept, hung, workdir)
     data: dict[str, Any] = json.loads(out.read_text())
     if lingering:
         data["teardown_killed_ranks"] = lingering
     text = "".join(f.read_text(errors="replace") for f in sorted(workdir.glob(f"nccl-ws{world}-rank*.log")))
     data["nccl_transports"] = parse_nccl_transports(text)
     return data
+
+
+def _overdue(progress: Path) -> dict[str, Any] | None:
+    """The step rank 0 announced last (a P2P pair) when it has run past its deadline, else None."""
+    try:
+        lines = progress.read_text().splitlines()
+        last: dict[str, Any] = json.loads(lines[-1]) if lines else {}
+    except (OSError, ValueError):
+        return None
+    deadline = last.get("deadline_seconds")
+    if isinstance(deadline, (int, float)) and time.time() - float(last.get("at", time.time())) > deadline:
+        return last
+    return None
 
 
 # -- before and during the run ------------------------------------------------------------------
@@ -442,7 +478,7 @@ def assemble(plan: Plan, launches: list[dict[str, Any]]) -> ProbeReport:
             res.p2p = lr["p2p"]
     for k, p in res.pipeline.items():
         b = baselines.get(k)
-        if b:
+        if b and b.get("dtype", "fp32") == p.get("dtype"):  # a speedup compares one precision with itself
             p |= b | {"speedup": p["pipeline_samples_per_second"] / b["single_samples_per_second"],
                       "naive_speedup": b["naive_samples_per_second"] / b["single_samples_per_second"]}
     base = res.ddp.get("1")
@@ -514,7 +550,8 @@ def _run(plan: Plan, machine: Machine | None, host: str, thresholds: dict[int, f
         raise ProbeBusy("GPUs in use, the probe's figures would be wrong: " + "; ".join(busy))
     cores = os.cpu_count() or 1
     started = time.time()
-    results = []
+    results: list[dict[str, Any]] = []
+    failures: list[str] = []
     workdir = Path(tempfile.mkdtemp(prefix="gpud-probe-"))
     monitor.machine = gpu_machine
     try:
@@ -526,15 +563,17 @@ def _run(plan: Plan, machine: Machine | None, host: str, thresholds: dict[int, f
                 full = {"device": device, "tasks": spec["tasks"], "quick": plan.quick, "stages": plan.stages,
                         "threads_per_rank": max(1, cores // n) if device == "cpu" else 1}
                 limit = timeout or (90.0 if plan.quick else 300.0) * (2 if device == "cpu" else 1)
-                results.append(launch(full, n, limit, workdir, plan.gpus if device == "cuda" else None,
-                                      affinity[:n] if n > 1 else affinity[:1], monitor.ours))
+                results.extend(_launch_kept(full, n, limit, workdir, plan.gpus if device == "cuda" else None,
+                                            affinity[:n] if n > 1 else affinity[:1], monitor, failures,
+                                            gpu_machine))
             if gpu_machine is not None:
                 try:
                     monitor.sample()
                 except GpudError:
                     pass
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        if not failures:
+            shutil.rmtree(workdir, ignore_errors=True)
     if progress:
         progress("done", len(plan.launches), len(plan.launches))
     res = assemble(plan, results)
@@ -548,12 +587,62 @@ def _run(plan: Plan, machine: Machine | None, host: str, thresholds: dict[int, f
     res.load = Load({str(k): v for k, v in monitor.max_gen.items()},
                     {str(k): sorted(v) for k, v in monitor.seen.clock_events.items()},
                     {str(k): v for k, v in monitor.seen.processes.items()})
-    res.ok = res.correctness.ok() and not res.diagnosis.failed()
+    res.failures = failures or None
+    res.ok = res.correctness.ok() and not res.diagnosis.failed() and not failures
     # CPU figures say nothing about the hardware: no regression is read into them.
     res.regressions = history.regressions(res.to_json(), history.load()) if device == "cuda" else []
     if keep_history:
         history.append(res)
     return res
+
+
+def _launch_kept(spec: dict[str, Any], n: int, limit: float, workdir: Path, gpus: int | None,
+                 affinity: list[list[int]], monitor: LoadMonitor, failures: list[str],
+                 machine: Machine | None) -> list[dict[str, Any]]:
+    """One planned launch; when it fails or times out, what its rank 0 had measured is kept and the
+    failure is said in ``failures``. A P2P pair that hangs is killed at its deadline and the copies start
+    again after it (its reverse skipped too: the same path), within the launch's time."""
+    kept: list[dict[str, Any]] = []
+    deadline = time.monotonic() + limit
+    skip: list[list[int]] = []
+    while True:
+        try:
+            kept.append(launch(spec, n, max(1.0, deadline - time.monotonic()), workdir, gpus, affinity, monitor.ours))
+            return kept
+        except ProbeError as err:
+            if err.partial:
+                kept.append(err.partial)
+            if err.hung is None:
+                lines = [x.strip() for x in str(err).splitlines() if x.strip()]
+                why = f": {lines[-1]}" if len(lines) > 1 else ""
+                failures.append(f"{lines[0] if lines else err}{why}" + (f" (the ranks' logs: {err.logs})"
+                                                                          if err.logs else ""))
+                return kept
+            a, b = err.hung["p2p_pair"]
+            failures.append(hung_sentence(err.hung, machine))
+            skip += [[a, b], [b, a]]
+            done = (err.partial or {}).get("p2p", {}).get("pairs", [])
+            spec = spec | {"p2p_skip": skip, "p2p_done": done}
+            if deadline - time.monotonic() < 5:
+                failures.append("P2P: the pairs after the one that hung were not measured (launch time used up)")
+                return kept
+
+
+def hung_sentence(hung: dict[str, Any], machine: Machine | None) -> str:
+    """'P2P GPU a→b hung' in NVML's numbering where the GPUs' UUIDs are known, with ACS as the likely cause
+    and the bridges with ACS on above either GPU."""
+    a, b = hung["p2p_pair"]
+    acs: dict[int, list[str]] = {}
+    if machine is not None:
+        try:
+            by_uuid = {g.uuid: g.index for g in machine.snapshot().gpus}
+            a, b = by_uuid.get(hung.get("src_uuid") or "", a), by_uuid.get(hung.get("dst_uuid") or "", b)
+            acs = acs_above(machine)
+        except GpudError:
+            pass
+    seen = [f"GPU{g}: {', '.join(acs[g])}" for g in (a, b) if acs.get(g)]
+    return (f"P2P GPU{a}→GPU{b} hung: its copies did not finish within {hung['deadline_seconds']:.0f} s; "
+            + ACS_HANG + (f"; ACS is on above {'; '.join(seen)}" if seen else ""))
 
 
 def torch_gpus() -> int:
