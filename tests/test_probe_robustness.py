@@ -1,6 +1,6 @@
-"""The probe's CUDA path checked without a GPU, and its robustness: world sizes without 1, uneven
-stages, a tear-down that hangs, one probe per machine, busy GPUs, CPU affinity, NCCL's settings, the
-daemon's probe."""
+"""The probe's robustness: world sizes without 1, uneven stages, a tear-down that hangs, a launch that
+fails, a P2P pair that hangs, one probe per machine, busy GPUs and the desktop, CPU affinity, NCCL's
+settings, the daemon's probe. The CUDA code paths themselves: tests/test_probe_cuda_paths.py."""
 
 from __future__ import annotations
 
@@ -40,7 +40,8 @@ needs_torch = pytest.mark.skipif(not torch_available() and os.environ.get("CI") 
                                  reason="PyTorch not installed: README, Run the tests, says how to add the CPU build")
 
 # Runs a worker rank with torch's default device set to `meta`: a tensor made without an explicit device
-# (on a GPU run: a CPU tensor handed to NCCL) cannot take part in any computation or collective.
+# (on a GPU run: a CPU tensor handed to NCCL) cannot take part in any computation or collective. This
+# runs the CPU path; where each tensor goes on the CUDA path is tests/test_probe_cuda_paths.py's.
 META = """
 import runpy, sys, torch
 torch.set_default_device("meta")
@@ -68,7 +69,7 @@ def _ranks(tmp_path: Path, spec: dict, world: int) -> list[subprocess.CompletedP
 
 
 @needs_torch
-def test_the_worker_makes_every_tensor_on_the_ranks_device(tmp_path: Path) -> None:
+def test_the_worker_makes_no_tensor_without_an_explicit_device(tmp_path: Path) -> None:
     multi = {"device": "cpu", "tasks": ["ddp", "allreduce", "p2p", "pipeline"], "quick": True, "stages": [2],
              "out": str(tmp_path / "two.json")}
     for r in _ranks(tmp_path, multi, 2):

@@ -282,7 +282,7 @@ def _timed_max(ctx: Ctx, fn: Callable[[], Any]) -> float:
     t0 = time.perf_counter()
     fn()
     sync(ctx.device)
-    spent = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=ctx.device)
+    spent = torch.full((1,), time.perf_counter() - t0, dtype=torch.float64, device=ctx.device)
     if ctx.world > 1:
         dist.all_reduce(spent, op=dist.ReduceOp.MAX)
     return float(spent.item())
@@ -380,9 +380,11 @@ def _copy_pair(i: int, j: int, size: int, reps: int, both: bool = True) -> dict[
         two = windows([copies(True, reps) for _ in range(WINDOWS)])
         out |= {"bidirectional_bytes_per_second": 2 * size * reps / two["median_seconds"],
                 "bidirectional_spread": two["spread"]}
-    small_a, small_b = a[:4], b[:4]
+    small_a = torch.empty(4, dtype=torch.uint8, device=di)
+    small_b = torch.empty(4, dtype=torch.uint8, device=dj)
     lat = []
     for _ in range(WINDOWS):
+        torch.cuda.synchronize(dj)
         t0 = time.perf_counter()
         for _ in range(50):
             small_b.copy_(small_a)
