@@ -144,8 +144,12 @@ def probe(
     if runner.under_torchrun():
         import socket
 
+        try:
+            node: Any = machine(simulate)
+        except GpudError:
+            node = None  # no NVML here: the GPUs are not checked for other jobs
         res = runner.run_distributed(quick=quick, suites=suites, host=socket.gethostname(),
-                                     thresholds=conf.efficiency_thresholds())
+                                     thresholds=conf.efficiency_thresholds(), machine=node, allow_busy=allow_busy)
         if res is None:
             return
     else:

@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -327,7 +327,7 @@ def _named(p: GpuProcess) -> str:
     return f"pid {p.pid}" + (f" ({p.user}: {p.command})" if p.user or p.command else "")
 
 
-def busy_gpus(machine: Machine, indices: list[int]) -> list[str]:
+def busy_gpus(machine: Machine, indices: list[int], ours: set[int] | None = None) -> list[str]:
     """GPUs in use by others now: a job (a process on NVML's compute list) or utilisation above
     BUSY_UTILIZATION %. A desktop's display server and shell (the graphics list alone) are not jobs:
     what they draw shows in the utilisation."""
@@ -335,7 +335,7 @@ def busy_gpus(machine: Machine, indices: list[int]) -> list[str]:
     for s in machine.snapshot().samples:
         if s.index not in indices or s.lost:
             continue
-        jobs = [_named(p) for p in s.processes or () if not p.graphics_only]
+        jobs = [_named(p) for p in s.processes or () if not p.graphics_only and p.pid not in (ours or ())]
         util = s.utilization_gpu_percent or 0
         if jobs or util > BUSY_UTILIZATION:
             out.append(f"GPU{s.index}: {util} % busy" + (f", {', '.join(jobs)}" if jobs else ""))
@@ -662,20 +662,57 @@ def under_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")) and int(os.environ["WORLD_SIZE"]) > 1
 
 
-def run_distributed(*, quick: bool, suites: list[str], host: str,
-                    thresholds: dict[int, float] | None = None) -> ProbeReport | None:
-    """Under torchrun (one or many machines): this process is one rank; rank 0 returns the report."""
+def siblings() -> set[int]:
+    """PIDs of this process's siblings (torchrun's other local ranks: children of the same agent)."""
+    parent, out = os.getppid(), set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+                    out.add(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return out
+
+
+def run_distributed(*, quick: bool, suites: list[str], host: str, thresholds: dict[int, float] | None = None,
+                    machine: Machine | None = None, allow_busy: bool = False) -> ProbeReport | None:
+    """Under torchrun (one or many machines): this process is one rank; rank 0 returns the report.
+
+    Each node's local rank 0 takes the machine's probe lock and checks its GPUs for other jobs (its
+    node's own ranks excepted) before anything is measured; a refusal on any node ends every rank."""
     from gpud.probe import worker  # torch: only here, only under torchrun
 
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
     device: Device = "cuda" if worker.cuda_available() else "cpu"
     tasks = [t for t in ("ddp", "allreduce") if t in suites]
     started = time.time()
-    full = worker.run({"device": device, "tasks": tasks, "quick": quick, "collective_timeout": 300}, rank, world,
-                      local)
-    # The one-GPU baseline after the group's run, on rank 0's GPU alone, while the others wait.
-    baseline = worker.run({"device": device, "tasks": ["ddp"], "quick": quick}, 0, 1, local) if rank == 0 else None
-    worker.finish_group()
+    spec = {"device": device, "tasks": tasks, "quick": quick, "collective_timeout": 300}
+    with ExitStack() as held:
+        refusal = None
+        if local == 0:
+            try:
+                held.enter_context(probe_lock())
+                if machine is not None and device == "cuda" and not allow_busy:
+                    used = visible_gpus(list(machine.snapshot().gpus))[:local_world]
+                    busy = busy_gpus(machine, used, ours=siblings() | {os.getpid()})
+                    if busy:
+                        refusal = "GPUs in use, the probe's figures would be wrong: " + "; ".join(busy)
+            except ProbeBusy as err:
+                refusal = str(err)
+            except GpudError:
+                pass  # no NVML on this node: not checked, as without torchrun
+        worker.init(spec, rank, world, local)
+        refusals = [r for r in worker.gather(f"{host}: {refusal}" if refusal else None) if r]
+        if refusals:
+            worker.finish_group()
+            raise ProbeBusy("; ".join(refusals))
+        full = worker.run(spec, rank, world, local)
+        # The one-GPU baseline after the group's run, on rank 0's GPU alone, while the others wait.
+        baseline = worker.run({"device": device, "tasks": ["ddp"], "quick": quick}, 0, 1, local) if rank == 0 else None
+        worker.finish_group()
     if rank != 0:
         return None
     plan = Plan(device, [1, world], suites, quick, world)
@@ -687,6 +724,7 @@ def run_distributed(*, quick: bool, suites: list[str], host: str,
         res.note = CPU_NOTE
     res.diagnosis = explain(res, None, thresholds or DEFAULT_THRESHOLDS)
     res.ok = res.correctness.ok() and not res.diagnosis.failed()
-    res.regressions = history.regressions(res.to_json(), history.load())
+    # CPU figures say nothing about the hardware: no regression is read into them.
+    res.regressions = history.regressions(res.to_json(), history.load()) if device == "cuda" else []
     history.append(res)
     return res

@@ -35,9 +35,10 @@ PIPELINE_DTYPE = "fp32"  # the pipeline, its naive split and its one-GPU baselin
 WINDOWS = 3  # timed windows per figure: median and spread are reported
 BUCKET_CAP_MB = 25  # DDP's bucket size (its default); the all-reduce sweep includes this size
 BUCKET_BYTES = BUCKET_CAP_MB * 2**20  # DDP counts bucket_cap_mb in MiB (reducer: bucket_cap_mb * 1024 * 1024)
-# P2P copies: nvbandwidth's default buffer (64 MiB), repeated per timed window
+# P2P copies as nvbandwidth makes them (default_constants.h: a 64 MiB buffer, 16 copies per timed loop,
+# 3 loops; its quick set 4 copies): the sweep's time is worked out in docs/probe.md
 P2P_BYTES = 64 << 20
-P2P_REPS = {True: 3, False: 8}  # by --quick
+P2P_REPS = {True: 4, False: 16}  # by --quick
 # A pair's deadline: its bytes at the slowest PCIe link there is (Gen1 x1, 0.25 GB/s), plus CUDA's set-up
 SLOWEST_LINK = 0.25e9
 PAIR_SETUP_SECONDS = 10.0
@@ -309,7 +310,8 @@ def p2p(ctx: Ctx) -> dict[str, Any]:
 
 def pair_deadline(reps: int, both: bool, size: int = P2P_BYTES) -> float:
     """Seconds one pair may take before it counts as hung: its bytes at the slowest PCIe link there is."""
-    moved = size * (2 + WINDOWS * reps) * (2 if both else 1) + (size * WINDOWS * reps * 2 if both else 0)
+    copies = (4 if both else 2) + WINDOWS * reps + (2 * WINDOWS * reps if both else 0)  # warm-up, one way, both
+    moved = size * copies
     return PAIR_SETUP_SECONDS + moved / SLOWEST_LINK
 
 
@@ -707,6 +709,15 @@ def main() -> int:
 def cuda_available() -> bool:
     """For the torchrun path of the runner, which must not import torch itself."""
     return bool(torch.cuda.is_available())
+
+
+def gather(value: Any) -> list[Any]:
+    """Every rank's ``value`` (the group made by ``init``), in rank order."""
+    if not dist.is_initialized():
+        return [value]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
 
 
 def finish_group() -> None:
