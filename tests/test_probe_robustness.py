@@ -231,6 +231,7 @@ def test_a_failed_launch_keeps_what_it_measured_and_the_report_says_why(state_di
     [failure] = res.failures
     assert failure.startswith("world size 1 (ddp, no_such_task): rank 0 exited with 1: KeyError: 'no_such_task'")
     assert "the ranks' logs: " in failure
+    assert "--debug" not in runner.ProbeError.remedy  # `gpud probe --debug` does not exist; the logs are kept
     assert res.ok is False and res.diagnosis.sentences  # diagnosed
     latest = history.latest()  # and kept in the history
     assert latest is not None and latest.failures == [failure] and latest.ddp["1"]

@@ -43,7 +43,7 @@ ACS_HANG = ("ACS on a PCIe bridge above the GPUs redirects peer-to-peer requests
             "where they are slow or never complete (NCCL troubleshooting, \"PCI Access Control Services\"): "
             "`gpud doctor --check pcie.acs`, `sudo lspci -vvv | grep ACSCtl`")
 TEARDOWN_GRACE = 10.0  # seconds the ranks get to exit once the result is written
-BUSY_UTILIZATION = 5  # percent: a GPU above it (or with processes) is busy
+BUSY_UTILIZATION = 5  # percent: a GPU above it (or running a job) is busy
 VERSION = 2  # of the report's format
 
 
@@ -395,7 +395,7 @@ class LoadMonitor:
         """The jobs on a GPU that are not the probe's ranks. In a container NVML reports the host's PIDs,
         which this PID namespace does not know (no /proc entry: neither user nor command), so the ranks'
         own PIDs do not match: a process unknown here that was not on the GPU when the probe started is
-        taken for one of its ranks (``hidden``, recorded in the report)."""
+        taken for one of its ranks (kept in ``hidden``)."""
         out = []
         for p in procs:
             if p.graphics_only or p.pid in self.ours:
