@@ -91,7 +91,8 @@ def render(r: ProbeReport) -> None:
         lat_key = "copy_latency_seconds" if "copy_latency_seconds" in pairs[0] else "one_way_latency_seconds"
         table(["pair", "one way GB/s", "both ways GB/s", "latency µs"],
               [[f"{p['src']}→{p['dst']}", f"{p['bandwidth_bytes_per_second'] / GB:.2f}",
-                f"{p.get('bidirectional_bytes_per_second', 0) / GB:.2f}", f"{p.get(lat_key, 0) * 1e6:.1f}"]
+                f"{p['bidirectional_bytes_per_second'] / GB:.2f}" if "bidirectional_bytes_per_second" in p else "—",
+                f"{p.get(lat_key, 0) * 1e6:.1f}"]
                for p in pairs],
               title=f"\nP2P ({r.p2p.get('how', '')}; latency: {r.p2p.get('latency', '')})")
     out.write("\n")
