@@ -215,6 +215,16 @@ def test_in_a_container_the_probes_own_ranks_are_not_other_users(state_dir) -> N
     alice = GpuProcess(pid=48002, used_memory_bytes=1 << 30, user="alice", command="python train.py")
     assert mon.others(0, [rank, stranger, alice]) == [stranger, alice]
     assert mon.hidden == {0: {48001}}
+    # Under torchrun the node's other ranks may hold their GPUs already when local rank 0 checks.
+    import dataclasses
+    import types
+
+    from probe_helpers import gpu, sample
+
+    now = dataclasses.replace(sample(gpu(0)), processes=(rank, alice), utilization_gpu_percent=0)
+    m = types.SimpleNamespace(snapshot=lambda: types.SimpleNamespace(samples=[now]))
+    assert busy_gpus(m, [0], unreadable_ours=True) == ["GPU0: 0 % busy, pid 48002 (alice: python train.py)"]
+    assert busy_gpus(m, [0]) == ["GPU0: 0 % busy, pid 48001, pid 48002 (alice: python train.py)"]
 
 
 @needs_torch

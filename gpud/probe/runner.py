@@ -327,15 +327,18 @@ def _named(p: GpuProcess) -> str:
     return f"pid {p.pid}" + (f" ({p.user}: {p.command})" if p.user or p.command else "")
 
 
-def busy_gpus(machine: Machine, indices: list[int], ours: set[int] | None = None) -> list[str]:
+def busy_gpus(machine: Machine, indices: list[int], ours: set[int] | None = None,
+              unreadable_ours: bool = False) -> list[str]:
     """GPUs in use by others now: a job (a process on NVML's compute list) or utilisation above
     BUSY_UTILIZATION %. A desktop's display server and shell (the graphics list alone) are not jobs:
-    what they draw shows in the utilisation."""
+    what they draw shows in the utilisation. ``ours``: the probe's own PIDs; ``unreadable_ours``: a
+    process whose /proc entry cannot be read (a host PID seen from a container) counts as the probe's."""
     out = []
     for s in machine.snapshot().samples:
         if s.index not in indices or s.lost:
             continue
-        jobs = [_named(p) for p in s.processes or () if not p.graphics_only and p.pid not in (ours or ())]
+        jobs = [_named(p) for p in s.processes or () if not p.graphics_only and p.pid not in (ours or ())
+                and not (unreadable_ours and p.user is None and p.command is None)]
         util = s.utilization_gpu_percent or 0
         if jobs or util > BUSY_UTILIZATION:
             out.append(f"GPU{s.index}: {util} % busy" + (f", {', '.join(jobs)}" if jobs else ""))
@@ -697,7 +700,8 @@ def run_distributed(*, quick: bool, suites: list[str], host: str, thresholds: di
                 held.enter_context(probe_lock())
                 if machine is not None and device == "cuda" and not allow_busy:
                     used = visible_gpus(list(machine.snapshot().gpus))[:local_world]
-                    busy = busy_gpus(machine, used, ours=siblings() | {os.getpid()})
+                    # the node's other ranks: the agent's children here, PIDs /proc cannot read in a container
+                    busy = busy_gpus(machine, used, ours=siblings() | {os.getpid()}, unreadable_ours=True)
                     if busy:
                         refusal = "GPUs in use, the probe's figures would be wrong: " + "; ".join(busy)
             except ProbeBusy as err:
