@@ -120,6 +120,12 @@ class GpuProcess:
     # SM use over the latest samples (nvmlDeviceGetProcessUtilization); None: no sample (idle, or unsupported)
     sm_utilization_percent: int | None = None
 
+    @property
+    def graphics_only(self) -> bool:
+        """On NVML's graphics list alone: a display server, a desktop shell, a browser — the desktop, not a
+        job. What such a process does shows in the GPU's utilisation and memory, judged by those."""
+        return self.kind == "graphics"
+
 
 @dataclass(frozen=True)
 class EccCounts:

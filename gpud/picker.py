@@ -29,21 +29,27 @@ def distance(topo: Topology, i: int, j: int) -> int:
     return 0 if level.startswith("NV") else DISTANCE.get(level, 5)
 
 
+def pairs_of(topo: Topology, gpus: tuple[int, ...]) -> list[int]:
+    """The distance of every pair of these GPUs."""
+    return [distance(topo, a, b) for a, b in itertools.combinations(gpus, 2)]
+
+
 def why_busy(s: GpuSample, min_free_bytes: int, max_utilization: int) -> str | None:
-    """Why this GPU is not idle enough for a job; None when it is."""
+    """Why this GPU is not idle enough for a job; None when it is. The thresholds decide, not the
+    presence of a process: an idle notebook holding memory or a desktop's display server leaves a GPU
+    free for a job that fits beside it (``--min-free-memory`` says what must fit)."""
     if s.lost:
         return "lost"
-    if s.processes:
-        users = sorted({p.user or "?" for p in s.processes})
-        return f"{len(s.processes)} process(es) ({', '.join(users)})"
-    if s.processes is None and (s.utilization_gpu_percent is None or s.utilization_gpu_percent > 0):
+    util = s.utilization_gpu_percent
+    if s.processes is None and (util is None or util > max_utilization):
         return "process list unreadable and not idle"
-    if s.utilization_gpu_percent is not None and s.utilization_gpu_percent > max_utilization:
-        return f"utilisation {s.utilization_gpu_percent} % > {max_utilization} %"
+    who = f" ({', '.join(sorted({p.user or '?' for p in s.processes}))})" if s.processes else ""
+    if util is not None and util > max_utilization:
+        return f"utilisation {util} % > {max_utilization} %{who}"
     if min_free_bytes and s.memory_total_bytes is not None and s.memory_used_bytes is not None:
         free = s.memory_total_bytes - s.memory_used_bytes
         if free < min_free_bytes:
-            return f"{free / 2**30:.1f} GiB free < {min_free_bytes / 2**30:.1f} GiB"
+            return f"{free / 2**30:.1f} GiB free < {min_free_bytes / 2**30:.1f} GiB{who}"
     return None
 
 
@@ -58,13 +64,15 @@ def choose(snap: Snapshot, topo: Topology, n: int, min_free_bytes: int = 0, max_
                               + (f" ({notes})" if notes else ""))
     best: tuple[tuple[int, int, tuple[int, ...]], tuple[int, ...]] | None = None
     for combo in itertools.combinations(idle, n):
-        pairs = [distance(topo, a, b) for a, b in itertools.combinations(combo, 2)]
+        pairs = pairs_of(topo, combo)
         key = (max(pairs, default=0), sum(pairs), combo)
         if best is None or key < best[0]:
             best = (key, combo)
     assert best is not None
     gpus = best[1]
     uuids = {s.index: s.uuid for s in snap.samples}
-    far = best[0][0]
-    reason = f"{n} idle GPU(s)" + (f", farthest pair: {WORDS[far]}" if n > 1 else "")
+    near, far = min(pairs_of(topo, gpus), default=0), best[0][0]
+    reason = f"{n} idle GPU(s)" + (f", best-connected pair: {WORDS[near]}" if n > 1 else "")
+    if n > 2 and far != near:
+        reason += f", farthest pair: {WORDS[far]}"
     return Choice(gpus, tuple(uuids[i] for i in gpus), reason)

@@ -2,9 +2,10 @@
 # Read-only smoke run of gpud on a real NVIDIA machine (one GPU is enough).
 #   scripts/gpu-smoke.sh OUTDIR
 # It installs gpud (and the probe's torch if missing) into a throw-away venv, then runs doctor,
-# status, topo, metrics, a one-GPU probe, a two-GPU probe (DDP, all-reduce over NCCL, a 2-stage
-# pipeline, P2P both ways) where the machine has two GPUs, and an apply --dry-run, saving each
-# output in OUTDIR.
+# status, topo, metrics, a one-GPU probe, the probe's one-GPU CUDA parts directly (DDP, the
+# pipeline's baselines, P2P on one GPU) and its CUDA-path tests, a two-GPU probe (DDP, all-reduce
+# over NCCL, a 2-stage pipeline, P2P both ways) where the machine has two GPUs, and an apply
+# --dry-run, saving each output in OUTDIR.
 # It changes NO GPU setting: no apply, no restore, no daemon; clocks, power, fans, persistence
 # and compute mode stay exactly as they are.
 set -uo pipefail
@@ -47,6 +48,15 @@ run nvidia-smi-nvlink-gt.txt nvidia-smi nvlink -gt d
 run sim-import.toml "$gpud" sim import "$out/nvidia-smi-q.txt" --topo "$out/nvidia-smi-topo.txt"
 run probe.json "$gpud" probe --gpus 1 --quick --json
 run probe.txt "$gpud" probe --gpus 1 --quick
+# The probe's one-GPU CUDA parts, each rank function run directly on GPU0 (read-only: it only computes):
+# DDP on one GPU (bf16 or fp16 autocast), the pipeline's unsplit baseline and its naive split in fp32,
+# and the P2P task's answer on one GPU; then the CUDA-path tests, which also run without a GPU.
+printf '{"device": "cuda", "tasks": ["ddp", "pipeline_baseline", "p2p"], "quick": true, "stages": [2], "out": "%s"}\n' \
+  "$out/worker-1gpu.json" >"$out/worker-1gpu.spec.json"
+run worker-1gpu.txt env CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}" \
+  "$venv/bin/python" -m gpud.probe.worker "$out/worker-1gpu.spec.json"
+"$venv/bin/python" -c "import pytest" 2>/dev/null || "$venv/bin/pip" install -q pytest >>"$out/install.txt" 2>&1
+run probe-cuda-paths.txt "$venv/bin/python" -m pytest -q tests/test_probe_cuda_paths.py -p no:cacheprovider
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
 if [ "${gpus:-0}" -ge 2 ]; then
   run probe-2gpu.json "$gpud" probe --gpus 2 --world-sizes 2 --quick --json

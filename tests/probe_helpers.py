@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from gpud.model import GpuInfo, GpuSample, NvLinkInfo, Topology
@@ -62,3 +63,19 @@ def result(n: int, busbw: float | None, efficiency: float, step: float = 0.1, gr
     if ranks:
         out["ranks"] = {str(n): ranks}
     return out
+
+
+XORG = ('{ pid = 2001, used_mib = 300, user = "root", uid = 0, command = "/usr/lib/xorg/Xorg :0", graphics = true }, '
+        '{ pid = 2002, used_mib = 200, user = "erin", uid = 1005, command = "/usr/bin/gnome-shell", graphics = true }')
+
+
+def desktop(tmp_path: Path, processes: str = XORG) -> str:
+    """The healthy Z8 as a desktop: these processes (by default Xorg and gnome-shell) on GPU0."""
+    text = (Path(__file__).resolve().parent.parent / "gpud/sim/descriptions/z8-fury-4x-a6000.toml").read_text()
+    marker = 'bus_id = "0000:16:00.0"'
+    assert text.count(marker) == 1
+    text = text.replace('name = "z8-fury-4x-a6000"', 'name = "z8-desktop"').replace(
+        marker, f"{marker}\nprocesses = [{processes}]")
+    path = tmp_path / "z8-desktop.toml"
+    path.write_text(text)
+    return str(path)

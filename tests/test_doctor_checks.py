@@ -48,7 +48,11 @@ CASES = [
     ("health.fans", d(), d(defaults="temperature_celsius = 94\nutilization_percent = 100\npower_watts = 250",
                            extra='[[fault]]\nkind = "fan_stuck"\ngpu = 0\n'), "fail", 0),
     ("health.pcie_replay", d(), d(defaults="pcie_replay_errors = 5000"), "warn", 0),
-    ("gpu.processes", d(), d(defaults='processes = [{ pid = 4242, used_mib = 1000 }]'), "warn", None),
+    # A desktop's display server and shell (graphics processes) are not jobs: the check passes with them.
+    ("gpu.processes", d(defaults='processes = [{ pid = 2001, used_mib = 300, user = "root", uid = 0, command = '
+                                 '"/usr/lib/xorg/Xorg :0", graphics = true }, { pid = 2002, used_mib = 200, '
+                                 'command = "/usr/bin/gnome-shell", graphics = true }]'),
+     d(defaults='processes = [{ pid = 4242, used_mib = 1000 }]'), "warn", None),
     ("host.cpu_governor", d(), d(machine='cpu_governor = "powersave"'), "warn", None),
     ("host.shm", d(), d(machine="shm_mib = 512"), "warn", None),
     ("host.memlock", d(), d(machine="memlock_kib = 8192"), "warn", None),

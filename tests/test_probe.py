@@ -29,14 +29,21 @@ def test_cpu_probe_reports_every_section_with_correct_results(state_dir) -> None
     assert set(ddp) == {"1", "2"} and all(x["samples_per_second"] > 0 for x in ddp.values())
     assert ddp["2"]["speedup"] > 0 and 0 < ddp["2"]["efficiency"]
     assert ddp["2"]["ddp"] == {"bucket_cap_mb": 25, "gradient_as_bucket_view": True, "static_graph": True}
+    # gradients stay DDP's bucket views: cleared in place, never set to None (the reducer would copy them)
+    assert ddp["2"]["zero_grad_set_to_none"] is False and ddp["1"]["zero_grad_set_to_none"] is False
+    assert ddp["2"]["reference"]["shards"] == 2  # rank 0's reference takes one shard at a time
     # correctness: identical parameters on every rank; a DDP step equals one process's step on the global batch
     assert ddp["2"]["params_max_spread"] == 0.0
     assert ddp["2"]["reference"]["param_max_abs_diff"] < 1e-4 and ddp["2"]["reference"]["loss_abs_diff"] < 1e-4
     pipe = res["pipeline"]["by_stages"]["2"]
     assert pipe["output_max_abs_diff"] < 1e-4  # pipeline output equals the unsplit model's
     assert pipe["pipeline_samples_per_second"] > 0 and pipe["activation_bytes_per_second"] > 0
+    assert pipe["dtype"] == "fp32" and pipe["speedup"] > 0  # against a baseline in the same precision
     ar = res["allreduce"]["by_world_size"]["2"]
     assert ar["peak_busbw_bytes_per_second"] > 0
+    # DDP's 25 MiB bucket is one of the sizes swept: the prediction reads its bus bandwidth
+    assert ar["bucket_bytes"] == 25 << 20 and 25 << 20 in [row["bytes"] for row in ar["sizes"]]
+    assert ar["bucket_busbw_bytes_per_second"] > 0
     for row in ar["sizes"]:
         assert row["busbw_bytes_per_second"] == pytest.approx(row["algbw_bytes_per_second"] * 2 * (2 - 1) / 2)
         assert row["algbw_bytes_per_second"] == pytest.approx(row["bytes"] / row["seconds"])
@@ -55,11 +62,54 @@ def test_cpu_probe_reports_every_section_with_correct_results(state_dir) -> None
     assert latest is not None and latest.finished_at == res["finished_at"]
 
 
+@needs_torch
+def test_the_cpu_probe_of_ci_passes_on_the_torch_the_test_extra_pins(state_dir) -> None:
+    """CI's acceptance run, `gpud probe --device cpu --world-sizes 2 --suite pipeline,ddp`, on the torch
+    pyproject's [test] extra pins (the oldest the probe allows: torch 2.4 and 2.5 crashed in PipelineStage)."""
+    import re
+
+    import tomllib
+    import torch
+
+    extra = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
+    [pin] = [d for d in extra["project"]["optional-dependencies"]["test"] if d.startswith("torch")]
+    version = re.fullmatch(r"torch==([\d.]+)", pin.replace(" ", ""))
+    assert version is not None, pin
+    if torch.__version__.split("+")[0] != version.group(1):
+        pytest.skip(f"torch {torch.__version__} here, the [test] extra pins {version.group(1)}")
+    r = run_gpud("probe", "--device", "cpu", "--world-sizes", "2", "--suite", "pipeline,ddp", "--json", timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout)
+    assert res["ok"] is True and res["torch"].split("+")[0] == version.group(1)
+    assert set(res["ddp"]["by_world_size"]) == {"1", "2"} and "2" in res["pipeline"]["by_stages"]
+    assert res["correctness"] == {"params_identical_across_ranks": True, "ddp_matches_one_process": True,
+                                  "pipeline_matches_unsplit": True}
+
+
+@needs_torch
+def test_the_p2p_sweep_fits_its_share_of_the_probes_time() -> None:
+    """docs/probe.md, "P2P sizing": every copy the sweep makes, timed at 6 GB/s (a Gen3 x16 link through
+    host memory: NCCL's PCI_BW 12 GB/s, halved), both-ways copies no faster than one-way ones."""
+    from gpud.probe.worker import P2P_BYTES, P2P_REPS, WINDOWS, pair_deadline
+
+    def seconds(gpus: int, quick: bool) -> float:
+        r = P2P_REPS[quick]
+        per_pair = (4 + WINDOWS * r + 2 * WINDOWS * r) + (2 + WINDOWS * r)  # the first row both ways, then back
+        return gpus * (gpus - 1) // 2 * per_pair * P2P_BYTES / 6e9
+    assert seconds(4, quick=True) < 10  # of --quick's 60 s on 4 GPUs
+    assert seconds(8, quick=False) < 90  # of the full probe's 5 minutes on 8 GPUs
+    assert round(seconds(8, quick=False)) == 62 and round(seconds(4, quick=True)) == 4
+    # a pair that hangs costs its deadline: its bytes at a Gen1 x1 link (0.25 GB/s) and 10 s
+    assert round(pair_deadline(P2P_REPS[False], both=True)) == 50
+
+
 def test_plan_for_a_four_gpu_workstation() -> None:
     p = make_plan("cuda", 4, None, ["ddp", "pipeline", "allreduce", "p2p"], quick=False)
     assert p.world_sizes == [1, 2, 4] and p.stages == [2, 4]
-    # the baselines (one GPU, the naive split, copies between GPU pairs) in a launch of their own
-    assert p.launches == [{"world_size": 1, "tasks": ["ddp", "pipeline_baseline", "p2p"]},
+    # the baselines (one GPU, the naive split) in a launch of their own; the copies between GPU pairs in
+    # another, so that a pair that hangs costs no baseline
+    assert p.launches == [{"world_size": 1, "tasks": ["ddp", "pipeline_baseline"]},
+                          {"world_size": 1, "tasks": ["p2p"]},
                           {"world_size": 2, "tasks": ["ddp", "allreduce", "pipeline"]},
                           {"world_size": 4, "tasks": ["ddp", "allreduce", "pipeline"]}]
     q = make_plan("cuda", 8, [2, 8], ["allreduce"], quick=True)
@@ -129,3 +179,73 @@ def test_under_torchrun_every_rank_runs_and_rank_0_reports(state_dir, tmp_path: 
     assert res["correctness"] == {"params_identical_across_ranks": True, "ddp_matches_one_process": True}
     assert res["allreduce"]["by_world_size"]["2"]["peak_busbw_bytes_per_second"] > 0
     assert res["note"].startswith("CPU run")
+
+
+class _Ranks:
+    """The worker as run_distributed sees it, without torch: canned CPU figures, one rank's group."""
+
+    def __init__(self, sps: float, cuda: bool = False) -> None:
+        self.gathered: list = []
+        self.sps, self.cuda = sps, cuda
+
+    def cuda_available(self) -> bool:
+        return self.cuda
+
+    def init(self, *a) -> None:
+        pass
+
+    def gather(self, value):
+        self.gathered.append(value)
+        return [value]
+
+    def finish_group(self) -> None:
+        pass
+
+    def run(self, spec, rank, world, local):
+        ddp = {"samples_per_second": self.sps * world, "spread": 0.01, "params_max_spread": 0.0,
+               "reference": {"param_max_abs_diff": 0.0, "loss_abs_diff": 0.0, "loss": 1.0},
+               "model": {"dim": 64, "layers": 4, "seq": 32, "heads": 4}}
+        return {"world_size": world, "device": spec["device"], "torch": "2.13.0", "dtype": "fp32", "ddp": ddp}
+
+
+@pytest.fixture
+def torchrun_env(monkeypatch: pytest.MonkeyPatch):
+    import sys
+
+    for k, v in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(k, v)
+
+    def install(ranks: _Ranks) -> None:
+        import gpud.probe
+
+        monkeypatch.setitem(sys.modules, "gpud.probe.worker", ranks)
+        monkeypatch.setattr(gpud.probe, "worker", ranks, raising=False)
+    return install
+
+
+def test_under_torchrun_a_cpu_run_gets_no_regression_verdict(state_dir, torchrun_env) -> None:
+    from gpud.probe.runner import run_distributed
+
+    torchrun_env(_Ranks(100.0))
+    first = run_distributed(quick=True, suites=["ddp"], host="z8")
+    torchrun_env(_Ranks(10.0))  # a tenth of the figures: on CPU, other load, not the hardware
+    second = run_distributed(quick=True, suites=["ddp"], host="z8")
+    assert first is not None and second is not None and len(history.load()) == 2
+    assert second.regressions == []
+
+
+def test_under_torchrun_local_rank_0_takes_the_lock_and_checks_the_gpus(state_dir, torchrun_env) -> None:
+    from gpud.backends import open_machine
+    from gpud.probe.runner import ProbeBusy, probe_lock, run_distributed
+
+    ranks = _Ranks(100.0)
+    torchrun_env(ranks)
+    with probe_lock(), pytest.raises(ProbeBusy, match="another probe is running on this machine"):
+        run_distributed(quick=True, suites=["ddp"], host="z8")
+    assert ranks.gathered and "another probe is running" in ranks.gathered[0]  # every rank learns it
+    gpus = _Ranks(100.0, cuda=True)
+    torchrun_env(gpus)
+    m = open_machine("z8-fury-4x-a6000-degraded")  # alice trains on GPU1, one of this node's two GPUs
+    with pytest.raises(ProbeBusy, match=r"z8: GPUs in use.*GPU1: 100 % busy, pid 48213 \(alice"):
+        run_distributed(quick=True, suites=["ddp"], host="z8", machine=m)
+    assert history.load() == []  # nothing measured, nothing kept

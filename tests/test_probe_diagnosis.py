@@ -10,7 +10,7 @@ from probe_helpers import gpu, result, sample, topology, view
 
 from gpud.backends import open_machine
 from gpud.probe import expect
-from gpud.probe.diagnose import Seen, View
+from gpud.probe.diagnose import Seen, View, _observed_hops, nccl_device
 from gpud.probe.diagnose import explain as _explain
 from gpud.probe.report import Diagnosis, ProbeReport
 from gpud.probe.runner import acs_above, parse_nccl_transports
@@ -150,7 +150,10 @@ def test_two_sockets_with_a_missing_bridge() -> None:
     v = view(infos, samples, t)
     assert v.pairs == {(0, 1): 4, (2, 3): 4}  # the unbridged NVLink GPUs are expected to be bridged
     crossing = v.path(1, 2, False)
-    assert crossing.transport == "SHM" and crossing.bandwidth == pytest.approx(10 * GB)  # NCCL's Intel UPI model
+    # NCCL's model of the sockets' link: an Intel CPU of unknown model gets its oldest figure (BDW, 6 GB/s)
+    assert crossing.transport == "SHM" and crossing.bandwidth == pytest.approx(6 * GB)
+    v.cpu_link = expect.cpu_link("intel", SAPPHIRE_RAPIDS)
+    assert v.path(1, 2, False).bandwidth == pytest.approx(12 * GB)  # UPI at 22 GB/s: the host bounce limits
     d = explain(result(4, 9.5 * GB, 0.8), v)
     sentence = d.sentences[-1]
     assert "the NVLink bridge GPU2↔GPU3 is down" in sentence
@@ -164,6 +167,28 @@ def test_two_sockets_with_a_missing_bridge() -> None:
     assert link.expected_bidirectional_bytes_per_second == pytest.approx(96 * GB)
     assert any(s.startswith("P2P GPU2→GPU3: 10.0 GB/s one way, 19.0 GB/s both ways") and "bridge GPU2↔GPU3 is down"
                in s for s in d.sentences)
+
+
+SAPPHIRE_RAPIDS = ("vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n"
+                   "model name\t: Intel(R) Xeon(R) w9-3495X\n")
+
+
+def test_the_sockets_link_and_the_intel_p2p_overhead_as_nccls_topo_h_has_them() -> None:
+    # NVIDIA/nccl 5067397c src/graph/topo.h: BDW_QPI_BW 6, SKL_QPI_BW 10, SRP_QPI_BW 22, ERP_QPI_BW 40, AMD_BW 16;
+    # topo.cc ncclTopoAddCpu picks the Intel model by cpuid (family 6: >= 0xCF, >= 0x8F, >= 0x55).
+    def intel(model: int) -> float:
+        return expect.cpu_link("intel", f"vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: {model}\n")
+    assert intel(0xCF) == 40 * GB and intel(0x8F) == 22 * GB and intel(0x55) == 10 * GB and intel(0x4F) == 6 * GB
+    assert expect.cpu_link("intel", None) == 6 * GB and expect.cpu_link("amd", None) == 16 * GB
+    assert expect.cpu_vendor("Some CPU", "vendor_id\t: AuthenticAMD\n") == "amd"
+    # INTEL_P2P_OVERHEAD: P2P through an Intel root complex delivers 5/6 of the PCIe link; on AMD all of it.
+    infos = [gpu(0), gpu(1)]
+    t = topology(2, {(0, 1): "NODE"})
+    env = {"NCCL_P2P_LEVEL": "PHB"}
+    assert view(infos, [sample(g) for g in infos], t, nccl_env=env).path(0, 1, False).bandwidth == \
+        pytest.approx(24 * GB * 5 / 6)
+    amd = view(infos, [sample(g) for g in infos], t, nccl_env=env, cpu_vendor="amd")
+    assert amd.path(0, 1, False).bandwidth == pytest.approx(24 * GB)
 
 
 def test_an_nvswitch_machine_with_18_nvlinks_per_gpu() -> None:
@@ -185,6 +210,16 @@ def test_efficiency_below_prediction_is_named_even_when_the_bus_is_fine(state_di
     d = explain(result(4, 11.4 * GB, 0.40), v)
     assert d.details["4"].bus_verdict == "pass" and d.details["4"].efficiency_verdict == "fail"
     assert d.verdicts == {"4": "fail"}
+
+
+def test_the_prediction_uses_the_bus_bandwidth_at_ddps_bucket_size(state_dir) -> None:
+    v = machine_view("z8-fury-4x-a6000")
+    r = result(4, 11 * GB, 0.93)
+    r["allreduce"]["by_world_size"]["4"] |= {"bucket_bytes": 25 << 20, "bucket_busbw_bytes_per_second": 5.5 * GB}
+    d = explain(r, v)
+    comm = 0.4e9 * 2 * 3 / 4 / 5.5e9  # 25 MiB buckets reduce at 5.5 GB/s, not at the 256 MiB peak of 11
+    assert d.details["4"].predicted_efficiency == pytest.approx([0.1 / (0.1 + comm), 0.1 / max(0.1, comm)])
+    assert "measured at DDP's 25 MiB buckets" in d.sentences[-1]
 
 
 def test_thermal_slowdown_seen_during_the_run_is_named() -> None:
@@ -218,9 +253,28 @@ def test_nccl_transports_are_read_from_its_debug_output(state_dir) -> None:
     assert any("network transport" in c for c in d.details["4"].causes)
 
 
+def test_a_send_recv_communicators_lines_land_on_the_gpus_in_their_brackets(state_dir) -> None:
+    # The pipeline's GPU1 → GPU2 hop has a two-rank communicator of its own: ranks 0 and 1, NVML GPUs 1 and 2
+    # (the bracket is nvmlDev from NCCL 2.18.3 on, p2p.cc/shm.cc). By rank it would land on GPU0↔GPU1.
+    log = ("z8:1 [1] NCCL INFO Channel 00 : 0[1] -> 1[2] via SHM/direct/direct\n"
+           "z8:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read\n"
+           "z8:1 [2] NCCL INFO Channel 00/0 : 2[2] -> 3[3] via P2P/CUMEM/read\n")
+    rows = parse_nccl_transports(log)
+    assert rows[0] == {"channel": 0, "src_rank": 0, "dst_rank": 1, "src_dev": "1", "dst_dev": "2",
+                            "transport": "SHM/direct/direct"}
+    v = machine_view("z8-fury-4x-a6000")
+    hops = {(p.a, p.b): p.transport for p in _observed_hops(v, [0, 1, 2, 3], rows, "2.21.5")}
+    assert hops == {(0, 1): "P2P/NVLink", (1, 2): "SHM", (2, 3): "P2P/NVLink"}
+    # Before 2.18.3 the bracket is the PCI bus id in hex: 0000:16:00.0 is 16000.
+    old = parse_nccl_transports("x [0] NCCL INFO Channel 00/0 : 0[16000] -> 1[38000] via P2P/IPC\n")
+    assert nccl_device(v, old[0]["src_dev"], "2.14.3") == 0
+    assert {(p.a, p.b) for p in _observed_hops(v, [0, 1, 2, 3], old, "2.14.3")} == {(0, 1)}
+
+
 def test_user_nccl_p2p_level_changes_the_expected_path(state_dir) -> None:
     v = machine_view("z8-fury-4x-rtx6000ada", nccl_env={"NCCL_P2P_LEVEL": "SYS"})
-    assert v.path(0, 1, False).transport == "P2P/PCIe" and v.path(0, 1, False).bandwidth == pytest.approx(24 * GB)
+    # P2P through the Xeon's root complex: NCCL's INTEL_P2P_OVERHEAD leaves 5/6 of the Gen4 x16 link
+    assert v.path(0, 1, False).transport == "P2P/PCIe" and v.path(0, 1, False).bandwidth == pytest.approx(20 * GB)
 
 
 def test_cpu_runs_are_a_functional_check() -> None:

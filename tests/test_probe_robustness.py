@@ -1,6 +1,6 @@
-"""The probe's CUDA path checked without a GPU, and its robustness: world sizes without 1, uneven
-stages, a tear-down that hangs, one probe per machine, busy GPUs, CPU affinity, NCCL's settings, the
-daemon's probe."""
+"""The probe's robustness: world sizes without 1, uneven stages, a tear-down that hangs, a launch that
+fails, a P2P pair that hangs, one probe per machine, busy GPUs and the desktop, CPU affinity, NCCL's
+settings, the daemon's probe. The CUDA code paths themselves: tests/test_probe_cuda_paths.py."""
 
 from __future__ import annotations
 
@@ -16,13 +16,17 @@ from pathlib import Path
 import pytest
 from conftest import REPO, run_gpud
 from daemon_helpers import RunningDaemon, free_port
+from probe_helpers import XORG, desktop
 
 from gpud.backends import open_machine
 from gpud.daemon.control import request
-from gpud.probe import runner
+from gpud.model import GpuProcess
+from gpud.probe import history, runner
 from gpud.probe.runner import (
+    LoadMonitor,
     ProbeBusy,
     assemble,
+    busy_gpus,
     cpu_affinity,
     launch,
     make_plan,
@@ -36,7 +40,8 @@ needs_torch = pytest.mark.skipif(not torch_available() and os.environ.get("CI") 
                                  reason="PyTorch not installed: README, Run the tests, says how to add the CPU build")
 
 # Runs a worker rank with torch's default device set to `meta`: a tensor made without an explicit device
-# (on a GPU run: a CPU tensor handed to NCCL) cannot take part in any computation or collective.
+# (on a GPU run: a CPU tensor handed to NCCL) cannot take part in any computation or collective. This
+# runs the CPU path; where each tensor goes on the CUDA path is tests/test_probe_cuda_paths.py's.
 META = """
 import runpy, sys, torch
 torch.set_default_device("meta")
@@ -64,7 +69,7 @@ def _ranks(tmp_path: Path, spec: dict, world: int) -> list[subprocess.CompletedP
 
 
 @needs_torch
-def test_the_worker_makes_every_tensor_on_the_ranks_device(tmp_path: Path) -> None:
+def test_the_worker_makes_no_tensor_without_an_explicit_device(tmp_path: Path) -> None:
     multi = {"device": "cpu", "tasks": ["ddp", "allreduce", "p2p", "pipeline"], "quick": True, "stages": [2],
              "out": str(tmp_path / "two.json")}
     for r in _ranks(tmp_path, multi, 2):
@@ -187,6 +192,88 @@ def test_busy_gpus_are_refused_before_anything_starts(state_dir) -> None:
     m = open_machine("z8-fury-4x-a6000-degraded")  # GPU1 trains someone's model
     with pytest.raises(ProbeBusy, match=r"GPU1: 100 % busy, pid 48213 \(alice: python train_resnet.py --gpu 1\)"):
         run_probe(device="cuda", gpus=4, world_sizes=[2], suites=["ddp"], quick=True, machine=m, keep_history=False)
+
+
+def test_a_desktops_display_server_is_not_a_job(tmp_path: Path, state_dir) -> None:
+    m = open_machine(desktop(tmp_path))  # Xorg and gnome-shell on GPU0, nothing else
+    assert busy_gpus(m, [0, 1, 2, 3]) == []
+    mon = LoadMonitor(m)
+    mon.sample()
+    assert mon.seen.processes == {}  # not named as a cause with --allow-busy either
+    # A job beside the desktop is one.
+    job = open_machine(desktop(tmp_path, XORG + ', { pid = 2003, used_mib = 8192, user = "erin", uid = 1005, '
+                                                 'command = "python -m jupyter lab" }'))
+    assert busy_gpus(job, [0]) == ["GPU0: 0 % busy, pid 2003 (erin: python -m jupyter lab)"]
+
+
+def test_in_a_container_the_probes_own_ranks_are_not_other_users(state_dir) -> None:
+    # NVML reports host PIDs; the ranks' PIDs in the container differ and /proc here does not know them.
+    mon = LoadMonitor(None)
+    mon.ours, mon.before = {101}, {0: {900}}
+    rank = GpuProcess(pid=48001, used_memory_bytes=1 << 30, user=None, command=None)
+    stranger = GpuProcess(pid=900, used_memory_bytes=1 << 30, user=None, command=None)
+    alice = GpuProcess(pid=48002, used_memory_bytes=1 << 30, user="alice", command="python train.py")
+    assert mon.others(0, [rank, stranger, alice]) == [stranger, alice]
+    assert mon.hidden == {0: {48001}}
+    # Under torchrun the node's other ranks may hold their GPUs already when local rank 0 checks.
+    import dataclasses
+    import types
+
+    from probe_helpers import gpu, sample
+
+    now = dataclasses.replace(sample(gpu(0)), processes=(rank, alice), utilization_gpu_percent=0)
+    m = types.SimpleNamespace(snapshot=lambda: types.SimpleNamespace(samples=[now]))
+    assert busy_gpus(m, [0], unreadable_ours=True) == ["GPU0: 0 % busy, pid 48002 (alice: python train.py)"]
+    assert busy_gpus(m, [0]) == ["GPU0: 0 % busy, pid 48001, pid 48002 (alice: python train.py)"]
+
+
+@needs_torch
+def test_a_failed_launch_keeps_what_it_measured_and_the_report_says_why(state_dir, monkeypatch) -> None:
+    real = runner.make_plan
+
+    def plan(*a, **kw):  # the one-GPU launch measures DDP, then meets a task that fails
+        p = real(*a, **kw)
+        p.launches = [{"world_size": 1, "tasks": ["ddp", "no_such_task"]}]
+        return p
+    monkeypatch.setattr(runner, "make_plan", plan)
+    res = run_probe(device="cpu", gpus=0, world_sizes=[1], suites=["ddp"], quick=True)
+    assert res.ddp["1"]["samples_per_second"] > 0  # measured before the failure: kept
+    [failure] = res.failures
+    assert failure.startswith("world size 1 (ddp, no_such_task): rank 0 exited with 1: KeyError: 'no_such_task'")
+    assert "the ranks' logs: " in failure
+    assert "--debug" not in runner.ProbeError.remedy  # `gpud probe --debug` does not exist; the logs are kept
+    assert res.ok is False and res.diagnosis.sentences  # diagnosed
+    latest = history.latest()  # and kept in the history
+    assert latest is not None and latest.failures == [failure] and latest.ddp["1"]
+
+
+@needs_torch
+def test_a_p2p_pair_that_hangs_is_killed_at_its_deadline_and_named_with_acs(tmp_path: Path, state_dir) -> None:
+    m = open_machine("z8-fury-4x-a6000-degraded")  # ACS on the root ports above every GPU
+    done = [{"src": 0, "dst": 1, "bandwidth_bytes_per_second": 1e9}]
+    spec = {"device": "cpu", "tasks": ["ddp"], "quick": True,
+            "test_hang": {"p2p_pair": [1, 2], "deadline_seconds": 2, "done": done}}
+    failures: list[str] = []
+    t0 = time.monotonic()
+    kept = runner._launch_kept(spec, 1, 120, tmp_path, None, [], LoadMonitor(None), failures, m)
+    assert time.monotonic() - t0 < 60  # the pair's deadline, not the launch's 120 s
+    assert failures[0].startswith("P2P GPU1→GPU2 hung: its copies did not finish within 2 s; ACS on a PCIe bridge "
+                                  "above the GPUs redirects peer-to-peer requests through the root complex")
+    assert "ACS is on above GPU1: " in failures[0] and len(failures) == 1
+    # the pairs measured before the hang are kept; the launch started again after the pair and finished
+    assert kept[0]["p2p"]["pairs"] == done and kept[0]["p2p"]["partial"] is True
+    assert kept[1]["ddp"]["samples_per_second"] > 0
+
+
+def test_the_pipeline_speedup_compares_one_precision_with_itself() -> None:
+    plan = make_plan("cuda", 2, [2], ["pipeline"], True)
+    base = {"world_size": 1, "pipeline_baseline": {"by_stages": {"2": {
+        "single_samples_per_second": 100.0, "naive_samples_per_second": 60.0, "dtype": "bf16"}}}}
+    pipe = {"world_size": 2, "pipeline": {"pipeline_samples_per_second": 150.0, "dtype": "fp32",
+                                          "output_max_abs_diff": 0.0}}
+    assert "speedup" not in assemble(plan, [base, pipe]).pipeline["2"]  # bf16 against fp32: no speedup
+    base["pipeline_baseline"]["by_stages"]["2"]["dtype"] = "fp32"
+    assert assemble(plan, [base, pipe]).pipeline["2"]["speedup"] == 1.5
 
 
 def test_every_nccl_variable_is_recorded(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -55,13 +55,14 @@ def test_ps_names_two_users_and_a_container_on_the_degraded_z8(state_dir) -> Non
     assert "SM" in table.stdout and "100%" in table.stdout
 
 
-def _desc(tmp_path: Path, processes: str, extra: str = "") -> str:
-    """The healthy Z8 (bridges 0-1 and 2-3) with processes on GPU0."""
+def _desc(tmp_path: Path, processes: str, extra: str = "", utilization: int = 0) -> str:
+    """The healthy Z8 (bridges 0-1 and 2-3) with processes on GPU0 (at this utilisation)."""
     text = (REPO / "gpud/sim/descriptions/z8-fury-4x-a6000.toml").read_text()
     marker = 'bus_id = "0000:16:00.0"'
     assert text.count(marker) == 1
     text = text.replace('name = "z8-fury-4x-a6000"', 'name = "z8-who"').replace(
-        marker, f"{marker}\nprocesses = [{processes}]")
+        marker, f"{marker}\nprocesses = [{processes}]"
+        + (f"\nutilization_percent = {utilization}" if utilization else ""))
     path = tmp_path / "z8-who.toml"
     path.write_text(text + extra)
     return str(path)
@@ -78,24 +79,51 @@ def test_graphics_processes_are_listed_and_merged_with_compute(tmp_path: Path) -
 
 
 def test_select_prefers_an_nvlink_pair_over_a_pcie_pair(tmp_path: Path) -> None:
-    # GPU0 is busy: GPUs 1, 2, 3 are idle; 1-2 are PCIe (NODE), 2-3 an NVLink pair.
-    desc = _desc(tmp_path, '{ pid = 3001, used_mib = 1000, user = "dave", uid = 1004 }')
+    # GPU0 is busy (dave trains on it): GPUs 1, 2, 3 are idle; 1-2 are PCIe (NODE), 2-3 an NVLink pair.
+    desc = _desc(tmp_path, '{ pid = 3001, used_mib = 1000, user = "dave", uid = 1004 }', utilization=100)
     r = run_gpud("select", "-n", "2", env={"GPUD_SIMULATE": desc})
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "2,3"
-    assert "NVLink" in r.stderr
+    # The pair is the best connected one: the message says so (it once said "farthest pair: NVLink").
+    assert "best-connected pair: NVLink" in r.stderr and "farthest" not in r.stderr
     three = run_gpud("select", "-n", "3", "--json", env={"GPUD_SIMULATE": desc})
     assert json.loads(three.stdout)["gpus"] == [1, 2, 3]
+    assert json.loads(three.stdout)["reason"] == ("3 idle GPU(s), best-connected pair: NVLink, "
+                                                  "farthest pair: same NUMA node")
     uuids = run_gpud("select", "-n", "2", "--uuid", env={"GPUD_SIMULATE": desc})
     assert uuids.stdout.strip().count("GPU-") == 2
+
+
+def test_the_thresholds_decide_not_the_presence_of_a_process(tmp_path: Path) -> None:
+    # GPU0 of a desktop: the display server, the shell and an idle notebook holding 8 GiB.
+    desc = _desc(tmp_path, '{ pid = 2001, used_mib = 300, user = "root", uid = 0, command = "/usr/lib/xorg/Xorg :0", '
+                           'graphics = true }, { pid = 2002, used_mib = 200, user = "erin", uid = 1005, '
+                           'command = "/usr/bin/gnome-shell", graphics = true }, { pid = 2003, used_mib = 8192, '
+                           'user = "erin", uid = 1005, command = "python -m jupyter lab" }')
+    env = {"GPUD_SIMULATE": desc}
+    r = run_gpud("select", "-n", "1", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["gpus"] == [0]
+    # An A6000 has 48 GiB: 40 GiB are not left free beside the notebook: GPU1 is chosen, and why not GPU0 is said.
+    big = run_gpud("select", "-n", "4", "--min-free-memory", "40g", env=env)
+    assert big.returncode == 1 and "GPU0: 36.5 GiB free < 40.0 GiB (erin, root)" in big.stderr, big.stderr
+    assert run_gpud("select", "-n", "1", "--min-free-memory", "40g", env=env).stdout.strip() == "1"
+    # A training run at 100 % makes the GPU busy whatever it holds; --max-utilization 100 lets it through.
+    busy = _desc(tmp_path, '{ pid = 3001, used_mib = 1000, user = "dave", uid = 1004 }', utilization=100)
+    r = run_gpud("select", "-n", "4", env={"GPUD_SIMULATE": busy})
+    assert r.returncode == 1 and "GPU0: utilisation 100 % > 10 % (dave)" in r.stderr, r.stderr
+    assert run_gpud("select", "-n", "4", "--max-utilization", "100", env={"GPUD_SIMULATE": busy}).returncode == 0
 
 
 def test_select_without_a_fit_exits_1_with_the_reason(state_dir) -> None:
     one = run_gpud("select", "-n", "1", env=DEGRADED)
     assert one.returncode == 0 and one.stdout.strip() == "0", one.stderr
-    r = run_gpud("select", "-n", "2", env=DEGRADED)
+    # carol's idle notebook (8 GiB) leaves GPU2 free; alice and bob train on GPU1 and GPU3.
+    two = run_gpud("select", "-n", "2", env=DEGRADED)
+    assert two.returncode == 0 and two.stdout.strip() == "0,2", two.stderr
+    r = run_gpud("select", "-n", "3", env=DEGRADED)
     assert r.returncode == 1 and r.stdout == ""
-    assert "1 of 4 GPU(s) free, 2 needed" in r.stderr and "GPU1: 1 process(es) (alice)" in r.stderr
+    assert "2 of 4 GPU(s) free, 3 needed" in r.stderr and "GPU1: utilisation 100 % > 10 % (alice)" in r.stderr
     # GPU0 has 46068 MiB: asking for more free memory than that leaves nothing.
     big = run_gpud("select", "-n", "1", "--min-free-memory", "47GiB", env=DEGRADED)
     assert big.returncode == 1 and "GiB free <" in big.stderr
@@ -107,7 +135,7 @@ def test_select_waits_then_gives_up(state_dir) -> None:
     import time
 
     t0 = time.monotonic()
-    r = run_gpud("select", "-n", "2", "--wait", "3", env=DEGRADED)
+    r = run_gpud("select", "-n", "3", "--wait", "3", env=DEGRADED)
     assert r.returncode == 1 and time.monotonic() - t0 >= 3
 
 

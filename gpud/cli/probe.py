@@ -91,7 +91,8 @@ def render(r: ProbeReport) -> None:
         lat_key = "copy_latency_seconds" if "copy_latency_seconds" in pairs[0] else "one_way_latency_seconds"
         table(["pair", "one way GB/s", "both ways GB/s", "latency µs"],
               [[f"{p['src']}→{p['dst']}", f"{p['bandwidth_bytes_per_second'] / GB:.2f}",
-                f"{p.get('bidirectional_bytes_per_second', 0) / GB:.2f}", f"{p.get(lat_key, 0) * 1e6:.1f}"]
+                f"{p['bidirectional_bytes_per_second'] / GB:.2f}" if "bidirectional_bytes_per_second" in p else "—",
+                f"{p.get(lat_key, 0) * 1e6:.1f}"]
                for p in pairs],
               title=f"\nP2P ({r.p2p.get('how', '')}; latency: {r.p2p.get('latency', '')})")
     out.write("\n")
@@ -101,6 +102,8 @@ def render(r: ProbeReport) -> None:
         echo_wrapped(s, indent="    ", first="  → ")
     for s in r.regressions:
         echo_wrapped(f"REGRESSION: {s}", indent="    ", first="  ")
+    for s in r.failures or []:  # what was measured before is shown above
+        echo_wrapped(f"FAILED: {s}", indent="    ", first="  ")
     out.write(f"\n{'OK' if r.ok else 'FAILED'}\n")
 
 
@@ -142,8 +145,12 @@ def probe(
     if runner.under_torchrun():
         import socket
 
+        try:
+            node: Any = machine(simulate)
+        except GpudError:
+            node = None  # no NVML here: the GPUs are not checked for other jobs
         res = runner.run_distributed(quick=quick, suites=suites, host=socket.gethostname(),
-                                     thresholds=conf.efficiency_thresholds())
+                                     thresholds=conf.efficiency_thresholds(), machine=node, allow_busy=allow_busy)
         if res is None:
             return
     else:

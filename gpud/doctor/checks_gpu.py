@@ -308,20 +308,28 @@ def pcie_replay(ctx: Context) -> Iterator[CheckResult]:
 
 @check("gpu.processes", "Health")
 def processes(ctx: Context) -> Iterator[CheckResult]:
+    """Jobs on the GPUs (NVML's compute list) warn; a desktop's display server and shell (the graphics list
+    alone) are named, not warned about: they are the workstation's desktop, and what they do shows in the
+    GPU's utilisation and memory, which other checks and `gpud select`'s thresholds judge."""
     if all(s.processes is None for s in ctx.samples):
         yield skip("gpu.processes", "process list not reported")
         return
-    rows = []
+    rows: list[str] = []
+    desktop: list[str] = []
     for s in ctx.samples:
         for p in s.processes or ():
             mem = f"{p.used_memory_bytes / 2**30:.1f} GiB" if p.used_memory_bytes is not None else "? GiB"
-            rows.append(f"GPU{s.index}: pid {p.pid} {p.user or '?'} {mem} {p.command or ''}".rstrip())
+            row = f"GPU{s.index}: pid {p.pid} {p.user or '?'} {mem} {p.command or ''}".rstrip()
+            (desktop if p.graphics_only else rows).append(row)
     if rows:
         gpus = sorted({int(r[3:r.index(':')]) for r in rows})
         yield warn("gpu.processes", f"{plural(len(rows), 'process', 'processes')} on "
                    f"{'GPU' if len(gpus) == 1 else 'GPUs'} {', '.join(map(str, gpus))}: {rows[0]}",
-                   detail="\n".join(rows),
+                   detail="\n".join(rows + [f"{d} (graphics)" for d in desktop]),
                    remedy="wait for them or stop them before a benchmark or a job that needs whole GPUs; see "
                           "`nvidia-smi --query-compute-apps=pid,used_memory --format=csv`")
+    elif desktop:
+        yield ok("gpu.processes", f"no compute process on the GPUs (the desktop: "
+                 f"{plural(len(desktop), 'graphics process', 'graphics processes')})", detail="\n".join(desktop))
     else:
         yield ok("gpu.processes", "no compute process on the GPUs")

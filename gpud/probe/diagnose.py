@@ -58,6 +58,7 @@ class View:
     cpu_vendor: str = "intel"
     acs: dict[int, list[str]] = field(default_factory=dict)  # GPU → bridges above it with ACS P2P bits set
     nccl_env: dict[str, str] = field(default_factory=dict)
+    cpu_link: float | None = None  # NCCL's inter-socket figure (expect.cpu_link); None: the vendor's oldest
 
     def __post_init__(self) -> None:
         self.pairs = self._bridged_pairs()
@@ -111,10 +112,14 @@ class View:
         chosen = transport or ("P2P" if p2p_ok and allowed else "NET" if self.nccl_env.get(
             "NCCL_SHM_DISABLE", "0") not in ("", "0") else "SHM")
         if chosen == "P2P":
+            if self.cpu_vendor == "intel" and level in ("PHB", "NODE"):
+                # P2P forwarded by an Intel root complex travels as 64-byte TLPs: 5/6 of the link (topo.h)
+                pcie_bw /= expect.INTEL_P2P_OVERHEAD
+                link_text += " through the CPU's root complex"
             return Path(a, b, "P2P/PCIe", pcie_bw, pcie_nominal, f"{link_text} P2P", tuple(notes))
         bw = pcie_bw * expect.HOST_BOUNCE
         if level == "SYS":
-            bw = min(bw, expect.CPU_LINK_MODEL[self.cpu_vendor])
+            bw = min(bw, self.cpu_link if self.cpu_link is not None else expect.cpu_link(self.cpu_vendor))
         why = "NCCL does not use P2P across the CPU's host bridges by default (NCCL_P2P_LEVEL)" if not allowed \
             else "P2P is not available"
         text = f"host memory ({chosen}) over {link_text}" + (" and the CPU sockets' link" if level == "SYS" else "")
@@ -177,7 +182,7 @@ class View:
             procs = self.seen.processes.get(g)
             if procs is None and s and s.processes:
                 procs = [f"pid {p.pid}" + (f" ({p.user}: {p.command})" if p.user or p.command else "")
-                         for p in s.processes]
+                         for p in s.processes if not p.graphics_only]
             if procs:
                 out.append(f"GPU{g} was shared with other processes: {', '.join(procs)}")
         return out
@@ -213,13 +218,51 @@ def rank_gpus(view: View, uuids: list[str | None] | None, n: int) -> list[int]:
     return [g for g in view.t.gpus if g in view.infos][:n]
 
 
-def _observed_hops(view: View, gpus: list[int], transports: list[dict[str, Any]]) -> list[Path]:
-    """Paths NCCL reported ("Channel 00/0 : 0[0] -> 1[1] via P2P/IPC"), ranks mapped to NVML GPUs."""
+def nccl_device(view: View, dev: str | None, version: str | None) -> int | None:
+    """The NVML index of the GPU in a transport line's bracket: the index itself from NCCL 2.18.3 on,
+    the PCI bus id in hex (``5a000`` = 0000:5a:00.0) before; None when it names no GPU of the view."""
+    if dev is None:
+        return None
+    if _version(version) >= (2, 18, 3):
+        return int(dev) if dev.isdigit() and int(dev) in view.infos else None
+    try:
+        bus = int(dev, 16)
+    except ValueError:
+        return None
+    for g in view.infos.values():
+        domain, rest = (g.pci_bus_id.lower().split(":", 1) + [""])[:2]
+        parts = rest.replace(".", ":").split(":")
+        try:
+            code = (int(domain, 16) << 20) | (int(parts[0], 16) << 12) | (int(parts[1], 16) << 4) | int(parts[2], 16)
+        except (ValueError, IndexError):
+            continue
+        if code == bus:
+            return g.index
+    return None
+
+
+def _version(text: str | None) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in (text or "").split(".")[:3])
+    except ValueError:
+        return ()
+
+
+def _observed_hops(view: View, gpus: list[int], transports: list[dict[str, Any]],
+                   version: str | None = None) -> list[Path]:
+    """Paths NCCL reported ("Channel 00/0 : 0[0] -> 1[1] via P2P/IPC") between these GPUs: each line's GPUs
+    from its brackets (a send/recv communicator numbers its two ranks 0 and 1 whatever GPUs they hold);
+    from the ranks only where the brackets name no GPU of this machine."""
     seen: dict[tuple[int, int], str] = {}
     for row in transports:
-        s, d = row["src_rank"], row["dst_rank"]
-        if s < len(gpus) and d < len(gpus) and s != d:
-            seen.setdefault((gpus[s], gpus[d]), row["transport"].split("/")[0])
+        a, b = nccl_device(view, row.get("src_dev"), version), nccl_device(view, row.get("dst_dev"), version)
+        if a is None or b is None:
+            s, d = row["src_rank"], row["dst_rank"]
+            if not (s < len(gpus) and d < len(gpus)):
+                continue
+            a, b = gpus[s], gpus[d]
+        if a != b and a in gpus and b in gpus:
+            seen.setdefault((a, b), row["transport"].split("/")[0])
     return [view.path(a, b, False, kind) for (a, b), kind in sorted(seen.items())]
 
 
@@ -247,7 +290,7 @@ def explain(result: ProbeReport, view: View | None, thresholds: dict[int, float]
             continue
         gpus = rank_gpus(view, result.ranks.get(ws), n)
         expected, healthy = view.ring(gpus, healthy=True)
-        observed = _observed_hops(view, gpus, result.nccl.transports.get(ws, []))
+        observed = _observed_hops(view, gpus, result.nccl.transports.get(ws, []), result.nccl.version)
         now_bw, now_ring = view.ring(gpus, healthy=False)
         hops = observed or now_ring
         worst = min(hops, key=lambda p: (p.bandwidth, -len(p.notes)))
@@ -262,7 +305,9 @@ def explain(result: ProbeReport, view: View | None, thresholds: dict[int, float]
             parts.append(f"all-reduce bus bandwidth {measured / GB:.1f} GB/s, {ratio:.0%} of the "
                          f"{expected / GB:.1f} GB/s expected ({healthy_text(healthy)})")
         if r and base and r.get("efficiency") is not None and base.get("step_seconds"):
-            bus = measured or min(p.bandwidth for p in hops)
+            # DDP reduces buckets of bucket_cap_mb: the sweep's figure at that size, where it was measured
+            at_bucket = a.get("bucket_busbw_bytes_per_second") if a else None
+            bus = at_bucket or measured or min(p.bandwidth for p in hops)
             t1 = base["step_seconds"]
             comm = r.get("gradient_bytes", 4 * r.get("parameters", 0)) * 2 * (n - 1) / n / bus
             lo, hi = t1 / (t1 + comm), t1 / max(t1, comm)
@@ -270,8 +315,12 @@ def explain(result: ProbeReport, view: View | None, thresholds: dict[int, float]
             d.predicted_efficiency, d.efficiency = [lo, hi], eff
             d.efficiency_verdict = _verdict(eff / lo if lo else 0.0, EFF_PASS, EFF_WARN)
             verdicts.append(d.efficiency_verdict)
+            if at_bucket and a and a.get("bucket_bytes"):
+                source = f"the bus bandwidth measured at DDP's {a['bucket_bytes'] / 2**20:.0f} MiB buckets"
+            else:
+                source = "the measured bus bandwidth" if measured else "the expected bus bandwidth"
             parts.append(f"DDP efficiency {eff:.0%} against {lo:.0%}–{hi:.0%} predicted from one GPU's "
-                         f"{t1 * 1e3:.1f} ms step and {'the measured' if measured else 'the expected'} bus bandwidth")
+                         f"{t1 * 1e3:.1f} ms step and {source}")
             seed = threshold(thresholds, n)
             out.seeds[ws] = Seed(r.get("speedup"), seed * n, seed)
             out.sentences.append(f"{n} GPUs: {r.get('speedup', 0):.2f}× one GPU against the seeds' "

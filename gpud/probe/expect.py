@@ -38,8 +38,16 @@ NVLINK = {
     "hopper": NvlinkRate("NVLink4", 25 * GB, 20.6 * GB),
     "blackwell": NvlinkRate("NVLink5", 50 * GB, 40.1 * GB),
 }
-# NCCL's model of the CPU-to-CPU link a path crosses between sockets (topo.h: SKL_QPI_BW, AMD_BW).
-CPU_LINK_MODEL = {"intel": 10.0 * GB, "amd": 16.0 * GB}
+# NCCL's model of the CPU-to-CPU link a path crosses between sockets: src/graph/topo.h (BDW_QPI_BW 6,
+# SKL_QPI_BW 10, SRP_QPI_BW 22, ERP_QPI_BW 40, AMD_BW 16 GB/s), chosen in topo.cc's ncclTopoGetInterCpuBw by
+# the Intel model that ncclTopoAddCpu reads (family 6: model >= 0xCF ERP, >= 0x8F SRP, >= 0x55 SKL, else BDW).
+INTEL_CPU_LINK = ((0xCF, 40.0 * GB), (0x8F, 22.0 * GB), (0x55, 10.0 * GB))  # (lowest model, GB/s), newest first
+INTEL_OLDEST_LINK = 6.0 * GB  # BDW_QPI_BW: NCCL's figure for an Intel model it does not place later
+AMD_CPU_LINK = 16.0 * GB  # AMD_BW, every AMD x86 CPU
+# topo.h INTEL_P2P_OVERHEAD(bw) = bw · 6/5: an Intel root complex splits GPU-to-GPU traffic into 64-byte
+# TLPs, so a path through it (NCCL's PATH_PHB: nvidia-smi's PHB and NODE) is charged 6/5 of its bytes on
+# its PCIe links (search.cc followPath): it delivers 5/6 of the link.
+INTEL_P2P_OVERHEAD = 6 / 5
 # gpud's own model, not NCCL's: with no P2P, NCCL's SHM transport stages every byte in host memory
 # (the sender's GPU writes it over its link, the receiver's GPU reads it over its own), so a healthy
 # path delivers about half of its slower link. Calibrated against hardware runs (docs/probe.md).
@@ -60,9 +68,35 @@ def pcie(gen: int | None, width: int | None, model: bool = True) -> float:
     return table.get(gen or 4, table[4]) * (width or 16)
 
 
-def cpu_vendor(model: str | None) -> str:
+def cpu_vendor(model: str | None, cpuinfo: str | None = None) -> str:
+    """``amd`` or ``intel``: /proc/cpuinfo's ``vendor_id`` where it is given, else the model name."""
+    ident = _cpuinfo_field(cpuinfo, "vendor_id")
+    if ident:
+        return "amd" if ident == "AuthenticAMD" else "intel"
     text = (model or "").lower()
     return "amd" if ("amd" in text or "epyc" in text or "threadripper" in text) else "intel"
+
+
+def _cpuinfo_field(cpuinfo: str | None, key: str) -> str | None:
+    for line in (cpuinfo or "").splitlines():
+        k, _, v = (x.strip() for x in line.partition(":"))
+        if k == key:
+            return v
+    return None
+
+
+def cpu_link(vendor: str, cpuinfo: str | None = None) -> float:
+    """NCCL's bandwidth of the link between CPU sockets (per direction), from /proc/cpuinfo's
+    ``cpu family`` and ``model`` as NCCL reads them (cpuid); an Intel CPU whose model is not given
+    gets NCCL's oldest figure (BDW), the stricter."""
+    if vendor == "amd":
+        return AMD_CPU_LINK
+    family, model = _cpuinfo_field(cpuinfo, "cpu family"), _cpuinfo_field(cpuinfo, "model")
+    if family == "6" and model and model.isdigit():
+        for lowest, bw in INTEL_CPU_LINK:
+            if int(model) >= lowest:
+                return bw
+    return INTEL_OLDEST_LINK
 
 
 # nvidia-smi topo levels, nearest first, and NCCL_P2P_LEVEL's names for the same paths

@@ -319,7 +319,7 @@ class Diagnosis:
 
 # The report's keys in the order the runner writes them; ``None`` in an optional one means absent.
 _KEYS = ("device", "quick", "world_sizes", "suites", "ddp", "allreduce", "pipeline", "p2p", "ranks", "nccl",
-         "torch", "dtype", "gpu_name", "teardown_killed", "correctness", "workload", "version", "host",
+         "torch", "dtype", "gpu_name", "teardown_killed", "failures", "correctness", "workload", "version", "host",
          "started_at", "finished_at", "gpus", "nodes", "torchrun", "busy_at_start", "cpu_affinity", "nvml", "note",
          "diagnosis", "load", "ok", "regressions")
 
@@ -340,6 +340,7 @@ class ProbeReport:
     dtype: str | None = None
     gpu_name: str | None = None
     teardown_killed: dict[str, list[int]] | None = None  # per world size, ranks killed after the result
+    failures: list[str] | None = None  # launches that failed or timed out: what and why (their figures kept)
     correctness: Correctness = field(default_factory=Correctness)
     workload: dict[str, Any] = field(default_factory=dict)  # gpud.probe.history.workload: what is compared
     version: int | None = None

@@ -20,32 +20,42 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpud.errors import GpudError
 from gpud.hw.machine import Machine
-from gpud.model import ACS_BITS, GpuInfo
+from gpud.model import ACS_BITS, GpuInfo, GpuProcess
 from gpud.paths import probe_lock_path
 from gpud.probe import history
 from gpud.probe.diagnose import DEFAULT_THRESHOLDS, Seen, View, explain
-from gpud.probe.expect import cpu_vendor
+from gpud.probe.expect import cpu_link, cpu_vendor
 from gpud.probe.report import Device, Load, Nccl, ProbeReport
 
 SUITES = ("ddp", "pipeline", "allreduce", "p2p")
 PARAM_TOLERANCE = {"cpu": 1e-4, "cuda": 1e-3}
 CPU_NOTE = "CPU run: a functional check of DDP, the pipeline, all-reduce and P2P — not a measure of hardware."
 ACS_P2P_BITS = 0x01 | 0x04 | 0x08  # SrcValid, ReqRedir, CmpltRedir (as gpud doctor's pcie.acs)
+ACS_HANG = ("ACS on a PCIe bridge above the GPUs redirects peer-to-peer requests through the root complex, "
+            "where they are slow or never complete (NCCL troubleshooting, \"PCI Access Control Services\"): "
+            "`gpud doctor --check pcie.acs`, `sudo lspci -vvv | grep ACSCtl`")
 TEARDOWN_GRACE = 10.0  # seconds the ranks get to exit once the result is written
-BUSY_UTILIZATION = 5  # percent: a GPU above it (or with processes) is busy
+BUSY_UTILIZATION = 5  # percent: a GPU above it (or running a job) is busy
 VERSION = 2  # of the report's format
 
 
 class ProbeError(GpudError):
-    remedy = "run `gpud probe --debug` for the workers' output; check `gpud doctor`"
+    remedy = "the failing rank's last output is above (all ranks' logs: the directory named); check `gpud doctor`"
+
+    def __init__(self, message: str, partial: dict[str, Any] | None = None, hung: dict[str, Any] | None = None,
+                 logs: Path | None = None) -> None:
+        super().__init__(message)
+        self.partial = partial  # what rank 0 had measured before the launch failed
+        self.hung = hung  # the P2P pair that passed its deadline: its progress line
+        self.logs = logs
 
 
 class ProbeBusy(ProbeError):
@@ -90,10 +100,11 @@ def make_plan(device: Device, gpus: int, world_sizes: list[int] | None, suites: 
         base.append("ddp")
     if plan.stages:
         base.append("pipeline_baseline")
-    if "p2p" in suites and device == "cuda" and gpus >= 2:
-        base.append("p2p")
     if base:
         plan.launches.append({"world_size": 1, "tasks": base})
+    if "p2p" in suites and device == "cuda" and gpus >= 2:
+        # A launch of its own: a pair that hangs (ACS) costs its own deadline, not the baselines' figures.
+        plan.launches.append({"world_size": 1, "tasks": ["p2p"]})
     cpu_p2p = "p2p" in suites and device == "cpu"
     for n in multi:
         tasks: list[str] = [t for t in ("ddp", "allreduce") if t in suites]
@@ -115,23 +126,27 @@ def _free_port() -> int:
 
 # -- NCCL -------------------------------------------------------------------------------------
 
-TRANSPORT_LINE = re.compile(r"Channel (\d+)(?:/(\d+))? : (\d+)\[[0-9a-fA-Fx]+\] -> (\d+)\[[0-9a-fA-Fx]+\]"
+TRANSPORT_LINE = re.compile(r"Channel (\d+)(?:/(\d+))? : (\d+)\[([0-9a-fA-Fx]+)\] -> (\d+)\[([0-9a-fA-Fx]+)\]"
                             r"(?: \[(send|receive)\])? via (\S+)")
 
 
 def parse_nccl_transports(text: str) -> list[dict[str, Any]]:
     """The transport of each channel from NCCL's INFO lines, e.g.
     ``NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC`` (p2p.cc), ``… via SHM/direct/direct`` (shm.cc),
-    ``… [send] via NET/Socket/0`` (net.cc), ``… via P2P/CUMEM/read``."""
+    ``… [send] via NET/Socket/0`` (net.cc), ``… via P2P/CUMEM/read``.
+
+    The bracket after each rank is the GPU: its NVML index (``nvmlDev``) from NCCL 2.18.3 on (commit
+    ea383122), its PCI bus id in hex before. The rank is the communicator's: a ``send``/``recv`` pair
+    has a two-rank communicator of its own, so only the bracket says which GPUs a line is about."""
     rows, seen = [], set()
     for m in TRANSPORT_LINE.finditer(text):
-        channel, _, src, dst, direction, via = m.groups()
-        key = (int(channel), int(src), int(dst), via)
+        channel, _, src, src_dev, dst, dst_dev, direction, via = m.groups()
+        key = (int(channel), int(src), src_dev, int(dst), dst_dev, via)
         if key in seen:
             continue
         seen.add(key)
-        rows.append({"channel": int(channel), "src_rank": int(src), "dst_rank": int(dst), "transport": via,
-                     **({"direction": direction} if direction else {})})
+        rows.append({"channel": int(channel), "src_rank": int(src), "dst_rank": int(dst), "src_dev": src_dev,
+                     "dst_dev": dst_dev, "transport": via, **({"direction": direction} if direction else {})})
     return rows
 
 
@@ -171,7 +186,12 @@ def launch(spec: dict[str, Any], world: int, timeout: float, workdir: Path, gpus
     collective, not in the launch's kill. Once rank 0 has written its result, a tear-down that hangs
     is killed after a grace period and does not fail the probe."""
     out = workdir / f"ws{world}-{'-'.join(spec['tasks'])}.json"
-    spec = {**spec, "out": str(out), "timeout": timeout, "collective_timeout": max(5.0, timeout / 2)}
+    progress = out.with_suffix(".progress")
+    progress.unlink(missing_ok=True)
+    partial = Path(str(out) + ".partial")
+    partial.unlink(missing_ok=True)
+    spec = {**spec, "out": str(out), "timeout": timeout, "collective_timeout": max(5.0, timeout / 2),
+            "progress": str(progress)}
     spec_file = out.with_suffix(".spec.json")
     procs: list[subprocess.Popen[bytes]] = []
     logs = []
@@ -192,9 +212,15 @@ def launch(spec: dict[str, Any], world: int, timeout: float, workdir: Path, gpus
     culprit = 0
     written_at: float | None = None
     lingering: list[int] = []
+    hung: dict[str, Any] | None = None
     try:
         while any(p.poll() is None for p in procs):
             now = time.monotonic()
+            hung = _overdue(progress)
+            if hung is not None and written_at is None:
+                failed = (f"P2P GPU{hung['p2p_pair'][0]}→GPU{hung['p2p_pair'][1]} hung (no result within "
+                          f"{hung['deadline_seconds']:.0f} s)")
+                break
             if written_at is None and out.is_file():
                 written_at = now
             if written_at is not None and now - written_at > TEARDOWN_GRACE:
@@ -227,15 +253,29 @@ def launch(spec: dict[str, Any], world: int, timeout: float, workdir: Path, gpus
         for log in logs:
             log.close()
     if failed is not None or not out.is_file():
-        tail = (workdir / f"ws{world}-rank{culprit}.log").read_text(errors="replace")[-2000:]
+        tail = "" if hung else (workdir / f"ws{world}-rank{culprit}.log").read_text(errors="replace")[-2000:]
+        kept = json.loads(partial.read_text()) if partial.is_file() else None
         raise ProbeError(f"world size {world} ({', '.join(spec['tasks'])}): {failed or 'no result written'}"
-                         + (f"\n{tail}" if tail.strip() else ""))
+                         + (f"\n{tail}" if tail.strip() else ""), kept, hung, workdir)
     data: dict[str, Any] = json.loads(out.read_text())
     if lingering:
         data["teardown_killed_ranks"] = lingering
     text = "".join(f.read_text(errors="replace") for f in sorted(workdir.glob(f"nccl-ws{world}-rank*.log")))
     data["nccl_transports"] = parse_nccl_transports(text)
     return data
+
+
+def _overdue(progress: Path) -> dict[str, Any] | None:
+    """The step rank 0 announced last (a P2P pair) when it has run past its deadline, else None."""
+    try:
+        lines = progress.read_text().splitlines()
+        last: dict[str, Any] = json.loads(lines[-1]) if lines else {}
+    except (OSError, ValueError):
+        return None
+    deadline = last.get("deadline_seconds")
+    if isinstance(deadline, (int, float)) and time.time() - float(last.get("at", time.time())) > deadline:
+        return last
+    return None
 
 
 # -- before and during the run ------------------------------------------------------------------
@@ -283,17 +323,25 @@ def visible_gpus(infos: list[GpuInfo], env: dict[str, str] | None = None) -> lis
     return out
 
 
-def busy_gpus(machine: Machine, indices: list[int]) -> list[str]:
-    """GPUs in use by others now: processes or utilisation above BUSY_UTILIZATION %."""
+def _named(p: GpuProcess) -> str:
+    return f"pid {p.pid}" + (f" ({p.user}: {p.command})" if p.user or p.command else "")
+
+
+def busy_gpus(machine: Machine, indices: list[int], ours: set[int] | None = None,
+              unreadable_ours: bool = False) -> list[str]:
+    """GPUs in use by others now: a job (a process on NVML's compute list) or utilisation above
+    BUSY_UTILIZATION %. A desktop's display server and shell (the graphics list alone) are not jobs:
+    what they draw shows in the utilisation. ``ours``: the probe's own PIDs; ``unreadable_ours``: a
+    process whose /proc entry cannot be read (a host PID seen from a container) counts as the probe's."""
     out = []
     for s in machine.snapshot().samples:
         if s.index not in indices or s.lost:
             continue
-        procs = [f"pid {p.pid}" + (f" ({p.user}: {p.command})" if p.user or p.command else "")
-                 for p in s.processes or ()]
+        jobs = [_named(p) for p in s.processes or () if not p.graphics_only and p.pid not in (ours or ())
+                and not (unreadable_ours and p.user is None and p.command is None)]
         util = s.utilization_gpu_percent or 0
-        if procs or util > BUSY_UTILIZATION:
-            out.append(f"GPU{s.index}: {util} % busy" + (f", {', '.join(procs)}" if procs else ""))
+        if jobs or util > BUSY_UTILIZATION:
+            out.append(f"GPU{s.index}: {util} % busy" + (f", {', '.join(jobs)}" if jobs else ""))
     return out
 
 
@@ -340,9 +388,26 @@ class LoadMonitor:
         self.period = period
         self.seen = Seen()
         self.ours: set[int] = set()
+        self.before: dict[int, set[int]] = {}  # GPU → PIDs on it before the probe started
+        self.hidden: dict[int, set[int]] = {}  # GPU → PIDs taken for the probe's ranks (see ``others``)
         self.loaded: set[int] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def others(self, gpu: int, procs: Iterable[GpuProcess]) -> list[GpuProcess]:
+        """The jobs on a GPU that are not the probe's ranks. In a container NVML reports the host's PIDs,
+        which this PID namespace does not know (no /proc entry: neither user nor command), so the ranks'
+        own PIDs do not match: a process unknown here that was not on the GPU when the probe started is
+        taken for one of its ranks (kept in ``hidden``)."""
+        out = []
+        for p in procs:
+            if p.graphics_only or p.pid in self.ours:
+                continue
+            if p.user is None and p.command is None and p.pid not in self.before.get(gpu, set()):
+                self.hidden.setdefault(gpu, set()).add(p.pid)
+                continue
+            out.append(p)
+        return out
 
     @property
     def max_gen(self) -> dict[int, int]:
@@ -361,8 +426,7 @@ class LoadMonitor:
                 continue
             if s.clock_events:
                 self.seen.clock_events.setdefault(s.index, set()).update(s.clock_events)
-            others = [f"pid {p.pid}" + (f" ({p.user}: {p.command})" if p.user or p.command else "")
-                      for p in s.processes or () if p.pid not in self.ours]
+            others = [_named(p) for p in self.others(s.index, s.processes or ())]
             if others:
                 known = self.seen.processes.setdefault(s.index, [])
                 known.extend(o for o in others if o not in known)
@@ -417,7 +481,7 @@ def assemble(plan: Plan, launches: list[dict[str, Any]]) -> ProbeReport:
             res.p2p = lr["p2p"]
     for k, p in res.pipeline.items():
         b = baselines.get(k)
-        if b:
+        if b and b.get("dtype", "fp32") == p.get("dtype"):  # a speedup compares one precision with itself
             p |= b | {"speedup": p["pipeline_samples_per_second"] / b["single_samples_per_second"],
                       "naive_speedup": b["naive_samples_per_second"] / b["single_samples_per_second"]}
     base = res.ddp.get("1")
@@ -444,8 +508,10 @@ def assemble(plan: Plan, launches: list[dict[str, Any]]) -> ProbeReport:
 def machine_view(machine: Machine, seen: Seen, env: dict[str, str]) -> View | None:
     try:
         snap = machine.snapshot()
+        cpuinfo = machine.host.read("/proc/cpuinfo")
+        vendor = cpu_vendor(machine.host.cpu_info().model, cpuinfo)
         return View(machine.topology(snap), {g.index: g for g in snap.gpus}, {s.index: s for s in snap.samples},
-                    seen, cpu_vendor(machine.host.cpu_info().model), acs_above(machine), env)
+                    seen, vendor, acs_above(machine), env, cpu_link(vendor, cpuinfo))
     except GpudError:
         return None
 
@@ -473,9 +539,12 @@ def _run(plan: Plan, machine: Machine | None, host: str, thresholds: dict[int, f
     busy: list[str] = []
     affinity: list[list[int]] = []
     unseen = None
+    monitor = LoadMonitor(gpu_machine)
     if gpu_machine is not None:
         try:
-            used = visible_gpus(list(gpu_machine.snapshot().gpus))[:plan.gpus]
+            snap = gpu_machine.snapshot()
+            used = visible_gpus(list(snap.gpus))[:plan.gpus]
+            monitor.before = {s.index: {p.pid for p in s.processes or ()} for s in snap.samples}
             busy = busy_gpus(gpu_machine, used)
             affinity = cpu_affinity(gpu_machine, used)
         except GpudError as err:  # no NVML: the probe still runs, unjudged
@@ -484,9 +553,10 @@ def _run(plan: Plan, machine: Machine | None, host: str, thresholds: dict[int, f
         raise ProbeBusy("GPUs in use, the probe's figures would be wrong: " + "; ".join(busy))
     cores = os.cpu_count() or 1
     started = time.time()
-    results = []
+    results: list[dict[str, Any]] = []
+    failures: list[str] = []
     workdir = Path(tempfile.mkdtemp(prefix="gpud-probe-"))
-    monitor = LoadMonitor(gpu_machine)
+    monitor.machine = gpu_machine
     try:
         with monitor:
             for k, spec in enumerate(plan.launches):
@@ -496,15 +566,17 @@ def _run(plan: Plan, machine: Machine | None, host: str, thresholds: dict[int, f
                 full = {"device": device, "tasks": spec["tasks"], "quick": plan.quick, "stages": plan.stages,
                         "threads_per_rank": max(1, cores // n) if device == "cpu" else 1}
                 limit = timeout or (90.0 if plan.quick else 300.0) * (2 if device == "cpu" else 1)
-                results.append(launch(full, n, limit, workdir, plan.gpus if device == "cuda" else None,
-                                      affinity[:n] if n > 1 else affinity[:1], monitor.ours))
+                results.extend(_launch_kept(full, n, limit, workdir, plan.gpus if device == "cuda" else None,
+                                            affinity[:n] if n > 1 else affinity[:1], monitor, failures,
+                                            gpu_machine))
             if gpu_machine is not None:
                 try:
                     monitor.sample()
                 except GpudError:
                     pass
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        if not failures:
+            shutil.rmtree(workdir, ignore_errors=True)
     if progress:
         progress("done", len(plan.launches), len(plan.launches))
     res = assemble(plan, results)
@@ -518,12 +590,62 @@ def _run(plan: Plan, machine: Machine | None, host: str, thresholds: dict[int, f
     res.load = Load({str(k): v for k, v in monitor.max_gen.items()},
                     {str(k): sorted(v) for k, v in monitor.seen.clock_events.items()},
                     {str(k): v for k, v in monitor.seen.processes.items()})
-    res.ok = res.correctness.ok() and not res.diagnosis.failed()
+    res.failures = failures or None
+    res.ok = res.correctness.ok() and not res.diagnosis.failed() and not failures
     # CPU figures say nothing about the hardware: no regression is read into them.
     res.regressions = history.regressions(res.to_json(), history.load()) if device == "cuda" else []
     if keep_history:
         history.append(res)
     return res
+
+
+def _launch_kept(spec: dict[str, Any], n: int, limit: float, workdir: Path, gpus: int | None,
+                 affinity: list[list[int]], monitor: LoadMonitor, failures: list[str],
+                 machine: Machine | None) -> list[dict[str, Any]]:
+    """One planned launch; when it fails or times out, what its rank 0 had measured is kept and the
+    failure is said in ``failures``. A P2P pair that hangs is killed at its deadline and the copies start
+    again after it (its reverse skipped too: the same path), within the launch's time."""
+    kept: list[dict[str, Any]] = []
+    deadline = time.monotonic() + limit
+    skip: list[list[int]] = []
+    while True:
+        try:
+            kept.append(launch(spec, n, max(1.0, deadline - time.monotonic()), workdir, gpus, affinity, monitor.ours))
+            return kept
+        except ProbeError as err:
+            if err.partial:
+                kept.append(err.partial)
+            if err.hung is None:
+                lines = [x.strip() for x in str(err).splitlines() if x.strip()]
+                why = f": {lines[-1]}" if len(lines) > 1 else ""
+                failures.append(f"{lines[0] if lines else err}{why}" + (f" (the ranks' logs: {err.logs})"
+                                                                          if err.logs else ""))
+                return kept
+            a, b = err.hung["p2p_pair"]
+            failures.append(hung_sentence(err.hung, machine))
+            skip += [[a, b], [b, a]]
+            done = (err.partial or {}).get("p2p", {}).get("pairs", [])
+            spec = spec | {"p2p_skip": skip, "p2p_done": done}
+            if deadline - time.monotonic() < 5:
+                failures.append("P2P: the pairs after the one that hung were not measured (launch time used up)")
+                return kept
+
+
+def hung_sentence(hung: dict[str, Any], machine: Machine | None) -> str:
+    """'P2P GPU a→b hung' in NVML's numbering where the GPUs' UUIDs are known, with ACS as the likely cause
+    and the bridges with ACS on above either GPU."""
+    a, b = hung["p2p_pair"]
+    acs: dict[int, list[str]] = {}
+    if machine is not None:
+        try:
+            by_uuid = {g.uuid: g.index for g in machine.snapshot().gpus}
+            a, b = by_uuid.get(hung.get("src_uuid") or "", a), by_uuid.get(hung.get("dst_uuid") or "", b)
+            acs = acs_above(machine)
+        except GpudError:
+            pass
+    seen = [f"GPU{g}: {', '.join(acs[g])}" for g in (a, b) if acs.get(g)]
+    return (f"P2P GPU{a}→GPU{b} hung: its copies did not finish within {hung['deadline_seconds']:.0f} s; "
+            + ACS_HANG + (f"; ACS is on above {'; '.join(seen)}" if seen else ""))
 
 
 def torch_gpus() -> int:
@@ -543,20 +665,58 @@ def under_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")) and int(os.environ["WORLD_SIZE"]) > 1
 
 
-def run_distributed(*, quick: bool, suites: list[str], host: str,
-                    thresholds: dict[int, float] | None = None) -> ProbeReport | None:
-    """Under torchrun (one or many machines): this process is one rank; rank 0 returns the report."""
+def siblings() -> set[int]:
+    """PIDs of this process's siblings (torchrun's other local ranks: children of the same agent)."""
+    parent, out = os.getppid(), set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+                    out.add(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return out
+
+
+def run_distributed(*, quick: bool, suites: list[str], host: str, thresholds: dict[int, float] | None = None,
+                    machine: Machine | None = None, allow_busy: bool = False) -> ProbeReport | None:
+    """Under torchrun (one or many machines): this process is one rank; rank 0 returns the report.
+
+    Each node's local rank 0 takes the machine's probe lock and checks its GPUs for other jobs (its
+    node's own ranks excepted) before anything is measured; a refusal on any node ends every rank."""
     from gpud.probe import worker  # torch: only here, only under torchrun
 
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
     device: Device = "cuda" if worker.cuda_available() else "cpu"
     tasks = [t for t in ("ddp", "allreduce") if t in suites]
     started = time.time()
-    full = worker.run({"device": device, "tasks": tasks, "quick": quick, "collective_timeout": 300}, rank, world,
-                      local)
-    # The one-GPU baseline after the group's run, on rank 0's GPU alone, while the others wait.
-    baseline = worker.run({"device": device, "tasks": ["ddp"], "quick": quick}, 0, 1, local) if rank == 0 else None
-    worker.finish_group()
+    spec = {"device": device, "tasks": tasks, "quick": quick, "collective_timeout": 300}
+    with ExitStack() as held:
+        refusal = None
+        if local == 0:
+            try:
+                held.enter_context(probe_lock())
+                if machine is not None and device == "cuda" and not allow_busy:
+                    used = visible_gpus(list(machine.snapshot().gpus))[:local_world]
+                    # the node's other ranks: the agent's children here, PIDs /proc cannot read in a container
+                    busy = busy_gpus(machine, used, ours=siblings() | {os.getpid()}, unreadable_ours=True)
+                    if busy:
+                        refusal = "GPUs in use, the probe's figures would be wrong: " + "; ".join(busy)
+            except ProbeBusy as err:
+                refusal = str(err)
+            except GpudError:
+                pass  # no NVML on this node: not checked, as without torchrun
+        worker.init(spec, rank, world, local)
+        refusals = [r for r in worker.gather(f"{host}: {refusal}" if refusal else None) if r]
+        if refusals:
+            worker.finish_group()
+            raise ProbeBusy("; ".join(refusals))
+        full = worker.run(spec, rank, world, local)
+        # The one-GPU baseline after the group's run, on rank 0's GPU alone, while the others wait.
+        baseline = worker.run({"device": device, "tasks": ["ddp"], "quick": quick}, 0, 1, local) if rank == 0 else None
+        worker.finish_group()
     if rank != 0:
         return None
     plan = Plan(device, [1, world], suites, quick, world)
@@ -568,6 +728,7 @@ def run_distributed(*, quick: bool, suites: list[str], host: str,
         res.note = CPU_NOTE
     res.diagnosis = explain(res, None, thresholds or DEFAULT_THRESHOLDS)
     res.ok = res.correctness.ok() and not res.diagnosis.failed()
-    res.regressions = history.regressions(res.to_json(), history.load())
+    # CPU figures say nothing about the hardware: no regression is read into them.
+    res.regressions = history.regressions(res.to_json(), history.load()) if device == "cuda" else []
     history.append(res)
     return res

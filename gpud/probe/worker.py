@@ -31,7 +31,17 @@ import torch.nn.functional as F
 from torch import nn
 
 CPU = torch.device("cpu")
+PIPELINE_DTYPE = "fp32"  # the pipeline, its naive split and its one-GPU baseline: no autocast
 WINDOWS = 3  # timed windows per figure: median and spread are reported
+BUCKET_CAP_MB = 25  # DDP's bucket size (its default); the all-reduce sweep includes this size
+BUCKET_BYTES = BUCKET_CAP_MB * 2**20  # DDP counts bucket_cap_mb in MiB (reducer: bucket_cap_mb * 1024 * 1024)
+# P2P copies as nvbandwidth makes them (default_constants.h: a 64 MiB buffer, 16 copies per timed loop,
+# 3 loops; its quick set 4 copies): the sweep's time is worked out in docs/probe.md
+P2P_BYTES = 64 << 20
+P2P_REPS = {True: 4, False: 16}  # by --quick
+# A pair's deadline: its bytes at the slowest PCIe link there is (Gen1 x1, 0.25 GB/s), plus CUDA's set-up
+SLOWEST_LINK = 0.25e9
+PAIR_SETUP_SECONDS = 10.0
 
 # -- the model --------------------------------------------------------------------------------
 
@@ -117,9 +127,10 @@ def precision(device: torch.device) -> tuple[str, torch.dtype | None]:
 
 
 def train_steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, steps: int,
-                amp: torch.dtype | None, scaler: Any = None) -> torch.Tensor:
+                amp: torch.dtype | None, scaler: Any = None, set_to_none: bool = True) -> torch.Tensor:
     """The timed loop: forward, loss, backward, step — nothing else per step. ``amp``: the autocast dtype
-    (None: full precision); ``scaler``: a GradScaler where the dtype is fp16."""
+    (None: full precision); ``scaler``: a GradScaler where the dtype is fp16; ``set_to_none``: how the
+    gradients are cleared (False under DDP's gradient_as_bucket_view, see ``ddp``)."""
     loss = torch.zeros((), device=x.device)
     for _ in range(steps):
         with torch.autocast(device_type=x.device.type, dtype=amp) if amp else nullcontext():
@@ -131,20 +142,21 @@ def train_steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y
         else:
             loss.backward()
             opt.step()
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=set_to_none)
     return loss
 
 
 class Trainer:
     """A model, its optimizer and precision: ``steps`` runs the timed loop."""
 
-    def __init__(self, model: nn.Module, params: Any, amp: torch.dtype | None, device: torch.device) -> None:
-        self.model, self.amp, self.device = model, amp, device
+    def __init__(self, model: nn.Module, params: Any, amp: torch.dtype | None, device: torch.device,
+                 set_to_none: bool = True) -> None:
+        self.model, self.amp, self.device, self.set_to_none = model, amp, device, set_to_none
         self.opt = torch.optim.SGD(params, lr=1e-3)
         self.scaler = torch.amp.GradScaler("cuda") if amp == torch.float16 else None
 
     def steps(self, x: torch.Tensor, y: torch.Tensor, n: int) -> torch.Tensor:
-        return train_steps(self.model, self.opt, x, y, n, self.amp, self.scaler)
+        return train_steps(self.model, self.opt, x, y, n, self.amp, self.scaler, self.set_to_none)
 
 
 def windows(seconds: list[float]) -> dict[str, Any]:
@@ -157,23 +169,31 @@ def windows(seconds: list[float]) -> dict[str, Any]:
 # -- tasks --------------------------------------------------------------------------------------
 
 def ddp(ctx: Ctx) -> dict[str, Any]:
+    """DDP with the same per-rank batch at every world size (weak scaling).
+
+    Gradients are cleared with ``zero_grad(set_to_none=False)``: with ``gradient_as_bucket_view=True``
+    the gradients are views into DDP's buckets, and setting them to None makes the reducer copy every
+    gradient into its bucket on the next backward ("gradients will be copied into the bucket", reducer.cpp)
+    — a cost the one-GPU baseline does not pay, charged to DDP's efficiency alone. The one-GPU run clears
+    its gradients the same way."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     s, dev, n, r = ctx.size, ctx.device, ctx.world, ctx.rank
     model = make_model(s).to(dev)
     reference = copy.deepcopy(model) if r == 0 else None
-    kwargs: dict[str, Any] = {"bucket_cap_mb": 25, "gradient_as_bucket_view": True, "static_graph": True}
+    kwargs: dict[str, Any] = {"bucket_cap_mb": BUCKET_CAP_MB, "gradient_as_bucket_view": True, "static_graph": True}
     if dev.type == "cuda":
         kwargs["device_ids"] = [dev.index]
     net = DDP(model, **kwargs) if n > 1 else model
     opt = torch.optim.SGD(net.parameters(), lr=1e-2)
-    # Correctness: one step on shards of a global batch equals one step on the whole batch.
-    xg, yg = batch(s, n * s.batch, 1, dev)
-    x, y = xg[r * s.batch:(r + 1) * s.batch], yg[r * s.batch:(r + 1) * s.batch]
+    # Correctness: one step on shards of a global batch equals one step on the whole batch. Each rank makes
+    # only its own shard; rank 0's reference takes the shards one at a time (gradients accumulated), so its
+    # memory does not grow with the world size.
+    x, y = shard(s, r, dev)
     loss = F.mse_loss(net(x), y)
     loss.backward()
     opt.step()
-    opt.zero_grad(set_to_none=True)
+    opt.zero_grad(set_to_none=False)
     mean_loss = loss.detach().clone()
     if n > 1:
         dist.all_reduce(mean_loss)
@@ -182,16 +202,23 @@ def ddp(ctx: Ctx) -> dict[str, Any]:
     if r == 0:
         assert reference is not None
         ropt = torch.optim.SGD(reference.parameters(), lr=1e-2)
-        rloss = F.mse_loss(reference(xg), yg)
-        rloss.backward()
+        total = torch.zeros((), dtype=torch.float64, device=dev)
+        for k in range(n):  # the mean over equal shards: each shard's loss / n
+            xk, yk = shard(s, k, dev)
+            part = F.mse_loss(reference(xk), yk) / n
+            part.backward()
+            total += part.detach().double()
+            del xk, yk, part
         ropt.step()
+        rloss = total.item()
         diff = max((p - q).abs().max().item() for p, q in zip(model.parameters(), reference.parameters(), strict=True))
-        out["reference"] = {"loss": rloss.item(), "ddp_loss": mean_loss.item(),
-                            "loss_abs_diff": abs(rloss.item() - mean_loss.item()), "param_max_abs_diff": diff}
+        out["reference"] = {"loss": rloss, "ddp_loss": mean_loss.item(),
+                            "loss_abs_diff": abs(rloss - mean_loss.item()), "param_max_abs_diff": diff,
+                            "shards": n}
         del reference, ropt
     # Timed steps (weak scaling: the same per-rank batch at every world size).
     x, y = batch(s, s.batch, 2 + r, dev)
-    trainer = Trainer(net, net.parameters(), ctx.amp, dev)
+    trainer = Trainer(net, net.parameters(), ctx.amp, dev, set_to_none=False)
     trainer.steps(x, y, s.warmup)
     sync(dev)
     w = windows([_timed_max(ctx, lambda: trainer.steps(x, y, s.steps)) for _ in range(WINDOWS)])
@@ -207,8 +234,13 @@ def ddp(ctx: Ctx) -> dict[str, Any]:
             "params_max_spread": (hi - lo).abs().max().item(), "parameters": flat.numel(),
             "gradient_bytes": flat.numel() * 4, "dtype": ctx.dtype_name,
             "model": {"dim": s.dim, "layers": s.layers, "seq": s.seq, "heads": s.heads},
-            "ddp": {k: v for k, v in kwargs.items() if k != "device_ids"}}
+            "ddp": {k: v for k, v in kwargs.items() if k != "device_ids"}, "zero_grad_set_to_none": False}
     return out
+
+
+def shard(s: Size, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Shard k of the correctness check's global batch (s.batch samples, its own seed)."""
+    return batch(s, s.batch, 1000 + k, device)
 
 
 def allreduce(ctx: Ctx) -> dict[str, Any]:
@@ -219,6 +251,7 @@ def allreduce(ctx: Ctx) -> dict[str, Any]:
     sizes = [1 << k for k in (range(20, 29, 2) if dev.type == "cuda" else range(16, 24, 2))]
     if ctx.quick:
         sizes = sizes[::2] + ([sizes[-1]] if len(sizes) % 2 == 0 else [])
+    sizes = sorted({*sizes, BUCKET_BYTES})  # what DDP reduces: the prediction reads this size
     rows = []
     for size in sizes:
         t = torch.ones(size // 4, dtype=torch.float32, device=dev)
@@ -236,17 +269,21 @@ def allreduce(ctx: Ctx) -> dict[str, Any]:
         rows.append({"bytes": size, "seconds": sec, "spread": w["spread"], "algbw_bytes_per_second": algbw,
                      "busbw_bytes_per_second": algbw * 2 * (n - 1) / n})
     peak = max(rows, key=lambda x: x["busbw_bytes_per_second"])
+    bucket = next(x for x in rows if x["bytes"] == BUCKET_BYTES)
     return {"world_size": n, "sizes": rows, "peak_busbw_bytes_per_second": peak["busbw_bytes_per_second"],
-            "peak_spread": peak["spread"]}
+            "peak_spread": peak["spread"], "bucket_bytes": BUCKET_BYTES,
+            "bucket_busbw_bytes_per_second": bucket["busbw_bytes_per_second"]}
 
 
 def _timed_max(ctx: Ctx, fn: Callable[[], Any]) -> float:
-    """Seconds ``fn`` took on the slowest rank (every rank calls this, in step)."""
+    """Seconds ``fn`` took on the slowest rank (every rank calls this, in step). As nccl-tests' BenchTime:
+    the device idle and every rank past a barrier before the clock starts, the device synchronised before
+    it stops."""
     ctx.barrier()
     t0 = time.perf_counter()
     fn()
     sync(ctx.device)
-    spent = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=ctx.device)
+    spent = torch.full((1,), time.perf_counter() - t0, dtype=torch.float64, device=ctx.device)
     if ctx.world > 1:
         dist.all_reduce(spent, op=dist.ReduceOp.MAX)
     return float(spent.item())
@@ -271,24 +308,48 @@ def p2p(ctx: Ctx) -> dict[str, Any]:
     return _p2p_cuda(ctx) if ctx.device.type == "cuda" else _p2p_cpu(ctx)
 
 
+def pair_deadline(reps: int, both: bool, size: int = P2P_BYTES) -> float:
+    """Seconds one pair may take before it counts as hung: its bytes at the slowest PCIe link there is."""
+    copies = (4 if both else 2) + WINDOWS * reps + (2 * WINDOWS * reps if both else 0)  # warm-up, one way, both
+    moved = size * copies
+    return PAIR_SETUP_SECONDS + moved / SLOWEST_LINK
+
+
 def _p2p_cuda(ctx: Ctx) -> dict[str, Any]:
+    """Every ordered pair one way; both ways at once once per pair of GPUs (the same experiment either way
+    round), its figure on both rows. Before each pair its deadline is announced (``ctx.progress``): the
+    runner kills a pair that hangs and starts again after it (``p2p_done``, ``p2p_skip``). Sizes: docs/probe.md."""
     count = torch.cuda.device_count()
     if count < 2:
         return {"skipped": "one GPU"}
-    size = (64 if ctx.quick else 256) << 20
-    reps = 5 if ctx.quick else 15
-    out = []
+    reps = P2P_REPS[ctx.quick]
+    skip = {(int(a), int(b)) for a, b in ctx.spec.get("p2p_skip", [])}
+    rows: list[dict[str, Any]] = list(ctx.spec.get("p2p_done", []))
+    done = {(r["src"], r["dst"]) for r in rows}
+    out = {"how": "device-to-device tensor copies in one process",
+           "latency": "host-timed 4-byte copy plus synchronize: launch and sync overhead included",
+           "bytes": P2P_BYTES, "repetitions": reps}
     for i in range(count):
         for j in range(count):
-            if i != j:
-                out.append({"src": i, "dst": j, "src_uuid": ctx.uuid_of(i), "dst_uuid": ctx.uuid_of(j),
-                            **_copy_pair(i, j, size, reps)})
-    return {"pairs": out, "how": "device-to-device tensor copies in one process",
-            "latency": "host-timed 4-byte copy plus synchronize: launch and sync overhead included"}
+            if i == j or (i, j) in skip or (i, j) in done:
+                continue
+            both = i < j or (j, i) in skip  # measured with the first row of the two
+            ctx.progress({"p2p_pair": [i, j], "src_uuid": ctx.uuid_of(i), "dst_uuid": ctx.uuid_of(j),
+                          "deadline_seconds": pair_deadline(reps, both)})
+            row = {"src": i, "dst": j, "src_uuid": ctx.uuid_of(i), "dst_uuid": ctx.uuid_of(j),
+                   **_copy_pair(i, j, P2P_BYTES, reps, both)}
+            if not both:
+                twin = next((r for r in rows if (r["src"], r["dst"]) == (j, i)), None)
+                if twin is not None and "bidirectional_bytes_per_second" in twin:
+                    row |= {k: twin[k] for k in ("bidirectional_bytes_per_second", "bidirectional_spread")}
+            rows.append(row)
+            ctx.checkpoint("p2p", out | {"pairs": rows})
+    return out | {"pairs": rows}
 
 
-def _copy_pair(i: int, j: int, size: int, reps: int) -> dict[str, Any]:
-    """GPU i → GPU j copies alone, then both directions at once on their own streams; a small copy's time."""
+def _copy_pair(i: int, j: int, size: int, reps: int, both: bool = True) -> dict[str, Any]:
+    """GPU i → GPU j copies alone, then (``both``) both directions at once on their own streams; a small
+    copy's time."""
     di, dj = torch.device(f"cuda:{i}"), torch.device(f"cuda:{j}")
     a, b = torch.empty(size, dtype=torch.uint8, device=di), torch.empty(size, dtype=torch.uint8, device=dj)
     a2, b2 = torch.empty(size, dtype=torch.uint8, device=dj), torch.empty(size, dtype=torch.uint8, device=di)
@@ -301,31 +362,38 @@ def _copy_pair(i: int, j: int, size: int, reps: int) -> dict[str, Any]:
                 st.enter_context(torch.cuda.stream(s))
             dst.copy_(src, non_blocking=True)
 
-    def copies(both: bool, k: int) -> float:
+    def copies(two: bool, k: int) -> float:
+        torch.cuda.synchronize(di)
+        torch.cuda.synchronize(dj)
         t0 = time.perf_counter()
         for _ in range(k):
             on(fwd, b, a)
-            if both:
+            if two:
                 on(back, b2, a2)
         torch.cuda.synchronize(di)
         torch.cuda.synchronize(dj)
         return time.perf_counter() - t0
 
-    copies(True, 2)
+    copies(both, 2)
     one = windows([copies(False, reps) for _ in range(WINDOWS)])
-    two = windows([copies(True, reps) for _ in range(WINDOWS)])
-    small_a, small_b = a[:4], b[:4]
+    out: dict[str, Any] = {"bytes": size, "bandwidth_bytes_per_second": size * reps / one["median_seconds"],
+                           "spread": one["spread"]}
+    if both:
+        two = windows([copies(True, reps) for _ in range(WINDOWS)])
+        out |= {"bidirectional_bytes_per_second": 2 * size * reps / two["median_seconds"],
+                "bidirectional_spread": two["spread"]}
+    small_a = torch.empty(4, dtype=torch.uint8, device=di)
+    small_b = torch.empty(4, dtype=torch.uint8, device=dj)
     lat = []
     for _ in range(WINDOWS):
+        torch.cuda.synchronize(dj)
         t0 = time.perf_counter()
         for _ in range(50):
             small_b.copy_(small_a)
             torch.cuda.synchronize(dj)
         lat.append((time.perf_counter() - t0) / 50)
-    return {"bytes": size, "bandwidth_bytes_per_second": size * reps / one["median_seconds"], "spread": one["spread"],
-            "bidirectional_bytes_per_second": 2 * size * reps / two["median_seconds"],
-            "bidirectional_spread": two["spread"], "copy_latency_seconds": statistics.median(lat),
-            "peer_access": torch.cuda.can_device_access_peer(i, j)}
+    return out | {"copy_latency_seconds": statistics.median(lat),
+                  "peer_access": torch.cuda.can_device_access_peer(i, j)}
 
 
 def _p2p_cpu(ctx: Ctx) -> dict[str, Any]:
@@ -375,7 +443,8 @@ def _p2p_cpu(ctx: Ctx) -> dict[str, Any]:
 
 def pipeline_baseline(ctx: Ctx) -> dict[str, Any]:
     """In a launch of its own (one process): the unsplit model on one device, and the naive split over k
-    devices (no micro-batches), for each stage count the plan measures."""
+    devices (no micro-batches), for each stage count the plan measures. In the pipeline's precision
+    (fp32, PIPELINE_DTYPE): a speedup compares like with like."""
     s, dev = ctx.size, ctx.device
     total = s.batch * 2
     x, y = batch(s, total, 7, CPU)
@@ -388,7 +457,7 @@ def pipeline_baseline(ctx: Ctx) -> dict[str, Any]:
         devices = [torch.device(f"cuda:{i}") for i in range(min(k, torch.cuda.device_count()))] \
             if dev.type == "cuda" else [dev]
         nw = _naive(ctx, full, k, devices, x, y)
-        out[str(k)] = {"layers": len(full), "batch": total,
+        out[str(k)] = {"layers": len(full), "batch": total, "dtype": PIPELINE_DTYPE,
                        "single_samples_per_second": total * s.steps / single["median_seconds"],
                        "single_spread": single["spread"],
                        "naive_samples_per_second": total * s.steps / nw["median_seconds"], "naive_spread": nw["spread"],
@@ -397,9 +466,9 @@ def pipeline_baseline(ctx: Ctx) -> dict[str, Any]:
 
 
 def _single(ctx: Ctx, one: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
-    """The unsplit model on one device."""
+    """The unsplit model on one device, in the pipeline's precision (fp32: no autocast)."""
     s, dev = ctx.size, ctx.device
-    tr = Trainer(one, one.parameters(), ctx.amp, dev)
+    tr = Trainer(one, one.parameters(), None, dev)
     xd, yd = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
     tr.steps(xd, yd, s.warmup)
     sync(dev)
@@ -414,12 +483,16 @@ def _naive(ctx: Ctx, full: nn.Sequential, k: int, devices: list[torch.device], x
     naive = [copy.deepcopy(c).to(devices[i % len(devices)]) for i, c in enumerate(parts)]
     opt = torch.optim.SGD([p for c in naive for p in c.parameters()], lr=1e-3)
 
+    # The batch is on the first and last devices before the clock starts, as the single run's is.
+    x0 = x.to(devices[0], non_blocking=True)
+    y_last = y.to(devices[(len(naive) - 1) % len(devices)], non_blocking=True)
+
     def steps(n: int) -> None:
         for _ in range(n):
-            h = x.to(devices[0], non_blocking=True)
+            h = x0
             for i, c in enumerate(naive):
                 h = c(h.to(devices[i % len(devices)]))
-            F.mse_loss(h, y.to(h.device, non_blocking=True)).backward()
+            F.mse_loss(h, y_last).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
         for d in devices:
@@ -445,7 +518,7 @@ def pipeline(ctx: Ctx) -> dict[str, Any]:
     mb = total // micro
     x, y = batch(s, total, 7, dev)
     out: dict[str, Any] = {"stages": k, "micro_batches": micro, "batch": total, "layers": len(full),
-                           "stage_layers": [len(rg) for rg in ranges], "dtype": "fp32"}
+                           "stage_layers": [len(rg) for rg in ranges], "dtype": PIPELINE_DTYPE}
     reference_out = None
     if r == 0:
         with torch.no_grad():
@@ -515,9 +588,11 @@ TASKS = {"ddp": ddp, "allreduce": allreduce, "p2p": p2p, "pipeline": pipeline,
 
 class Ctx:
     def __init__(self, rank: int, world: int, local_rank: int, device: str, quick: bool,
-                 stages: list[int] | None = None) -> None:
+                 stages: list[int] | None = None, spec: dict[str, Any] | None = None) -> None:
         self.rank, self.world, self.quick = rank, world, quick
         self.stages = stages or []
+        self.spec = spec or {}
+        self.results: dict[str, Any] = {}  # rank 0: the launch's results so far
         if device == "cuda":
             torch.cuda.set_device(local_rank)
             self.device = torch.device(f"cuda:{local_rank}")
@@ -525,6 +600,18 @@ class Ctx:
             self.device = CPU
         self.dtype_name, self.amp = precision(self.device)
         self.size = size_for(device, quick)
+
+    def progress(self, line: dict[str, Any]) -> None:
+        """Rank 0 tells the runner what it starts now (a P2P pair and its deadline): one JSON line."""
+        path = self.spec.get("progress")
+        if path and self.rank == 0:
+            with open(path, "a") as f:
+                f.write(json.dumps(line | {"at": time.time()}) + "\n")
+
+    def checkpoint(self, task: str, partial: dict[str, Any]) -> None:
+        """Rank 0 keeps what was measured so far: a launch that fails or times out still reports it."""
+        if self.rank == 0 and self.spec.get("out"):
+            _write_json(self.spec["out"] + ".partial", self.results | {task: partial | {"partial": True}})
 
     def uuid_of(self, index: int) -> str | None:
         """NVML's form of a CUDA device's UUID (``GPU-…``): how the runner maps a rank to an NVML GPU."""
@@ -534,10 +621,15 @@ class Ctx:
         return f"GPU-{uuid}" if uuid is not None else None  # none: the diagnosis maps by index
 
     def barrier(self) -> None:
+        """Every rank here, with its device idle: the host returns only once the barrier's collective has
+        completed on the device (an all-reduce alone returns at once on a GPU: the clock would start
+        before the slowest rank arrived)."""
+        sync(self.device)
         if self.world > 1:
             # A collective on a device tensor, not dist.barrier(): NCCL's barrier guesses the device.
             t = torch.zeros(1, device=self.device)
             dist.all_reduce(t)
+            sync(self.device)
 
 
 def init(spec: dict[str, Any], rank: int, world: int, local_rank: int) -> Ctx:
@@ -546,7 +638,7 @@ def init(spec: dict[str, Any], rank: int, world: int, local_rank: int) -> Ctx:
         os.sched_setaffinity(0, spec["cpus"])  # the GPU's CPUs (multi-socket machines)
     if device == "cpu":
         torch.set_num_threads(max(1, int(spec.get("threads_per_rank", 1))))
-    ctx = Ctx(rank, world, local_rank, device, bool(spec.get("quick")), spec.get("stages"))
+    ctx = Ctx(rank, world, local_rank, device, bool(spec.get("quick")), spec.get("stages"), spec)
     if world > 1 and not dist.is_initialized():
         # CPU bookkeeping is legal on a GPU run too: one backend per device type.
         dist.init_process_group("cpu:gloo,cuda:nccl" if device == "cuda" else "gloo", rank=rank, world_size=world,
@@ -573,12 +665,27 @@ def run(spec: dict[str, Any], rank: int, world: int, local_rank: int) -> dict[st
         results["gpu_name"] = torch.cuda.get_device_name(ctx.device)
         version = torch.cuda.nccl.version()  # a tuple; an int (2708 = 2.7.8) in older torch
         results["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+    ctx.results = results
+    hang = spec.get("test_hang")  # tests: a P2P pair that never finishes, after the pairs in "done"
+    if hang and rank == 0 and hang["p2p_pair"] not in spec.get("p2p_skip", []):
+        ctx.checkpoint("p2p", {"pairs": hang.get("done", [])})
+        ctx.progress({k: v for k, v in hang.items() if k != "done"})
+        time.sleep(3600)
     for task in spec["tasks"]:
         t0 = time.perf_counter()
         res = TASKS[task](ctx)
         if rank == 0:
             results[task] = res | {"wall_seconds": time.perf_counter() - t0}
+            if spec.get("out"):
+                _write_json(spec["out"] + ".partial", results)
     return results
+
+
+def _write_json(path: str, data: dict[str, Any]) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
 
 
 def teardown(spec: dict[str, Any], world: int) -> None:
@@ -594,10 +701,7 @@ def main() -> int:
     local = int(os.environ.get("LOCAL_RANK", str(rank)))
     res = run(spec, rank, world, local)
     if rank == 0:
-        tmp = spec["out"] + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(res, f)
-        os.replace(tmp, spec["out"])
+        _write_json(spec["out"], res)
     teardown(spec, world)
     return 0
 
@@ -605,6 +709,15 @@ def main() -> int:
 def cuda_available() -> bool:
     """For the torchrun path of the runner, which must not import torch itself."""
     return bool(torch.cuda.is_available())
+
+
+def gather(value: Any) -> list[Any]:
+    """Every rank's ``value`` (the group made by ``init``), in rank order."""
+    if not dist.is_initialized():
+        return [value]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
 
 
 def finish_group() -> None:
