@@ -1,0 +1,101 @@
+"""Starting the burn-in's kernels (``gpud.probe.stress``) in child processes, one per GPU, with a
+hard timeout; and the sustained load the burn-in holds on real GPUs (``HardwareLoad``).
+
+No torch here: the children import it. A child's process group is killed on a timeout, on an
+error and on Ctrl-C, so no kernel outlives the burn-in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from gpud.errors import GpudError
+
+
+class StressError(GpudError):
+    pass
+
+
+def _start(spec: dict[str, Any], workdir: Path, name: str, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Path]:
+    out = workdir / f"{name}.json"
+    spec_file = workdir / f"{name}.spec.json"
+    spec_file.write_text(json.dumps({**spec, "out": str(out)}))
+    log = open(workdir / f"{name}.log", "wb")
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "gpud.probe.stress", str(spec_file)],
+                                env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    finally:
+        log.close()
+    return proc, out
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
+def run_children(specs: list[dict[str, Any]], timeout: float) -> dict[int, dict[str, Any]]:
+    """Run one child per spec (each measures the GPUs of its ``gpus`` in turn), all at once; each
+    GPU's result, or ``{"error": …}`` with the last line of its log. Children still running at the
+    timeout or at an interrupt are killed with their process group."""
+    results: dict[int, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="gpud-burnin-") as tmp:
+        workdir = Path(tmp)
+        procs = [(spec, *_start(spec, workdir, f"child{k}", {})) for k, spec in enumerate(specs)]
+        deadline = time.monotonic() + timeout
+        try:
+            while any(p.poll() is None for _, p, _ in procs) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            for _, p, _ in procs:
+                _kill(p)
+        for k, (spec, p, out) in enumerate(procs):
+            if out.is_file():
+                got = json.loads(out.read_text())["gpus"]
+                results.update({int(g): r for g, r in got.items()})
+                continue
+            why = f"exited with {p.returncode}" if p.returncode not in (None, -9) else f"timed out after {timeout:.0f} s"
+            tail = (workdir / f"child{k}.log").read_text(errors="replace").strip()
+            for g in spec["gpus"]:
+                results[int(g)] = {"error": why + (f": {tail.splitlines()[-1]}" if tail else "")}
+    return results
+
+
+class HardwareLoad:
+    """A sustained GEMM load on real GPUs: one ``burn`` child per GPU while held."""
+
+    def __init__(self, device: str, gemm_n: int = 8192) -> None:
+        self.device = device
+        self.gemm_n = gemm_n
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+
+    def start(self, gpus: list[int], seconds: float) -> None:
+        self.stop()
+        self._tmp = tempfile.TemporaryDirectory(prefix="gpud-burn-")
+        for g in gpus:
+            spec = {"device": self.device, "gpus": [g], "tasks": ["burn"], "burn_seconds": seconds + 30,
+                    "gemm_n": self.gemm_n if self.device == "cuda" else 256}
+            proc, _ = _start(spec, Path(self._tmp.name), f"burn{g}", {})
+            self._procs.append(proc)
+
+    def stop(self) -> None:
+        for p in self._procs:
+            _kill(p)
+        self._procs = []
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
