@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gpud.burnin.telemetry import Series
+from gpud.model import document
 
 Status = Literal["pass", "warn", "fail", "skip"]
-SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -57,16 +57,21 @@ class Result:
     def exit_code(self) -> int:
         return 1 if self.status == "fail" else 0
 
-    def json(self, telemetry: bool = True) -> dict[str, Any]:
+    def json(self, version: str, host: dict[str, Any], telemetry: bool = False) -> dict[str, Any]:
+        """The ``burnin`` document (docs/json.md): the envelope of every gpud document, then the run."""
+        return document("burnin", version, host, **self.body(telemetry))
+
+    def body(self, telemetry: bool = False) -> dict[str, Any]:
         return {
-            "kind": "burnin", "schema_version": SCHEMA_VERSION, "machine": self.machine, "level": self.level,
-            "device": self.device, "figures": "cpu" if self.device == "cpu" else "gpu",
+            "level": self.level, "device": self.device, "figures": "cpu" if self.device == "cpu" else "gpu",
             "simulated_time": self.simulated_time, "started": self.started, "seconds": round(self.seconds, 3),
             "wall_seconds": round(self.wall_seconds, 3), "interrupted": self.interrupted, "status": self.status,
+            "exit_code": self.exit_code(),
             "gpus": [{"index": g, "name": self.names.get(g), "status": _worst(self.verdicts, g),
                       "limits": self.limits.get(g, {}), "workload": self.workload.get(g, {})} for g in self.gpus],
             "verdicts": [v.json() for v in self.verdicts],
-            "telemetry": {str(g): [p.json() for p in s.points] for g, s in self.series.items()} if telemetry else None,
+            "telemetry": ({str(g): [p.json() for p in s.points] for g, s in self.series.items()} if telemetry
+                          else None),
         }
 
 
