@@ -51,8 +51,8 @@ class RealBench:
     def release(self) -> None:
         self._load.stop()
 
-    def device_fault(self, gpu: int) -> str | None:
-        return None
+    def device_faults(self, gpu: int) -> list[str]:
+        return []
 
 
 class SimBench:
@@ -89,10 +89,9 @@ class SimBench:
                 m.settings(g)["load"] = None
         self._touched.clear()
 
-    def device_fault(self, gpu: int) -> str | None:
-        """A fault of the GPU that its stand-in must show: ``wrong_results`` or ``memory_errors``."""
-        kinds = [k for k in ("wrong_results", "memory_errors") if self.sim.machine.faults_of(k, gpu)]
-        return kinds[0] if kinds else None
+    def device_faults(self, gpu: int) -> list[str]:
+        """The faults of the GPU that its stand-in must show: ``wrong_results``, ``memory_errors``."""
+        return [k for k in ("wrong_results", "memory_errors") if self.sim.machine.faults_of(k, gpu)]
 
 
 def open_bench(machine: Machine, device: str) -> RealBench | SimBench:

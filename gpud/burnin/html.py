@@ -38,7 +38,8 @@ def chart(title: str, unit: str, pts: list[tuple[float, float]], t0: float, t1: 
     if not values:
         return f"<p class=small>{escape(title)}: no readings</p>"
     lo, hi = min(values), max(values)
-    lo, hi = (lo - 1, hi + 1) if hi - lo < 2 else (lo - (hi - lo) * 0.05, hi + (hi - lo) * 0.05)
+    floor = 0.0 if lo >= 0 else lo
+    lo, hi = (lo - 1, hi + 1) if hi - lo < 2 else (max(floor, lo - (hi - lo) * 0.05), hi + (hi - lo) * 0.05)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" '
            f'role="img" aria-label="{escape(title)}">',
            f'<text x="{PAD_L}" y="13" font-size="12" fill="#1f2328">{escape(title)} ({escape(unit)})</text>',
@@ -52,10 +53,11 @@ def chart(title: str, unit: str, pts: list[tuple[float, float]], t0: float, t1: 
         x = PAD_L + (W - PAD_L - PAD_R) * k / 4
         out.append(f'<text x="{x:.1f}" y="{H - 8}" font-size="10" text-anchor="middle" fill="#57606a">'
                    f'{t / 60:.1f} min</text>')
-    for label, v, c in lines:
+    for k, (label, v, c) in enumerate(lines):
+        anchor, x = ("end", W - PAD_R - 2) if k % 2 == 0 else ("start", PAD_L + 4)
         y = H - PAD_B - (v - lo) * (H - PAD_T - PAD_B) / ((hi - lo) or 1.0)
         out.append(f'<line x1="{PAD_L}" y1="{y:.1f}" x2="{W - PAD_R}" y2="{y:.1f}" stroke="{c}" stroke-dasharray="5,4"/>'
-                   f'<text x="{W - PAD_R - 2}" y="{y - 3:.1f}" font-size="10" text-anchor="end" fill="{c}">'
+                   f'<text x="{x}" y="{y - 3:.1f}" font-size="10" text-anchor="{anchor}" fill="{c}">'
                    f'{escape(label)} {v:g}</text>')
     if len(pts) > 1:
         out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.6" points="{_scale(pts, lo, hi, t0, t1)}"/>')
@@ -65,20 +67,21 @@ def chart(title: str, unit: str, pts: list[tuple[float, float]], t0: float, t1: 
 
 def reasons_chart(points: list[Point], t0: float, t1: float) -> str:
     """One row per clock-event reason: a bar wherever it was active."""
-    row_h = 14
+    row_h, pad_l = 14, 110
     h = PAD_T + row_h * len(REASON_ROWS) + PAD_B
-    xs = (W - PAD_L - PAD_R) / ((t1 - t0) or 1.0)
+    xs = (W - pad_l - PAD_R) / ((t1 - t0) or 1.0)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" viewBox="0 0 {W} {h}" role="img" '
            f'aria-label="clock-event reasons">',
-           '<text x="56" y="13" font-size="12" fill="#1f2328">clock-event reasons (HW ones must stay empty)</text>']
+           f'<text x="{pad_l}" y="13" font-size="12" fill="#1f2328">clock-event reasons (HW ones must stay empty)'
+           '</text>']
     for k, (name, c) in enumerate(REASON_ROWS):
         y = PAD_T + k * row_h
-        out.append(f'<text x="{PAD_L - 4}" y="{y + 10}" font-size="9" text-anchor="end" fill="#57606a">'
-                   f'{escape(name.replace("_slowdown", ""))}</text>')
-        out.append(f'<rect x="{PAD_L}" y="{y + 1}" width="{W - PAD_L - PAD_R}" height="{row_h - 2}" fill="#f6f8fa"/>')
+        out.append(f'<text x="{pad_l - 4}" y="{y + 10}" font-size="9" text-anchor="end" fill="#57606a">'
+                   f'{escape(name)}</text>')
+        out.append(f'<rect x="{pad_l}" y="{y + 1}" width="{W - pad_l - PAD_R}" height="{row_h - 2}" fill="#f6f8fa"/>')
         for a, b in zip(points, points[1:]):
             if name in a.reasons:
-                out.append(f'<rect x="{PAD_L + (a.t - t0) * xs:.1f}" y="{y + 1}" width="{max(0.8, (b.t - a.t) * xs):.1f}"'
+                out.append(f'<rect x="{pad_l + (a.t - t0) * xs:.1f}" y="{y + 1}" width="{max(0.8, (b.t - a.t) * xs):.1f}"'
                            f' height="{row_h - 2}" fill="{c}"/>')
     out.append("</svg>")
     return "".join(out)
@@ -86,13 +89,19 @@ def reasons_chart(points: list[Point], t0: float, t1: float) -> str:
 
 def render(res: Result, doc: dict[str, Any]) -> str:
     title = f"gpud burn-in — {doc['host']['name']} — {doc['level']} — {doc['status'].upper()}"
-    rows = []
+    def row(v: dict[str, Any]) -> str:
+        return (f"<tr><td class=s style='color:{COLOURS[v['status']]}'>{v['status'].upper()}</td>"
+                f"<td>{'' if v['gpu'] is None else 'GPU' + str(v['gpu'])}</td><td>{escape(v['test'])}</td>"
+                f"<td>{escape(v['summary'])}</td><td class=small>{escape(v['source'])}</td>"
+                f"<td class=small>{escape(v['remedy'])}</td></tr>")
+
+    head = ("<tr><th>status</th><th>GPU</th><th>test</th><th>figure</th><th>threshold and source</th>"
+            "<th>what to do</th></tr>")
     order = {"fail": 0, "warn": 1, "skip": 2, "pass": 3}
-    for v in sorted(doc["verdicts"], key=lambda v: (order[v["status"]], v["gpu"] if v["gpu"] is not None else -1)):
-        rows.append(f"<tr><td class=s style='color:{COLOURS[v['status']]}'>{v['status'].upper()}</td>"
-                    f"<td>{'' if v['gpu'] is None else 'GPU' + str(v['gpu'])}</td><td>{escape(v['test'])}</td>"
-                    f"<td>{escape(v['summary'])}</td><td class=small>{escape(v['source'])}</td>"
-                    f"<td class=small>{escape(v['remedy'])}</td></tr>")
+    ranked = sorted(doc["verdicts"], key=lambda v: (order[v["status"]], v["gpu"] if v["gpu"] is not None else -1))
+    rows = [row(v) for v in ranked if v["status"] != "pass"]
+    passed = [row(v) for v in ranked if v["status"] == "pass"]
+    links = " ".join(f"<a href='#gpu{g}'>GPU{g}</a>" for g in res.gpus)
     parts = ["<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
              f"<title>{escape(title)}</title><style>{CSS}</style></head><body>",
              f"<h1>{escape(title)}</h1>",
@@ -100,8 +109,9 @@ def render(res: Result, doc: dict[str, Any]) -> str:
              + (" — the kernels ran on the CPU: CPU figures" if doc["figures"] == "cpu" else "")
              + (f" — {doc['seconds'] / 60:.1f} min of simulated time" if doc["simulated_time"]
                 else f" — {doc['seconds'] / 60:.1f} min") + f" — gpud {escape(doc['gpud_version'])}</p>",
-             "<h2>Verdicts</h2><table><tr><th>status</th><th>GPU</th><th>test</th><th>figure</th>"
-             "<th>threshold and source</th><th>what to do</th></tr>", *rows, "</table>"]
+             f"<p>charts: {links}</p>",
+             "<h2>Verdicts</h2>", f"<table>{head}{''.join(rows)}</table>" if rows else "<p>every test passed</p>",
+             f"<details><summary>{len(passed)} passed</summary><table>{head}{''.join(passed)}</table></details>"]
     for g in res.gpus:
         s = res.series.get(g)
         info = next((x for x in doc["gpus"] if x["index"] == g), {})

@@ -192,7 +192,7 @@ def _thermal(g: int, soak: list[Any], limits: dict[str, float | None]) -> list[V
     else:
         text = f"settled at {final:.1f} °C ±{band.value:g} °C after {took:.0f} s"
         if target is not None:
-            text += f" ({'below' if final < target else 'at or above'} the driver's {target:g} °C target)"
+            text += f" ({'below' if final < target else 'at or above'} its {target:g} °C max operating temperature)"
     out.append(Verdict("burnin.thermal.settle", "pass" if held else "fail", text, g, took, settle_s.value,
                        settle_s.source + "; below the driver's target (NVML's max operating temperature)",
                        "" if held else "the cooling does not hold the temperature: check the fans turn "

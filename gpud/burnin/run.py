@@ -40,7 +40,7 @@ class Bench(Protocol):
 
     def release(self) -> None: ...
 
-    def device_fault(self, gpu: int) -> str | None: ...
+    def device_faults(self, gpu: int) -> list[str]: ...
 
 
 def _workload(machine: Machine, bench: Bench, snap: Snapshot, gpus: list[int], device: str, memtest: bool,
@@ -50,7 +50,7 @@ def _workload(machine: Machine, bench: Bench, snap: Snapshot, gpus: list[int], d
 
     size = SIZES[device]
     tasks = ["gemm", "device_bandwidth", "host_bandwidth"] + (["memtest"] if memtest else [])
-    faults = {str(g): f for g in gpus for f in [bench.device_fault(g)] if f}
+    faults = {str(g): f for g in gpus for f in [bench.device_faults(g)] if f}
     base: dict[str, Any] = {"device": device, "tasks": tasks, "seconds": seconds, "faults": faults,
                             **{k: v for k, v in size.items() if k != "memtest_share"}}
     if device != "cuda":

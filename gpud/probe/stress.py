@@ -8,7 +8,7 @@ host's (the report labels them CPU figures). Results are deterministic: the same
 shapes and deterministic algorithms give the same bits on every GPU of one model, so a GPU whose
 digest differs from its siblings' computed something else (gpu-burn's comparison, across GPUs).
 
-A spec's ``faults`` (GPU → ``wrong_results`` or ``memory_errors``) make the device misbehave: a
+A spec's ``faults`` (GPU → a list of ``wrong_results``, ``memory_errors``) make the device misbehave: a
 simulated workstation asks for them for a GPU with such a fault, because the CPU that stands in for
 that GPU cannot misbehave by itself; nothing else sets them. On ``cpu`` one child measures every
 GPU's stand-in in turn (one torch import, not one per GPU).
@@ -37,11 +37,11 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-_FAULT = {"now": ""}
+_FAULTS: dict[str, list[str]] = {"now": []}
 
 
-def _fault() -> str:
-    return _FAULT["now"]
+def _fault(kind: str) -> bool:
+    return kind in _FAULTS["now"]
 
 
 def _inputs(n: int, dtype: torch.dtype, device: torch.device, seed: int = 1234) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,13 +71,13 @@ def gemm(device: torch.device, name: str, n: int, seconds: float) -> dict[str, A
     _sync(device)
     elapsed = time.perf_counter() - start
     out = c.float().cpu().contiguous()
-    if _fault() == "wrong_results":
+    if _fault("wrong_results"):
         out.view(-1)[0] += 1.0
     digest = hashlib.sha256(out.numpy().tobytes()).hexdigest()
     # A small case against the host's float64 product.
     sa, sb = _inputs(64, dtype, device, seed=99)
     small = (sa @ sb).double().cpu()
-    if _fault() == "wrong_results":
+    if _fault("wrong_results"):
         small[0, 0] += 1.0
     ref = sa.double().cpu() @ sb.double().cpu()
     err = float(((small - ref).abs().max() / ref.abs().max()).item())
@@ -130,7 +130,7 @@ def memtest(device: torch.device, mib: int, chunk_mib: int = 256) -> dict[str, A
     step = max(1, chunk_mib * 2**18)
     buf = torch.empty(words, dtype=torch.int32, device=device)
     errors = {"walking_ones": 0, "random": 0, "address": 0}
-    flip = _fault() == "memory_errors"
+    flip = _fault("memory_errors")
 
     def chunks() -> range:
         return range(0, words, step)
@@ -180,7 +180,7 @@ def burn(device: torch.device, seconds: float, n: int) -> dict[str, Any]:
 
 def run_one(spec: dict[str, Any], index: int) -> dict[str, Any]:
     device = torch.device("cuda", index) if spec["device"] == "cuda" else torch.device("cpu")
-    _FAULT["now"] = str((spec.get("faults") or {}).get(str(index), ""))
+    _FAULTS["now"] = list((spec.get("faults") or {}).get(str(index), []))
     seconds = float(spec.get("seconds", 1.0))
     out: dict[str, Any] = {"device": spec["device"], "torch": torch.__version__}
     if device.type == "cuda":
