@@ -47,7 +47,8 @@ def chart(title: str, unit: str, pts: list[tuple[float, float]], t0: float, t1: 
            f'<line x1="{PAD_L}" y1="{PAD_T}" x2="{PAD_L}" y2="{H - PAD_B}" stroke="#8c959f"/>']
     for v in (lo, (lo + hi) / 2, hi):
         y = H - PAD_B - (v - lo) * (H - PAD_T - PAD_B) / ((hi - lo) or 1.0)
-        out.append(f'<text x="{PAD_L - 4}" y="{y + 4:.1f}" font-size="10" text-anchor="end" fill="#57606a">{v:.0f}</text>')
+        out.append(f'<text x="{PAD_L - 4}" y="{y + 4:.1f}" font-size="10" text-anchor="end" fill="#57606a">'
+                   f'{v:.0f}</text>')
     for k in range(5):
         t = t0 + (t1 - t0) * k / 4
         x = PAD_L + (W - PAD_L - PAD_R) * k / 4
@@ -56,11 +57,13 @@ def chart(title: str, unit: str, pts: list[tuple[float, float]], t0: float, t1: 
     for k, (label, v, c) in enumerate(lines):
         anchor, x = ("end", W - PAD_R - 2) if k % 2 == 0 else ("start", PAD_L + 4)
         y = H - PAD_B - (v - lo) * (H - PAD_T - PAD_B) / ((hi - lo) or 1.0)
-        out.append(f'<line x1="{PAD_L}" y1="{y:.1f}" x2="{W - PAD_R}" y2="{y:.1f}" stroke="{c}" stroke-dasharray="5,4"/>'
+        out.append(f'<line x1="{PAD_L}" y1="{y:.1f}" x2="{W - PAD_R}" y2="{y:.1f}" stroke="{c}" '
+                   'stroke-dasharray="5,4"/>'
                    f'<text x="{x}" y="{y - 3:.1f}" font-size="10" text-anchor="{anchor}" fill="{c}">'
                    f'{escape(label)} {v:g}</text>')
     if len(pts) > 1:
-        out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.6" points="{_scale(pts, lo, hi, t0, t1)}"/>')
+        out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.6" '
+                   f'points="{_scale(pts, lo, hi, t0, t1)}"/>')
     out.append("</svg>")
     return "".join(out)
 
@@ -79,9 +82,10 @@ def reasons_chart(points: list[Point], t0: float, t1: float) -> str:
         out.append(f'<text x="{pad_l - 4}" y="{y + 10}" font-size="9" text-anchor="end" fill="#57606a">'
                    f'{escape(name)}</text>')
         out.append(f'<rect x="{pad_l}" y="{y + 1}" width="{W - pad_l - PAD_R}" height="{row_h - 2}" fill="#f6f8fa"/>')
-        for a, b in zip(points, points[1:]):
+        for a, b in zip(points, points[1:], strict=False):
             if name in a.reasons:
-                out.append(f'<rect x="{pad_l + (a.t - t0) * xs:.1f}" y="{y + 1}" width="{max(0.8, (b.t - a.t) * xs):.1f}"'
+                out.append(f'<rect x="{pad_l + (a.t - t0) * xs:.1f}" y="{y + 1}" '
+                           f'width="{max(0.8, (b.t - a.t) * xs):.1f}"'
                            f' height="{row_h - 2}" fill="{c}"/>')
     out.append("</svg>")
     return "".join(out)
@@ -114,7 +118,7 @@ def render(res: Result, doc: dict[str, Any]) -> str:
              f"<details><summary>{len(passed)} passed</summary><table>{head}{''.join(passed)}</table></details>"]
     for g in res.gpus:
         s = res.series.get(g)
-        info = next((x for x in doc["gpus"] if x["index"] == g), {})
+        info: dict[str, Any] = next((x for x in doc["gpus"] if x["index"] == g), {})
         parts.append(f"<h2 id=gpu{g}>GPU{g} {escape(str(info.get('name') or ''))} — "
                      f"<span style='color:{COLOURS.get(info.get('status', 'skip'), '#000')}'>"
                      f"{escape(str(info.get('status', '')).upper())}</span></h2>")
@@ -125,7 +129,7 @@ def render(res: Result, doc: dict[str, Any]) -> str:
         t0, t1 = pts[0].t, pts[-1].t
         lim = res.limits.get(g, {})
 
-        def series(attr: str) -> list[tuple[float, float]]:
+        def series(attr: str, pts: list[Point] = pts) -> list[tuple[float, float]]:
             return [(p.t, float(getattr(p, attr))) for p in pts if getattr(p, attr) is not None]
 
         temp_lines = [(label, float(v), c) for label, v, c in
@@ -135,8 +139,8 @@ def render(res: Result, doc: dict[str, Any]) -> str:
         parts.append(chart("fan (as asked)", "%", series("fan_percent"), t0, t1, [], "#1a7f37"))
         parts.append(chart("SM clock", "MHz", series("sm_mhz"), t0, t1, [], "#0969da"))
         limit = next((p.limit_w for p in reversed(pts) if p.limit_w), None)
-        power_lines = [("limit", float(limit), "#57606a"), ("95 % of limit", round(0.95 * float(limit), 1), "#9a6700")] \
-            if limit else []
+        power_lines = ([("limit", float(limit), "#57606a"),
+                        ("95 % of limit", round(0.95 * float(limit), 1), "#9a6700")] if limit else [])
         parts.append(chart("power", "W", series("power_w"), t0, t1, power_lines, "#8250df"))
         parts.append(reasons_chart(pts, t0, t1))
     parts.append(f"<p class=small>HW reasons judged: {', '.join(HW_REASONS)}.</p></body></html>")

@@ -8,7 +8,7 @@ from collections import Counter
 from typing import Any
 
 from gpud.burnin.plan import THRESHOLDS
-from gpud.burnin.result import Result, Verdict
+from gpud.burnin.result import Result, Status, Verdict
 from gpud.burnin.telemetry import HW_REASONS, cv, settle
 from gpud.model import GpuInfo
 from gpud.probe import expect
@@ -37,7 +37,7 @@ def _spread(res: Result, test: str, figures: dict[int, float], unit: str, remedy
         for g, v in vals.items():
             short = (med - v) / med if med else 0.0
             outlier = sd > 0 and len(vals) >= 3 and abs(v - mean) > sigma.value * sd
-            status = "fail" if short > limit.value else "pass"
+            status: Status = "fail" if short > limit.value else "pass"
             text = (f"{v:.4g} {unit}, {short * 100:.1f} % below its siblings' median {med:.4g} {unit}"
                     if short > 0 else f"{v:.4g} {unit}, siblings' median {med:.4g} {unit}")
             if outlier:
@@ -110,8 +110,8 @@ def _workload(res: Result, infos: dict[int, GpuInfo]) -> list[Verdict]:
                                f"pinned host↔device {got:.1f} GB/s, {ratio * 100:.0f} % of the {want:.1f} GB/s a "
                                f"Gen{i.pcie_max_generation} x{i.pcie_max_width} link carries", g, round(ratio, 3),
                                th.value, th.source,
-                               "check the link (gpud doctor: pcie.*, lspci -vv) and the CPU affinity" if ratio < th.value
-                               else ""))
+                               ("check the link (gpud doctor: pcie.*, lspci -vv) and the CPU affinity"
+                                if ratio < th.value else "")))
     elif ok:
         out.append(Verdict("burnin.workload.figures", "skip",
                            "CPU figures (--device cpu): the kernels ran on the CPU and their speed says nothing of "
@@ -147,15 +147,17 @@ def _telemetry(res: Result, infos: dict[int, GpuInfo]) -> list[Verdict]:
         i = infos.get(g)
         busy = [p for p in loaded if p.utilization]
         if i is not None and busy:
-            gen = min(p.pcie_gen for p in busy if p.pcie_gen is not None) if any(p.pcie_gen for p in busy) else None
-            width = min(p.pcie_width for p in busy if p.pcie_width is not None) if any(p.pcie_width for p in busy) else None
+            gens = [p.pcie_gen for p in busy if p.pcie_gen is not None]
+            widths = [p.pcie_width for p in busy if p.pcie_width is not None]
+            gen, width = (min(gens) if gens else None), (min(widths) if widths else None)
             short = ((gen is not None and i.pcie_max_generation is not None and gen < i.pcie_max_generation)
                      or (width is not None and i.pcie_max_width is not None and width < i.pcie_max_width))
             out.append(Verdict("burnin.pcie.link_under_load", "fail" if short else "pass",
                                f"Gen{gen} x{width} under load (its maximum Gen{i.pcie_max_generation} "
                                f"x{i.pcie_max_width})", g, float(width or 0), float(i.pcie_max_width or 0),
                                THRESHOLDS["link"].source,
-                               "reseat the GPU or its riser, try another slot; lspci -vv shows LnkSta" if short else ""))
+                               "reseat the GPU or its riser, try another slot; lspci -vv shows LnkSta"
+                               if short else ""))
         clocks = [p.sm_mhz for p in loaded if p.sm_mhz]
         if clocks:
             sustained[g] = statistics.fmean(clocks)

@@ -79,5 +79,5 @@ def _worst(verdicts: list[Verdict], gpu: int) -> Status:
     mine = [v.status for v in verdicts if v.gpu == gpu]
     for s in ("fail", "warn", "pass"):
         if s in mine:
-            return s  # type: ignore[return-value]
+            return s
     return "skip"

@@ -56,7 +56,7 @@ def _workload(machine: Machine, bench: Bench, snap: Snapshot, gpus: list[int], d
     if device != "cuda":
         return run_children([{**base, "gpus": gpus}], 300.0)
     specs = []
-    for g, cpus in zip(gpus, cpu_affinity(machine, gpus) or [[] for _ in gpus]):
+    for g, cpus in zip(gpus, cpu_affinity(machine, gpus) or [[] for _ in gpus], strict=True):
         free = (snap.samples[g].memory_total_bytes or 0) - (snap.samples[g].memory_used_bytes or 0)
         specs.append({**base, "gpus": [g], "cpus": cpus or None,  # host memory on the GPU's own NUMA node
                       "memtest_mib": max(64, int(free * float(size["memtest_share"]) / 2**20 / 2))})

@@ -56,7 +56,7 @@ class Series:
     def seconds_in(self, reason: str, pts: list[Point]) -> float:
         """Seconds with ``reason`` active: each reading stands for the interval up to the next one."""
         total = 0.0
-        for a, b in zip(pts, pts[1:]):
+        for a, b in zip(pts, pts[1:], strict=False):
             if reason in a.reasons:
                 total += b.t - a.t
         return total

@@ -104,7 +104,8 @@ def burnin(
                                        case_sensitive=False)] = "quick",
     duration: Annotated[str | None, typer.Option("--duration", metavar="30m",
                                                  help="The soak's length, 30m to 60m (default 30m).")] = None,
-    gpus: Annotated[str | None, typer.Option("--gpus", metavar="LIST", help="GPUs to test: 0,2-3 (default all).")] = None,
+    gpus: Annotated[str | None, typer.Option("--gpus", metavar="LIST",
+                                             help="GPUs to test: 0,2-3 (default all).")] = None,
     device: Annotated[str | None, typer.Option(
         "--device", metavar="cuda|cpu",
         help="Where the kernels run (default cuda; cpu on a simulated workstation: CPU figures).")] = None,
@@ -118,11 +119,11 @@ def burnin(
     GPUs, memory and host bandwidth, then (standard) a memory test, targeted power and load steps,
     and (soak) a thermal soak with telemetry every second. A verdict per GPU and test, each with its
     threshold's source. Exit 0 pass, 1 a GPU failed, 2 invalid input."""
+    from gpud import config as cfg
     from gpud.backends import open_bench
     from gpud.burnin.plan import LEVELS
     from gpud.burnin.run import run_burnin
     from gpud.burnin.store import record
-    from gpud import config as cfg
 
     lv = level.lower()
     if lv not in LEVELS:
@@ -141,7 +142,7 @@ def burnin(
     bench = open_bench(m, dev)
     progress = Progress(bench.simulated_time)
     config = cfg.load()
-    res = run_burnin(m, bench, config, level=lv, gpus=chosen, device=dev, duration_s=seconds,  # type: ignore[arg-type]
+    res = run_burnin(m, bench, config, level=lv, gpus=chosen, device=dev, duration_s=seconds,
                      allow_busy=allow_busy, progress=progress)
     progress.done()
     doc = res.json(__version__, host(m, snap))

@@ -67,7 +67,8 @@ def run_children(specs: list[dict[str, Any]], timeout: float) -> dict[int, dict[
                 got = json.loads(out.read_text())["gpus"]
                 results.update({int(g): r for g, r in got.items()})
                 continue
-            why = f"exited with {p.returncode}" if p.returncode not in (None, -9) else f"timed out after {timeout:.0f} s"
+            why = (f"exited with {p.returncode}" if p.returncode not in (None, -9)
+                   else f"timed out after {timeout:.0f} s")
             tail = (workdir / f"child{k}.log").read_text(errors="replace").strip()
             for g in spec["gpus"]:
                 results[int(g)] = {"error": why + (f": {tail.splitlines()[-1]}" if tail else "")}
