@@ -113,7 +113,7 @@ BURNIN = _document("burnin", {
     "figures": {"enum": ["gpu", "cpu"]}, "simulated_time": {"type": "boolean"}, "started": {"type": "number"},
     "seconds": {"type": "number"}, "wall_seconds": {"type": "number"}, "interrupted": {"type": "boolean"},
     "status": {"enum": ["pass", "warn", "fail"]}, "exit_code": {"enum": [0, 1]},
-    "gpus": {"type": "array", "items": _obj({"index": {"type": "integer"}, "name": STR,
+    "gpus": {"type": "array", "items": _obj({"index": {"type": "integer"}, "name": STR, "uuid": STR,
                                              "status": {"enum": list(STATUSES)}, "limits": {"type": "object"},
                                              "workload": {"type": "object"}})},
     "verdicts": {"type": "array", "items": BURNIN_VERDICT},

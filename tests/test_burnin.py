@@ -62,6 +62,16 @@ def test_quick_on_the_degraded_z8_fails_naming_its_gpus_and_tests(state_dir: Pat
     assert "burnin.pcie.link_under_load" in failing[2]  # trained to x8
     assert {"burnin.thermal.sw_slowdown", "burnin.clocks.hw_slowdown"} <= failing[3]  # stalled fan
     assert 0 not in failing or not any(t.startswith("burnin.") for t in failing[0])
+    # doctor --burnin shows the last result; the exporter exports it
+    dr = json.loads(run_gpud("doctor", "--simulate", "z8-fury-4x-a6000-degraded", "--burnin", "--json").stdout)
+    mine = {c["gpu"]: c for c in dr["checks"] if c["id"] == "burnin.gpu"}
+    assert {g for g, c in mine.items() if c["status"] == "fail"} == set(failing)
+    assert "burnin.pcie.link_under_load" in mine[2]["summary"]
+    assert next(c for c in dr["checks"] if c["id"] == "burnin.last")["status"] == "fail"
+    metrics = run_gpud("metrics", "--simulate", "z8-fury-4x-a6000-degraded").stdout
+    assert 'gpud_burnin_success{level="quick"} 0.0' in metrics
+    assert any(line.startswith('gpud_burnin_gpu_passed{gpu="2"') and line.endswith(" 0.0")
+               for line in metrics.splitlines())
     text = run_gpud("burnin", "--simulate", "z8-fury-4x-a6000-degraded", timeout=120)
     assert text.returncode == 1
     assert "burnin.idle" in text.stdout and "--allow-busy" in text.stdout  # busy GPUs refused without it

@@ -42,6 +42,7 @@ class Result:
     verdicts: list[Verdict] = field(default_factory=list)
     workload: dict[int, dict[str, Any]] = field(default_factory=dict)  # each GPU's child's figures
     series: dict[int, Series] = field(default_factory=dict)
+    uuids: dict[int, str] = field(default_factory=dict)
     limits: dict[int, dict[str, float | None]] = field(default_factory=dict)  # temperatures drawn on the charts
     interrupted: bool = False
 
@@ -67,8 +68,9 @@ class Result:
             "simulated_time": self.simulated_time, "started": self.started, "seconds": round(self.seconds, 3),
             "wall_seconds": round(self.wall_seconds, 3), "interrupted": self.interrupted, "status": self.status,
             "exit_code": self.exit_code(),
-            "gpus": [{"index": g, "name": self.names.get(g), "status": _worst(self.verdicts, g),
-                      "limits": self.limits.get(g, {}), "workload": self.workload.get(g, {})} for g in self.gpus],
+            "gpus": [{"index": g, "name": self.names.get(g), "uuid": self.uuids.get(g),
+                      "status": _worst(self.verdicts, g), "limits": self.limits.get(g, {}),
+                      "workload": self.workload.get(g, {})} for g in self.gpus],
             "verdicts": [v.json() for v in self.verdicts],
             "telemetry": ({str(g): [p.json() for p in s.points] for g, s in self.series.items()} if telemetry
                           else None),

@@ -89,6 +89,7 @@ def run_burnin(machine: Machine, bench: Bench, config: Config, *, level: Level, 
     infos = {i.index: i for i in snap.gpus}
     res = Result(machine.label, level, device, chosen, {g: infos[g].name for g in chosen if g in infos}, time.time(),
                  simulated_time=bench.simulated_time)
+    res.uuids = {g: infos[g].uuid for g in chosen if g in infos}
     for g in chosen:
         i = infos.get(g)
         res.limits[g] = {"max_operating_c": i.temperature_max_operating_celsius if i else None,
