@@ -227,7 +227,7 @@ def _errors(res: Result, infos: dict[int, GpuInfo], before: dict[str, Any], afte
         if a is not None and b is not None and a > b:
             found.append(f"{a - b} new PCIe replays")
         bus = buses[g].lower()
-        xids = [x for x in new_xids if bus and bus.endswith(str(x[0]).lower()[-7:])]
+        xids = [x for x in new_xids if bus and str(x[0]).lower() == bus]
         if xids:
             found.append("Xid " + ", ".join(str(x[1]) for x in xids))
         out.append(Verdict("burnin.errors", "fail" if found else "pass",

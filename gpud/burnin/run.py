@@ -63,6 +63,34 @@ def _workload(machine: Machine, bench: Bench, snap: Snapshot, gpus: list[int], d
     return run_children(specs, 900.0 if memtest else 300.0)
 
 
+def _probe(machine: Machine, gpus: list[int], allow_busy: bool) -> list[Verdict]:
+    """The probe's P2P and all-reduce on the GPUs, judged against what each path should carry
+    (gpud.probe.diagnose and its expected bandwidths, docs/probe.md)."""
+    from gpud.probe.diagnose import BUS_WARN
+    from gpud.probe.runner import ProbeError, run_probe
+
+    source = "the probe's expected bandwidth for the path (gpud.probe.expect, docs/probe.md)"
+    try:
+        rep = run_probe(device="cuda", gpus=len(gpus), suites=["allreduce", "p2p"], quick=True, machine=machine,
+                        host=machine.label, keep_history=False, allow_busy=allow_busy)
+    except ProbeError as err:
+        return [Verdict("burnin.probe", "fail", f"the probe did not run: {str(err).splitlines()[0]}",
+                        source=source, remedy="gpud probe --debug")]
+    out: list[Verdict] = []
+    diag = rep.diagnosis
+    for ws, v in (diag.verdicts.items() if diag else []):
+        status = {"pass": "pass", "warn": "warn", "fail": "fail"}.get(v, "skip")
+        out.append(Verdict("burnin.probe.allreduce", status,  # type: ignore[arg-type]
+                           f"{ws} GPUs: " + (" ".join(diag.sentences) if diag.sentences else v), source=source))
+    for link in diag.links if diag else []:
+        status = "fail" if link.ratio < BUS_WARN else "pass"
+        out.append(Verdict("burnin.probe.p2p", status,  # type: ignore[arg-type]
+                           f"GPU{link.src}→GPU{link.dst}: {link.measured_bytes_per_second / 1e9:.1f} GB/s, "
+                           f"{link.ratio:.0%} of what {link.link} should give", link.src, round(link.ratio, 3),
+                           BUS_WARN, source, "gpud topo; gpud doctor (pcie.*, nvlink.*)" if status == "fail" else ""))
+    return out
+
+
 def _health(machine: Machine, gpus: list[int]) -> dict[str, Any]:
     """ECC error counts and PCIe replays per GPU, and the Xids in the kernel log: compared at the end."""
     out: dict[str, Any] = {"ecc": {}, "replay": {}, "xids": None}
@@ -141,6 +169,13 @@ def run_burnin(machine: Machine, bench: Bench, config: Config, *, level: Level, 
         say("GEMM, bandwidth" + (", memory test" if plan.memtest else ""), _total(plan))
         res.workload = _workload(machine, bench, snap, chosen, device, plan.memtest,
                                  plan.gemm_seconds if device == "cuda" else 0.1)
+        if device == "cuda" and len(chosen) > 1:
+            say("the probe's P2P and all-reduce", _total(plan))
+            res.verdicts.extend(_probe(machine, chosen, allow_busy))
+        elif len(chosen) > 1:
+            res.verdicts.append(Verdict("burnin.probe", "skip", "the probe's P2P and all-reduce are judged on GPUs "
+                                        "only (--device cuda): on the CPU they measure the host",
+                                        source="gpud probe (docs/probe.md)"))
         hold("load", plan.load_s, True)
         if plan.targeted_power_s:
             hold("power", plan.targeted_power_s, True)
