@@ -173,12 +173,40 @@ def _telemetry(res: Result, infos: dict[int, GpuInfo]) -> list[Verdict]:
                                    g, round(share, 3), th.value, th.source,
                                    "it cannot draw its limit: check the power cables and the PSU, and its clocks"
                                    if share < th.value else ""))
+        out += _load_steps(g, s.points)
         soak = s.of("soak")
         if len(soak) >= 10:
             out += _thermal(g, soak, res.limits.get(g, {}))
     out += _spread(res, "burnin.performance.spread", sustained, "MHz sustained SM clock",
                    "slower than its siblings under the same load: check its throttle reasons, power limit and cooling")
     return out
+
+
+def _load_steps(g: int, points: list[Any]) -> list[Verdict]:
+    """Idle→full→idle steps (as DCGM's pulse test): the SM clock reached at the end of each full step
+    stays within 3 % of the best step's, and each idle step lets the GPU idle."""
+    steps: list[list[Any]] = []
+    prev = None
+    for p in points:
+        if p.phase == "pulse_full":
+            if prev != "pulse_full":
+                steps.append([])
+            steps[-1].append(p)
+        prev = p.phase
+    ends = [st[-1].sm_mhz for st in steps if st and st[-1].sm_mhz]
+    if len(ends) < 2:
+        return []
+    th = THRESHOLDS["spread"]
+    worst = min(ends) / max(ends)
+    idled = all("gpu_idle" in p.reasons for p in points if p.phase == "pulse_idle" and p.utilization == 0)
+    ok = 1 - worst <= th.value and idled
+    return [Verdict("burnin.load_steps", "pass" if ok else "fail",
+                    f"{len(ends)} steps: SM clock at the end of each {min(ends)}–{max(ends)} MHz "
+                    f"({(1 - worst) * 100:.1f} % apart)" + ("" if idled else "; it did not idle between steps"),
+                    g, round(1 - worst, 4), th.value, "each step within 3 % of the best one (DCGM's pulse test "
+                    "checks that the GPU follows load steps)",
+                    "" if ok else "the GPU does not come back to the same clocks after a load step: check power "
+                    "delivery (cables, PSU) and nvidia-smi -q -d PERFORMANCE")]
 
 
 def _thermal(g: int, soak: list[Any], limits: dict[str, float | None]) -> list[Verdict]:

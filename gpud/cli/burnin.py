@@ -13,7 +13,7 @@ import typer
 
 from gpud import __version__
 from gpud.cli.common import Json, Simulate, host, machine
-from gpud.cli.output import colour, emit_json
+from gpud.cli.output import colour, echo_wrapped, emit_json
 from gpud.errors import InvalidInput
 from gpud.text import ranges
 
@@ -78,11 +78,11 @@ def render(doc: dict[str, Any]) -> None:
     for v in shown:
         word, code = MARK[v["status"]]
         gpu = f" GPU{v['gpu']}" if v["gpu"] is not None else ""
-        print(f"  {colour(word, code)}{gpu} {v['test']}: {v['summary']}")
+        echo_wrapped(f"{v['test']}: {v['summary']}", indent="      ", first=f"  {colour(word, code)}{gpu} ")
         if v["source"] and v["status"] != "skip":
-            print(f"      threshold: {v['source']}")
+            echo_wrapped(f"threshold: {v['source']}", indent="        ", first="      ")
         if v["remedy"]:
-            print(f"      do: {v['remedy']}")
+            echo_wrapped(f"do: {v['remedy']}", indent="        ", first="      ")
     passed = sum(1 for v in doc["verdicts"] if v["status"] == "pass")
     print(f"  {passed} test(s) passed")
     for g in doc["gpus"]:
@@ -100,8 +100,8 @@ def render(doc: dict[str, Any]) -> None:
 
 
 def burnin(
-    level: Annotated[str, typer.Option("--level", help="quick (≤ 2 min), standard (≤ 15 min) or soak (30–60 min).",
-                                       case_sensitive=False)] = "quick",
+    level: Annotated[str, typer.Option("--level", metavar="quick|standard|soak",
+                                       help="quick (≤ 2 min), standard (≤ 15 min) or soak (30–60 min).")] = "quick",
     duration: Annotated[str | None, typer.Option("--duration", metavar="30m",
                                                  help="The soak's length, 30m to 60m (default 30m).")] = None,
     gpus: Annotated[str | None, typer.Option("--gpus", metavar="LIST",
