@@ -252,3 +252,35 @@ def test_the_html_report_renders_in_a_headless_browser(soak: tuple[Result, dict[
 
     lines = ["#cf222e", "#1a7f37", "#0969da", "#8250df"]  # temperature, fan, SM clock, power
     assert all(shown(c) for c in lines), [c for c in lines if not shown(c)]
+
+
+def test_progress_on_a_terminal_says_what_runs_and_the_time_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from gpud.cli.burnin import Progress
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    err = Tty()
+    monkeypatch.setattr("sys.stderr", err)
+    p = Progress(simulated=True)
+    p("soak", 754.0)
+    p.done()
+    assert "soak — simulated time left 12:34" in err.getvalue()
+    quiet = io.StringIO()  # not a terminal: nothing
+    monkeypatch.setattr("sys.stderr", quiet)
+    Progress(simulated=False)("soak", 10.0)
+    assert quiet.getvalue() == ""
+
+
+def test_the_load_on_real_gpus_is_a_child_that_stop_kills() -> None:
+    from gpud.probe.stress_run import HardwareLoad
+
+    load = HardwareLoad("cpu")
+    load.start([0], 600.0)
+    procs = list(load._procs)
+    assert procs and procs[0].poll() is None
+    load.stop()
+    assert all(p.poll() is not None for p in procs) and load._procs == []

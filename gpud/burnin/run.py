@@ -25,7 +25,7 @@ Progress = Callable[[str, float], None]  # what runs now, seconds of the GPUs' t
 
 # Sizes of the measured kernels: a GPU gets work large enough to reach its peak; the CPU standing in
 # for one (simulated workstations, --device cpu) small sizes, so its figures take seconds.
-SIZES: dict[str, dict[str, float]] = {"cuda": {"gemm_n": 8192, "copy_mib": 1024, "memtest_share": 0.9},
+SIZES: dict[str, dict[str, float]] = {"cuda": {"gemm_n": 8192, "copy_mib": 1024, "memtest_share": 0.85},
                                       "cpu": {"gemm_n": 256, "copy_mib": 16, "memtest_mib": 8}}
 
 
@@ -59,7 +59,7 @@ def _workload(machine: Machine, bench: Bench, snap: Snapshot, gpus: list[int], d
     for g, cpus in zip(gpus, cpu_affinity(machine, gpus) or [[] for _ in gpus], strict=True):
         free = (snap.samples[g].memory_total_bytes or 0) - (snap.samples[g].memory_used_bytes or 0)
         specs.append({**base, "gpus": [g], "cpus": cpus or None,  # host memory on the GPU's own NUMA node
-                      "memtest_mib": max(64, int(free * float(size["memtest_share"]) / 2**20 / 2))})
+                      "memtest_mib": max(64, int(free * float(size["memtest_share"]) / 2**20))})
     return run_children(specs, 900.0 if memtest else 300.0)
 
 

@@ -148,14 +148,15 @@ def memtest(device: torch.device, mib: int, chunk_mib: int = 256) -> dict[str, A
         for lo in chunks():
             count("walking_ones", lo, value)
     for seed in range(4):
-        gen = torch.Generator(device="cpu").manual_seed(seed)
+        gen = torch.Generator(device=device).manual_seed(seed)  # made on the device: no host copy
         for lo in chunks():
             n = min(step, words - lo)
-            buf[lo:lo + n] = torch.randint(-(2**31), 2**31 - 1, (n,), generator=gen, dtype=torch.int32).to(device)
-        gen = torch.Generator(device="cpu").manual_seed(seed)
+            buf[lo:lo + n] = torch.randint(-(2**31), 2**31 - 1, (n,), generator=gen, dtype=torch.int32, device=device)
+        gen = torch.Generator(device=device).manual_seed(seed)  # the same sequence again, to compare
         for lo in chunks():
             n = min(step, words - lo)
-            count("random", lo, torch.randint(-(2**31), 2**31 - 1, (n,), generator=gen, dtype=torch.int32).to(device))
+            count("random", lo, torch.randint(-(2**31), 2**31 - 1, (n,), generator=gen, dtype=torch.int32,
+                                              device=device))
     for lo in chunks():
         n = min(step, words - lo)
         buf[lo:lo + n] = torch.arange(lo, lo + n, dtype=torch.int64, device=device).to(torch.int32)
