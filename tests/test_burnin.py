@@ -49,8 +49,8 @@ def test_quick_on_the_healthy_z8_passes_within_two_minutes(state_dir: Path) -> N
     # the last result is kept for doctor --burnin and the exporter, the journal has an entry
     last = json.loads((state_dir / "burnin.json").read_text())
     assert last["status"] == "pass" and last["level"] == "quick"
-    ev = run_gpud("events", "--json")
-    assert "burn-in quick: pass" in ev.stdout
+    ev = run_gpud("events", "--kind", "burnin", "--json")
+    assert ev.returncode == 0 and "burn-in quick: pass" in ev.stdout
 
 
 def test_quick_on_the_degraded_z8_fails_naming_its_gpus_and_tests(state_dir: Path) -> None:
