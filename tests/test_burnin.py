@@ -284,3 +284,17 @@ def test_the_load_on_real_gpus_is_a_child_that_stop_kills() -> None:
     assert procs and procs[0].poll() is None
     load.stop()
     assert all(p.poll() is not None for p in procs) and load._procs == []
+
+
+def test_new_xids_ecc_errors_and_replays_during_the_run_fail_that_gpu(state_dir: Path) -> None:
+    from gpud.burnin.judge import judge
+
+    m = open_machine("z8-fury-4x-a6000")
+    infos = {i: m.info(i) for i in range(2)}
+    res = Result("z8", "quick", "cpu", [0, 1], {0: "A", 1: "A"}, 0.0)
+    bus1 = infos[1].pci_bus_id
+    before = {"ecc": {0: 0, 1: 0}, "replay": {0: 3, 1: 0}, "xids": [("0000:16:00.0", 13, "old")]}
+    after = {"ecc": {0: 0, 1: 2}, "replay": {0: 3, 1: 0}, "xids": [("0000:16:00.0", 13, "old"), (bus1, 79, "new")]}
+    got = {v.gpu: v for v in judge(res, infos, before, after) if v.test == "burnin.errors"}  # type: ignore[arg-type]
+    assert got[0].status == "pass"  # an Xid from before the run is not new
+    assert got[1].status == "fail" and "2 new ECC errors" in got[1].summary and "Xid 79" in got[1].summary
