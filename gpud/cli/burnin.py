@@ -75,7 +75,17 @@ def render(doc: dict[str, Any]) -> None:
           + (" (CPU figures)" if doc["figures"] == "cpu" else "")
           + (f", {doc['seconds'] / 60:.1f} min of simulated time" if doc["simulated_time"] else ""))
     shown = [v for v in doc["verdicts"] if v["status"] != "pass"]
+    doctor = [v for v in shown if v["test"].startswith("doctor.")]
+    if doctor:  # one line each: `gpud doctor` shows their remedies
+        print("  doctor (remedies: gpud doctor):")
+        for v in doctor:
+            word, code = MARK[v["status"]]
+            gpu = f" GPU{v['gpu']}" if v["gpu"] is not None else ""
+            echo_wrapped(f"{v['test'][len('doctor.'):]}: {v['summary']}", indent="        ",
+                         first=f"    {colour(word, code)}{gpu} ")
     for v in shown:
+        if v in doctor:
+            continue
         word, code = MARK[v["status"]]
         gpu = f" GPU{v['gpu']}" if v["gpu"] is not None else ""
         echo_wrapped(f"{v['test']}: {v['summary']}", indent="      ", first=f"  {colour(word, code)}{gpu} ")
@@ -94,7 +104,7 @@ def render(doc: dict[str, Any]) -> None:
         print("burn-in interrupted: the load was released; the verdicts cover what ran")
     if doc["status"] == "fail":
         who = f"GPU {ranges(failed)}" if failed else "the machine"
-        print(colour(f"FAIL: {who} — {', '.join(tests)}", "31"))
+        echo_wrapped(f"{who} — {', '.join(tests)}", indent="  ", first=colour("FAIL: ", "31"))
     else:
         print(colour(f"{doc['status'].upper()}: fit to train on", "32" if doc["status"] == "pass" else "33"))
 
