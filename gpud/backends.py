@@ -46,7 +46,7 @@ class RealBench:
         if busy:
             self._load.start(gpus, seconds)
         else:
-            self._load.stop()
+            self._load.pause()
 
     def release(self) -> None:
         self._load.stop()

@@ -33,9 +33,11 @@ def _failing(doc: dict[str, Any]) -> dict[int, set[str]]:
     return out
 
 
-def test_quick_on_the_healthy_z8_passes_within_two_minutes(state_dir: Path) -> None:
+def test_quick_on_the_healthy_z8_passes_within_two_minutes(state_dir: Path, tmp_path: Path) -> None:
     start = time.monotonic()
-    r = run_gpud("burnin", "--simulate", "z8-fury-4x-a6000", "--level", "quick", "--json", timeout=120)
+    report = tmp_path / "report.html"
+    r = run_gpud("burnin", "--simulate", "z8-fury-4x-a6000", "--level", "quick", "--json", "--report", str(report),
+                 timeout=120)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
     assert time.monotonic() - start < 120
     doc = json.loads(r.stdout)
@@ -46,6 +48,7 @@ def test_quick_on_the_healthy_z8_passes_within_two_minutes(state_dir: Path) -> N
     assert {"burnin.gemm.bf16.digest", "burnin.clocks.hw_slowdown", "burnin.pcie.link_under_load",
             "burnin.performance.spread", "burnin.errors"} <= tests
     assert all(v["source"] for v in doc["verdicts"] if v["status"] != "skip")
+    assert report.read_text().count("<svg") == 4 * 5
     # the last result is kept for doctor --burnin and the exporter, the journal has an entry
     last = json.loads((state_dir / "burnin.json").read_text())
     assert last["status"] == "pass" and last["level"] == "quick"
@@ -282,7 +285,21 @@ def test_the_load_on_real_gpus_is_a_child_that_stop_kills() -> None:
     load.start([0], 600.0)
     procs = list(load._procs)
     assert procs and procs[0].poll() is None
-    load.stop()
+
+    def state() -> str:
+        for _ in range(50):
+            s = Path(f"/proc/{procs[0].pid}/stat").read_text().split(")")[-1].split()[0]
+            if s in "Tt":
+                return "stopped"
+            time.sleep(0.02)
+        return "running"
+
+    load.pause()  # an idle step: paused, not restarted
+    assert state() == "stopped"
+    load.start([0], 600.0)
+    assert load._procs == procs and state() == "running"
+    load.pause()
+    load.stop()  # a paused child is killed too
     assert all(p.poll() is not None for p in procs) and load._procs == []
 
 

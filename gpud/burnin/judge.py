@@ -158,7 +158,7 @@ def _telemetry(res: Result, infos: dict[int, GpuInfo]) -> list[Verdict]:
                                THRESHOLDS["link"].source,
                                "reseat the GPU or its riser, try another slot; lspci -vv shows LnkSta"
                                if short else ""))
-        clocks = [p.sm_mhz for p in loaded if p.sm_mhz]
+        clocks = [p.sm_mhz for p in loaded if p.sm_mhz and p.utilization]  # not while the load starts
         if clocks:
             sustained[g] = statistics.fmean(clocks)
         power = s.of("power")[10:]

@@ -76,27 +76,45 @@ def run_children(specs: list[dict[str, Any]], timeout: float) -> dict[int, dict[
 
 
 class HardwareLoad:
-    """A sustained GEMM load on real GPUs: one ``burn`` child per GPU while held."""
+    """A sustained GEMM load on real GPUs: one ``burn`` child per GPU. Between load steps the
+    children are paused (SIGSTOP: the GPU finishes the few products queued and idles) and resumed
+    (SIGCONT), so a step starts at once instead of after another torch import; ``stop`` kills them."""
 
     def __init__(self, device: str, gemm_n: int = 8192) -> None:
         self.device = device
         self.gemm_n = gemm_n
         self._procs: list[subprocess.Popen[bytes]] = []
+        self._gpus: list[int] = []
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
+    def _signal(self, sig: int) -> None:
+        for p in self._procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, sig)
+                except ProcessLookupError:
+                    pass
+
+    def pause(self) -> None:
+        self._signal(signal.SIGSTOP)
+
     def start(self, gpus: list[int], seconds: float) -> None:
+        if self._procs and self._gpus == gpus and all(p.poll() is None for p in self._procs):
+            self._signal(signal.SIGCONT)
+            return
         self.stop()
+        self._gpus = list(gpus)
         self._tmp = tempfile.TemporaryDirectory(prefix="gpud-burn-")
         for g in gpus:
-            spec = {"device": self.device, "gpus": [g], "tasks": ["burn"], "burn_seconds": seconds + 30,
+            spec = {"device": self.device, "gpus": [g], "tasks": ["burn"], "burn_seconds": 4 * 3600.0,
                     "gemm_n": self.gemm_n if self.device == "cuda" else 256}
             proc, _ = _start(spec, Path(self._tmp.name), f"burn{g}", {})
             self._procs.append(proc)
 
     def stop(self) -> None:
         for p in self._procs:
-            _kill(p)
-        self._procs = []
+            _kill(p)  # SIGKILL ends a stopped process too
+        self._procs, self._gpus = [], []
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
