@@ -31,10 +31,10 @@ class RealBench:
 
     simulated_time = False
 
-    def __init__(self, device: str) -> None:
+    def __init__(self, device: str, uuids: dict[int, str] | None = None) -> None:
         from gpud.probe.stress_run import HardwareLoad
 
-        self._load = HardwareLoad(device)
+        self._load = HardwareLoad(device, uuids=uuids)
 
     def now(self) -> float:
         return time.monotonic()
@@ -98,4 +98,5 @@ def open_bench(machine: Machine, device: str) -> RealBench | SimBench:
     """The clock and load source for a load test on ``machine`` (the burn-in)."""
     if machine.simulation is not None:
         return SimBench(machine.simulation)
-    return RealBench(device)
+    infos = (machine.info(i) for i in range(machine.nvml.device_count()))
+    return RealBench(device, {i.index: i.uuid for i in infos if i is not None})

@@ -46,7 +46,7 @@ class Bench(Protocol):
 def _workload(machine: Machine, bench: Bench, snap: Snapshot, gpus: list[int], device: str, memtest: bool,
               seconds: float) -> dict[int, dict[str, Any]]:
     from gpud.probe.runner import cpu_affinity
-    from gpud.probe.stress_run import run_children
+    from gpud.probe.stress_run import gpu_env, run_children
 
     size = SIZES[device]
     tasks = ["gemm", "device_bandwidth", "host_bandwidth"] + (["memtest"] if memtest else [])
@@ -58,7 +58,9 @@ def _workload(machine: Machine, bench: Bench, snap: Snapshot, gpus: list[int], d
     specs = []
     for g, cpus in zip(gpus, cpu_affinity(machine, gpus) or [[] for _ in gpus], strict=True):
         free = (snap.samples[g].memory_total_bytes or 0) - (snap.samples[g].memory_used_bytes or 0)
-        specs.append({**base, "gpus": [g], "cpus": cpus or None,  # host memory on the GPU's own NUMA node
+        uuid = snap.samples[g].uuid or None
+        specs.append({**base, "gpus": [g], "cpus": cpus or None, "cuda_index": 0, "env": gpu_env(uuid),
+                      # cpus: host memory on the GPU's own NUMA node; env: the child sees its GPU only
                       "memtest_mib": max(64, int(free * float(size["memtest_share"]) / 2**20))})
     return run_children(specs, 900.0 if memtest else 300.0)
 

@@ -180,7 +180,9 @@ def burn(device: torch.device, seconds: float, n: int) -> dict[str, Any]:
 
 
 def run_one(spec: dict[str, Any], index: int) -> dict[str, Any]:
-    device = torch.device("cuda", index) if spec["device"] == "cuda" else torch.device("cpu")
+    # On cuda the launcher shows the child its one GPU (CUDA_VISIBLE_DEVICES=UUID): CUDA index 0.
+    device = (torch.device("cuda", int(spec.get("cuda_index", index))) if spec["device"] == "cuda"
+              else torch.device("cpu"))
     _FAULTS["now"] = list((spec.get("faults") or {}).get(str(index), []))
     seconds = float(spec.get("seconds", 1.0))
     out: dict[str, Any] = {"device": spec["device"], "torch": torch.__version__}

@@ -24,6 +24,16 @@ class StressError(GpudError):
     pass
 
 
+# cuBLAS is deterministic only with a fixed workspace (PyTorch, "Reproducibility"): the bit-for-bit
+# comparison across GPUs needs it.
+CHILD_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+
+
+def gpu_env(uuid: str | None) -> dict[str, str]:
+    """The child sees only its GPU, named by UUID (NVML's index and CUDA's order may differ)."""
+    return {"CUDA_VISIBLE_DEVICES": uuid} if uuid else {}
+
+
 def _start(spec: dict[str, Any], workdir: Path, name: str, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Path]:
     out = workdir / f"{name}.json"
     spec_file = workdir / f"{name}.spec.json"
@@ -31,7 +41,7 @@ def _start(spec: dict[str, Any], workdir: Path, name: str, env: dict[str, str]) 
     log = open(workdir / f"{name}.log", "wb")
     try:
         proc = subprocess.Popen([sys.executable, "-m", "gpud.probe.stress", str(spec_file)],
-                                env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, **CHILD_ENV, **env}, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     finally:
         log.close()
@@ -54,7 +64,8 @@ def run_children(specs: list[dict[str, Any]], timeout: float) -> dict[int, dict[
     results: dict[int, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="gpud-burnin-") as tmp:
         workdir = Path(tmp)
-        procs = [(spec, *_start(spec, workdir, f"child{k}", {})) for k, spec in enumerate(specs)]
+        procs = [(spec, *_start(spec, workdir, f"child{k}", dict(spec.get("env") or {})))
+                 for k, spec in enumerate(specs)]
         deadline = time.monotonic() + timeout
         try:
             while any(p.poll() is None for _, p, _ in procs) and time.monotonic() < deadline:
@@ -80,8 +91,9 @@ class HardwareLoad:
     children are paused (SIGSTOP: the GPU finishes the few products queued and idles) and resumed
     (SIGCONT), so a step starts at once instead of after another torch import; ``stop`` kills them."""
 
-    def __init__(self, device: str, gemm_n: int = 8192) -> None:
+    def __init__(self, device: str, gemm_n: int = 8192, uuids: dict[int, str] | None = None) -> None:
         self.device = device
+        self.uuids = uuids or {}
         self.gemm_n = gemm_n
         self._procs: list[subprocess.Popen[bytes]] = []
         self._gpus: list[int] = []
@@ -106,9 +118,10 @@ class HardwareLoad:
         self._gpus = list(gpus)
         self._tmp = tempfile.TemporaryDirectory(prefix="gpud-burn-")
         for g in gpus:
-            spec = {"device": self.device, "gpus": [g], "tasks": ["burn"], "burn_seconds": 4 * 3600.0,
+            spec = {"device": self.device, "gpus": [g], "cuda_index": 0, "tasks": ["burn"], "burn_seconds": 4 * 3600.0,
                     "gemm_n": self.gemm_n if self.device == "cuda" else 256}
-            proc, _ = _start(spec, Path(self._tmp.name), f"burn{g}", {})
+            env = gpu_env(self.uuids.get(g)) if self.device == "cuda" else {}
+            proc, _ = _start(spec, Path(self._tmp.name), f"burn{g}", env)
             self._procs.append(proc)
 
     def stop(self) -> None:
