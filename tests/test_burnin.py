@@ -315,3 +315,33 @@ def test_new_xids_ecc_errors_and_replays_during_the_run_fail_that_gpu(state_dir:
     got = {v.gpu: v for v in judge(res, infos, before, after) if v.test == "burnin.errors"}  # type: ignore[arg-type]
     assert got[0].status == "pass"  # an Xid from before the run is not new
     assert got[1].status == "fail" and "2 new ECC errors" in got[1].summary and "Xid 79" in got[1].summary
+
+
+def test_the_probes_p2p_and_allreduce_are_judged_on_the_gpus_under_test(state_dir: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """On GPUs the quick level runs the probe's P2P and all-reduce on the GPUs under test (named by
+    UUID) and turns its judgements into verdicts; the probe itself needs a GPU, so it is stood in for."""
+    from types import SimpleNamespace
+
+    from gpud.burnin.run import _probe
+    from gpud.probe import runner
+    from gpud.probe.report import Diagnosis, LinkJudgement
+
+    m = open_machine("z8-fury-4x-a6000")
+    seen = {}
+
+    def fake(**kw: Any) -> Any:
+        seen["env"], seen["gpus"] = os.environ.get("CUDA_VISIBLE_DEVICES"), kw["gpus"]
+        diag = Diagnosis(sentences=["all-reduce at 40 % of NVLink"], verdicts={"2": "fail"},
+                         links=[LinkJudgement(2, 3, "NVLink 3 ×4", 100e9, 30e9, 0.3)])
+        return SimpleNamespace(diagnosis=diag)
+
+    monkeypatch.setattr(runner, "run_probe", fake)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    got = _probe(m, [2, 3], allow_busy=False)
+    assert seen == {"env": f"{m.info(2).uuid},{m.info(3).uuid}", "gpus": 2}
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ  # put back
+    by = {(v.test, v.gpu): v for v in got}
+    assert by[("burnin.probe.allreduce", None)].status == "fail"
+    p2p = by[("burnin.probe.p2p", 2)]
+    assert p2p.status == "fail" and "30%" in p2p.summary and p2p.source

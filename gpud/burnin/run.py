@@ -9,6 +9,7 @@ released and the GPUs are put back as they were (``Bench.release``).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -72,12 +73,21 @@ def _probe(machine: Machine, gpus: list[int], allow_busy: bool) -> list[Verdict]
     from gpud.probe.runner import ProbeError, run_probe
 
     source = "the probe's expected bandwidth for the path (gpud.probe.expect, docs/probe.md)"
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    uuids = [u for g in gpus for i in [machine.info(g)] if i is not None for u in [i.uuid]]
     try:
+        if len(uuids) == len(gpus):  # the ranks run on the GPUs under test (the probe maps them by UUID)
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
         rep = run_probe(device="cuda", gpus=len(gpus), suites=["allreduce", "p2p"], quick=True, machine=machine,
                         host=machine.label, keep_history=False, allow_busy=allow_busy)
     except ProbeError as err:
         return [Verdict("burnin.probe", "fail", f"the probe did not run: {str(err).splitlines()[0]}",
                         source=source, remedy="gpud probe --debug")]
+    finally:
+        if saved is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
     out: list[Verdict] = []
     diag = rep.diagnosis
     for ws, v in (diag.verdicts.items() if diag else []):
