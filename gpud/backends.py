@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import socket
+import time
+from typing import Any
 
 from gpud.hw.host import Host
 from gpud.hw.machine import Machine
@@ -22,3 +24,79 @@ def open_machine(simulate: str | None = None) -> Machine:
         sim = open_simulation(simulate)
         return Machine(Nvml(sim.module), Host(sim.root), sim.description.name, simulation=sim)
     return Machine(Nvml(), Host(os.environ.get("GPUD_ROOT", "/")), socket.gethostname())
+
+
+class RealBench:
+    """Time and load on real GPUs: the wall clock, and the burn-in's kernels in child processes."""
+
+    simulated_time = False
+
+    def __init__(self, device: str, uuids: dict[int, str] | None = None) -> None:
+        from gpud.probe.stress_run import HardwareLoad
+
+        self._load = HardwareLoad(device, uuids=uuids)
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(max(0.0, seconds))
+
+    def load(self, gpus: list[int], busy: bool, seconds: float) -> None:
+        if busy:
+            self._load.start(gpus, seconds)
+        else:
+            self._load.pause()
+
+    def release(self) -> None:
+        self._load.stop()
+
+    def device_faults(self, gpu: int) -> list[str]:
+        return []
+
+
+class SimBench:
+    """Time and load on a simulated workstation: simulated time, which passes as fast as the code
+    runs (``advance``), and the load set on the simulated GPUs (utilisation and the power the
+    kernels would want, ``Physics.stress_demand_watts``), so the physics answers with heat, fans,
+    clocks and clock-event reasons. The short measured kernels still run on the CPU, which stands in
+    for each GPU; a GPU's ``wrong_results`` or ``memory_errors`` fault reaches its stand-in from here."""
+
+    simulated_time = True
+
+    def __init__(self, sim: Any) -> None:
+        self.sim = sim
+        self._touched: set[int] = set()
+
+    def now(self) -> float:
+        return float(self.sim.machine.now())
+
+    def sleep(self, seconds: float) -> None:
+        self.sim.machine.advance(max(0.0, seconds))
+
+    def load(self, gpus: list[int], busy: bool, seconds: float) -> None:
+        m = self.sim.machine
+        for g in gpus:
+            self._touched.add(g)
+            m.set_load(g, 100 if busy else 0, m.stress_demand_watts(g) if busy else m.desc.gpus[g].idle_power_watts)
+
+    def release(self) -> None:
+        """Put back the described load on every GPU the burn-in loaded."""
+        m = self.sim.machine
+        m.step()
+        with m.mutate():
+            for g in self._touched:
+                m.settings(g)["load"] = None
+        self._touched.clear()
+
+    def device_faults(self, gpu: int) -> list[str]:
+        """The faults of the GPU that its stand-in must show: ``wrong_results``, ``memory_errors``."""
+        return [k for k in ("wrong_results", "memory_errors") if self.sim.machine.faults_of(k, gpu)]
+
+
+def open_bench(machine: Machine, device: str) -> RealBench | SimBench:
+    """The clock and load source for a load test on ``machine`` (the burn-in)."""
+    if machine.simulation is not None:
+        return SimBench(machine.simulation)
+    infos = (machine.info(i) for i in range(machine.nvml.device_count()))
+    return RealBench(device, {i.index: i.uuid for i in infos if i is not None})

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import platform
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +63,7 @@ class Observation:
     tick: TickStats | None = None
     last_tick: float | None = None
     usage: Usage | None = None  # the daemon's time accounting (None for a one-shot `gpud metrics`)
+    burnin: Mapping[str, Any] | None = None  # the last `gpud burnin` document (docs/json.md), or None
 
 
 def _gpu_labels(i: int, uuid: str) -> list[str]:
@@ -81,7 +82,7 @@ SLOW_FAMILIES = {
 
 
 def _slow(name: str) -> bool:
-    return name in SLOW_FAMILIES or name.startswith("gpud_probe_")
+    return name in SLOW_FAMILIES or name.startswith(("gpud_probe_", "gpud_burnin_"))
 
 
 class GpudCollector(Collector):
@@ -92,7 +93,7 @@ class GpudCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         obs = self.source()
         for family in (*self._build(obs), *self._gpus(obs), *self._users(obs), *self._checks_and_tuning(obs),
-                       *self._probe(obs)):
+                       *self._probe(obs), *self._burnin(obs)):
             if self.part is None or _slow(family.name) == (self.part == "slow"):
                 yield family
 
@@ -346,6 +347,10 @@ class GpudCollector(Collector):
         yield fs
 
     @staticmethod
+    def _burnin(obs: Observation) -> Iterator[Metric]:
+        return _burnin_families(obs)
+
+    @staticmethod
     def _probe(obs: Observation) -> Iterator[Metric]:
         p = obs.probe
         last = GaugeMetricFamily("gpud_probe_last_run_timestamp_seconds", "When the last training probe finished")
@@ -374,6 +379,32 @@ class GpudCollector(Collector):
             for stages, r in sorted(p.pipeline.items(), key=_numeric_first):
                 _opt(pipe, [str(stages)], _figure(r, "speedup"))
         yield from (last, ok, sps, eff, busbw, p2p, pipe)
+
+
+def _burnin_families(obs: Observation) -> Iterator[Metric]:
+    """The last burn-in (``gpud burnin``): when, its verdict, and per GPU whether it passed and how many
+    of its tests failed. Absent until a burn-in has run."""
+    b = obs.burnin
+    last = GaugeMetricFamily("gpud_burnin_last_run_timestamp_seconds", "When the last burn-in started")
+    ok = GaugeMetricFamily("gpud_burnin_success", "1 if the last burn-in passed (warnings allowed)",
+                           labels=["level"])
+    secs = GaugeMetricFamily("gpud_burnin_duration_seconds", "The GPUs' time the last burn-in covered",
+                             labels=["level"])
+    gpu_ok = GaugeMetricFamily("gpud_burnin_gpu_passed", "1 if the GPU passed every test of the last burn-in",
+                               labels=["gpu", "uuid"])
+    failed = GaugeMetricFamily("gpud_burnin_gpu_failed_tests", "Tests the GPU failed in the last burn-in",
+                               labels=["gpu", "uuid"])
+    if b:
+        level = str(b.get("level"))
+        last.add_metric([], float(b.get("started") or 0))
+        ok.add_metric([level], 0 if b.get("status") == "fail" else 1)
+        secs.add_metric([level], float(b.get("seconds") or 0))
+        for g in b.get("gpus") or []:
+            labels = [str(g.get("index")), str(g.get("uuid") or "")]
+            gpu_ok.add_metric(labels, 0 if g.get("status") == "fail" else 1)
+            failed.add_metric(labels, sum(1 for v in b.get("verdicts") or []
+                                          if v.get("gpu") == g.get("index") and v.get("status") == "fail"))
+    yield from (last, ok, secs, gpu_ok, failed)
 
 
 def _figure(record: object, key: str) -> float | None:
@@ -416,7 +447,7 @@ class Renderer:
     def render(self, obs: Observation) -> bytes:
         snap = obs.snapshot
         key = (tuple(id(g) for g in snap.gpus) if snap else (), snap.versions if snap else None, id(obs.checks),
-               obs.xids, id(obs.probe), obs.profile)
+               obs.xids, id(obs.probe), obs.profile, id(obs.burnin))
         if key != self._key:
             self._slow = generate_latest(registry(lambda: obs, "slow"))
             self._key = key

@@ -31,7 +31,7 @@ from gpud.paths import state_dir
 log = logging.getLogger(__name__)
 
 KINDS = ("xid", "gpu_lost", "gpu_back", "fan_failsafe", "throttle", "check", "profile_apply", "profile_restore",
-         "profile_drift", "profile_reapply", "probe", "ecc", "reboot", "journal_reset")
+         "profile_drift", "profile_reapply", "probe", "ecc", "reboot", "journal_reset", "burnin")
 MAX_ROWS = 20_000  # the oldest events beyond this many go
 MAX_AGE_S = 400 * 86400  # events older than this go (a year and a bit: a warranty claim's horizon)
 SCHEMA = """

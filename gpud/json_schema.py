@@ -106,6 +106,21 @@ PROBE = _document("probe", {
     "cpu_affinity_by_rank": {"type": "array", "items": INTS}, "busy_at_start": {"type": "array"},
 }, extra=True)  # measurement details (docs/probe.md) may grow without a schema change
 
+BURNIN_VERDICT = _obj({"test": {"type": "string"}, "gpu": INT, "status": {"enum": list(STATUSES)},
+                       "summary": {"type": "string"}, "figure": NUM, "threshold": NUM, "source": {"type": "string"},
+                       "remedy": {"type": "string"}})
+BURNIN = _document("burnin", {
+    "level": {"enum": ["quick", "standard", "soak"]}, "device": {"enum": ["cuda", "cpu"]},
+    "figures": {"enum": ["gpu", "cpu"]}, "simulated_time": {"type": "boolean"}, "started": {"type": "number"},
+    "seconds": {"type": "number"}, "wall_seconds": {"type": "number"}, "interrupted": {"type": "boolean"},
+    "status": {"enum": ["pass", "warn", "fail"]}, "exit_code": {"enum": [0, 1]},
+    "gpus": {"type": "array", "items": _obj({"index": {"type": "integer"}, "name": STR, "uuid": STR,
+                                             "status": {"enum": list(STATUSES)}, "limits": {"type": "object"},
+                                             "workload": {"type": "object"}})},
+    "verdicts": {"type": "array", "items": BURNIN_VERDICT},
+    "telemetry": {"type": ["object", "null"]},
+})
+
 SCHEMAS: dict[str, Schema] = {
     "status": _document("status", {"timestamp": {"type": "number"}, "gpus": {"type": "array", "items": GPU}}),
     "topo": _document("topo", {
@@ -124,6 +139,7 @@ SCHEMAS: dict[str, Schema] = {
         "exit_code": {"enum": [0, 1]},
     }),
     "probe": PROBE,
+    "burnin": BURNIN,
     "daemon_status": _document("daemon_status", {
         "uptime_seconds": {"type": "number"}, "ticks": {"type": "integer"}, "last_tick": NUM,
         "profile": STR, "timestamp": NUM, "gpus": {"type": "array", "items": GPU},

@@ -9,14 +9,17 @@ daemon's ``/metrics`` carry the same families from the same code, never two list
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from gpud.config import Config
 from gpud.doctor import diagnose
 from gpud.exporter import Observation, TickStats
 from gpud.hw.machine import Machine
 from gpud.model import CheckResult, Snapshot, XidEvent
+from gpud.paths import burnin_path
 from gpud.probe import history
 from gpud.probe.report import ProbeReport
 from gpud.tuning import engine
@@ -79,4 +82,27 @@ def observe(machine: Machine, config: Config | None, *, snapshot: Snapshot | Non
                        reapply_total=run.reapply_total, reapply_failures_total=run.reapply_failures_total,
                        fan_failsafe_total=run.fan_failsafe_total, probe=probe(),
                        nvml_errors=dict(machine.nvml.errors), tick=run.tick, last_tick=run.last_tick,
-                       usage=run.usage)
+                       usage=run.usage, burnin=last_burnin())
+
+
+_burnin_cache: dict[str, Any] = {"key": None, "doc": None}
+
+
+def last_burnin() -> dict[str, Any] | None:
+    """The last ``gpud burnin`` document (``gpud.paths.burnin_path``), read again only when the file
+    changes (the daemon asks every tick), so the exporter's slow families are re-rendered only then."""
+    path = burnin_path()
+    try:
+        st = path.stat()
+    except OSError:
+        _burnin_cache.update(key=None, doc=None)
+        return None
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    if key != _burnin_cache["key"]:
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            doc = None
+        _burnin_cache.update(key=key, doc=doc if isinstance(doc, dict) and doc.get("kind") == "burnin" else None)
+    doc_now: dict[str, Any] | None = _burnin_cache["doc"]
+    return doc_now

@@ -222,3 +222,8 @@ class TuningLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def burnin_path() -> Path:
+    """The last ``gpud burnin`` result (its JSON document without telemetry)."""
+    return state_dir() / "burnin.json"

@@ -187,6 +187,14 @@ def workstation() -> dict[str, Any]:
     b.panel("stat", "Last probe", "s", [(f"time() - gpud_probe_last_run_timestamp_seconds{{{INST}}}", "{{instance}}")],
             description="seconds since the last probe finished")
     b.panel("stat", "Last probe passed", "bool_yes_no", [(f"gpud_probe_success{{{INST}}}", "{{instance}}")])
+    b.row("Burn-in")
+    b.panel("stat", "Last burn-in passed", "bool_yes_no", [(f"gpud_burnin_success{{{INST}}}", "{{level}}")],
+            description="the last `gpud burnin` (docs/burnin.md); `gpud doctor --burnin` shows its verdicts")
+    b.panel("stat", "Last burn-in", "s",
+            [(f"time() - gpud_burnin_last_run_timestamp_seconds{{{INST}}}", "{{instance}}")],
+            description="seconds since the last burn-in started")
+    b.panel("table", "Burn-in tests failed per GPU", "short", [(f"gpud_burnin_gpu_failed_tests{{{GPUS}}}", "")],
+            table=True)
     return b.json(variables(with_gpu=True))
 
 

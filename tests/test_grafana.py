@@ -167,6 +167,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory):
             r = run_gpud("probe", "--device", "cpu", "--world-sizes", "1,2", "--quick", "--json",
                          env={"GPUD_STATE_DIR": str(healthy_state)}, timeout=180)
             assert r.returncode == 0, r.stderr[-2000:]
+        _last_burnin(healthy_state)  # the burn-in panels read the last result the daemon exports
         healthy = lab.daemon("healthy", "z8-fury-4x-a6000", 'profile = "training"\n')
         degraded = lab.daemon("degraded", "z8-fury-4x-a6000-degraded")
         faulty = lab.daemon("faulty", "z8-fury-4x-rtx6000ada", 'profile = "quiet"\n')
@@ -206,6 +207,18 @@ def lab(tmp_path_factory: pytest.TempPathFactory):
             else:
                 os.environ[k] = v
         lab.close()
+
+
+def _last_burnin(state: Path) -> None:
+    """A last burn-in result, as `gpud burnin` leaves it in the state directory (without running one)."""
+    from gpud.burnin.result import Result, Verdict
+
+    res = Result("z8-fury-4x-a6000", "quick", "cpu", [0, 1], {0: "NVIDIA RTX A6000", 1: "NVIDIA RTX A6000"},
+                 time.time(), seconds=60.0, simulated_time=True,
+                 verdicts=[Verdict("burnin.clocks.hw_slowdown", "pass", "0 s", 0, 0.0, 0.0, "nvml.h"),
+                           Verdict("burnin.clocks.hw_slowdown", "fail", "hw_slowdown 5 s", 1, 5.0, 0.0, "nvml.h")])
+    state.mkdir(parents=True, exist_ok=True)
+    (state / "burnin.json").write_text(json.dumps(res.json("test", {"name": "z8-fury-4x-a6000"})))
 
 
 def _substitute(expr: str) -> str:

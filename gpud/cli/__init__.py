@@ -44,7 +44,7 @@ def debug_enabled() -> bool:
 
 
 def _register() -> None:
-    from gpud.cli import daemon, doctor, events, metrics, probe, ps, report, select, sim, status, topo, tune
+    from gpud.cli import burnin, daemon, doctor, events, metrics, probe, ps, report, select, sim, status, topo, tune
 
     status.register(app)
     topo.register(app)
@@ -58,6 +58,7 @@ def _register() -> None:
     ps.register(app)
     select.register(app)
     events.register(app)
+    burnin.register(app)
 
 
 _register()
@@ -72,7 +73,8 @@ SHORT_HELP = {"status": "GPU telemetry, with what is outside its limits.",
               "probe-now": "Ask the daemon to run its probe now.", "report": "Write an archive for a support ticket.",
               "ps": "Processes on the GPUs: user, container, memory.",
               "select": "Pick idle, well-connected GPUs for a job.",
-              "events": "The health journal: what happened, per GPU."}
+              "events": "The health journal: what happened, per GPU.",
+              "burnin": "Accept a machine: stress, memory, bandwidth, thermal soak."}
 for _cmd in app.registered_commands:
     _name = _cmd.name or (_cmd.callback.__name__.replace("_", "-") if _cmd.callback else None)
     if _name in SHORT_HELP and _cmd.short_help is None:

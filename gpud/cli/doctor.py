@@ -92,6 +92,7 @@ def doctor(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Details of every check.")] = False,
     probe: Annotated[bool, typer.Option("--probe", help="Also run the quick training probe (DDP, pipeline, "
                                                          "all-reduce, P2P) and re-check PCIe under load.")] = False,
+    burnin: Annotated[bool, typer.Option("--burnin", help="Also show the last `gpud burnin` result.")] = False,
 ) -> None:
     """Pre-flight checks: driver, SLI, PCIe/NVLink topology, P2P, configuration, health, host, environment.
 
@@ -114,6 +115,12 @@ def doctor(
         result = runner.run_probe(device="cuda" if have else "cpu", gpus=have, quick=True, machine=m, host=m.label,
                                   thresholds=conf.efficiency_thresholds())
     report = diagnose(m, conf, only=only, skip=skip, expect_gpus=expect_gpus, debug=debug_enabled(), probe=result)
+    if burnin:
+        import dataclasses
+
+        from gpud.burnin.store import as_checks, last
+
+        report = dataclasses.replace(report, checks=(*report.checks, *as_checks(last())))
     code = report.exit_code(strict)
     if json:
         emit_json(document("doctor", __version__, report.host, checks=[

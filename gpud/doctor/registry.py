@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from gpud.journal import Event
 
 # The areas doctor's human output groups checks under, in this order.
-Area = Literal["Driver", "Display", "PCIe and topology", "Configuration", "Health", "Host", "Environment", "Probe"]
+Area = Literal["Driver", "Display", "PCIe and topology", "Configuration", "Health", "Host", "Environment", "Probe",
+               "Burn-in"]  # the last: `gpud doctor --burnin` shows the last burn-in there (not a registered check)
 AREAS: tuple[Area, ...] = get_args(Area)
 CheckFn = Callable[["Context"], Iterable[CheckResult]]
 

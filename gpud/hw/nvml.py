@@ -871,6 +871,44 @@ class Nvml:
         except NvmlError as err:  # a lost GPU or a missing driver: the tick reports it
             log.debug("off-tick readings of GPU %d: %s", index, err)
 
+    def telemetry(self, index: int) -> GpuSample:
+        """The readings a load test follows each second, and nothing else (about 10 plain calls, none
+        blocking): temperature, fans (as asked), power and its enforced limit, SM and memory clocks,
+        utilisation, clock-event reasons, the PCIe link's generation and width. ``sample`` gives the
+        whole picture (health counters, processes) at 10× the cost."""
+        with self._lock:
+            now = time.time()
+            try:
+                info = self.info(index)
+                h = self.handle(index)
+
+                def get(name: str, *args: Any) -> Any:
+                    return self.get(name, h, *args, gpu=index)
+
+                fans = tuple(FanReading(f, get("nvmlDeviceGetFanSpeed_v2", f), None, None)
+                             for f in range(info.fan_count or 0))
+                events = get("nvmlDeviceGetCurrentClocksEventReasons")
+                if events is None:
+                    events = get("nvmlDeviceGetCurrentClocksThrottleReasons")
+                power, limit = get("nvmlDeviceGetPowerUsage"), get("nvmlDeviceGetEnforcedPowerLimit")
+                util = get("nvmlDeviceGetUtilizationRates")
+                return GpuSample(
+                    index=index, uuid=info.uuid, timestamp=now, temperature_celsius=self._temperature(h, index),
+                    fans=fans, power_watts=power / 1000.0 if power is not None else None,
+                    power_limit_watts=limit / 1000.0 if limit is not None else None,
+                    clocks_mhz={k: get("nvmlDeviceGetClockInfo", CLOCK_TYPES[k]) for k in ("sm", "memory")},
+                    utilization_gpu_percent=util.gpu if util is not None else None,
+                    pcie_generation=get("nvmlDeviceGetCurrPcieLinkGeneration"),
+                    pcie_width=get("nvmlDeviceGetCurrPcieLinkWidth"),
+                    clock_event_mask=events,
+                    clock_events=decode_clock_events(events) if events is not None else None)
+            except DriverNotLoaded:
+                raise
+            except NvmlError as err:
+                self._handles.pop(index, None)
+                return GpuSample(index=index, uuid="", timestamp=now, lost=True, error=str(err),
+                                 inaccessible=isinstance(err, PermissionDenied))
+
     def sample_pcie_all(self, indices: list[int], processes: bool = False) -> None:
         """Every GPU's blocking readings, a thread per GPU. The driver serialises NVML calls on its RM lock
         (and ``TickGate`` makes them one at a time): about 40 ms of PCIe throughput per GPU all the same."""

@@ -129,6 +129,7 @@ MODEL_KEYS: dict[str, tuple[Any, Any]] = {
     "tlimit_thresholds": (bool, None),
     "violation_counters": (bool, None),
     "nvlink_throughput": (bool, None),
+    "target_celsius": (int, None),
 }
 PROCESS_KEYS: dict[str, tuple[Any, Any]] = {
     "pid": (int, _ANY),

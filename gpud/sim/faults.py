@@ -215,6 +215,10 @@ FAULTS: dict[str, FaultKind] = {
                                 "counter": (("replay", "recovery", "crc_flit", "crc_data"), "crc_flit"),
                                 "per_second": ((int, float), 1.0)},
                                "libnvml (nvmlDeviceGetNvLinkErrorCounter)"),
+    "wrong_results": FaultKind({"gpu": (int, _ANY)}, "backends (SimBench.device_faults: the CPU standing in for "
+                                                     "the GPU alters its GEMM results)"),
+    "memory_errors": FaultKind({"gpu": (int, _ANY)}, "backends (SimBench.device_faults: the CPU standing in for "
+                                                     "the GPU flips a bit in the memory test)"),
 }
 FAULT_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {name: kind.keys for name, kind in FAULTS.items()}
 

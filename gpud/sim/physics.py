@@ -31,6 +31,9 @@ EVENT_BITS = {"gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap
 VIOLATION_REASONS = ("sw_power_cap", "sync_boost", "sw_thermal_slowdown", "hw_thermal_slowdown",
                      "hw_power_brake_slowdown")
 NVLINK_LINK_BYTES_S = 25e9  # one NVLink 4 link, one direction (HGX H200: 18 links, 450 GB/s each way)
+# A GEMM stress (gpu-burn, DCGM's targeted stress) asks more power than the board may draw, so the
+# power cap binds and NVML reports SW Power Cap (docs/simulation.md, "Load from the burn-in").
+STRESS_DEMAND_SHARE = 1.1  # demand as a share of the board's maximum power limit
 NVLINK_LOAD_SHARE = 0.5  # share of a link's bandwidth a fully busy GPU moves (a model, not a measurement)
 
 
@@ -54,6 +57,7 @@ class Thermal:
     pcie_rx_bytes: float = 0.0
     violation_ns: dict[str, float] = field(default_factory=dict)  # per reason since boot (field values 74…271)
     nvlink_kib: dict[int, float] = field(default_factory=dict)  # data per link and direction since start, KiB
+    intake: float | None = None  # the air the GPU's cooler takes in, °C (None: the machine's ambient)
 
 
 class Physics:
@@ -101,6 +105,10 @@ class Physics:
     def demand_watts(self, gpu: int) -> float:
         load = self.settings(gpu).get("load")
         return float(load[1]) if load else float(self.desc.gpus[gpu].power_watts)
+
+    def stress_demand_watts(self, gpu: int) -> float:
+        """What a GEMM stress asks of the board: more than its maximum limit (``STRESS_DEMAND_SHARE``)."""
+        return float(self.desc.gpus[gpu].power_max_watts) * STRESS_DEMAND_SHARE
 
     def draw_watts(self, gpu: int) -> float:
         return min(self.demand_watts(gpu), float(self.settings(gpu)["power_limit_mw"]) / 1000.0)
@@ -150,13 +158,33 @@ class Physics:
         # settings written later change the equilibrium, as they would on real hardware).
         duty = self._described_duty(gpu, temp)
         conductance = draw / (rise * _cooling(duty))
-        th = Thermal(temp, conductance, conductance * TIME_CONSTANT_S, 3.6e9 + gpu * 1.1e8)
+        intake = None
+        fit = self._two_point(gpu, temp, draw, duty)
+        if fit is not None:
+            conductance, intake = fit
+        th = Thermal(temp, conductance, conductance * TIME_CONSTANT_S, 3.6e9 + gpu * 1.1e8, intake=intake)
         # The violation counters count from boot: the machine has been in its described state since, so
         # every process (and every reader) starts from the same totals, and a reboot starts them again.
         since_boot = max(0.0, time.time() - float(self.state.get("counters_since") or self.boot_time()))
         active = self.clock_event_reasons(gpu, temp)
         th.violation_ns = {r: since_boot * 1e9 if r in active else 0.0 for r in VIOLATION_REASONS}
         return th
+
+    def _two_point(self, gpu: int, temp: float, draw: float, duty: float) -> tuple[float, float] | None:
+        """For an idle GPU of a model whose target temperature is known: the conductance and intake air
+        temperature that make both the described state and the target temperature at the default power
+        limit (with the automatic fan) equilibria (docs/simulation.md, "Thermal model"). None otherwise."""
+        g = self.desc.gpus[gpu]
+        target = g.target_celsius
+        if target is None or draw > 1.5 * float(g.idle_power_watts) or temp >= target:
+            return None
+        loaded = float(g.power_default_watts) / _cooling(auto_fan_percent(float(target), g.fan_min_percent or 0)
+                                                          if g.fans else 100.0)
+        idle = draw / _cooling(duty)
+        conductance = (loaded - idle) / (target - temp)
+        if conductance <= 0:
+            return None
+        return conductance, temp - idle / conductance
 
     def _described_duty(self, gpu: int, temp: float) -> float:
         g = self.desc.gpus[gpu]
@@ -187,7 +215,8 @@ class Physics:
             while remaining > 1e-9:
                 dt = min(1.0, remaining)
                 draw = self.draw_watts(gpu)
-                loss = (th.temperature - amb) * th.conductance * _cooling(self._mean_duty(gpu))
+                intake = amb if th.intake is None else th.intake
+                loss = (th.temperature - intake) * th.conductance * _cooling(self._mean_duty(gpu))
                 th.temperature += (draw - loss) / th.capacity * dt
                 th.energy_mj += draw * dt * 1000.0
                 tx, rx = self.pcie_rates(gpu)

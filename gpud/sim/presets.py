@@ -52,6 +52,9 @@ class Preset:
     tlimit_thresholds: bool  # thresholds only relative to T.Limit (Ada and later, drivers from 550)
     violation_counters: bool  # NVML's violation counters (field values 74/76/269–271, ViolationStatus)
     nvlink_throughput: bool  # NVLink data counters (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/_RX, per link)
+    # "GPU Target Temperature" (nvidia-smi -q): where the driver's fan policy holds the GPU at its default
+    # power limit; the thermal model's loaded equilibrium (None: not known, the model has one point only)
+    target_celsius: int | None
 
 
 GPU_MODELS: dict[str, Preset] = {
@@ -92,6 +95,7 @@ GPU_MODELS: dict[str, Preset] = {
         tlimit_thresholds=False,
         violation_counters=False,
         nvlink_throughput=False,
+        target_celsius=84,
     ),
     "RTX 6000 Ada": Preset(
         name="NVIDIA RTX 6000 Ada Generation",
@@ -130,6 +134,7 @@ GPU_MODELS: dict[str, Preset] = {
         tlimit_thresholds=True,
         violation_counters=False,
         nvlink_throughput=False,
+        target_celsius=85,
     ),
     "Quadro RTX 8000": Preset(
         name="Quadro RTX 8000",
@@ -168,6 +173,7 @@ GPU_MODELS: dict[str, Preset] = {
         tlimit_thresholds=False,
         violation_counters=False,
         nvlink_throughput=False,
+        target_celsius=None,
     ),
     "H200": Preset(
         name="NVIDIA H200",
@@ -206,5 +212,6 @@ GPU_MODELS: dict[str, Preset] = {
         tlimit_thresholds=True,
         violation_counters=True,
         nvlink_throughput=True,
+        target_celsius=None,
     ),
 }

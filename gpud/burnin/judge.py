@@ -1,0 +1,269 @@
+"""Verdicts from the burn-in's figures: each names the GPU, the test, the figure, the threshold and
+its source (``gpud.burnin.plan.THRESHOLDS``), and what to do."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from typing import Any
+
+from gpud.burnin.plan import THRESHOLDS
+from gpud.burnin.result import Result, Status, Verdict
+from gpud.burnin.telemetry import HW_REASONS, cv, settle
+from gpud.model import GpuInfo
+from gpud.probe import expect
+
+LOADED = ("load", "power", "pulse_full", "soak")
+
+
+def _groups(res: Result) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for g in res.gpus:
+        out.setdefault(res.names.get(g) or "?", []).append(g)
+    return out
+
+
+def _spread(res: Result, test: str, figures: dict[int, float], unit: str, remedy: str) -> list[Verdict]:
+    """Each GPU against the median of its model's siblings; a > 3σ outlier is named as such."""
+    out: list[Verdict] = []
+    limit, sigma = THRESHOLDS["spread"], THRESHOLDS["outlier_sigma"]
+    for _, members in _groups(res).items():
+        vals = {g: figures[g] for g in members if g in figures}
+        if len(vals) < 2:
+            continue
+        med = statistics.median(vals.values())
+        sd = statistics.pstdev(vals.values())
+        mean = statistics.fmean(vals.values())
+        for g, v in vals.items():
+            short = (med - v) / med if med else 0.0
+            outlier = sd > 0 and len(vals) >= 3 and abs(v - mean) > sigma.value * sd
+            status: Status = "fail" if short > limit.value else "pass"
+            text = (f"{v:.4g} {unit}, {short * 100:.1f} % below its siblings' median {med:.4g} {unit}"
+                    if short > 0 else f"{v:.4g} {unit}, siblings' median {med:.4g} {unit}")
+            if outlier:
+                text += f"; an outlier (> {sigma.value:g}σ from the siblings' mean)"
+            out.append(Verdict(test, status, text, g, round(short, 4), limit.value, limit.source,
+                               remedy if status == "fail" else ""))
+    return out
+
+
+def _workload(res: Result, infos: dict[int, GpuInfo]) -> list[Verdict]:
+    out: list[Verdict] = []
+    work = res.workload
+    for g in res.gpus:
+        if "error" in work.get(g, {"error": "no result"}):
+            out.append(Verdict("burnin.workload", "fail", f"the kernels did not finish: {work.get(g, {}).get('error')}",
+                               g, source="the burn-in's child process", remedy="run again with --debug; check the "
+                               "driver and dmesg for Xids"))
+    ok = {g: w for g, w in work.items() if "error" not in w}
+    # Bit-for-bit: every GPU of one model computed the same product.
+    for _, members in _groups(res).items():
+        for k, dtype in enumerate(("bf16", "tf32", "fp32")):
+            digests = {g: ok[g]["gemm"][k]["digest"] for g in members if g in ok and len(ok[g].get("gemm", [])) > k}
+            if len(digests) < 2:
+                continue
+            common, n = Counter(digests.values()).most_common(1)[0]
+            for g, d in digests.items():
+                same = d == common and n > len(digests) / 2
+                out.append(Verdict(f"burnin.gemm.{dtype}.digest", "pass" if same else "fail",
+                                   "the same bits as its siblings" if same else
+                                   f"its {dtype} product differs from {n} of its {len(digests)} siblings' bit for bit",
+                                   g, 0.0 if same else 1.0, THRESHOLDS["gemm.digest"].value,
+                                   THRESHOLDS["gemm.digest"].source,
+                                   "" if same else "the GPU computes wrong results: reseat it, check its cooling and "
+                                   "Xids (gpud events), and replace it if it persists"))
+    for g, w in ok.items():
+        for r in w.get("gemm", []):
+            if not r["reference_ok"]:
+                out.append(Verdict(f"burnin.gemm.{r['dtype']}.reference", "fail",
+                                   f"relative error {r['reference_error']:.3g} against the host's float64 product "
+                                   f"(allowed {r['reference_rtol']:.3g})", g, r["reference_error"], r["reference_rtol"],
+                                   THRESHOLDS["gemm.reference"].source, "the GPU computes wrong results: replace it"))
+        mem = w.get("memtest")
+        if mem is not None:
+            bad = int(mem["total_errors"])
+            out.append(Verdict("burnin.memtest", "fail" if bad else "pass",
+                               f"{bad} mismatching words in {mem['mib']} MiB ("
+                               + ", ".join(f"{k} {v}" for k, v in mem["errors"].items()) + ")", g, float(bad), 0.0,
+                               THRESHOLDS["memtest"].source,
+                               "memory errors: check ECC counts (nvidia-smi -q -d ECC), reset the GPU, replace it if "
+                               "they return" if bad else ""))
+    if res.device == "cuda":
+        for k, dtype in enumerate(("bf16", "tf32", "fp32")):
+            figs = {g: float(w["gemm"][k]["tflops"]) for g, w in ok.items() if len(w.get("gemm", [])) > k}
+            out += _spread(res, f"burnin.gemm.{dtype}.throughput", figs, "TFLOP/s",
+                           "slower than its siblings: check its clocks and throttle reasons (nvidia-smi -q -d "
+                           "PERFORMANCE), its power limit and cooling")
+        figs = {g: float(w["device_bandwidth"]["gbps"]) for g, w in ok.items() if "device_bandwidth" in w}
+        out += _spread(res, "burnin.memory_bandwidth", figs, "GB/s",
+                       "memory bandwidth below its siblings': check memory clocks (nvidia-smi -q -d CLOCK)")
+        th = THRESHOLDS["host_bandwidth"]
+        for g, w in ok.items():
+            i = infos.get(g)
+            hb = w.get("host_bandwidth")
+            if i is None or hb is None:
+                continue
+            want = expect.pcie(i.pcie_max_generation, i.pcie_max_width, model=False)
+            got = min(float(hb["h2d_gbps"]), float(hb["d2h_gbps"]))
+            ratio = got / want if want else 1.0
+            out.append(Verdict("burnin.host_bandwidth", "fail" if ratio < th.value else "pass",
+                               f"pinned host↔device {got:.1f} GB/s, {ratio * 100:.0f} % of the {want:.1f} GB/s a "
+                               f"Gen{i.pcie_max_generation} x{i.pcie_max_width} link carries", g, round(ratio, 3),
+                               th.value, th.source,
+                               ("check the link (gpud doctor: pcie.*, lspci -vv) and the CPU affinity"
+                                if ratio < th.value else "")))
+    elif ok:
+        out.append(Verdict("burnin.workload.figures", "skip",
+                           "CPU figures (--device cpu): the kernels ran on the CPU and their speed says nothing of "
+                           "the GPUs; results compared bit for bit and the telemetry verdicts still apply",
+                           source="the workload ran on the CPU"))
+    return out
+
+
+def _telemetry(res: Result, infos: dict[int, GpuInfo]) -> list[Verdict]:
+    out: list[Verdict] = []
+    sustained: dict[int, float] = {}
+    for g, s in res.series.items():
+        loaded = s.of(*LOADED)
+        if len(loaded) < 2:
+            continue
+        span = loaded[-1].t - loaded[0].t or 1.0
+        hw = {r: s.seconds_in(r, loaded) for r in HW_REASONS}
+        bad = {r: v for r, v in hw.items() if v > 0}
+        th = THRESHOLDS["hw_slowdown_s"]
+        out.append(Verdict("burnin.clocks.hw_slowdown", "fail" if bad else "pass",
+                           ("; ".join(f"{r} {v:.0f} s" for r, v in bad.items()) + f" of {span:.0f} s under load")
+                           if bad else f"0 s of HW slowdown, HW thermal slowdown or power brake in {span:.0f} s",
+                           g, sum(bad.values()), th.value, th.source,
+                           ("the hardware slowed down: power brake means the PSU or its cables (check the 12V "
+                            "connectors); HW thermal means cooling (fans, airflow); nvidia-smi -q -d PERFORMANCE")
+                           if bad else ""))
+        sw = s.seconds_in("sw_thermal_slowdown", loaded) / span
+        th = THRESHOLDS["sw_thermal_share"]
+        out.append(Verdict("burnin.thermal.sw_slowdown", "fail" if sw >= th.value else "pass",
+                           f"SW thermal slowdown {sw * 100:.1f} % of the time under load", g, round(sw, 4), th.value,
+                           th.source, "the cooling does not keep up: check the fans (a stalled fan reads as asked), "
+                           "airflow and the fan curve" if sw >= th.value else ""))
+        i = infos.get(g)
+        busy = [p for p in loaded if p.utilization]
+        if i is not None and busy:
+            gens = [p.pcie_gen for p in busy if p.pcie_gen is not None]
+            widths = [p.pcie_width for p in busy if p.pcie_width is not None]
+            gen, width = (min(gens) if gens else None), (min(widths) if widths else None)
+            short = ((gen is not None and i.pcie_max_generation is not None and gen < i.pcie_max_generation)
+                     or (width is not None and i.pcie_max_width is not None and width < i.pcie_max_width))
+            out.append(Verdict("burnin.pcie.link_under_load", "fail" if short else "pass",
+                               f"Gen{gen} x{width} under load (its maximum Gen{i.pcie_max_generation} "
+                               f"x{i.pcie_max_width})", g, float(width or 0), float(i.pcie_max_width or 0),
+                               THRESHOLDS["link"].source,
+                               "reseat the GPU or its riser, try another slot; lspci -vv shows LnkSta"
+                               if short else ""))
+        clocks = [p.sm_mhz for p in loaded if p.sm_mhz and p.utilization]  # not while the load starts
+        if clocks:
+            sustained[g] = statistics.fmean(clocks)
+        power = s.of("power")[10:]
+        if power:
+            draws = [p.power_w for p in power if p.power_w is not None]
+            limit = next((p.limit_w for p in power if p.limit_w), None)
+            if draws and limit:
+                share = statistics.fmean(draws) / limit
+                th = THRESHOLDS["targeted_power"]
+                out.append(Verdict("burnin.targeted_power", "fail" if share < th.value else "pass",
+                                   f"{statistics.fmean(draws):.0f} W, {share * 100:.0f} % of its {limit:.0f} W limit",
+                                   g, round(share, 3), th.value, th.source,
+                                   "it cannot draw its limit: check the power cables and the PSU, and its clocks"
+                                   if share < th.value else ""))
+        out += _load_steps(g, s.points)
+        soak = s.of("soak")
+        if len(soak) >= 10:
+            out += _thermal(g, soak, res.limits.get(g, {}))
+    out += _spread(res, "burnin.performance.spread", sustained, "MHz sustained SM clock",
+                   "slower than its siblings under the same load: check its throttle reasons, power limit and cooling")
+    return out
+
+
+def _load_steps(g: int, points: list[Any]) -> list[Verdict]:
+    """Idle→full→idle steps (as DCGM's pulse test): the SM clock reached at the end of each full step
+    stays within 3 % of the best step's, and each idle step lets the GPU idle."""
+    steps: list[list[Any]] = []
+    prev = None
+    for p in points:
+        if p.phase == "pulse_full":
+            if prev != "pulse_full":
+                steps.append([])
+            steps[-1].append(p)
+        prev = p.phase
+    ends = [st[-1].sm_mhz for st in steps if st and st[-1].sm_mhz]
+    if len(ends) < 2:
+        return []
+    th = THRESHOLDS["spread"]
+    worst = min(ends) / max(ends)
+    idled = all("gpu_idle" in p.reasons for p in points if p.phase == "pulse_idle" and p.utilization == 0)
+    ok = 1 - worst <= th.value and idled
+    return [Verdict("burnin.load_steps", "pass" if ok else "fail",
+                    f"{len(ends)} steps: SM clock at the end of each {min(ends)}–{max(ends)} MHz "
+                    f"({(1 - worst) * 100:.1f} % apart)" + ("" if idled else "; it did not idle between steps"),
+                    g, round(1 - worst, 4), th.value, "each step within 3 % of the best one (DCGM's pulse test "
+                    "checks that the GPU follows load steps)",
+                    "" if ok else "the GPU does not come back to the same clocks after a load step: check power "
+                    "delivery (cables, PSU) and nvidia-smi -q -d PERFORMANCE")]
+
+
+def _thermal(g: int, soak: list[Any], limits: dict[str, float | None]) -> list[Verdict]:
+    out: list[Verdict] = []
+    band, settle_s = THRESHOLDS["settle_band_c"], THRESHOLDS["settle_s"]
+    final, took = settle(soak, band.value)
+    target = limits.get("max_operating_c") or limits.get("slowdown_c")
+    held = final is not None and took is not None and took <= settle_s.value and (target is None or final < target)
+    if final is None:
+        text = "no temperature readings"
+    elif took is None:
+        text = f"never settled within ±{band.value:g} °C (last {final:.1f} °C)"
+    else:
+        text = f"settled at {final:.1f} °C ±{band.value:g} °C after {took:.0f} s"
+        if target is not None:
+            text += f" ({'below' if final < target else 'at or above'} its {target:g} °C max operating temperature)"
+    out.append(Verdict("burnin.thermal.settle", "pass" if held else "fail", text, g, took, settle_s.value,
+                       settle_s.source + "; below the driver's target (NVML's max operating temperature)",
+                       "" if held else "the cooling does not hold the temperature: check the fans turn "
+                       "(a stalled fan still reads as asked), the airflow and the fan curve"))
+    if took is not None:
+        after = [p.sm_mhz for p in soak if p.sm_mhz and p.t - soak[0].t >= took]
+        v = cv([float(x) for x in after])
+        if v is not None:
+            th = THRESHOLDS["clock_cv"]
+            out.append(Verdict("burnin.clocks.stability", "fail" if v > th.value else "pass",
+                               f"SM clock varies {v * 100:.2f} % (coefficient of variation) after settling", g,
+                               round(v, 5), th.value, th.source,
+                               "clocks swing under a steady load: check power and thermal reasons "
+                               "(nvidia-smi -q -d PERFORMANCE)" if v > th.value else ""))
+    return out
+
+
+def _errors(res: Result, infos: dict[int, GpuInfo], before: dict[str, Any], after: dict[str, Any]) -> list[Verdict]:
+    out: list[Verdict] = []
+    th = THRESHOLDS["new_errors"]
+    buses = {g: (infos[g].pci_bus_id if g in infos else "") for g in res.gpus}
+    old = set(before.get("xids") or [])
+    new_xids = [x for x in (after.get("xids") or []) if x not in old]
+    for g in res.gpus:
+        found = []
+        b, a = before["ecc"].get(g), after["ecc"].get(g)
+        if a is not None and b is not None and a > b:
+            found.append(f"{a - b} new ECC errors")
+        b, a = before["replay"].get(g), after["replay"].get(g)
+        if a is not None and b is not None and a > b:
+            found.append(f"{a - b} new PCIe replays")
+        bus = buses[g].lower()
+        xids = [x for x in new_xids if bus and str(x[0]).lower() == bus]
+        if xids:
+            found.append("Xid " + ", ".join(str(x[1]) for x in xids))
+        out.append(Verdict("burnin.errors", "fail" if found else "pass",
+                           "; ".join(found) if found else "no new Xid, ECC error or PCIe replay", g,
+                           float(len(found)), th.value, th.source,
+                           "gpud events --dossier; nvidia-smi -q -d ECC; dmesg | grep Xid" if found else ""))
+    return out
+
+
+def judge(res: Result, infos: dict[int, GpuInfo], before: dict[str, Any], after: dict[str, Any]) -> list[Verdict]:
+    return _workload(res, infos) + _telemetry(res, infos) + _errors(res, infos, before, after)

@@ -1,0 +1,212 @@
+"""The burn-in: doctor's checks, the kernels' figures per GPU, then the load held with telemetry
+every second (targeted power, load steps, the soak), judged per GPU and against its siblings.
+
+It composes the parts below it and touches no hardware of its own: readings through the NVML layer
+(``Machine``), kernels through the probe's children (``gpud.probe.stress_run``), time and load
+through a ``Bench`` (``gpud.backends.open_bench``). Whatever happens, Ctrl-C included, the load is
+released and the GPUs are put back as they were (``Bench.release``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from gpud.burnin.judge import judge
+from gpud.burnin.plan import Level, plan_for
+from gpud.burnin.result import Result, Verdict
+from gpud.burnin.telemetry import Series, point
+from gpud.config import Config
+from gpud.hw.machine import Machine
+from gpud.model import Snapshot
+
+Progress = Callable[[str, float], None]  # what runs now, seconds of the GPUs' time left (estimated)
+
+# Sizes of the measured kernels: a GPU gets work large enough to reach its peak; the CPU standing in
+# for one (simulated workstations, --device cpu) small sizes, so its figures take seconds.
+SIZES: dict[str, dict[str, float]] = {"cuda": {"gemm_n": 8192, "copy_mib": 1024, "memtest_share": 0.85},
+                                      "cpu": {"gemm_n": 256, "copy_mib": 16, "memtest_mib": 8}}
+
+
+class Bench(Protocol):
+    simulated_time: bool
+
+    def now(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+    def load(self, gpus: list[int], busy: bool, seconds: float) -> None: ...
+
+    def release(self) -> None: ...
+
+    def device_faults(self, gpu: int) -> list[str]: ...
+
+
+def _workload(machine: Machine, bench: Bench, snap: Snapshot, gpus: list[int], device: str, memtest: bool,
+              seconds: float) -> dict[int, dict[str, Any]]:
+    from gpud.probe.runner import cpu_affinity
+    from gpud.probe.stress_run import gpu_env, run_children
+
+    size = SIZES[device]
+    tasks = ["gemm", "device_bandwidth", "host_bandwidth"] + (["memtest"] if memtest else [])
+    faults = {str(g): f for g in gpus for f in [bench.device_faults(g)] if f}
+    base: dict[str, Any] = {"device": device, "tasks": tasks, "seconds": seconds, "faults": faults,
+                            **{k: v for k, v in size.items() if k != "memtest_share"}}
+    if device != "cuda":
+        return run_children([{**base, "gpus": gpus}], 300.0)
+    specs = []
+    for g, cpus in zip(gpus, cpu_affinity(machine, gpus) or [[] for _ in gpus], strict=True):
+        free = (snap.samples[g].memory_total_bytes or 0) - (snap.samples[g].memory_used_bytes or 0)
+        uuid = snap.samples[g].uuid or None
+        specs.append({**base, "gpus": [g], "cpus": cpus or None, "cuda_index": 0, "env": gpu_env(uuid),
+                      # cpus: host memory on the GPU's own NUMA node; env: the child sees its GPU only
+                      "memtest_mib": max(64, int(free * float(size["memtest_share"]) / 2**20))})
+    return run_children(specs, 900.0 if memtest else 300.0)
+
+
+def _probe(machine: Machine, gpus: list[int], allow_busy: bool) -> list[Verdict]:
+    """The probe's P2P and all-reduce on the GPUs, judged against what each path should carry
+    (gpud.probe.diagnose and its expected bandwidths, docs/probe.md)."""
+    from gpud.probe.diagnose import BUS_WARN
+    from gpud.probe.runner import ProbeError, run_probe
+
+    source = "the probe's expected bandwidth for the path (gpud.probe.expect, docs/probe.md)"
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    uuids = [u for g in gpus for i in [machine.info(g)] if i is not None for u in [i.uuid]]
+    try:
+        if len(uuids) == len(gpus):  # the ranks run on the GPUs under test (the probe maps them by UUID)
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
+        rep = run_probe(device="cuda", gpus=len(gpus), suites=["allreduce", "p2p"], quick=True, machine=machine,
+                        host=machine.label, keep_history=False, allow_busy=allow_busy)
+    except ProbeError as err:
+        return [Verdict("burnin.probe", "fail", f"the probe did not run: {str(err).splitlines()[0]}",
+                        source=source, remedy="gpud probe --debug")]
+    finally:
+        if saved is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
+    out: list[Verdict] = []
+    diag = rep.diagnosis
+    for ws, v in (diag.verdicts.items() if diag else []):
+        status = {"pass": "pass", "warn": "warn", "fail": "fail"}.get(v, "skip")
+        out.append(Verdict("burnin.probe.allreduce", status,  # type: ignore[arg-type]
+                           f"{ws} GPUs: " + (" ".join(diag.sentences) if diag.sentences else v), source=source))
+    for link in diag.links if diag else []:
+        status = "fail" if link.ratio < BUS_WARN else "pass"
+        out.append(Verdict("burnin.probe.p2p", status,  # type: ignore[arg-type]
+                           f"GPU{link.src}→GPU{link.dst}: {link.measured_bytes_per_second / 1e9:.1f} GB/s, "
+                           f"{link.ratio:.0%} of what {link.link} should give", link.src, round(link.ratio, 3),
+                           BUS_WARN, source, "gpud topo; gpud doctor (pcie.*, nvlink.*)" if status == "fail" else ""))
+    return out
+
+
+def _health(machine: Machine, gpus: list[int]) -> dict[str, Any]:
+    """ECC error counts and PCIe replays per GPU, and the Xids in the kernel log: compared at the end."""
+    out: dict[str, Any] = {"ecc": {}, "replay": {}, "xids": None}
+    for g in gpus:
+        s = machine.nvml.sample(g)
+        e = s.ecc_errors
+        out["ecc"][g] = None if e is None else (e.volatile_corrected or 0) + (e.volatile_uncorrected or 0)
+        out["replay"][g] = s.pcie_replay_errors
+    try:
+        xids = machine.host.xid_events()
+        out["xids"] = None if xids is None else [(x.pci_bus_id, x.xid, x.raw or x.text) for x in xids]
+    except OSError:
+        pass
+    return out
+
+
+def run_burnin(machine: Machine, bench: Bench, config: Config, *, level: Level, gpus: list[int] | None,
+               device: str, duration_s: float | None = None, allow_busy: bool = False,
+               progress: Progress | None = None) -> Result:
+    plan = plan_for(level, duration_s)
+    wall0 = time.monotonic()
+    snap = machine.snapshot()
+    chosen = list(range(len(snap.samples))) if gpus is None else gpus
+    infos = {i.index: i for i in snap.gpus}
+    res = Result(machine.label, level, device, chosen, {g: infos[g].name for g in chosen if g in infos}, time.time(),
+                 simulated_time=bench.simulated_time)
+    res.uuids = {g: infos[g].uuid for g in chosen if g in infos}
+    for g in chosen:
+        i = infos.get(g)
+        res.limits[g] = {"max_operating_c": i.temperature_max_operating_celsius if i else None,
+                         "slowdown_c": i.temperature_slowdown_celsius if i else None,
+                         "power_limit_w": snap.samples[g].power_limit_watts}
+    say: Progress = progress or (lambda what, left: None)
+
+    # 1. Doctor's checks, and GPUs other work is using.
+    say("doctor's checks", _total(plan))
+    from gpud.doctor import diagnose
+
+    report = diagnose(machine, config, snapshot=snap)
+    for c in report.checks:
+        if c.status in ("fail", "warn") and (c.gpu is None or c.gpu in chosen):
+            res.verdicts.append(Verdict(f"doctor.{c.id}", c.status, c.summary, c.gpu, source="gpud doctor",
+                                        remedy=c.remedy or ""))
+    busy = [g for g in chosen if snap.samples[g].processes]
+    for g in busy:
+        procs = ", ".join(f"{p.pid} ({p.command or '?'})" for p in snap.samples[g].processes or ())
+        res.verdicts.append(Verdict("burnin.idle", "warn" if allow_busy else "fail",
+                                    f"in use by {procs}: its figures are not the GPU's alone", g,
+                                    source="a burn-in needs the GPU to itself (DCGM refuses busy GPUs too)",
+                                    remedy="stop the processes (gpud ps), or pass --allow-busy"))
+    if busy and not allow_busy:
+        res.wall_seconds = time.monotonic() - wall0
+        return res
+
+    before = _health(machine, chosen)
+    series = {g: Series(g) for g in chosen}
+    res.series = series
+    t0 = bench.now()
+    done = 0.0
+
+    def hold(phase: str, seconds: float, busy_now: bool) -> None:
+        nonlocal done
+        bench.load(chosen, busy_now, seconds)
+        end = done + seconds
+        while done < end - 1e-9:
+            step = min(1.0, end - done)
+            bench.sleep(step)
+            done += step
+            t = bench.now() - t0
+            for g in chosen:
+                series[g].points.append(point(t, phase, machine.nvml.telemetry(g)))
+            if int(done) % 10 == 0:
+                say(phase, max(0.0, _total(plan) - done))
+
+    try:
+        say("GEMM, bandwidth" + (", memory test" if plan.memtest else ""), _total(plan))
+        res.workload = _workload(machine, bench, snap, chosen, device, plan.memtest,
+                                 plan.gemm_seconds if device == "cuda" else 0.1)
+        if device == "cuda" and len(chosen) > 1:
+            say("the probe's P2P and all-reduce", _total(plan))
+            res.verdicts.extend(_probe(machine, chosen, allow_busy))
+        elif len(chosen) > 1:
+            res.verdicts.append(Verdict("burnin.probe", "skip", "the probe's P2P and all-reduce are judged on GPUs "
+                                        "only (--device cuda): on the CPU they measure the host",
+                                        source="gpud probe (docs/probe.md)"))
+        hold("load", plan.load_s, True)
+        if plan.targeted_power_s:
+            hold("power", plan.targeted_power_s, True)
+        for _ in range(plan.pulse_steps):
+            hold("pulse_idle", plan.pulse_s, False)
+            hold("pulse_full", plan.pulse_s, True)
+        if plan.soak_s:
+            hold("soak", plan.soak_s, True)
+    except KeyboardInterrupt:
+        res.interrupted = True
+    finally:
+        bench.load(chosen, False, 0.0)
+        bench.release()
+    res.seconds = done
+    after = _health(machine, chosen)
+    res.verdicts.extend(judge(res, infos, before, after))
+    res.wall_seconds = time.monotonic() - wall0
+    return res
+
+
+def _total(plan: Any) -> float:
+    return float(plan.load_s + plan.targeted_power_s + 2 * plan.pulse_steps * plan.pulse_s + plan.soak_s)

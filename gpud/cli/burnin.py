@@ -1,0 +1,176 @@
+"""``gpud burnin``: accept a workstation — stress, memory, bandwidth, and a thermal soak that proves
+the cooling holds; a verdict per GPU and test, JSON, an HTML report."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from gpud import __version__
+from gpud.cli.common import Json, Simulate, host, machine
+from gpud.cli.output import colour, echo_wrapped, emit_json
+from gpud.errors import InvalidInput
+from gpud.text import ranges
+
+MARK = {"pass": ("ok", "32"), "warn": ("WARN", "33"), "fail": ("FAIL", "31"), "skip": ("skip", "2")}
+SOAK_MIN_S, SOAK_MAX_S = 1800.0, 3600.0  # the soak runs 30–60 minutes
+
+
+def parse_duration(text: str) -> float:
+    """``30m``, ``45min``, ``1h``, ``2700s``, ``2700`` → seconds; the soak's range only."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)?\s*", text)
+    if m is None:
+        raise InvalidInput("--duration", "", f"not a duration: {text!r} (e.g. 30m, 45m, 1h)")
+    seconds = float(m.group(1)) * {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, None: 1}[m.group(2)]
+    if not SOAK_MIN_S <= seconds <= SOAK_MAX_S:
+        raise InvalidInput("--duration", "", f"{text} is outside the soak's 30m..60m")
+    return seconds
+
+
+def parse_gpus(text: str, count: int) -> list[int]:
+    """``0,2-3`` → [0, 2, 3]; each in 0..count-1."""
+    out: list[int] = []
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if m is None:
+            raise InvalidInput("--gpus", "", f"not a GPU list: {text!r} (e.g. 0,2-3)")
+        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        if hi < lo or hi >= count:
+            raise InvalidInput("--gpus", "", f"{part.strip()}: this machine has GPUs 0..{count - 1}")
+        out += [g for g in range(lo, hi + 1) if g not in out]
+    return out
+
+
+class Progress:
+    """One line on a terminal's stderr: what runs now and the time left; nothing when not a terminal."""
+
+    def __init__(self, simulated: bool) -> None:
+        self.on = sys.stderr.isatty()
+        self.simulated = simulated
+        self.start = time.monotonic()
+
+    def __call__(self, what: str, left_s: float) -> None:
+        if not self.on:
+            return
+        clock = "simulated " if self.simulated else ""
+        mins, secs = divmod(int(left_s), 60)
+        sys.stderr.write(f"\r\033[Kgpud burnin: {what} — {clock}time left {mins}:{secs:02d}")
+        sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.on:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+def render(doc: dict[str, Any]) -> None:
+    """The verdicts that are not a pass (each with its threshold's source and the remedy), then one
+    line per GPU and the overall verdict."""
+    print(f"gpud burnin — {doc['host']['name']}, level {doc['level']}, device {doc['device']}"
+          + (" (CPU figures)" if doc["figures"] == "cpu" else "")
+          + (f", {doc['seconds'] / 60:.1f} min of simulated time" if doc["simulated_time"] else ""))
+    shown = [v for v in doc["verdicts"] if v["status"] != "pass"]
+    doctor = [v for v in shown if v["test"].startswith("doctor.")]
+    if doctor:  # one line each: `gpud doctor` shows their remedies
+        print("  doctor (remedies: gpud doctor):")
+        for v in doctor:
+            word, code = MARK[v["status"]]
+            gpu = f" GPU{v['gpu']}" if v["gpu"] is not None else ""
+            echo_wrapped(f"{v['test'][len('doctor.'):]}: {v['summary']}", indent="        ",
+                         first=f"    {colour(word, code)}{gpu} ")
+    for v in shown:
+        if v in doctor:
+            continue
+        word, code = MARK[v["status"]]
+        gpu = f" GPU{v['gpu']}" if v["gpu"] is not None else ""
+        echo_wrapped(f"{v['test']}: {v['summary']}", indent="      ", first=f"  {colour(word, code)}{gpu} ")
+        if v["source"] and v["status"] != "skip":
+            echo_wrapped(f"threshold: {v['source']}", indent="        ", first="      ")
+        if v["remedy"]:
+            echo_wrapped(f"do: {v['remedy']}", indent="        ", first="      ")
+    passed = sum(1 for v in doc["verdicts"] if v["status"] == "pass")
+    print(f"  {passed} test(s) passed")
+    for g in doc["gpus"]:
+        word, code = MARK[g["status"]] if g["status"] in MARK else ("skip", "2")
+        print(f"  GPU{g['index']} {g['name'] or ''}: {colour(word, code)}")
+    failed = [g["index"] for g in doc["gpus"] if g["status"] == "fail"]
+    tests = sorted({v["test"] for v in doc["verdicts"] if v["status"] == "fail"})
+    if doc["interrupted"]:
+        print("burn-in interrupted: the load was released; the verdicts cover what ran")
+    if doc["status"] == "fail":
+        who = f"GPU {ranges(failed)}" if failed else "the machine"
+        echo_wrapped(f"{who} — {', '.join(tests)}", indent="  ", first=colour("FAIL: ", "31"))
+    else:
+        print(colour(f"{doc['status'].upper()}: fit to train on", "32" if doc["status"] == "pass" else "33"))
+
+
+def burnin(
+    level: Annotated[str, typer.Option("--level", metavar="quick|standard|soak",
+                                       help="quick (≤ 2 min), standard (≤ 15 min) or soak (30–60 min).")] = "quick",
+    duration: Annotated[str | None, typer.Option("--duration", metavar="30m",
+                                                 help="The soak's length, 30m to 60m (default 30m).")] = None,
+    gpus: Annotated[str | None, typer.Option("--gpus", metavar="LIST",
+                                             help="GPUs to test: 0,2-3 (default all).")] = None,
+    device: Annotated[str | None, typer.Option(
+        "--device", metavar="cuda|cpu",
+        help="Where the kernels run (default cuda; cpu on a simulated workstation: CPU figures).")] = None,
+    report: Annotated[Path | None, typer.Option("--report", metavar="FILE.html",
+                                                help="Write a self-contained HTML report with charts.")] = None,
+    allow_busy: Annotated[bool, typer.Option("--allow-busy", help="Test GPUs other processes use.")] = False,
+    simulate: Simulate = None,
+    json: Json = False,
+) -> None:
+    """Accept a workstation: doctor's checks, GEMM (bf16, tf32, fp32) compared bit for bit across
+    GPUs, memory and host bandwidth, then (standard) a memory test, targeted power and load steps,
+    and (soak) a thermal soak with telemetry every second. A verdict per GPU and test, each with its
+    threshold's source. Exit 0 pass, 1 a GPU failed, 2 invalid input."""
+    from gpud import config as cfg
+    from gpud.backends import open_bench
+    from gpud.burnin.plan import LEVELS
+    from gpud.burnin.run import run_burnin
+    from gpud.burnin.store import record
+
+    lv = level.lower()
+    if lv not in LEVELS:
+        raise InvalidInput("--level", "", f"must be one of {', '.join(LEVELS)}, not {level!r}")
+    if duration is not None and lv != "soak":
+        raise InvalidInput("--duration", "", "only the soak level takes a duration")
+    seconds = parse_duration(duration) if duration is not None else None
+    if device is not None and device not in ("cuda", "cpu"):
+        raise InvalidInput("--device", "", f"must be cuda or cpu, not {device!r}")
+    if report is not None and (report.suffix.lower() not in (".html", ".htm") or not report.parent.is_dir()):
+        raise InvalidInput("--report", "", f"{report}: want FILE.html in an existing directory")
+    m = machine(simulate)
+    snap = m.snapshot()
+    chosen = parse_gpus(gpus, len(snap.samples)) if gpus is not None else None
+    dev = device or ("cpu" if m.simulation is not None else "cuda")
+    bench = open_bench(m, dev)
+    progress = Progress(bench.simulated_time)
+    config = cfg.load()
+    res = run_burnin(m, bench, config, level=lv, gpus=chosen, device=dev, duration_s=seconds,
+                     allow_busy=allow_busy, progress=progress)
+    progress.done()
+    doc = res.json(__version__, host(m, snap))
+    record(res, doc)
+    if report is not None:
+        from gpud.burnin.html import write_report
+
+        write_report(report, res, doc)
+    if json:
+        emit_json(doc)
+    else:
+        render(doc)
+        if report is not None:
+            print(f"report: {report}")
+    if res.interrupted:
+        raise typer.Exit(130)
+    raise typer.Exit(res.exit_code())
+
+
+def register(app: Any) -> None:
+    app.command("burnin")(burnin)

@@ -1,0 +1,228 @@
+"""The burn-in's kernels on one GPU: GEMM throughput and result digests, device-memory bandwidth,
+pinned host↔device bandwidth, a memory test, and a sustained load. Imports torch; run as a child
+process by ``gpud.probe.stress_run`` (``python -m gpud.probe.stress SPEC.json``), never imported
+by the daemon or the command line.
+
+Every figure is measured here; judging it is ``gpud.burnin``'s job. On ``cpu`` the figures are the
+host's (the report labels them CPU figures). Results are deterministic: the same seed, the same
+shapes and deterministic algorithms give the same bits on every GPU of one model, so a GPU whose
+digest differs from its siblings' computed something else (gpu-burn's comparison, across GPUs).
+
+A spec's ``faults`` (GPU → a list of ``wrong_results``, ``memory_errors``) make the device misbehave: a
+simulated workstation asks for them for a GPU with such a fault, because the CPU that stands in for
+that GPU cannot misbehave by itself; nothing else sets them. On ``cpu`` one child measures every
+GPU's stand-in in turn (one torch import, not one per GPU).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import torch
+
+DTYPES = {"bf16": torch.bfloat16, "tf32": torch.float32, "fp32": torch.float32}
+# Relative error allowed against the float64 host reference: bf16 keeps 8 mantissa bits (2^-8),
+# tf32 10 (2^-10), fp32 23; sums over k terms grow it by about sqrt(k) (Higham, "Accuracy and
+# Stability of Numerical Algorithms", ch. 3). The bounds are that, with a factor 4 of margin.
+REFERENCE_RTOL = {"bf16": 4 * 2.0**-8, "tf32": 4 * 2.0**-10, "fp32": 4 * 2.0**-20}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+_FAULTS: dict[str, list[str]] = {"now": []}
+
+
+def _fault(kind: str) -> bool:
+    return kind in _FAULTS["now"]
+
+
+def _inputs(n: int, dtype: torch.dtype, device: torch.device, seed: int = 1234) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    a = torch.randn(n, n, generator=gen, dtype=torch.float32, device="cpu")
+    b = torch.randn(n, n, generator=gen, dtype=torch.float32, device="cpu")
+    return a.to(device=device, dtype=dtype), b.to(device=device, dtype=dtype)
+
+
+def gemm(device: torch.device, name: str, n: int, seconds: float) -> dict[str, Any]:
+    """Throughput (TFLOP/s, 2n³ per product) over ``seconds``, the result's digest, and a check of a
+    small product against a float64 reference computed on the host."""
+    dtype = DTYPES[name]
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
+    a, b = _inputs(n, dtype, device)
+    c = a @ b
+    _sync(device)
+    reps, start = 0, time.perf_counter()
+    while True:
+        c = a @ b
+        reps += 1
+        if reps % 4 == 0:
+            _sync(device)
+            if time.perf_counter() - start >= seconds:
+                break
+    _sync(device)
+    elapsed = time.perf_counter() - start
+    out = c.float().cpu().contiguous()
+    if _fault("wrong_results"):
+        out.view(-1)[0] += 1.0
+    digest = hashlib.sha256(out.numpy().tobytes()).hexdigest()
+    # A small case against the host's float64 product.
+    sa, sb = _inputs(64, dtype, device, seed=99)
+    small = (sa @ sb).double().cpu()
+    if _fault("wrong_results"):
+        small[0, 0] += 1.0
+    ref = sa.double().cpu() @ sb.double().cpu()
+    err = float(((small - ref).abs().max() / ref.abs().max()).item())
+    return {"dtype": name, "n": n, "tflops": 2.0 * n**3 * reps / elapsed / 1e12, "digest": digest,
+            "reference_error": err, "reference_rtol": REFERENCE_RTOL[name],
+            "reference_ok": err <= REFERENCE_RTOL[name]}
+
+
+def device_bandwidth(device: torch.device, mib: int, seconds: float) -> dict[str, Any]:
+    """Device-to-device copy: bytes read plus bytes written per second (GB/s)."""
+    src = torch.ones(mib * 2**18, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    _sync(device)
+    reps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds or reps < 3:
+        dst.copy_(src)
+        reps += 1
+        _sync(device)
+    elapsed = time.perf_counter() - start
+    return {"gbps": 2.0 * src.numel() * 4 * reps / elapsed / 1e9, "mib": mib}
+
+
+def host_bandwidth(device: torch.device, mib: int, seconds: float) -> dict[str, Any]:
+    """Pinned host memory ↔ device (GB/s each way); the parent pins the process to the GPU's NUMA node."""
+    pin = device.type == "cuda"
+    host = torch.ones(mib * 2**18, dtype=torch.float32, device="cpu")
+    if pin:
+        host = host.pin_memory()
+    dev = torch.empty(host.numel(), dtype=torch.float32, device=device)
+    out: dict[str, Any] = {"mib": mib, "pinned": pin}
+    for direction in ("h2d", "d2h"):
+        dst, src = (dev, host) if direction == "h2d" else (host, dev)
+        dst.copy_(src, non_blocking=pin)
+        _sync(device)
+        reps, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds / 2 or reps < 3:
+            dst.copy_(src, non_blocking=pin)
+            reps += 1
+            _sync(device)
+        out[f"{direction}_gbps"] = host.numel() * 4 * reps / (time.perf_counter() - start) / 1e9
+    return out
+
+
+def memtest(device: torch.device, mib: int, chunk_mib: int = 256) -> dict[str, Any]:
+    """Walking ones, random patterns and address-in-address over ``mib`` MiB held at once;
+    mismatching 32-bit words per pattern (the patterns of DCGM's memtest plugin). Expected values
+    are made one chunk at a time, so the test covers most of the free memory."""
+    words = mib * 2**18
+    step = max(1, chunk_mib * 2**18)
+    buf = torch.empty(words, dtype=torch.int32, device=device)
+    errors = {"walking_ones": 0, "random": 0, "address": 0}
+    flip = _fault("memory_errors")
+
+    def chunks() -> range:
+        return range(0, words, step)
+
+    def count(name: str, lo: int, expected: torch.Tensor | int) -> None:
+        part = buf[lo:lo + step]
+        if flip and lo == 0:
+            part = part.clone()
+            part[0] ^= 1
+        errors[name] += int((part != expected).sum().item())
+
+    for bit in range(32):
+        value = -(2**31) if bit == 31 else 1 << bit
+        buf.fill_(value)
+        for lo in chunks():
+            count("walking_ones", lo, value)
+    for seed in range(4):
+        gen = torch.Generator(device=device).manual_seed(seed)  # made on the device: no host copy
+        for lo in chunks():
+            n = min(step, words - lo)
+            buf[lo:lo + n] = torch.randint(-(2**31), 2**31 - 1, (n,), generator=gen, dtype=torch.int32, device=device)
+        gen = torch.Generator(device=device).manual_seed(seed)  # the same sequence again, to compare
+        for lo in chunks():
+            n = min(step, words - lo)
+            count("random", lo, torch.randint(-(2**31), 2**31 - 1, (n,), generator=gen, dtype=torch.int32,
+                                              device=device))
+    for lo in chunks():
+        n = min(step, words - lo)
+        buf[lo:lo + n] = torch.arange(lo, lo + n, dtype=torch.int64, device=device).to(torch.int32)
+    for lo in chunks():
+        n = min(step, words - lo)
+        count("address", lo, torch.arange(lo, lo + n, dtype=torch.int64, device=device).to(torch.int32))
+    _sync(device)
+    return {"mib": mib, "errors": errors, "total_errors": sum(errors.values())}
+
+
+def burn(device: torch.device, seconds: float, n: int) -> dict[str, Any]:
+    """Sustained GEMM load for ``seconds`` (the soak, targeted power and load steps hold it)."""
+    a, b = _inputs(n, torch.float32, device)
+    start, reps = time.perf_counter(), 0
+    while time.perf_counter() - start < seconds:
+        for _ in range(8):
+            a @ b
+        reps += 8
+        _sync(device)
+    return {"seconds": time.perf_counter() - start, "products": reps}
+
+
+def run_one(spec: dict[str, Any], index: int) -> dict[str, Any]:
+    # On cuda the launcher shows the child its one GPU (CUDA_VISIBLE_DEVICES=UUID): CUDA index 0.
+    device = (torch.device("cuda", int(spec.get("cuda_index", index))) if spec["device"] == "cuda"
+              else torch.device("cpu"))
+    _FAULTS["now"] = list((spec.get("faults") or {}).get(str(index), []))
+    seconds = float(spec.get("seconds", 1.0))
+    out: dict[str, Any] = {"device": spec["device"], "torch": torch.__version__}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        out["name"], out["uuid"] = props.name, str(getattr(props, "uuid", "")) or None
+    for task in spec["tasks"]:
+        if task == "gemm":
+            out["gemm"] = [gemm(device, d, int(spec["gemm_n"]), seconds) for d in spec.get("dtypes", DTYPES)]
+        elif task == "device_bandwidth":
+            out["device_bandwidth"] = device_bandwidth(device, int(spec["copy_mib"]), seconds)
+        elif task == "host_bandwidth":
+            out["host_bandwidth"] = host_bandwidth(device, int(spec["copy_mib"]), seconds)
+        elif task == "memtest":
+            out["memtest"] = memtest(device, int(spec["memtest_mib"]))
+        elif task == "burn":
+            out["burn"] = burn(device, float(spec["burn_seconds"]), int(spec["gemm_n"]))
+        else:
+            raise SystemExit(f"unknown task {task!r}")
+    return out
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    """Every GPU of ``spec["gpus"]`` in turn (on ``cuda`` one GPU per child, as the launcher starts them)."""
+    torch.manual_seed(0)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    if spec.get("cpus"):
+        os.sched_setaffinity(0, spec["cpus"])
+    return {"gpus": {str(g): run_one(spec, int(g)) for g in spec["gpus"]}}
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(open(argv[0]).read())
+    result = run(spec)
+    tmp = spec["out"] + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f)
+    os.replace(tmp, spec["out"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,347 @@
+"""``gpud burnin`` on the simulated workstations: the quick level's verdicts, a 30-minute soak in
+simulated time with every listed fault detected, interruption, bad input, and the HTML report in a
+real headless browser."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import struct
+import subprocess
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import run_gpud
+
+from gpud.backends import open_bench, open_machine
+from gpud.burnin.result import Result
+from gpud.burnin.run import run_burnin
+from gpud.config import Config
+from gpud.json_schema import check
+
+
+def _failing(doc: dict[str, Any]) -> dict[int, set[str]]:
+    out: dict[int, set[str]] = {}
+    for v in doc["verdicts"]:
+        if v["status"] == "fail" and v["gpu"] is not None:
+            out.setdefault(v["gpu"], set()).add(v["test"])
+    return out
+
+
+def test_quick_on_the_healthy_z8_passes_within_two_minutes(state_dir: Path, tmp_path: Path) -> None:
+    start = time.monotonic()
+    report = tmp_path / "report.html"
+    r = run_gpud("burnin", "--simulate", "z8-fury-4x-a6000", "--level", "quick", "--json", "--report", str(report),
+                 timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    assert time.monotonic() - start < 120
+    doc = json.loads(r.stdout)
+    assert check(doc) == [] and doc["kind"] == "burnin" and doc["status"] == "pass"
+    assert doc["figures"] == "cpu" and doc["simulated_time"] and doc["seconds"] >= 60
+    assert [g["status"] for g in doc["gpus"]] == ["pass"] * 4
+    tests = {v["test"] for v in doc["verdicts"]}
+    assert {"burnin.gemm.bf16.digest", "burnin.clocks.hw_slowdown", "burnin.pcie.link_under_load",
+            "burnin.performance.spread", "burnin.errors"} <= tests
+    assert all(v["source"] for v in doc["verdicts"] if v["status"] != "skip")
+    assert report.read_text().count("<svg") == 4 * 5
+    # the last result is kept for doctor --burnin and the exporter, the journal has an entry
+    last = json.loads((state_dir / "burnin.json").read_text())
+    assert last["status"] == "pass" and last["level"] == "quick"
+    ev = run_gpud("events", "--kind", "burnin", "--json")
+    assert ev.returncode == 0 and "burn-in quick: pass" in ev.stdout
+
+
+def test_quick_on_the_degraded_z8_fails_naming_its_gpus_and_tests(state_dir: Path) -> None:
+    r = run_gpud("burnin", "--simulate", "z8-fury-4x-a6000-degraded", "--allow-busy", "--json", timeout=120)
+    assert r.returncode == 1, r.stderr
+    doc = json.loads(r.stdout)
+    failing = _failing(doc)
+    assert "burnin.clocks.hw_slowdown" in failing[1]  # HW slowdown fault
+    assert "burnin.pcie.link_under_load" in failing[2]  # trained to x8
+    assert {"burnin.thermal.sw_slowdown", "burnin.clocks.hw_slowdown"} <= failing[3]  # stalled fan
+    assert 0 not in failing or not any(t.startswith("burnin.") for t in failing[0])
+    # doctor --burnin shows the last result; the exporter exports it
+    dr = json.loads(run_gpud("doctor", "--simulate", "z8-fury-4x-a6000-degraded", "--burnin", "--json").stdout)
+    mine = {c["gpu"]: c for c in dr["checks"] if c["id"] == "burnin.gpu"}
+    assert {g for g, c in mine.items() if c["status"] == "fail"} == set(failing)
+    assert "burnin.pcie.link_under_load" in mine[2]["summary"]
+    assert next(c for c in dr["checks"] if c["id"] == "burnin.last")["status"] == "fail"
+    metrics = run_gpud("metrics", "--simulate", "z8-fury-4x-a6000-degraded").stdout
+    assert 'gpud_burnin_success{level="quick"} 0.0' in metrics
+    assert any(line.startswith('gpud_burnin_gpu_passed{gpu="2"') and line.endswith(" 0.0")
+               for line in metrics.splitlines())
+    text = run_gpud("burnin", "--simulate", "z8-fury-4x-a6000-degraded", timeout=120)
+    assert text.returncode == 1
+    assert "burnin.idle" in text.stdout and "--allow-busy" in text.stdout  # busy GPUs refused without it
+
+
+@pytest.fixture(scope="module")
+def soak(tmp_path_factory: pytest.TempPathFactory) -> tuple[Result, dict[str, Any]]:
+    """One 30-minute soak (simulated time) on the Z8 with a fault on each of GPUs 1–3: GPU1's fan
+    stalled; GPU2 in power brake and trained to x8; GPU3 slower (a 200 W limit), computing wrong
+    results and with memory errors. GPU0 stays healthy."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("GPUD_STATE_DIR", str(tmp_path_factory.mktemp("soak")))
+    try:
+        m = open_machine("z8-fury-4x-a6000")
+        sim = m.simulation.machine
+        sim.inject("fan_stuck", gpu=1)
+        sim.inject("clock_events", gpu=2, reasons=["hw_power_brake_slowdown"])
+        sim.inject("link_degraded", gpu=2, width=8)
+        sim.inject("wrong_results", gpu=3)
+        sim.inject("memory_errors", gpu=3)
+        m.nvml.set_power_limit(3, 200)
+        res = run_burnin(m, open_bench(m, "cpu"), Config(), level="soak", gpus=None, device="cpu",
+                         duration_s=1800.0)
+        loads = [sim.settings(g)["load"] for g in range(4)]
+        doc = res.json("test", {"name": "z8"})
+        return res, {"doc": doc, "loads_after": loads}
+    finally:
+        mp.undo()
+
+
+def test_a_30_minute_soak_runs_in_simulated_time(soak: tuple[Result, dict[str, Any]]) -> None:
+    res, got = soak
+    assert res.seconds >= 1800 and res.simulated_time and res.wall_seconds < 120
+    assert len(res.series[0].of("soak")) >= 1800  # telemetry every second
+    assert got["loads_after"] == [None] * 4  # the load put back
+    v = {(x.test, x.gpu): x for x in res.verdicts}
+    assert v[("burnin.thermal.settle", 0)].status == "pass"  # settles at the driver's target (84 °C)
+    assert v[("burnin.clocks.stability", 0)].status == "pass"
+    assert v[("burnin.memtest", 0)].status == "pass"
+    assert not [x for x in res.verdicts if x.gpu == 0 and x.status == "fail"]
+
+
+def test_the_soak_detects_each_fault(soak: tuple[Result, dict[str, Any]]) -> None:
+    failing = _failing(soak[1]["doc"])
+    assert {"burnin.thermal.settle", "burnin.thermal.sw_slowdown"} <= failing[1]  # stalled fan
+    assert "burnin.clocks.hw_slowdown" in failing[2]  # power brake
+    assert "burnin.pcie.link_under_load" in failing[2]  # an x8 link
+    assert "burnin.performance.spread" in failing[3]  # slower than its siblings
+    assert {"burnin.gemm.fp32.digest", "burnin.gemm.fp32.reference"} <= failing[3]  # wrong results
+    assert "burnin.memtest" in failing[3]  # memory errors
+    brake = next(x for x in soak[0].verdicts if x.test == "burnin.clocks.hw_slowdown" and x.gpu == 2)
+    assert "hw_power_brake_slowdown" in brake.summary and brake.source and brake.remedy
+
+
+def test_ctrl_c_stops_cleanly_and_puts_the_load_back(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpud.burnin import run as burnin_run
+
+    m = open_machine("z8-fury-4x-a6000")
+    bench = open_bench(m, "cpu")
+    monkeypatch.setattr(burnin_run, "_workload", lambda *a, **k: {})  # the kernels are not what is tested here
+    calls = {"n": 0}
+    real_sleep = bench.sleep
+
+    def sleep(seconds: float) -> None:
+        calls["n"] += 1
+        if calls["n"] == 30:
+            raise KeyboardInterrupt
+        real_sleep(seconds)
+
+    monkeypatch.setattr(bench, "sleep", sleep)
+    res = run_burnin(m, bench, Config(), level="standard", gpus=[0, 1], device="cpu")
+    assert res.interrupted and res.status == "fail" and 25 <= res.seconds <= 35
+    sim = open_machine("z8-fury-4x-a6000").simulation.machine  # what another process sees
+    assert [sim.settings(g)["load"] for g in range(4)] == [None] * 4
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--level", "hot"], "--level"), (["--level", "soak", "--duration", "10m"], "--duration"),
+    (["--duration", "30m"], "only the soak"), (["--gpus", "0,9"], "--gpus"), (["--device", "tpu"], "--device"),
+    (["--report", "/nonexistent/dir/r.html"], "--report")])
+def test_bad_input_is_one_line_exit_2_and_nothing_written(args: list[str], message: str, state_dir: Path) -> None:
+    r = run_gpud("burnin", "--simulate", "z8-fury-4x-a6000", *args)
+    assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (state_dir / "burnin.json").exists()
+
+
+# -- the HTML report in a real browser -----------------------------------------------------------
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _png_pixels(path: Path) -> tuple[int, int, list[bytes]]:
+    """Rows of RGB(A) bytes of an 8-bit PNG (what Chromium writes), filters undone."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, w = 8, b"", 0
+    h = channels = 0
+    while pos < len(data):
+        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + n]
+        if kind == b"IHDR":
+            w, h, depth, colour = struct.unpack(">IIBB", body[:10])
+            assert depth == 8
+            channels = {2: 3, 6: 4}[colour]
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + n
+    raw = zlib.decompress(idat)
+    stride = w * channels
+    rows: list[bytes] = []
+    prev = bytearray(stride)
+    for y in range(h):
+        f = raw[y * (stride + 1)]
+        line = bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - channels] if i >= channels else 0
+            b = prev[i]
+            c = prev[i - channels] if i >= channels else 0
+            if f == 1:
+                line[i] = (line[i] + a) & 255
+            elif f == 2:
+                line[i] = (line[i] + b) & 255
+            elif f == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif f == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        rows.append(bytes(line))
+        prev = line
+    return w, channels, rows
+
+
+def test_the_html_report_renders_in_a_headless_browser(soak: tuple[Result, dict[str, Any]], tmp_path: Path) -> None:
+    from gpud.burnin.html import write_report
+
+    browser = _chromium()
+    if browser is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("chromium is not installed (.ci/run installs Debian's chromium)")
+        pytest.skip("chromium is not installed: apt-get install chromium")
+    res, got = soak
+    report = tmp_path / "burnin.html"
+    write_report(report, res, got["doc"])
+    html = report.read_text()
+    assert "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "") and "https://" not in html
+    assert "<script" not in html and html.count("<svg") == 4 * 5
+    profile = tmp_path / "profile"
+    profile.mkdir()
+    shot = tmp_path / "shot.png"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0"]
+    r = subprocess.run([browser, *flags, f"--screenshot={shot}", "--window-size=900,2400",
+                        f"file://{report}"], capture_output=True, text=True, timeout=90)
+    assert shot.is_file(), r.stderr[-2000:]
+    console = [line for line in r.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
+    assert console == [], console
+    dom = subprocess.run([browser, *flags, "--dump-dom", f"file://{report}"], capture_output=True, text=True,
+                         timeout=90)
+    assert dom.stdout.count("<svg") == 20 and "polyline" in dom.stdout and "GPU1" in dom.stdout
+    # A screenshot is not blank: the report of the healthy GPU alone (every test passed, so its charts
+    # come right after the verdicts) shows the charts' lines in their colours.
+    one = copy.copy(res)
+    one.gpus = [0]
+    one_doc = {**got["doc"], "gpus": got["doc"]["gpus"][:1],
+               "verdicts": [v for v in got["doc"]["verdicts"] if v["gpu"] == 0]}
+    write_report(report, one, one_doc)
+    subprocess.run([browser, *flags, f"--screenshot={shot}", "--window-size=800,1100", f"file://{report}"],
+                   capture_output=True, text=True, timeout=90)
+    w, ch, rows = _png_pixels(shot)
+    colours = {row[i:i + 3] for row in rows[::2] for i in range(0, w * ch, ch)}
+
+    def shown(hex_colour: str) -> bool:
+        r, g, b = (int(hex_colour[k:k + 2], 16) for k in (1, 3, 5))
+        return any(abs(c[0] - r) < 20 and abs(c[1] - g) < 20 and abs(c[2] - b) < 20 for c in colours)
+
+    lines = ["#cf222e", "#1a7f37", "#0969da", "#8250df"]  # temperature, fan, SM clock, power
+    assert all(shown(c) for c in lines), [c for c in lines if not shown(c)]
+
+
+def test_progress_on_a_terminal_says_what_runs_and_the_time_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from gpud.cli.burnin import Progress
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    err = Tty()
+    monkeypatch.setattr("sys.stderr", err)
+    p = Progress(simulated=True)
+    p("soak", 754.0)
+    p.done()
+    assert "soak — simulated time left 12:34" in err.getvalue()
+    quiet = io.StringIO()  # not a terminal: nothing
+    monkeypatch.setattr("sys.stderr", quiet)
+    Progress(simulated=False)("soak", 10.0)
+    assert quiet.getvalue() == ""
+
+
+def test_the_load_on_real_gpus_is_a_child_that_stop_kills() -> None:
+    from gpud.probe.stress_run import HardwareLoad
+
+    load = HardwareLoad("cpu")
+    load.start([0], 600.0)
+    procs = list(load._procs)
+    assert procs and procs[0].poll() is None
+
+    def state() -> str:
+        for _ in range(50):
+            s = Path(f"/proc/{procs[0].pid}/stat").read_text().split(")")[-1].split()[0]
+            if s in "Tt":
+                return "stopped"
+            time.sleep(0.02)
+        return "running"
+
+    load.pause()  # an idle step: paused, not restarted
+    assert state() == "stopped"
+    load.start([0], 600.0)
+    assert load._procs == procs and state() == "running"
+    load.pause()
+    load.stop()  # a paused child is killed too
+    assert all(p.poll() is not None for p in procs) and load._procs == []
+
+
+def test_new_xids_ecc_errors_and_replays_during_the_run_fail_that_gpu(state_dir: Path) -> None:
+    from gpud.burnin.judge import judge
+
+    m = open_machine("z8-fury-4x-a6000")
+    infos = {i: m.info(i) for i in range(2)}
+    res = Result("z8", "quick", "cpu", [0, 1], {0: "A", 1: "A"}, 0.0)
+    bus1 = infos[1].pci_bus_id
+    before = {"ecc": {0: 0, 1: 0}, "replay": {0: 3, 1: 0}, "xids": [("0000:16:00.0", 13, "old")]}
+    after = {"ecc": {0: 0, 1: 2}, "replay": {0: 3, 1: 0}, "xids": [("0000:16:00.0", 13, "old"), (bus1, 79, "new")]}
+    got = {v.gpu: v for v in judge(res, infos, before, after) if v.test == "burnin.errors"}  # type: ignore[arg-type]
+    assert got[0].status == "pass"  # an Xid from before the run is not new
+    assert got[1].status == "fail" and "2 new ECC errors" in got[1].summary and "Xid 79" in got[1].summary
+
+
+def test_the_probes_p2p_and_allreduce_are_judged_on_the_gpus_under_test(state_dir: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """On GPUs the quick level runs the probe's P2P and all-reduce on the GPUs under test (named by
+    UUID) and turns its judgements into verdicts; the probe itself needs a GPU, so it is stood in for."""
+    from types import SimpleNamespace
+
+    from gpud.burnin.run import _probe
+    from gpud.probe import runner
+    from gpud.probe.report import Diagnosis, LinkJudgement
+
+    m = open_machine("z8-fury-4x-a6000")
+    seen = {}
+
+    def fake(**kw: Any) -> Any:
+        seen["env"], seen["gpus"] = os.environ.get("CUDA_VISIBLE_DEVICES"), kw["gpus"]
+        diag = Diagnosis(sentences=["all-reduce at 40 % of NVLink"], verdicts={"2": "fail"},
+                         links=[LinkJudgement(2, 3, "NVLink 3 ×4", 100e9, 30e9, 0.3)])
+        return SimpleNamespace(diagnosis=diag)
+
+    monkeypatch.setattr(runner, "run_probe", fake)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    got = _probe(m, [2, 3], allow_busy=False)
+    assert seen == {"env": f"{m.info(2).uuid},{m.info(3).uuid}", "gpus": 2}
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ  # put back
+    by = {(v.test, v.gpu): v for v in got}
+    assert by[("burnin.probe.allreduce", None)].status == "fail"
+    p2p = by[("burnin.probe.p2p", 2)]
+    assert p2p.status == "fail" and "30%" in p2p.summary and p2p.source
