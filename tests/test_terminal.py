@@ -11,7 +11,7 @@ import pytest
 from conftest import run_gpud
 from pty_helpers import plain, run_in_pty, too_wide
 
-NAMES = [d["name"] for d in json.loads(run_gpud("sim", "list", "--json").stdout)]
+NAMES = [d["name"] for d in json.loads(run_gpud("sim", "list", "--json").stdout)["machines"]]
 COLUMNS = 80
 
 

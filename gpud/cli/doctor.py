@@ -10,7 +10,7 @@ import typer
 
 from gpud import __version__
 from gpud.cli.common import Json, Simulate, machine
-from gpud.cli.output import colour, emit_json, plural, width, wrap
+from gpud.cli.output import UNLIMITED, clean, colour, cut, emit_json, plural, width, wrap
 from gpud.model import CheckResult, document
 from gpud.text import ranges
 
@@ -59,15 +59,26 @@ def render(report: Report, verbose: bool = False) -> None:
             word, code = MARK[r.status]
             gpu = f" GPU{ranges(gpus)}" if gpus else ""
             mark = colour(f"[{word:>4}]", code)
-            out += wrap(f"{r.id}{gpu}: {r.summary}", limit, indent=" " * 9, first=f"  {mark} ")
+            out += wrap(fit(f"{r.id}{gpu}: {r.summary}", limit), limit, indent=" " * 9, first=f"  {mark} ")
             if r.status in ("warn", "fail") or verbose:
                 for line in r.detail.splitlines() if r.detail and (verbose or r.status == "fail") else []:
-                    out += wrap(line, limit, indent=" " * 9)
+                    out += wrap(fit(line, limit), limit, indent=" " * 9)
                 if r.remedy and r.status != "pass":
-                    out += _remedy(r.remedy, limit)
+                    out += _remedy(clean(r.remedy), limit)
     out += ["", ", ".join([plural(shown["pass"], "passed", "passed"), plural(shown["warn"], "warning"),
                            plural(shown["fail"], "failed", "failed"), plural(shown["skip"], "skipped", "skipped")])]
     sys.stdout.write("\n".join(out) + "\n")
+
+
+MAX_LINES = 4  # a summary or detail line from data (a process's command line) is cut at 4 lines
+
+
+def fit(text: str, limit: int) -> str:
+    """One line of a check's text as the terminal gets it: controls out, cut with … where it would
+    run past MAX_LINES lines (at most 1000 characters through a pipe); --json keeps it whole."""
+    text = cut(clean(text), min(1000, MAX_LINES * (limit - 10)))
+    longest = limit - 12  # within the indent: a word longer than that (a 100 000-character argument) is cut too
+    return " ".join(cut(w, longest) if len(w) > longest else w for w in text.split(" "))
 
 
 def _remedy(text: str, limit: int) -> list[str]:
@@ -123,7 +134,7 @@ def doctor(
         for r in report.checks:
             if r.status == "fail" or (strict and r.status == "warn"):
                 gpu = f" GPU{r.gpu}" if r.gpu is not None else ""
-                print(f"gpud doctor: {r.status}: {r.id}{gpu}: {r.summary}", file=sys.stderr)
+                print(f"gpud doctor: {r.status}: {r.id}{gpu}: {fit(r.summary, UNLIMITED)}", file=sys.stderr)
     else:
         render(report, verbose)
     raise typer.Exit(code)

@@ -11,7 +11,7 @@ import typer
 
 from gpud import __version__
 from gpud.cli.common import Json, Simulate, host, machine
-from gpud.cli.output import colour, emit_json, fmt, is_tty, plural, table, wrap
+from gpud.cli.output import clear_screen, colour, emit_json, fmt, is_tty, plural, table, wrap
 from gpud.hw.machine import Machine
 from gpud.model import GpuInfo, GpuSample, Snapshot, document, sample_json, to_jsonable
 
@@ -183,7 +183,7 @@ def status(
             emit_json(status_document(m, snap), compact=watch)
         else:
             if watch and is_tty():
-                sys.stdout.write("\033[2J\033[H")
+                clear_screen()
             render(m.label, snap, time.time() if watch else None)
             if watch:
                 sys.stdout.flush()

@@ -8,8 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
-from gpud.cli.common import Json, Simulate, machine
-from gpud.cli.output import echo_wrapped, emit_json, plural, table, table_lines, wrap
+from gpud.cli.common import Json, Simulate, emit_document, local_host, machine, machine_host
+from gpud.cli.output import echo_wrapped, plural, table, table_lines, wrap
 
 Config = Annotated[str | None, typer.Option("--config", metavar="PATH",
                                             help="gpud.toml (its [daemon] socket is where the daemon listens)")]
@@ -36,7 +36,7 @@ def profile_list(json: Json = False) -> None:
             desc = f"INVALID: {err}"
         rows.append({"name": name, "path": str(path), "description": desc})
     if json:
-        emit_json(rows)
+        emit_document("profile_list", local_host(), profiles=rows)
     else:  # shipped profiles are named "shipped" (their path is an installation detail), users' by path
         from gpud.tuning.profile import SHIPPED
 
@@ -64,9 +64,9 @@ def profile_show(name: Annotated[str, typer.Argument(help="Profile name or path.
         resolved_note = f"(not resolved per GPU: {err})"
     data = {"name": p.name, "source": p.source, "chain": list(p.chain), "description": p.description,
             "all": p.all, "gpus": [{k: v for k, v in g.items() if not k.startswith("_")} for g in p.gpus],
-            "host": p.host, "resolved": {str(k): v for k, v in (resolved or {}).items()}}
+            "host_settings": p.host, "resolved": {str(k): v for k, v in (resolved or {}).items()}}
     if json:
-        emit_json(data)
+        emit_document("profile", machine_host(m) if resolved is not None else local_host(), **data)
         return
     out = [f"{p.name}: {p.description}", f"  file: {p.source}", f"  inherits: {' → '.join(p.chain)}"]
     out = [x for line in out for x in wrap(line, indent="    ")]
@@ -219,7 +219,7 @@ def apply(
     plan = result["plan"] + skipped
     todo = sum(1 for c in plan if c["action"] == "set")
     if json:
-        emit_json(_public(result))
+        emit_document("apply", machine_host(t.machine), **_public(result))
     else:
         table(["GPU", "Setting", "Current", "Desired", "Action"], _plan_rows(plan),
               title=f"Profile {result['profile']} ({' → '.join(result['chain'])}) on {result['target']}: "
@@ -247,7 +247,7 @@ def _fail(result: dict[str, Any], json: bool) -> int:
         lines += [f"  NOT restored: {r}" for r in result.get("not_restored", [])]
         sys.stderr.write("\n".join(lines) + "\n")
     elif "plan" not in result:
-        emit_json(result)
+        emit_document("apply", local_host(), **result)
     return 1
 
 
@@ -267,7 +267,7 @@ def verify(json: Json = False, simulate: Simulate = None, config: Config = None)
                 for d in drifts]
     bad = [d for d in rows if d["status"] == "drift"]
     if json:
-        emit_json({"profile": profile, "drift": len(bad), "settings": rows})
+        emit_document("verify", machine_host(t.machine), profile=profile, drift=len(bad), settings=rows)
     elif not applied:
         sys.stdout.write("no profile applied\n")
     else:
@@ -300,7 +300,7 @@ def restore(
             done, failed = engine.restore(t.machine, fans_only=fans_only)
     where = reply.get("target", "") if reply is not None else t.name
     if json:
-        emit_json({"restored": done, "failed": failed, "target": where})
+        emit_document("restore", machine_host(t.machine), restored=done, failed=failed, target=where)
     else:
         if done or failed:
             sys.stdout.write(f"restoring {where}\n")
