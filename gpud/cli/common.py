@@ -119,3 +119,13 @@ def emit_document(kind: str, host_: dict[str, Any], **body: Any) -> None:
     from gpud.model import document
 
     emit_json(document(kind, __version__, host_, **body))
+
+
+def narrow(snap: Snapshot, only: set[int] | None) -> Snapshot:
+    """``snap`` with only the GPUs ``-i/--id`` named (all without the option)."""
+    import dataclasses
+
+    if only is None:
+        return snap
+    return dataclasses.replace(snap, gpus=tuple(g for g in snap.gpus if g.index in only),
+                               samples=tuple(s for s in snap.samples if s.index in only))

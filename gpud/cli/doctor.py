@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections import Counter
 from typing import TYPE_CHECKING, Annotated, List
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, List
 import typer
 
 from gpud import __version__
-from gpud.cli.common import Json, Simulate, machine
+from gpud.cli.common import GpuIds, Json, Simulate, gpu_ids, machine
 from gpud.cli.output import UNLIMITED, clean, colour, cut, emit_json, plural, width, wrap
 from gpud.model import CheckResult, document
 from gpud.text import ranges
@@ -65,8 +66,10 @@ def render(report: Report, verbose: bool = False) -> None:
                     out += wrap(fit(line, limit), limit, indent=" " * 9)
                 if r.remedy and r.status != "pass":
                     out += _remedy(clean(r.remedy), limit)
-    out += ["", ", ".join([plural(shown["pass"], "passed", "passed"), plural(shown["warn"], "warning"),
-                           plural(shown["fail"], "failed", "failed"), plural(shown["skip"], "skipped", "skipped")])]
+    n = report.counts  # per result, as --json counts them: GPU0-3 on one line is four results
+    out += ["", ", ".join([plural(n["pass"], "passed", "passed"), plural(n["warn"], "warning"),
+                           plural(n["fail"], "failed", "failed"), plural(n["skip"], "skipped", "skipped")])
+            + (f" ({plural(sum(shown.values()), 'line')} above)" if sum(shown.values()) != sum(n.values()) else "")]
     sys.stdout.write("\n".join(out) + "\n")
 
 
@@ -89,6 +92,7 @@ def _remedy(text: str, limit: int) -> list[str]:
 def doctor(
     simulate: Simulate = None,
     json: Json = False,
+    ids: GpuIds = None,
     strict: Annotated[bool, typer.Option("--strict", help="Warnings fail too (exit 1).")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only failures (to stderr); "
                                                               "for job scripts: `gpud doctor -q || exit 1`.")] = False,
@@ -125,6 +129,9 @@ def doctor(
         result = runner.run_probe(device="cuda" if have else "cpu", gpus=have, quick=True, machine=m, host=m.label,
                                   thresholds=conf.efficiency_thresholds())
     report = diagnose(m, conf, only=only, skip=skip, expect_gpus=expect_gpus, debug=debug_enabled(), probe=result)
+    if ids is not None:  # per-GPU results of the GPUs named; machine-wide ones stay
+        picked = gpu_ids(ids, m.snapshot().gpus) or set()
+        report = dataclasses.replace(report, checks=tuple(r for r in report.checks if r.gpu is None or r.gpu in picked))
     code = report.exit_code(strict)
     if json:
         emit_json(document("doctor", __version__, report.host, checks=[

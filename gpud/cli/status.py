@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from gpud import __version__
-from gpud.cli.common import Json, Simulate, host, machine
+from gpud.cli.common import GpuIds, Json, Simulate, gpu_ids, host, machine, narrow
 from gpud.cli.output import clear_screen, colour, emit_json, fmt, is_tty, plural, table, wrap
 from gpud.hw.machine import Machine
 from gpud.model import GpuInfo, GpuSample, Snapshot, document, sample_json, to_jsonable
@@ -167,6 +167,7 @@ def status_document(m: Machine, snap: Snapshot) -> dict[str, Any]:
 def status(
     simulate: Simulate = None,
     json: Json = False,
+    ids: GpuIds = None,
     watch: Annotated[bool, typer.Option("--watch", help="Refresh until interrupted (with --json: one JSON "
                                                         "document per line).")] = False,
     interval: Annotated[float, typer.Option("--interval", min=0.1, help="Seconds between refreshes.")] = 2.0,
@@ -179,6 +180,7 @@ def status(
     m = machine(simulate)
     while True:
         snap = m.snapshot(pcie=True)
+        snap = narrow(snap, gpu_ids(ids, snap.gpus))
         if json:
             emit_json(status_document(m, snap), compact=watch)
         else:

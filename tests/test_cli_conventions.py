@@ -1,0 +1,83 @@
+"""Issue 24: the conventions people already type (-h, -i/--id, --color/--no-color) and outputs that
+agree with each other (doctor's text summary and JSON counts)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from conftest import run_gpud
+from pty_helpers import plain, run_in_pty, too_wide
+
+DEGRADED = "z8-fury-4x-a6000-degraded"
+
+
+@pytest.mark.parametrize("args", [(), ("status",), ("doctor",), ("profile",), ("profile", "show"), ("sim", "list"),
+                                  ("events",), ("apply",), ("ps",)])
+def test_dash_h_is_help_everywhere(args: tuple[str, ...]) -> None:
+    r = run_gpud(*args, "-h")
+    assert r.returncode == 0 and r.stdout.startswith("Usage: gpud"), (args, r.stderr)
+    assert r.stdout == run_gpud(*args, "--help").stdout
+
+
+def test_id_selects_gpus_by_index_uuid_or_bus_id(state_dir) -> None:
+    sim = ("--simulate", DEGRADED)
+    full = json.loads(run_gpud("status", "--json", *sim).stdout)["gpus"]
+    uuid3, bus2 = full[3]["info"]["uuid"], full[2]["info"]["pci_bus_id"]
+    nvsmi_bus2 = "0000" + bus2.upper()  # nvidia-smi's spelling: 00000000:5A:00.0
+    pick = f"1,{uuid3},{nvsmi_bus2}"
+    st = json.loads(run_gpud("status", "--json", "-i", pick, *sim).stdout)
+    assert [g["info"]["index"] for g in st["gpus"]] == [1, 2, 3]
+    assert [p["gpu"] for p in json.loads(run_gpud("ps", "--json", "--id", "1", *sim).stdout)["processes"]] == [1]
+    topo = json.loads(run_gpud("topo", "--json", "-i", "2,3", *sim).stdout)
+    assert [g["index"] for g in topo["gpus"]] == [2, 3] and len(topo["matrix"]) == 2 == len(topo["matrix"][0])
+    doc = json.loads(run_gpud("doctor", "--json", "-i", "3", *sim).stdout)
+    assert {c["gpu"] for c in doc["checks"]} <= {None, 3} and any(c["gpu"] == 3 for c in doc["checks"])
+    assert doc["counts"]["fail"] == sum(c["status"] == "fail" for c in doc["checks"])
+    text = run_gpud("status", "-i", "1", *sim, env={"COLUMNS": "200"}).stdout
+    assert re.search(r"^1 ", text, re.M) and not re.search(r"^0 ", text, re.M)
+    bad = run_gpud("status", "-i", "9", *sim)
+    assert bad.returncode == 2 and bad.stderr.startswith("gpud: error: --id: 9: no such GPU"), bad.stderr
+    assert bad.stderr.count("\n") == 1
+
+
+def test_id_on_events(state_dir) -> None:
+    from gpud import journal
+
+    j = journal.Journal(journal.journal_path())
+    for i in range(2):
+        j.gpu_seen(f"GPU-{i}", None, "RTX A6000", None, f"0000:1{i}:00.0", i)
+        j.record("xid", f"Xid 13 on GPU {i}", gpu=i, uuid=f"GPU-{i}", data={"xid": 13})
+    j.close()
+    evs = json.loads(run_gpud("events", "--json", "-i", "0000:11:00.0").stdout)["events"]
+    assert [e["gpu"] for e in evs] == [1]
+
+
+def test_color_and_no_color(state_dir) -> None:
+    piped = run_gpud("status", "--simulate", DEGRADED, "--color")
+    assert piped.returncode == 0 and "\x1b[1m" in piped.stdout  # forced through a pipe (gpustat's --color)
+    assert "\x1b[" in run_gpud("--color", "doctor", "--simulate", DEGRADED).stdout
+    code, out = run_in_pty("status", "--simulate", DEGRADED, "--no-color")
+    assert code == 0 and "\x1b[" not in out and "GPU" in out
+    code, out = run_in_pty("--no-color", "doctor", "--simulate", DEGRADED)
+    assert "\x1b[" not in out
+
+
+def test_doctor_text_summary_counts_as_json_does(state_dir) -> None:
+    doc = json.loads(run_gpud("doctor", "--json", "--simulate", DEGRADED).stdout)
+    text = run_gpud("doctor", "--simulate", DEGRADED).stdout.strip().splitlines()[-1]
+    n = doc["counts"]
+    assert text.startswith(f"{n['pass']} passed, {n['warn']} warnings, {n['fail']} failed, {n['skip']} skipped"), text
+
+
+def test_ps_keeps_a_process_on_one_line_at_80_columns(state_dir) -> None:
+    code, out = run_in_pty("ps", "--simulate", DEGRADED)
+    assert code == 0 and not too_wide(out, 80)
+    lines = plain(out).splitlines()
+    assert lines[1].split() == ["GPU", "PID", "User", "Type", "Memory", "SM", "Container", "/", "job", "Command"]
+    for pid, user in (("48213", "alice"), ("60112", "carol"), ("51877", "bob")):
+        row = [ln for ln in lines if pid in ln]
+        assert len(row) == 1 and user in row[0] and "python" in row[0], out
+    code, out = run_in_pty("ps", "--simulate", DEGRADED, "--wide")
+    assert "python train_resnet.py --gpu 1" in plain(out)
