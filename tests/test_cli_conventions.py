@@ -81,3 +81,23 @@ def test_ps_keeps_a_process_on_one_line_at_80_columns(state_dir) -> None:
         assert len(row) == 1 and user in row[0] and "python" in row[0], out
     code, out = run_in_pty("ps", "--simulate", DEGRADED, "--wide")
     assert "python train_resnet.py --gpu 1" in plain(out)
+
+
+def test_applying_the_same_profile_twice_is_a_no_op(state_dir) -> None:
+    # Before: right after `gpud apply quiet` a dry run still planned 4 changes: application clocks
+    # "reset" against the default clocks they read back as.
+    sim = ("--simulate", "z8-fury-4x-a6000")
+    first = json.loads(run_gpud("apply", "quiet", "--json", *sim).stdout)
+    assert first["ok"] and any(c["action"] == "change" for c in first["plan"])
+    again = json.loads(run_gpud("apply", "quiet", "--dry-run", "--json", *sim).stdout)
+    assert [c for c in again["plan"] if c["action"] == "change"] == []
+    clocks = [c for c in again["plan"] if c["setting"] == "applications_clocks"]
+    assert clocks and all(c["action"] == "ok" and c["desired"] == "reset" for c in clocks)
+
+
+def test_the_plan_groups_identical_rows_as_doctor_does(state_dir) -> None:
+    out = run_gpud("apply", "quiet", "--dry-run", "--simulate", DEGRADED, env={"COLUMNS": "80"}).stdout
+    rows = [ln.split()[:2] for ln in out.splitlines() if ln.startswith("GPU")]
+    assert ["GPU0-3", "fan"] in rows and ["GPU1-3", "persistence_mode"] in rows and ["GPU0", "power_limit_watts"] in rows
+    assert out.count("needs the gpud daemon") == 1  # once, not once per GPU
+    assert len(rows) <= 10, out

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from gpud.cli.common import Json, Simulate, emit_document, local_host, machine, machine_host
-from gpud.cli.output import echo_wrapped, plural, table, table_lines, wrap
+from gpud.cli.output import clean, echo_wrapped, plural, table, table_lines, wrap
 
 Config = Annotated[str | None, typer.Option("--config", metavar="PATH",
                                             help="gpud.toml (its [daemon] socket is where the daemon listens)")]
@@ -103,12 +103,21 @@ def _public(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _plan_rows(plan: list[dict[str, Any]]) -> list[list[str]]:
-    rows = []
+    """One row per setting and outcome, the GPUs it holds for grouped as doctor groups them (GPU0-3)."""
+    from gpud.text import ranges
+
+    groups: dict[tuple[str, ...], list[int]] = {}
+    hosts: list[tuple[str, ...]] = []
     for c in plan:
         action = ACTIONS[c["action"]]
-        rows.append(["host" if c["gpu"] is None else f"GPU{c['gpu']}", c["setting"], _show(c["current"]),
-                     _show(c["desired"]), action + (f": {c['note']}" if c["note"] else "")])
-    return rows
+        key = (c["setting"], _show(c["current"]), _show(c["desired"]), action + (f": {c['note']}" if c["note"] else ""))
+        key = tuple(clean(k) for k in key)
+        if c["gpu"] is None:
+            hosts.append(key)
+        else:
+            groups.setdefault(key, []).append(int(c["gpu"]))
+    rows = [[f"GPU{ranges(sorted(gpus))}", *key] for key, gpus in groups.items()]
+    return rows + [["host", *key] for key in hosts]
 
 
 class Target:
