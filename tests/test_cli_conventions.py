@@ -98,6 +98,21 @@ def test_applying_the_same_profile_twice_is_a_no_op(state_dir) -> None:
 def test_the_plan_groups_identical_rows_as_doctor_does(state_dir) -> None:
     out = run_gpud("apply", "quiet", "--dry-run", "--simulate", DEGRADED, env={"COLUMNS": "80"}).stdout
     rows = [ln.split()[:2] for ln in out.splitlines() if ln.startswith("GPU")]
-    assert ["GPU0-3", "fan"] in rows and ["GPU1-3", "persistence_mode"] in rows and ["GPU0", "power_limit_watts"] in rows
+    assert ["GPU0-3", "fan"] in rows and ["GPU1-3", "persistence_mode"] in rows
+    assert ["GPU0", "power_limit_watts"] in rows
     assert out.count("needs the gpud daemon") == 1  # once, not once per GPU
     assert len(rows) <= 10, out
+
+
+def test_docs_say_where_gpud_has_run_and_install_once() -> None:
+    from conftest import REPO
+
+    readme = (REPO / "README.md").read_text()
+    top = readme[:readme.index("\n- `gpud status`")]  # before the first command is described
+    assert "Not yet run on NVIDIA hardware" in top and "docs/hardware-runs.md" in top
+    runs = (REPO / "docs" / "hardware-runs.md").read_text()
+    assert not re.search(r"^\| [0-9-]+[^|]*\| (?!—)", runs, re.M), "a hardware run is recorded: update README's top"
+    assert "pip install ." not in readme and "docs/deployment.md" in readme  # one recipe, in deployment.md
+    deploy = (REPO / "docs" / "deployment.md").read_text()
+    assert deploy.count("python3 -m venv /opt/gpud") == 1
+    assert "rule_files:" in deploy and "gpud-rules.yml" in deploy and "promtool check rules" in deploy
