@@ -116,3 +116,26 @@ def test_docs_say_where_gpud_has_run_and_install_once() -> None:
     deploy = (REPO / "docs" / "deployment.md").read_text()
     assert deploy.count("python3 -m venv /opt/gpud") == 1
     assert "rule_files:" in deploy and "gpud-rules.yml" in deploy and "promtool check rules" in deploy
+
+
+def test_status_and_doctor_judge_power_limit_and_fans_alike(state_dir) -> None:
+    def marked(args: tuple[str, ...], gpu: int) -> dict[str, str]:
+        out = run_gpud("status", *args, env={"COLUMNS": "250"}).stdout
+        return dict(re.findall(rf"^  GPU{gpu}  ([^:]+): (.*)$", out, re.M))
+
+    def verdict(args: tuple[str, ...], check: str, gpu: int) -> str:
+        doc = json.loads(run_gpud("doctor", "--json", "--check", check, *args).stdout)
+        return next(c["status"] for c in doc["checks"] if c["gpu"] == gpu)
+
+    degraded = ("--simulate", DEGRADED)
+    # GPU3's fan has stalled: NVML says 100 %, the GPU is at 94 °C. Before: doctor failed it, status
+    # showed an unmarked 100 %.
+    assert verdict(degraded, "health.fans", 3) == "fail" and "Fan" in marked(degraded, 3)
+    assert verdict(degraded, "health.fans", 0) == "pass" and "Fan" not in marked(degraded, 0)
+    # A limit below the default that the active profile asked for: doctor passes it, and now status
+    # does not mark it either; one nobody asked for is marked by both.
+    assert verdict(degraded, "config.power_limit", 0) == "warn" and "Power / limit" in marked(degraded, 0)
+    healthy = ("--simulate", "z8-fury-4x-a6000")
+    assert run_gpud("apply", "quiet", *healthy).returncode == 0
+    assert verdict(healthy, "config.power_limit", 0) == "pass"
+    assert "Power / limit" not in marked(healthy, 0)

@@ -33,7 +33,7 @@ def _unwrapped(text: str) -> str:
 
 @pytest.mark.parametrize("desc", NAMES)
 def test_status_fits_and_cuts_nothing(desc: str, state_dir) -> None:
-    code, out = run_in_pty("status", "--simulate", desc)
+    code, out = run_in_pty("status", "--simulate", desc, "--wide")  # every column, in column groups
     _fits(out)
     doc = _json("status", "--simulate", desc)
     lost = any(g["sample"]["lost"] for g in doc["gpus"])
@@ -52,6 +52,30 @@ def test_status_fits_and_cuts_nothing(desc: str, state_dir) -> None:
         if s["power_limit_watts"] is not None:
             assert f"{s['power_watts']:.0f} / {s['power_limit_watts']:.0f} W" in text
     assert "Legend:" in text and "! outside its limit" in text and "* fan under manual control" in text
+
+
+@pytest.mark.parametrize("desc", NAMES)
+def test_status_is_one_line_per_gpu_where_the_table_would_split(desc: str, state_dir) -> None:
+    code, out = run_in_pty("status", "--simulate", desc)
+    _fits(out)
+    doc = _json("status", "--simulate", desc)
+    lines = plain(out).splitlines()
+    h = next(i for i, line in enumerate(lines) if line.startswith("GPU "))  # after the (wrapped) title
+    assert lines[h].split() == ["GPU", "Temp", "Fan", "Power", "Util", "Memory", "Processes"], lines[:3]
+    rows = lines[h + 1:h + 1 + len(doc["gpus"])]
+    for g, row in zip(doc["gpus"], rows, strict=True):
+        s = g["sample"]
+        assert re.match(rf"{s['index']}!?\s", row), row
+        if not s["lost"]:
+            assert f"{s['temperature_celsius']} °C" in row
+            if s["power_limit_watts"] is not None and s["power_watts"] is not None:
+                assert f"{s['power_watts']:.0f}/{s['power_limit_watts']:.0f} W" in row
+    assert lines[h + 1 + len(doc["gpus"])] == ""  # one line each: an HGX in 10 lines, not 20
+    assert "Compact view" in plain(out) and g["info"]["name"].replace("NVIDIA ", "") in " ".join(lines[:h])
+    _, wide = run_in_pty("status", "--simulate", desc, columns=250)
+    assert re.search(r"^GPU .*Clock events$", plain(wide), re.M)  # where the whole table fits, it is the table
+    _, asked = run_in_pty("status", "--simulate", desc, "--compact", columns=250)
+    assert "Processes" in plain(asked) and "Clock events  " not in plain(asked) and "Compact view" in plain(asked)
 
 
 @pytest.mark.parametrize("desc", NAMES)

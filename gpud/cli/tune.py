@@ -110,8 +110,8 @@ def _plan_rows(plan: list[dict[str, Any]]) -> list[list[str]]:
     hosts: list[tuple[str, ...]] = []
     for c in plan:
         action = ACTIONS[c["action"]]
-        key = (c["setting"], _show(c["current"]), _show(c["desired"]), action + (f": {c['note']}" if c["note"] else ""))
-        key = tuple(clean(k) for k in key)
+        key = tuple(clean(str(k)) for k in (c["setting"], _show(c["current"]), _show(c["desired"]),
+                                            action + (f": {c['note']}" if c["note"] else "")))
         if c["gpu"] is None:
             hosts.append(key)
         else:
