@@ -139,3 +139,36 @@ def test_status_and_doctor_judge_power_limit_and_fans_alike(state_dir) -> None:
     assert run_gpud("apply", "quiet", *healthy).returncode == 0
     assert verdict(healthy, "config.power_limit", 0) == "pass"
     assert "Power / limit" not in marked(healthy, 0)
+
+
+def test_without_root_apply_and_restore_say_so_once_before_anything_else(state_dir) -> None:
+    sim = ("--simulate", "z8-fury-4x-a6000")
+    assert run_gpud("apply", "quiet", *sim).returncode == 0  # as root
+    user = {"GPUD_SIM_EUID": "1000"}  # NVML's setters then answer NO_PERMISSION, as for a user
+    for args in (("restore", *sim), ("apply", "balanced", *sim)):
+        r = run_gpud(*args, env=user)
+        assert r.returncode == 1 and r.stdout == "", (args, r.stdout)
+        assert r.stderr.count("\n") == 1 and "Insufficient Permissions" not in r.stderr, r.stderr
+        assert f"gpud {args[0]} needs root" in r.stderr and "sudo" in r.stderr and "group 'gpud'" in r.stderr
+    assert run_gpud("restore", *sim).returncode == 0  # nothing was changed: root can still restore
+
+
+def test_nothing_breaks_inside_a_word_at_80_columns(state_dir) -> None:
+    from gpud import journal
+    from pty_helpers import run_in_pty
+
+    # doctor -q, an error message, select --help's example, the dossier: at 80 columns each wraps
+    # between words (a command continued with " \\"), never where the terminal would cut it.
+    code, out = run_in_pty("doctor", "-q", "--simulate", DEGRADED)
+    assert code == 1 and not too_wide(out, 80) and "gpud doctor: fail:" in out
+    code, out = run_in_pty("status", "-i", "0000:99:00.0,nine", "--simulate", DEGRADED)
+    assert code == 2 and not too_wide(out, 80) and out.startswith("gpud: error: --id:"), out
+    code, out = run_in_pty("select", "--help")
+    assert not too_wide(out, 80) and "$(gpud select -n 2 \\\n" in plain(out)
+    j = journal.Journal(journal.journal_path())
+    j.gpu_seen("GPU-" + "a1b2c3d4-" * 4 + "e5f6", "1324021012345", "NVIDIA RTX A6000 " * 2, "94.02.5C.00.01",
+               "0000:17:00.0", 0)
+    j.record("xid", "Xid 79", gpu=0, uuid="GPU-" + "a1b2c3d4-" * 4 + "e5f6", data={"xid": 79, "line": "NVRM: " * 30})
+    j.close()
+    code, out = run_in_pty("events", "--dossier", "0")
+    assert code == 0 and not too_wide(out, 80) and "1324021012345" in out, out

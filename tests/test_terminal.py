@@ -191,3 +191,18 @@ def test_watch_shows_the_time_of_each_refresh(state_dir) -> None:
         p.wait()
     times = [re.search(r"— (\d\d:\d\d:\d\d)$", h.strip()) for h in heads]
     assert all(times) and times[0].group(1) != times[1].group(1)  # type: ignore[union-attr]
+
+
+def test_no_progress_bar_is_left_behind_the_missing_torch_error(tmp_path, state_dir) -> None:
+    # Before: the bar started before the probe looked for torch, and the error left it on screen
+    # without a newline.
+    (tmp_path / "sitecustomize.py").write_text(
+        "import importlib.util as u\n_find = u.find_spec\n"
+        "u.find_spec = lambda name, *a, **k: None if name == 'torch' else _find(name, *a, **k)\n")
+    code, out = run_in_pty("probe", "--quick", "--device", "cpu", "--simulate", NAMES[0],
+                           env={"PYTHONPATH": str(tmp_path)})
+    assert code == 1, out
+    text = plain(out)
+    assert text.endswith("\n")
+    assert "\r" not in out and "━" not in text and text.startswith("gpud: error: PyTorch is not installed"), repr(out)
+    assert not too_wide(out, COLUMNS)

@@ -102,8 +102,10 @@ def main(argv: list[str] | None = None) -> None:
     except GpudError as err:
         if _debug["on"]:
             traceback.print_exc()
+        from gpud.cli.output import echo_err
+
         remedy = f" — remedy: {err.remedy}" if err.remedy else ""
-        print(f"gpud: error: {err}{remedy}", file=sys.stderr)
+        echo_err(f"gpud: error: {err}{remedy}")  # wrapped between words at a terminal, one line in a pipe
         sys.exit(2 if isinstance(err, InvalidInput) else 1)
     except KeyboardInterrupt:
         sys.exit(130)

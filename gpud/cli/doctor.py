@@ -11,7 +11,7 @@ import typer
 
 from gpud import __version__
 from gpud.cli.common import GpuIds, Json, Simulate, gpu_ids, machine
-from gpud.cli.output import UNLIMITED, clean, colour, cut, emit_json, plural, width, wrap
+from gpud.cli.output import clean, colour, cut, echo_err, emit_json, plural, stderr_width, width, wrap
 from gpud.model import CheckResult, document
 from gpud.text import ranges
 
@@ -141,7 +141,7 @@ def doctor(
         for r in report.checks:
             if r.status == "fail" or (strict and r.status == "warn"):
                 gpu = f" GPU{r.gpu}" if r.gpu is not None else ""
-                print(f"gpud doctor: {r.status}: {r.id}{gpu}: {fit(r.summary, UNLIMITED)}", file=sys.stderr)
+                echo_err(f"gpud doctor: {r.status}: {r.id}{gpu}: {fit(r.summary, stderr_width())}")
     else:
         render(report, verbose)
     raise typer.Exit(code)

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from gpud.cli.common import GpuIds, Json, emit_document, gpu_ids, local_host
-from gpud.cli.output import clean, table
+from gpud.cli.output import clean, cut, echo_wrapped, table
 from gpud.errors import InvalidInput
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -27,6 +27,12 @@ def parse_duration(text: str) -> float:
 
 def _when(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def _dossier_line(text: str, first: str = "  ") -> None:
+    """A line of the dossier: data cleaned and cut at 1000 characters, wrapped between words (a serial
+    number or a UUID is never split across lines)."""
+    echo_wrapped(cut(clean(text), 1000), indent=first + "    ", first=first)
 
 
 def dossier(which: str) -> dict[str, Any]:
@@ -74,18 +80,19 @@ def events(
             emit_document("dossier", local_host(), **d)
             return
         g = d["gpu"]
-        print(clean(f"GPU {g['gpu']} {g['name']}  UUID {g['uuid']}  serial {g['serial']}  VBIOS {g['vbios']}  "
-                    f"bus {g['pci_bus_id']}"))
-        print(f"seen {_when(g['first_seen'])} .. {_when(g['last_seen'])}; events in {d['boots_with_events']} boot(s)")
+        _dossier_line(f"GPU {g['gpu']} {g['name']}, UUID {g['uuid']}, serial {g['serial']}, VBIOS {g['vbios']}, "
+                      f"bus {g['pci_bus_id']}", "")
+        _dossier_line(f"seen {_when(g['first_seen'])} .. {_when(g['last_seen'])}; events in "
+                      f"{d['boots_with_events']} boot(s)", "")
         for x in d["xids"]:
-            print(clean(f"  {_when(x['when'])}  Xid {x.get('xid')}  boot {str(x['boot_id'])[:8]}  {x.get('line', '')}"))
+            _dossier_line(f"{_when(x['when'])}  Xid {x.get('xid')}  boot {str(x['boot_id'])[:8]}  {x.get('line', '')}")
         for e in d["ecc"]:
             counts = ", ".join(f"{k}={v}" for k, v in e.items() if k != "when")
-            print(clean(f"  {_when(e['when'])}  ECC/rows  {counts}"))
+            _dossier_line(f"{_when(e['when'])}  ECC/rows  {counts}")
         for e in d["lost"]:
-            print(clean(f"  {_when(e['when'])}  {e['summary']}"))
+            _dossier_line(f"{_when(e['when'])}  {e['summary']}")
         for e in d["probe"]:
-            print(clean(f"  {_when(e['when'])}  probe: {e['summary']}"))
+            _dossier_line(f"{_when(e['when'])}  probe: {e['summary']}")
         print(f"verdict: {d['verdict']}")
         return
     kinds = tuple(kind or ())

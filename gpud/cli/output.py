@@ -97,6 +97,20 @@ def width() -> int:
     return max(40, shutil.get_terminal_size((80, 24)).columns)
 
 
+def stderr_width() -> int:
+    """As width(), for what goes to stderr (errors, doctor -q)."""
+    if os.environ.get("COLUMNS", "").isdigit():
+        return max(40, int(os.environ["COLUMNS"]))
+    if not sys.stderr.isatty():
+        return UNLIMITED
+    return max(40, shutil.get_terminal_size((80, 24)).columns)
+
+
+def echo_err(text: str, indent: str = "    ") -> None:
+    """A message on stderr, wrapped between words to the terminal (one line through a pipe)."""
+    sys.stderr.write("\n".join(wrap(text, stderr_width(), indent=indent, first="")) + "\n")
+
+
 def emit_json(obj: Any, *, compact: bool = False) -> None:
     data = to_jsonable(obj)
     sys.stdout.write((json.dumps(data, separators=(",", ":")) if compact else json.dumps(data, indent=2)) + "\n")

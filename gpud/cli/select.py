@@ -31,7 +31,9 @@ def select(
 
     Indices are NVML's (PCI bus order): use them with CUDA_DEVICE_ORDER=PCI_BUS_ID, or use --uuid.
 
-        export CUDA_VISIBLE_DEVICES=$(gpud select -n 2 --min-free-memory 40g --uuid)
+    \b
+        export CUDA_VISIBLE_DEVICES=$(gpud select -n 2 \\
+            --min-free-memory 40g --uuid)
     """
     min_free = 0
     if min_free_memory is not None:

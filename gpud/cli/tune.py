@@ -130,6 +130,7 @@ class Target:
         self.simulate = simulate
         conf = cfg.load(config)  # invalid → exit 2 before anything is read or written
         self.socket = control_socket(conf.daemon.socket)
+        self.group = conf.daemon.socket_group
         self._machine: Any = None
 
     @property
@@ -167,6 +168,25 @@ class Target:
         if reply is not None:
             reply.setdefault("target", theirs or self.name)
         return reply
+
+
+# NVML's words for NVML_ERROR_NO_PERMISSION (nvmlErrorString), and EACCES's for a host file.
+DENIED = ("Insufficient Permissions", "Permission denied")
+
+
+def _denied(text: Any) -> bool:
+    return any(d in str(text or "") for d in DENIED)
+
+
+def need_root(command: str, t: Target) -> Any:
+    """The one line for a write refused for lack of privileges, with the two ways to have them."""
+    from gpud.errors import GpudError
+
+    err = GpudError(f"{command} needs root: the first write was refused, nothing was changed")
+    err.remedy = (f"run it with sudo, or start the gpud daemon (`sudo systemctl start gpud`) and let it act: "
+                  f"members of the group {t.group!r} may use its socket {t.socket} "
+                  f"(`sudo usermod -aG {t.group} $USER`, then log in again)")
+    return err
 
 
 def tuning_lock(role: str) -> Any:
@@ -224,6 +244,9 @@ def apply(
             raise typer.Exit(_fail(result, json))
     else:
         result = _local_apply(profile, dry_run, t)
+        if (not json and not result["ok"] and not result.get("written") and not result.get("rolled_back")
+                and _denied(result.get("error"))):
+            raise need_root("gpud apply", t)  # one line, not the plan and then a refusal
     skipped = result.get("skipped", [])
     plan = result["plan"] + skipped
     todo = sum(1 for c in plan if c["action"] == "set")
@@ -307,6 +330,8 @@ def restore(
 
         with tuning_lock("gpud restore"):
             done, failed = engine.restore(t.machine, fans_only=fans_only)
+        if not json and failed and not done and all(_denied(f) for f in failed):
+            raise need_root("gpud restore", t)  # one line, not one refusal per GPU and setting
     where = reply.get("target", "") if reply is not None else t.name
     if json:
         emit_document("restore", machine_host(t.machine), restored=done, failed=failed, target=where)
