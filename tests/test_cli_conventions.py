@@ -154,8 +154,9 @@ def test_without_root_apply_and_restore_say_so_once_before_anything_else(state_d
 
 
 def test_nothing_breaks_inside_a_word_at_80_columns(state_dir) -> None:
-    from gpud import journal
     from pty_helpers import run_in_pty
+
+    from gpud import journal
 
     # doctor -q, an error message, select --help's example, the dossier: at 80 columns each wraps
     # between words (a command continued with " \\"), never where the terminal would cut it.

@@ -44,7 +44,7 @@ def host(m: Machine, snap: Snapshot | None) -> dict[str, Any]:
 
 GpuIds = Annotated[
     str | None,
-    typer.Option("--id", "-i", metavar="ID[,ID…]",
+    typer.Option("--id", "-i", metavar="GPU[,GPU]",
                  help="Only these GPUs (as nvidia-smi -i): index, UUID or PCI bus id; a comma list."),
 ]
 
