@@ -173,3 +173,28 @@ def test_nothing_breaks_inside_a_word_at_80_columns(state_dir) -> None:
     j.close()
     code, out = run_in_pty("events", "--dossier", "0")
     assert code == 0 and not too_wide(out, 80) and "1324021012345" in out, out
+
+
+def _complete(tmp_path, *words: str) -> list[str]:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "_GPUD_COMPLETE": "complete_bash", "COMP_WORDS": " ".join(["gpud", *words]),
+           "COMP_CWORD": str(len(words))}
+    r = subprocess.run([sys.executable, "-m", "gpud"], env=env, capture_output=True, text=True, cwd=tmp_path,
+                       timeout=60)
+    return r.stdout.split()
+
+
+def test_completion_of_values(tmp_path) -> None:
+    (tmp_path / "lab-quiet.toml").write_text('description = "x"\nextends = "quiet"\n')
+    assert _complete(tmp_path, "apply", "q") == ["quiet"]
+    assert "lab-quiet.toml" in _complete(tmp_path, "apply", "lab")  # a profile file in the directory
+    assert _complete(tmp_path, "profile", "show", "tr") == ["training"]
+    assert _complete(tmp_path, "status", "--simulate", "z8-fury-4x-a6000-") == ["z8-fury-4x-a6000-degraded"]
+    assert "hgx-8x-h200" in _complete(tmp_path, "doctor", "--simulate", "")
+    assert _complete(tmp_path, "events", "--kind", "gpu_") == ["gpu_lost", "gpu_back"]
+    checks = _complete(tmp_path, "doctor", "--check", "pcie.")
+    assert "pcie.*" in checks and "pcie.link_width" in checks and len(checks) == len(set(checks))
+    assert "health.fans" in _complete(tmp_path, "doctor", "--skip", "health.f")

@@ -20,8 +20,15 @@ Simulate = Annotated[
         metavar="NAME|PATH",
         help="Run on a simulated workstation (see `gpud sim list`) instead of the real GPUs.",
         show_envvar=True,
+        autocompletion=lambda incomplete: _complete("machines", incomplete),
     ),
 ]
+def _complete(what: str, incomplete: str) -> list[str]:
+    from gpud.cli import complete
+
+    return list(getattr(complete, what)(incomplete))
+
+
 Json = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
 

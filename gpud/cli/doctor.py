@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, List
 import typer
 
 from gpud import __version__
+from gpud.cli import complete
 from gpud.cli.common import GpuIds, Json, Simulate, gpu_ids, machine
 from gpud.cli.output import clean, colour, cut, echo_err, emit_json, plural, stderr_width, width, wrap
 from gpud.model import CheckResult, document
@@ -96,9 +97,9 @@ def doctor(
     strict: Annotated[bool, typer.Option("--strict", help="Warnings fail too (exit 1).")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only failures (to stderr); "
                                                               "for job scripts: `gpud doctor -q || exit 1`.")] = False,
-    only: Annotated[List[str] | None, typer.Option("--check", metavar="GLOB",
+    only: Annotated[List[str] | None, typer.Option("--check", metavar="GLOB", autocompletion=complete.check_ids,
                                                       help="Run only checks matching (repeatable).")] = None,
-    skip: Annotated[List[str] | None, typer.Option("--skip", metavar="GLOB",
+    skip: Annotated[List[str] | None, typer.Option("--skip", metavar="GLOB", autocompletion=complete.check_ids,
                                                       help="Leave out checks matching (repeatable).")] = None,
     expect_gpus: Annotated[int | None, typer.Option("--expect-gpus", min=0, help="GPUs this machine must "
                                                                                     "have.")] = None,

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
+from gpud.cli import complete
 from gpud.cli.common import GpuIds, Json, emit_document, gpu_ids, local_host
 from gpud.cli.output import clean, cut, echo_wrapped, table
 from gpud.errors import InvalidInput
@@ -62,7 +63,8 @@ def dossier(which: str) -> dict[str, Any]:
 def events(
     since: Annotated[str | None, typer.Option("--since", metavar="DURATION", help="Only the last 10m, 2h, 7d…")] = None,
     gpu: Annotated[int | None, typer.Option("--gpu", metavar="N", help="Only this GPU (index).")] = None,
-    kind: Annotated[list[str] | None, typer.Option("--kind", metavar="K", help="Only this kind (repeatable): "
+    kind: Annotated[list[str] | None, typer.Option("--kind", metavar="K", autocompletion=complete.event_kinds,
+                                                   help="Only this kind (repeatable): "
                                                    "xid, gpu_lost, gpu_back, fan_failsafe, throttle, check, "
                                                    "profile_*, probe, ecc, reboot, journal_reset.")] = None,
     ids: GpuIds = None,

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from gpud.cli import complete
 from gpud.cli.common import Json, Simulate, emit_document, local_host, machine, machine_host
 from gpud.cli.output import clean, echo_wrapped, plural, table, table_lines, wrap
 
@@ -46,7 +47,8 @@ def profile_list(json: Json = False) -> None:
 
 
 @profile_app.command("show")
-def profile_show(name: Annotated[str, typer.Argument(help="Profile name or path.")], json: Json = False,
+def profile_show(name: Annotated[str, typer.Argument(help="Profile name or path.", autocompletion=complete.profiles)],
+                 json: Json = False,
                  simulate: Simulate = None) -> None:
     """A profile after inheritance; with --simulate (or on a GPU machine) resolved per GPU."""
     from gpud.errors import GpudError
@@ -224,7 +226,8 @@ def _local_apply(profile: str, dry_run: bool, t: Target) -> dict[str, Any]:
 
 
 def apply(
-    profile: Annotated[str, typer.Argument(help="Profile name (see `gpud profile list`) or path to a TOML file.")],
+    profile: Annotated[str, typer.Argument(help="Profile name (see `gpud profile list`) or path to a TOML file.",
+                                           autocompletion=complete.profiles)],
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the plan; write nothing.")] = False,
     json: Json = False,
     simulate: Simulate = None,
