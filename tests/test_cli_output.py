@@ -90,3 +90,20 @@ def test_no_control_character_from_data_reaches_the_terminal(tmp_path: Path, sta
     assert "clears" in outs[0].stdout and "eve" in outs[1].stdout and "Xid 13" in outs[3].stdout
     # --json keeps the data as it is (JSON escapes it)
     assert json.loads(run_gpud("ps", "--json", env=env).stdout)["processes"][0]["command"] == evil
+
+
+def test_events_with_a_long_journal_summary_at_80_columns(state_dir: Path) -> None:
+    from gpud import journal
+
+    j = journal.Journal(journal.journal_path())
+    j.record("check", "health.fans changed: " + "fan 0 stalled " * 8000 + "x" * LONG, gpu=0, uuid="GPU-0")
+    j.record("xid", "Xid 79", gpu=1, uuid="GPU-1")
+    j.close()
+    t = time.perf_counter()
+    r = run_gpud("events", env={"COLUMNS": "80"})
+    assert time.perf_counter() - t < 10 and r.returncode == 0, r.stderr  # before: over a minute
+    lines = r.stdout.splitlines()
+    assert max(len(ln) for ln in lines) <= 80 and len(lines) <= 1 + 1 + 6 + 1, len(lines)
+    assert any(ln.endswith("…") for ln in lines) and "Xid 79" in r.stdout
+    whole = json.loads(run_gpud("events", "--json").stdout)["events"][0]["summary"]
+    assert len(whole) > LONG

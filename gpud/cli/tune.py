@@ -42,7 +42,8 @@ def profile_list(json: Json = False) -> None:
         from gpud.tuning.profile import SHIPPED
 
         table(["Profile", "Description", "File"],
-              [[r["name"], r["description"], "shipped" if Path(r["path"]).parent == SHIPPED else r["path"]]
+              [[clean(r["name"]), clean(r["description"]),
+                "shipped" if Path(r["path"]).parent == SHIPPED else clean(r["path"])]
                for r in rows])
 
 
@@ -70,7 +71,8 @@ def profile_show(name: Annotated[str, typer.Argument(help="Profile name or path.
     if json:
         emit_document("profile", machine_host(m) if resolved is not None else local_host(), **data)
         return
-    out = [f"{p.name}: {p.description}", f"  file: {p.source}", f"  inherits: {' → '.join(p.chain)}"]
+    out = [clean(line) for line in (f"{p.name}: {p.description}", f"  file: {p.source}",
+                                    f"  inherits: {' → '.join(p.chain)}")]
     out = [x for line in out for x in wrap(line, indent="    ")]
     if resolved is None:
         out += wrap(resolved_note, indent="    ", first="  ")
