@@ -24,9 +24,11 @@ class _Bar:
 
     def __call__(self, msg: str, k: int, n: int) -> None:
         if self.bar is None:
+            from rich.console import Console
             from rich.progress import Progress
 
-            self.bar = Progress(transient=True)
+            # gpud's own cursor and line controls: straight to the terminal, past SafeStream
+            self.bar = Progress(transient=True, console=Console(file=getattr(sys.stdout, "raw_stream", sys.stdout)))
             self.bar.start()
             self.task = self.bar.add_task("probe", total=n)
         self.bar.update(self.task, total=n, completed=k, description=msg)
