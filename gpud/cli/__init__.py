@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     from gpud.cli.output import guard_streams, set_colour
 
     guard_streams()
+    set_colour(None)  # each run decides anew (tests run several in one process)
     args = list(sys.argv[1:] if argv is None else argv)
     end = args.index("--") if "--" in args else len(args)
     for i in reversed(range(end)):  # `gpud status --no-color` as gpustat takes it, not only `gpud --no-color status`
