@@ -173,6 +173,8 @@ SCHEMAS: dict[str, Schema] = {
     "sim_list": _document("sim_list", {"machines": {"type": "array", "items": _obj({
         "name": {"type": "string"}, "gpus": {"type": "integer"}, "summary": {"type": "string"}})}}),
     "events": _document("events", {"events": {"type": "array", "items": EVENT}}),
+    "daemon_reply": _some("daemon_reply", {"request": {"type": "string"}, "ok": {"type": "boolean"}},
+                          {"message": STR, "error": STR, "remedy": STR}),
     "dossier": _document("dossier", {
         "gpu": {"type": "object"}, "boots_with_events": {"type": "integer"}, "xids": {"type": "array"},
         "ecc": {"type": "array"}, "lost": {"type": "array"}, "probe": {"type": "array"},
