@@ -198,3 +198,12 @@ def test_completion_of_values(tmp_path) -> None:
     checks = _complete(tmp_path, "doctor", "--check", "pcie.")
     assert "pcie.*" in checks and "pcie.link_width" in checks and len(checks) == len(set(checks))
     assert "health.fans" in _complete(tmp_path, "doctor", "--skip", "health.f")
+
+
+def test_id_names_a_lost_gpu_too(state_dir) -> None:
+    # A GPU lost before gpud started has no UUID or bus id NVML will give: its index still names it.
+    env = {"GPUD_SIMULATE": "z8-fury-4x-a6000"}
+    assert run_gpud("sim", "inject", "gpu_lost", "gpu=2", env=env).returncode == 0
+    r = run_gpud("status", "-i", "2", "--json", env=env)
+    assert r.returncode == 1 and [g["sample"]["index"] for g in json.loads(r.stdout)["gpus"]] == [2], r.stderr
+    assert "LOST" in run_gpud("status", "-i", "2", env=env).stdout

@@ -86,7 +86,7 @@ def gpu_ids(spec: str | None, gpus: Any) -> set[int] | None:
                  or (low.startswith("gpu-") and len(low) >= 8 and str(g.uuid).lower().startswith(low))
                  or (bus is not None and bus == _bus(str(g.pci_bus_id or "")))]
         if not found:
-            have = ", ".join(f"{g.index} ({g.pci_bus_id})" for g in known) or "none"
+            have = ", ".join(f"{g.index} ({g.pci_bus_id or 'not readable'})" for g in known) or "none"
             raise InvalidInput("--id", word, f"no such GPU: give an index, UUID or PCI bus id ({have})")
         out.update(found)
     return out
@@ -126,6 +126,15 @@ def emit_document(kind: str, host_: dict[str, Any], **body: Any) -> None:
     from gpud.model import document
 
     emit_json(document(kind, __version__, host_, **body))
+
+
+def gpus_of(snap: Snapshot) -> list[Any]:
+    """Every GPU of a snapshot as ``-i/--id`` matches it, a lost one too (its index and UUID)."""
+    from types import SimpleNamespace
+
+    infos = {g.index: g for g in snap.gpus}
+    return [SimpleNamespace(index=s.index, uuid=s.uuid,
+                            pci_bus_id=infos[s.index].pci_bus_id if s.index in infos else None) for s in snap.samples]
 
 
 def narrow(snap: Snapshot, only: set[int] | None) -> Snapshot:

@@ -11,7 +11,7 @@ import typer
 
 from gpud import __version__
 from gpud.cli import complete
-from gpud.cli.common import GpuIds, Json, Simulate, gpu_ids, machine
+from gpud.cli.common import GpuIds, Json, Simulate, gpu_ids, gpus_of, machine
 from gpud.cli.output import clean, colour, cut, echo_err, emit_json, plural, stderr_width, width, wrap
 from gpud.model import CheckResult, document
 from gpud.text import ranges
@@ -131,7 +131,7 @@ def doctor(
                                   thresholds=conf.efficiency_thresholds())
     report = diagnose(m, conf, only=only, skip=skip, expect_gpus=expect_gpus, debug=debug_enabled(), probe=result)
     if ids is not None:  # per-GPU results of the GPUs named; machine-wide ones stay
-        picked = gpu_ids(ids, m.snapshot().gpus) or set()
+        picked = gpu_ids(ids, gpus_of(m.snapshot())) or set()
         report = dataclasses.replace(report, checks=tuple(r for r in report.checks if r.gpu is None or r.gpu in picked))
     code = report.exit_code(strict)
     if json:

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from gpud import __version__
-from gpud.cli.common import GpuIds, Json, Simulate, gpu_ids, host, machine
+from gpud.cli.common import GpuIds, Json, Simulate, gpu_ids, gpus_of, host, machine
 from gpud.cli.output import UNLIMITED, clean, cut, emit_json, fmt, table_lines, width
 from gpud.model import Snapshot, document
 
@@ -71,7 +71,7 @@ def ps(
     """Processes on the GPUs: pid, user, type, GPU memory, SM use, container or job, command."""
     m = machine(simulate)
     snap = m.snapshot()
-    only = gpu_ids(ids, snap.gpus)
+    only = gpu_ids(ids, gpus_of(snap))
     rows = rows_of(snap, only)
     unknown = [s.index for s in snap.samples if s.processes is None and (only is None or s.index in only)]
     if json:

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from gpud import __version__
-from gpud.cli.common import GpuIds, Json, Simulate, gpu_ids, host, machine, narrow
+from gpud.cli.common import GpuIds, Json, Simulate, gpu_ids, gpus_of, host, machine, narrow
 from gpud.cli.output import clear_screen, colour, emit_json, fmt, is_tty, plural, table, visible_len, width, wrap
 from gpud.hw.machine import Machine
 from gpud.model import CheckResult, GpuInfo, GpuSample, Snapshot, document, sample_json, to_jsonable
@@ -219,7 +219,7 @@ def status(
     m = machine(simulate)
     while True:
         snap = m.snapshot(pcie=True)
-        snap = narrow(snap, gpu_ids(ids, snap.gpus))
+        snap = narrow(snap, gpu_ids(ids, gpus_of(snap)))
         if json:
             emit_json(status_document(m, snap), compact=watch)
         else:

@@ -8,7 +8,7 @@ from typing import Any
 import typer
 
 from gpud import __version__
-from gpud.cli.common import GpuIds, Json, Simulate, gpu_ids, host, machine
+from gpud.cli.common import GpuIds, Json, Simulate, gpu_ids, gpus_of, host, machine
 from gpud.cli.output import echo_wrapped, emit_json, fmt, table
 from gpud.model import document
 from gpud.text import ranges
@@ -65,7 +65,7 @@ def topo(simulate: Simulate = None, json: Json = False, ids: GpuIds = None) -> N
     """GPU-to-GPU topology: NVLink/PCIe levels, CPU and NUMA affinity, link widths, P2P."""
     m = machine(simulate)
     snap = m.snapshot()
-    doc = _keep(topo_document(m, snap), gpu_ids(ids, snap.gpus))
+    doc = _keep(topo_document(m, snap), gpu_ids(ids, gpus_of(snap)))
     if json:
         emit_json(doc)
         return
