@@ -122,6 +122,7 @@ def doctor(
     _globs_match(only or [], skip or [], conf)
     m = machine(simulate)
     _pairs_exist(conf, len(m.host.nvidia_gpus()))
+    picked = None if ids is None else gpu_ids(ids, gpus_of(m.snapshot()))  # a wrong id: exit 2 before any check
     result = None
     if probe:
         from gpud.probe import runner
@@ -130,8 +131,7 @@ def doctor(
         result = runner.run_probe(device="cuda" if have else "cpu", gpus=have, quick=True, machine=m, host=m.label,
                                   thresholds=conf.efficiency_thresholds())
     report = diagnose(m, conf, only=only, skip=skip, expect_gpus=expect_gpus, debug=debug_enabled(), probe=result)
-    if ids is not None:  # per-GPU results of the GPUs named; machine-wide ones stay
-        picked = gpu_ids(ids, gpus_of(m.snapshot())) or set()
+    if picked is not None:  # per-GPU results of the GPUs named; machine-wide ones stay
         report = dataclasses.replace(report, checks=tuple(r for r in report.checks if r.gpu is None or r.gpu in picked))
     code = report.exit_code(strict)
     if json:
