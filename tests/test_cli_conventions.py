@@ -71,18 +71,6 @@ def test_doctor_text_summary_counts_as_json_does(state_dir) -> None:
     assert text.startswith(f"{n['pass']} passed, {n['warn']} warnings, {n['fail']} failed, {n['skip']} skipped"), text
 
 
-def test_ps_keeps_a_process_on_one_line_at_80_columns(state_dir) -> None:
-    code, out = run_in_pty("ps", "--simulate", DEGRADED)
-    assert code == 0 and not too_wide(out, 80)
-    lines = plain(out).splitlines()
-    assert lines[1].split() == ["GPU", "PID", "User", "Type", "Memory", "SM", "Container", "/", "job", "Command"]
-    for pid, user in (("48213", "alice"), ("60112", "carol"), ("51877", "bob")):
-        row = [ln for ln in lines if pid in ln]
-        assert len(row) == 1 and user in row[0] and "python" in row[0], out
-    code, out = run_in_pty("ps", "--simulate", DEGRADED, "--wide")
-    assert "python train_resnet.py --gpu 1" in plain(out)
-
-
 def test_applying_the_same_profile_twice_is_a_no_op(state_dir) -> None:
     # Before: right after `gpud apply quiet` a dry run still planned 4 changes: application clocks
     # "reset" against the default clocks they read back as.

@@ -206,3 +206,15 @@ def test_no_progress_bar_is_left_behind_the_missing_torch_error(tmp_path, state_
     assert text.endswith("\n")
     assert "\r" not in out and "━" not in text and text.startswith("gpud: error: PyTorch is not installed"), repr(out)
     assert not too_wide(out, COLUMNS)
+
+
+def test_ps_keeps_a_process_on_one_line_at_80_columns(state_dir) -> None:
+    code, out = run_in_pty("ps", "--simulate", "z8-fury-4x-a6000-degraded")
+    assert code == 0 and not too_wide(out, 80)
+    lines = plain(out).splitlines()
+    assert lines[1].split() == ["GPU", "PID", "User", "Type", "Memory", "SM", "Container", "/", "job", "Command"]
+    for pid, user in (("48213", "alice"), ("60112", "carol"), ("51877", "bob")):
+        row = [ln for ln in lines if pid in ln]
+        assert len(row) == 1 and user in row[0] and "python" in row[0], out
+    code, out = run_in_pty("ps", "--simulate", "z8-fury-4x-a6000-degraded", "--wide")
+    assert "python train_resnet.py --gpu 1" in plain(out)
