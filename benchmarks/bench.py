@@ -247,6 +247,23 @@ def probe_overhead(env: dict[str, str], mode: str = "", quick: bool = False) -> 
     return json.loads(out.decode().strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
+def render_long_fields(n: int = 100_000) -> float:
+    """Seconds to lay out a ``n``-character command line (gpud ps, doctor's summary) and journal
+    summary (gpud events) at 80 columns; quadratic wrapping once took minutes for this."""
+    from gpud.cli import doctor, ps
+    from gpud.cli.output import table_lines, wrap
+
+    cmd = "python train.py --data " + "x" * n + " " + "--lr 0.1 " * (n // 9)
+    proc = {"gpu": 0, "pid": 4242, "user": "eve", "kind": "compute", "used_memory_bytes": 2**30,
+            "sm_utilization_percent": 50, "container": None, "command": cmd}
+    t = time.perf_counter()
+    ps.lines([proc], "bench", 80)
+    wrap(doctor.fit(f"gpu.processes: 1 process on GPU 0: GPU0: pid 4242 eve 1.0 GiB {cmd}", 80), 80, indent=" " * 9)
+    table_lines(["Time", "Boot", "Kind", "GPU", "What"], [["2026-01-01 00:00:00", "b1", "xid", "0", cmd]],
+                max_width=80)
+    return time.perf_counter() - t
+
+
 def main() -> int:  # noqa: C901 - one benchmark run, step by step
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", default=str(REPO / "benchmarks" / "results.json"), help="where to write the results")
@@ -285,6 +302,9 @@ def main() -> int:  # noqa: C901 - one benchmark run, step by step
         row(f"gpud doctor wall ({name})", t, "s", f"≤ {limit:g}", t <= limit,
             f"median of {runs} runs, all checks, no --probe" +
             (f"; {cold} GPU(s) without persistence mode, initialised by each run" if cold else ""))
+    t = render_long_fields()
+    row("render a 100 000-character command and journal summary at 80 columns", t, "s", "≤ 0.2", t <= 0.2,
+        "in-process: gpud ps's table, doctor's wrapped summary, an events table row (linear, cut with …)")
     # -- tick cost ------------------------------------------------------------------------------
     for name, n in (("z8-fury-4x-a6000", 4), ("2s-8x-a6000", 8)):
         ticks = 100 if q else 300

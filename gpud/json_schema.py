@@ -120,6 +120,23 @@ BURNIN = _document("burnin", {
     "verdicts": {"type": "array", "items": BURNIN_VERDICT},
     "telemetry": {"type": ["object", "null"]},
 })
+ANY: Schema = {}
+STRS = {"type": "array", "items": {"type": "string"}}
+PLAN_ROW = _obj({"gpu": INT, "setting": {"type": "string"}, "current": ANY, "desired": ANY,
+                 "action": {"enum": ["change", "ok", "skip", "daemon"]}, "note": STR})
+PS_ROW = _obj({"gpu": {"type": "integer"}, "uuid": STR, "pid": {"type": "integer"}, "user": STR,
+               "kind": {"enum": ["compute", "graphics", "compute+graphics"]}, "used_memory_bytes": INT,
+               "container": STR, "sm_utilization_percent": INT, "command": STR})
+EVENT = _obj({"id": {"type": "integer"}, "time": {"type": "number"}, "boot_id": STR, "kind": {"type": "string"},
+              "gpu": INT, "uuid": STR, "serial": STR, "summary": ANY, "data": ANY})
+
+
+def _some(kind: str, required: dict[str, Schema], optional: dict[str, Schema]) -> Schema:
+    """A document whose ``optional`` fields appear in some of its forms (an apply refused before planning)."""
+    doc = _document(kind, {**required, **optional}, extra=True)
+    doc["required"] = [k for k in doc["required"] if k not in optional]
+    return doc
+
 
 SCHEMAS: dict[str, Schema] = {
     "status": _document("status", {"timestamp": {"type": "number"}, "gpus": {"type": "array", "items": GPU}}),
@@ -150,6 +167,34 @@ SCHEMAS: dict[str, Schema] = {
         "probe": {"anyOf": [PROBE, {"type": "null"}]}, "probe_running": {"type": "boolean"},
         "tick": {"type": "object"},
     }, extra=True),  # the control socket's status adds "ok"
+    "ps": _document("ps", {"processes": {"type": "array", "items": PS_ROW},
+                           "unreadable_gpus": {"type": "array", "items": {"type": "integer"}}}),
+    "select": _document("select", {"cuda_visible_devices": STR, "gpus": {"type": "array", "items": {"type": "integer"}},
+                                   "uuids": STRS, "reason": {"type": "string"}}),
+    "apply": _some("apply", {"ok": {"type": "boolean"}}, {
+        "profile": STR, "chain": STRS, "source": STR, "dry_run": {"type": "boolean"}, "daemon": {"type": "boolean"},
+        "target": STR, "plan": {"type": "array", "items": PLAN_ROW}, "skipped": {"type": "array", "items": PLAN_ROW},
+        "applied": {"type": "boolean"}, "error": STR, "rolled_back": STRS, "not_restored": STRS,
+        "written": {"type": "integer"}, "messages": STRS}),
+    "verify": _document("verify", {"profile": STR, "drift": {"type": "integer"}, "settings": {
+        "type": "array", "items": {
+            "type": "object", "properties": {"gpu": INT, "setting": {"type": "string"}, "status": {"type": "string"}},
+            "required": ["gpu", "setting", "current", "desired", "status"]}}}),
+    "restore": _document("restore", {"restored": STRS, "failed": STRS, "target": STR}),
+    "profile_list": _document("profile_list", {"profiles": {"type": "array", "items": _obj({
+        "name": {"type": "string"}, "path": {"type": "string"}, "description": {"type": "string"}})}}),
+    "profile": _document("profile", {"name": {"type": "string"}, "source": STR, "chain": STRS, "description": STR,
+                                     "all": {"type": "object"}, "gpus": {"type": "array"},
+                                     "host_settings": {"type": "object"}, "resolved": {"type": "object"}}),
+    "sim_list": _document("sim_list", {"machines": {"type": "array", "items": _obj({
+        "name": {"type": "string"}, "gpus": {"type": "integer"}, "summary": {"type": "string"}})}}),
+    "events": _document("events", {"events": {"type": "array", "items": EVENT}}),
+    "daemon_reply": _some("daemon_reply", {"request": {"type": "string"}, "ok": {"type": "boolean"}},
+                          {"message": STR, "error": STR, "remedy": STR}),
+    "dossier": _document("dossier", {
+        "gpu": {"type": "object"}, "boots_with_events": {"type": "integer"}, "xids": {"type": "array"},
+        "ecc": {"type": "array"}, "lost": {"type": "array"}, "probe": {"type": "array"},
+        "repeated_hardware_xids": {"type": "array"}, "verdict": {"type": "string"}}, extra=True),
 }
 
 _TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}

@@ -311,7 +311,7 @@ class CheckResult:
 
 # -- the JSON every command and the daemon's /status write (docs/json.md) -------------------
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: every --json has the envelope; sim list and profile list are objects
 
 
 def host_json(name: str | None, versions: Versions | None = None, gpu_count: int | None = None,

@@ -22,7 +22,8 @@ def test_benchmark_command_prints_every_row(tmp_path) -> None:
                    "/metrics p50, 1 client, one scrape per tick", "/metrics p99, 50 clients",
                    "tick period error p99, 50 scrapers",
                    "/metrics p99, 100 idle or partial connections open",
-                   "probe per-step overhead against a plain DDP loop"):
+                   "probe per-step overhead against a plain DDP loop",
+                   "render a 100 000-character command and journal summary at 80 columns"):
         assert needle in figures, needle
         assert needle in r.stdout
     assert all(row["verdict"] in ("ok", "MISSED", "n/a") for row in rows)

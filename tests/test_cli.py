@@ -111,7 +111,7 @@ def test_version_and_sim_list(state_dir) -> None:
     r = run_gpud("--version")
     assert r.returncode == 0 and re.fullmatch(r"gpud \d+\.\d+\.\d+\n", r.stdout)
     r = run_gpud("sim", "list", "--json")
-    names = [d["name"] for d in json.loads(r.stdout)]
+    names = [d["name"] for d in json.loads(r.stdout)["machines"]]
     assert "z8-fury-4x-a6000-degraded" in names and len(names) == 6
 
 

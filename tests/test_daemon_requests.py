@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 from conftest import run_gpud
 from daemon_helpers import RunningDaemon
+
+from gpud.json_schema import check
 
 
 def test_reload_and_probe_now_reach_the_daemon(tmp_path, state_dir) -> None:
@@ -19,6 +23,8 @@ def test_reload_and_probe_now_reach_the_daemon(tmp_path, state_dir) -> None:
         r = run_gpud("probe-now", "--json", env=env)
         assert r.returncode == 0, r.stderr
         assert '"probe started, pid' in r.stdout
+        doc = json.loads(r.stdout)  # a document of the shared schema, as every --json
+        assert doc["kind"] == "daemon_reply" and doc["request"] == "probe-now" and check(doc) == [], check(doc)
         assert "probe started" in d.wait_for(lambda: "probe started" in d.logs() and d.logs(), what="probe log")
     finally:
         d.stop()

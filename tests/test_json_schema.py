@@ -12,8 +12,9 @@ import pytest
 from conftest import REPO, run_gpud
 
 from gpud.json_schema import SCHEMAS, check, validate
+from gpud.model import SCHEMA_VERSION
 
-DESCRIPTIONS = [d["name"] for d in json.loads(run_gpud("sim", "list", "--json").stdout)]  # every shipped one
+DESCRIPTIONS = [d["name"] for d in json.loads(run_gpud("sim", "list", "--json").stdout)["machines"]]  # all shipped
 
 
 def _doc(*args: str) -> dict:
@@ -26,7 +27,7 @@ def _doc(*args: str) -> dict:
 def test_status_topo_doctor_follow_the_schema(desc: str, state_dir: Path) -> None:
     docs = {cmd: _doc(cmd, "--simulate", desc) for cmd in ("status", "topo", "doctor")}
     for cmd, doc in docs.items():
-        assert doc["kind"] == cmd and doc["schema_version"] == 1
+        assert doc["kind"] == cmd and doc["schema_version"] == SCHEMA_VERSION == 2
         assert check(doc) == [], (desc, cmd)
     # the same facts have the same names and values in every document
     hosts = [d["host"] for d in docs.values()]
@@ -99,6 +100,35 @@ def test_ecc_pending_means_a_change_waits_for_reboot(state_dir: Path) -> None:
         assert s["ecc_pending"] is False  # ECC on now and after reboot: nothing pending
 
 
+@pytest.mark.parametrize("desc", DESCRIPTIONS)
+def test_every_other_json_output_has_the_envelope_and_follows_the_schema(desc: str, state_dir: Path) -> None:
+    """Issue 24: ps, select, verify, apply (and --dry-run), restore, profile list/show, sim list, events
+    and the dossier are documents of the one schema too, with the same host as status."""
+    from gpud import journal
+
+    host = _doc("status", "--simulate", desc)["host"]
+    sim = ("--simulate", desc)
+    docs = {
+        "ps": _doc("ps", *sim), "select": _doc("select", *sim), "apply": _doc("apply", "quiet", "--dry-run", *sim),
+        "profile": _doc("profile", "show", "quiet", *sim), "profile_list": _doc("profile", "list"),
+        "sim_list": _doc("sim", "list"), "verify": _doc("verify", *sim), "restore": _doc("restore", *sim),
+    }
+    for kind, doc in docs.items():
+        assert doc["kind"] == kind and check(doc) == [], (desc, kind, check(doc))
+    for kind in ("ps", "select", "apply", "profile", "verify", "restore"):
+        assert docs[kind]["host"] == host, kind
+    applied = _doc("apply", "quiet", *sim)
+    assert applied["dry_run"] is False and check(applied) == [], check(applied)
+    assert check(_doc("verify", *sim)) == [] and check(_doc("restore", *sim)) == []
+    j = journal.Journal(journal.journal_path())
+    j.gpu_seen("GPU-0", "1320", "RTX A6000", "94.02", "0000:17:00.0", 0)
+    j.record("xid", "Xid 79 on GPU 0", gpu=0, uuid="GPU-0", boot_id="b1", data={"xid": 79, "line": "NVRM: Xid 79"})
+    j.close()
+    for args, kind in ((("events",), "events"), (("events", "--dossier", "0"), "dossier")):
+        doc = _doc(*args)
+        assert doc["kind"] == kind and check(doc) == [], (kind, check(doc))
+
+
 def test_the_validator_rejects_what_breaks_the_schema() -> None:
     good = _doc("topo", "--simulate", "z8-fury-4x-a6000")
     bad = json.loads(json.dumps(good))
@@ -108,7 +138,7 @@ def test_the_validator_rejects_what_breaks_the_schema() -> None:
     errs = check(bad)
     assert "$.gpus[0].cpu_affinity: str where array/null was expected" in errs
     assert "$.host: 'gpu_count' missing" in errs and "$.gpus[1]: 'extra' is not in the schema" in errs
-    assert check({**good, "schema_version": 2}) == ["$.schema_version: 2 is not 1"]
+    assert check({**good, "schema_version": 1}) == ["$.schema_version: 1 is not 2"]
     assert validate(1.5, {"type": "integer"}) and not validate(None, {"type": ["integer", "null"]})
 
 

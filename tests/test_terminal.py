@@ -11,7 +11,7 @@ import pytest
 from conftest import run_gpud
 from pty_helpers import plain, run_in_pty, too_wide
 
-NAMES = [d["name"] for d in json.loads(run_gpud("sim", "list", "--json").stdout)]
+NAMES = [d["name"] for d in json.loads(run_gpud("sim", "list", "--json").stdout)["machines"]]
 COLUMNS = 80
 
 
@@ -33,7 +33,7 @@ def _unwrapped(text: str) -> str:
 
 @pytest.mark.parametrize("desc", NAMES)
 def test_status_fits_and_cuts_nothing(desc: str, state_dir) -> None:
-    code, out = run_in_pty("status", "--simulate", desc)
+    code, out = run_in_pty("status", "--simulate", desc, "--wide")  # every column, in column groups
     _fits(out)
     doc = _json("status", "--simulate", desc)
     lost = any(g["sample"]["lost"] for g in doc["gpus"])
@@ -52,6 +52,30 @@ def test_status_fits_and_cuts_nothing(desc: str, state_dir) -> None:
         if s["power_limit_watts"] is not None:
             assert f"{s['power_watts']:.0f} / {s['power_limit_watts']:.0f} W" in text
     assert "Legend:" in text and "! outside its limit" in text and "* fan under manual control" in text
+
+
+@pytest.mark.parametrize("desc", NAMES)
+def test_status_is_one_line_per_gpu_where_the_table_would_split(desc: str, state_dir) -> None:
+    code, out = run_in_pty("status", "--simulate", desc)
+    _fits(out)
+    doc = _json("status", "--simulate", desc)
+    lines = plain(out).splitlines()
+    h = next(i for i, line in enumerate(lines) if line.startswith("GPU "))  # after the (wrapped) title
+    assert lines[h].split() == ["GPU", "Temp", "Fan", "Power", "Util", "Memory", "Processes"], lines[:3]
+    rows = lines[h + 1:h + 1 + len(doc["gpus"])]
+    for g, row in zip(doc["gpus"], rows, strict=True):
+        s = g["sample"]
+        assert re.match(rf"{s['index']}!?\s", row), row
+        if not s["lost"]:
+            assert f"{s['temperature_celsius']} °C" in row
+            if s["power_limit_watts"] is not None and s["power_watts"] is not None:
+                assert f"{s['power_watts']:.0f}/{s['power_limit_watts']:.0f} W" in row
+    assert lines[h + 1 + len(doc["gpus"])] == ""  # one line each: an HGX in 10 lines, not 20
+    assert "Compact view" in plain(out) and g["info"]["name"].replace("NVIDIA ", "") in " ".join(lines[:h])
+    _, wide = run_in_pty("status", "--simulate", desc, columns=250)
+    assert re.search(r"^GPU .*Clock events$", plain(wide), re.M)  # where the whole table fits, it is the table
+    _, asked = run_in_pty("status", "--simulate", desc, "--compact", columns=250)
+    assert "Processes" in plain(asked) and "Clock events  " not in plain(asked) and "Compact view" in plain(asked)
 
 
 @pytest.mark.parametrize("desc", NAMES)
@@ -167,3 +191,30 @@ def test_watch_shows_the_time_of_each_refresh(state_dir) -> None:
         p.wait()
     times = [re.search(r"— (\d\d:\d\d:\d\d)$", h.strip()) for h in heads]
     assert all(times) and times[0].group(1) != times[1].group(1)  # type: ignore[union-attr]
+
+
+def test_no_progress_bar_is_left_behind_the_missing_torch_error(tmp_path, state_dir) -> None:
+    # Before: the bar started before the probe looked for torch, and the error left it on screen
+    # without a newline.
+    (tmp_path / "sitecustomize.py").write_text(
+        "import importlib.util as u\n_find = u.find_spec\n"
+        "u.find_spec = lambda name, *a, **k: None if name == 'torch' else _find(name, *a, **k)\n")
+    code, out = run_in_pty("probe", "--quick", "--device", "cpu", "--simulate", NAMES[0],
+                           env={"PYTHONPATH": str(tmp_path)})
+    assert code == 1, out
+    text = plain(out)
+    assert text.endswith("\n")
+    assert "\r" not in out and "━" not in text and text.startswith("gpud: error: PyTorch is not installed"), repr(out)
+    assert not too_wide(out, COLUMNS)
+
+
+def test_ps_keeps_a_process_on_one_line_at_80_columns(state_dir) -> None:
+    code, out = run_in_pty("ps", "--simulate", "z8-fury-4x-a6000-degraded")
+    assert code == 0 and not too_wide(out, 80)
+    lines = plain(out).splitlines()
+    assert lines[1].split() == ["GPU", "PID", "User", "Type", "Memory", "SM", "Container", "/", "job", "Command"]
+    for pid, user in (("48213", "alice"), ("60112", "carol"), ("51877", "bob")):
+        row = [ln for ln in lines if pid in ln]
+        assert len(row) == 1 and user in row[0] and "python" in row[0], out
+    code, out = run_in_pty("ps", "--simulate", "z8-fury-4x-a6000-degraded", "--wide")
+    assert "python train_resnet.py --gpu 1" in plain(out)

@@ -19,6 +19,7 @@ app = typer.Typer(
     add_completion=True,  # --install-completion, --show-completion (bash, zsh, fish)
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},  # every subcommand inherits -h
 )
 _debug = {"on": bool(os.environ.get("GPUD_DEBUG"))}
 
@@ -34,9 +35,16 @@ def _root(
     version: Annotated[bool | None, typer.Option("--version", callback=_version, is_eager=True,
                                                     help="Print the version and exit.")] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+    color: Annotated[bool | None, typer.Option("--color/--no-color", help="Colour even through a pipe, or "
+                                               "never (default: on a terminal unless NO_COLOR is set); "
+                                               "accepted after the command too.")] = None,
 ) -> None:
     if debug:
         _debug["on"] = True
+    if color is not None:
+        from gpud.cli.output import set_colour
+
+        set_colour(color)
 
 
 def debug_enabled() -> bool:
@@ -83,13 +91,24 @@ for _cmd in app.registered_commands:
 
 def main(argv: list[str] | None = None) -> None:
     """The console script; ``argv`` for tests that run the CLI in-process."""
+    from gpud.cli.output import guard_streams, set_colour
+
+    guard_streams()
+    set_colour(None)  # each run decides anew (tests run several in one process)
+    args = list(sys.argv[1:] if argv is None else argv)
+    end = args.index("--") if "--" in args else len(args)
+    for i in reversed(range(end)):  # `gpud status --no-color` as gpustat takes it, not only `gpud --no-color status`
+        if args[i] in ("--color", "--no-color"):
+            set_colour(args.pop(i) == "--color")
     try:
-        app(args=argv, prog_name="gpud")
+        app(args=args, prog_name="gpud")
     except GpudError as err:
         if _debug["on"]:
             traceback.print_exc()
+        from gpud.cli.output import echo_err
+
         remedy = f" — remedy: {err.remedy}" if err.remedy else ""
-        print(f"gpud: error: {err}{remedy}", file=sys.stderr)
+        echo_err(f"gpud: error: {err}{remedy}")  # wrapped between words at a terminal, one line in a pipe
         sys.exit(2 if isinstance(err, InvalidInput) else 1)
     except KeyboardInterrupt:
         sys.exit(130)

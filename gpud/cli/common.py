@@ -20,8 +20,15 @@ Simulate = Annotated[
         metavar="NAME|PATH",
         help="Run on a simulated workstation (see `gpud sim list`) instead of the real GPUs.",
         show_envvar=True,
+        autocompletion=lambda incomplete: _complete("machines", incomplete),
     ),
 ]
+def _complete(what: str, incomplete: str) -> list[str]:
+    from gpud.cli import complete
+
+    return list(getattr(complete, what)(incomplete))
+
+
 Json = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
 
@@ -40,3 +47,101 @@ def host(m: Machine, snap: Snapshot | None) -> dict[str, Any]:
         cpu, mem = None, None
     return host_json(m.label, snap.versions if snap is not None else None,
                      len(snap.samples) if snap is not None else None, cpu, mem)
+
+
+GpuIds = Annotated[
+    str | None,
+    typer.Option("--id", "-i", metavar="GPU[,GPU]",
+                 help="Only these GPUs (as nvidia-smi -i): index, UUID or PCI bus id; a comma list."),
+]
+
+
+def _bus(text: str) -> tuple[int, int, int, int] | None:
+    """A PCI bus id in any of its spellings (``0000:17:00.0``, ``00000000:17:00.0``, ``17:00.0``)."""
+    parts = text.strip().lower().replace(".", ":").split(":")
+    if len(parts) == 3:
+        parts = ["0", *parts]
+    try:
+        dom, bus, dev, fn = (int(p, 16) for p in parts)
+    except ValueError:
+        return None
+    return (dom, bus, dev, fn) if len(parts) == 4 else None
+
+
+def gpu_ids(spec: str | None, gpus: Any) -> set[int] | None:
+    """The indexes ``-i/--id`` names among ``gpus`` (objects with ``index``, ``uuid``, ``pci_bus_id``),
+    or None without the option. A name matching no GPU is bad usage: exit 2 with the GPUs there are."""
+    from gpud.errors import InvalidInput
+
+    if spec is None:
+        return None
+    known = list(gpus)
+    out: set[int] = set()
+    for word in (w.strip() for w in spec.split(",")):
+        if not word:
+            raise InvalidInput("--id", spec, "an empty GPU id (index, UUID or PCI bus id, comma separated)")
+        bus = _bus(word)
+        low = word.lower()
+        found = [g.index for g in known if word == str(g.index) or low == str(g.uuid).lower()
+                 or (low.startswith("gpu-") and len(low) >= 8 and str(g.uuid).lower().startswith(low))
+                 or (bus is not None and bus == _bus(str(g.pci_bus_id or "")))]
+        if not found:
+            have = ", ".join(f"{g.index} ({g.pci_bus_id or 'not readable'})" for g in known) or "none"
+            raise InvalidInput("--id", word, f"no such GPU: give an index, UUID or PCI bus id ({have})")
+        out.update(found)
+    return out
+
+
+def machine_host(m: Machine) -> dict[str, Any]:
+    """``host`` for a document whose command reads no snapshot (apply, verify, restore): versions and
+    GPU count from NVML, or the name alone when NVML cannot answer."""
+    from gpud.errors import GpudError
+    from gpud.model import host_json
+
+    try:
+        m.nvml.init()
+        versions, count = m.nvml.versions(), m.nvml.device_count()
+    except GpudError:
+        return host_json(m.label)
+    try:
+        cpu, mem = m.host.cpu_info(), m.host.memory_total_bytes()
+    except OSError:
+        cpu, mem = None, None
+    return host_json(m.label, versions, count, cpu, mem)
+
+
+def local_host() -> dict[str, Any]:
+    """``host`` for a document about this machine that reads no GPU (profile list, sim list, events)."""
+    import socket
+
+    from gpud.model import host_json
+
+    return host_json(socket.gethostname())
+
+
+def emit_document(kind: str, host_: dict[str, Any], **body: Any) -> None:
+    """One ``--json`` document of the shared schema (docs/json.md): the envelope, then ``body``."""
+    from gpud import __version__
+    from gpud.cli.output import emit_json
+    from gpud.model import document
+
+    emit_json(document(kind, __version__, host_, **body))
+
+
+def gpus_of(snap: Snapshot) -> list[Any]:
+    """Every GPU of a snapshot as ``-i/--id`` matches it, a lost one too (its index and UUID)."""
+    from types import SimpleNamespace
+
+    infos = {g.index: g for g in snap.gpus}
+    return [SimpleNamespace(index=s.index, uuid=s.uuid,
+                            pci_bus_id=infos[s.index].pci_bus_id if s.index in infos else None) for s in snap.samples]
+
+
+def narrow(snap: Snapshot, only: set[int] | None) -> Snapshot:
+    """``snap`` with only the GPUs ``-i/--id`` named (all without the option)."""
+    import dataclasses
+
+    if only is None:
+        return snap
+    return dataclasses.replace(snap, gpus=tuple(g for g in snap.gpus if g.index in only),
+                               samples=tuple(s for s in snap.samples if s.index in only))

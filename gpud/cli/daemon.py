@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated
 
 import typer
@@ -48,7 +47,8 @@ def daemon(
 def _ask(cmd: str, config: str | None, json: bool) -> None:
     """Send one control-socket request to the running daemon; no daemon → one line, exit 1."""
     from gpud import config as cfg
-    from gpud.cli.output import echo_wrapped, emit_json
+    from gpud.cli.common import emit_document, local_host
+    from gpud.cli.output import echo_err, echo_wrapped
     from gpud.daemon.control import request
     from gpud.errors import GpudError
     from gpud.paths import control_socket
@@ -61,12 +61,12 @@ def _ask(cmd: str, config: str | None, json: bool) -> None:
         err.remedy = "start it (`sudo systemctl start gpud`), or pass the --config naming its socket"
         raise err
     if json:
-        emit_json(reply)
+        emit_document("daemon_reply", local_host(), request=cmd, **{k: v for k, v in reply.items() if k != "host"})
     elif reply.get("ok"):
         echo_wrapped(f"gpud {cmd}: {reply.get('message', 'done')}")
     else:
         remedy = f" — remedy: {reply['remedy']}" if reply.get("remedy") else ""
-        print(f"gpud: error: {reply.get('error')}{remedy}", file=sys.stderr)
+        echo_err(f"gpud: error: {reply.get('error')}{remedy}")
     if not reply.get("ok"):
         raise typer.Exit(1)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections import Counter
 from typing import TYPE_CHECKING, Annotated, List
@@ -9,8 +10,9 @@ from typing import TYPE_CHECKING, Annotated, List
 import typer
 
 from gpud import __version__
-from gpud.cli.common import Json, Simulate, machine
-from gpud.cli.output import colour, emit_json, plural, width, wrap
+from gpud.cli import complete
+from gpud.cli.common import GpuIds, Json, Simulate, gpu_ids, gpus_of, machine
+from gpud.cli.output import clean, colour, cut, echo_err, emit_json, plural, stderr_width, width, wrap
 from gpud.model import CheckResult, document
 from gpud.text import ranges
 
@@ -59,15 +61,28 @@ def render(report: Report, verbose: bool = False) -> None:
             word, code = MARK[r.status]
             gpu = f" GPU{ranges(gpus)}" if gpus else ""
             mark = colour(f"[{word:>4}]", code)
-            out += wrap(f"{r.id}{gpu}: {r.summary}", limit, indent=" " * 9, first=f"  {mark} ")
+            out += wrap(fit(f"{r.id}{gpu}: {r.summary}", limit), limit, indent=" " * 9, first=f"  {mark} ")
             if r.status in ("warn", "fail") or verbose:
                 for line in r.detail.splitlines() if r.detail and (verbose or r.status == "fail") else []:
-                    out += wrap(line, limit, indent=" " * 9)
+                    out += wrap(fit(line, limit), limit, indent=" " * 9)
                 if r.remedy and r.status != "pass":
-                    out += _remedy(r.remedy, limit)
-    out += ["", ", ".join([plural(shown["pass"], "passed", "passed"), plural(shown["warn"], "warning"),
-                           plural(shown["fail"], "failed", "failed"), plural(shown["skip"], "skipped", "skipped")])]
+                    out += _remedy(clean(r.remedy), limit)
+    n = report.counts  # per result, as --json counts them: GPU0-3 on one line is four results
+    out += ["", ", ".join([plural(n["pass"], "passed", "passed"), plural(n["warn"], "warning"),
+                           plural(n["fail"], "failed", "failed"), plural(n["skip"], "skipped", "skipped")])
+            + (f" ({plural(sum(shown.values()), 'line')} above)" if sum(shown.values()) != sum(n.values()) else "")]
     sys.stdout.write("\n".join(out) + "\n")
+
+
+MAX_LINES = 4  # a summary or detail line from data (a process's command line) is cut at 4 lines
+
+
+def fit(text: str, limit: int) -> str:
+    """One line of a check's text as the terminal gets it: controls out, cut with … where it would
+    run past MAX_LINES lines (at most 1000 characters through a pipe); --json keeps it whole."""
+    text = cut(clean(text), min(1000, MAX_LINES * (limit - 10)))
+    longest = limit - 12  # within the indent: a word longer than that (a 100 000-character argument) is cut too
+    return " ".join(cut(w, longest) if len(w) > longest else w for w in text.split(" "))
 
 
 def _remedy(text: str, limit: int) -> list[str]:
@@ -78,12 +93,13 @@ def _remedy(text: str, limit: int) -> list[str]:
 def doctor(
     simulate: Simulate = None,
     json: Json = False,
+    ids: GpuIds = None,
     strict: Annotated[bool, typer.Option("--strict", help="Warnings fail too (exit 1).")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only failures (to stderr); "
                                                               "for job scripts: `gpud doctor -q || exit 1`.")] = False,
-    only: Annotated[List[str] | None, typer.Option("--check", metavar="GLOB",
+    only: Annotated[List[str] | None, typer.Option("--check", metavar="GLOB", autocompletion=complete.check_ids,
                                                       help="Run only checks matching (repeatable).")] = None,
-    skip: Annotated[List[str] | None, typer.Option("--skip", metavar="GLOB",
+    skip: Annotated[List[str] | None, typer.Option("--skip", metavar="GLOB", autocompletion=complete.check_ids,
                                                       help="Leave out checks matching (repeatable).")] = None,
     expect_gpus: Annotated[int | None, typer.Option("--expect-gpus", min=0, help="GPUs this machine must "
                                                                                     "have.")] = None,
@@ -107,6 +123,7 @@ def doctor(
     _globs_match(only or [], skip or [], conf)
     m = machine(simulate)
     _pairs_exist(conf, len(m.host.nvidia_gpus()))
+    picked = None if ids is None else gpu_ids(ids, gpus_of(m.snapshot()))  # a wrong id: exit 2 before any check
     result = None
     if probe:
         from gpud.probe import runner
@@ -116,11 +133,11 @@ def doctor(
                                   thresholds=conf.efficiency_thresholds())
     report = diagnose(m, conf, only=only, skip=skip, expect_gpus=expect_gpus, debug=debug_enabled(), probe=result)
     if burnin:
-        import dataclasses
-
         from gpud.burnin.store import as_checks, last
 
         report = dataclasses.replace(report, checks=(*report.checks, *as_checks(last())))
+    if picked is not None:  # per-GPU results of the GPUs named; machine-wide ones stay
+        report = dataclasses.replace(report, checks=tuple(r for r in report.checks if r.gpu is None or r.gpu in picked))
     code = report.exit_code(strict)
     if json:
         emit_json(document("doctor", __version__, report.host, checks=[
@@ -130,7 +147,7 @@ def doctor(
         for r in report.checks:
             if r.status == "fail" or (strict and r.status == "warn"):
                 gpu = f" GPU{r.gpu}" if r.gpu is not None else ""
-                print(f"gpud doctor: {r.status}: {r.id}{gpu}: {r.summary}", file=sys.stderr)
+                echo_err(f"gpud doctor: {r.status}: {r.id}{gpu}: {fit(r.summary, stderr_width())}")
     else:
         render(report, verbose)
     raise typer.Exit(code)

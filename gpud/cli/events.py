@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import re
 import time
+from types import SimpleNamespace
 from typing import Annotated, Any
 
 import typer
 
-from gpud.cli.common import Json
-from gpud.cli.output import emit_json, table
+from gpud.cli import complete
+from gpud.cli.common import GpuIds, Json, emit_document, gpu_ids, local_host
+from gpud.cli.output import clean, cut, echo_wrapped, table
 from gpud.errors import InvalidInput
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -26,6 +28,12 @@ def parse_duration(text: str) -> float:
 
 def _when(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def _dossier_line(text: str, first: str = "  ") -> None:
+    """A line of the dossier: data cleaned and cut at 1000 characters, wrapped between words (a serial
+    number or a UUID is never split across lines)."""
+    echo_wrapped(cut(clean(text), 1000), indent=first + "    ", first=first)
 
 
 def dossier(which: str) -> dict[str, Any]:
@@ -55,9 +63,11 @@ def dossier(which: str) -> dict[str, Any]:
 def events(
     since: Annotated[str | None, typer.Option("--since", metavar="DURATION", help="Only the last 10m, 2h, 7d…")] = None,
     gpu: Annotated[int | None, typer.Option("--gpu", metavar="N", help="Only this GPU (index).")] = None,
-    kind: Annotated[list[str] | None, typer.Option("--kind", metavar="K", help="Only this kind (repeatable): "
+    kind: Annotated[list[str] | None, typer.Option("--kind", metavar="K", autocompletion=complete.event_kinds,
+                                                   help="Only this kind (repeatable): "
                                                    "xid, gpu_lost, gpu_back, fan_failsafe, throttle, check, "
                                                    "profile_*, probe, ecc, reboot, journal_reset.")] = None,
+    ids: GpuIds = None,
     dossier_of: Annotated[str | None, typer.Option("--dossier", metavar="GPU", help="A GPU's history for a return "
                                                    "(RMA) request: index, UUID or serial.")] = None,
     json: Json = False,
@@ -69,20 +79,22 @@ def events(
     if dossier_of is not None:
         d = dossier(dossier_of)
         if json:
-            emit_json(d)
+            emit_document("dossier", local_host(), **d)
             return
         g = d["gpu"]
-        print(f"GPU {g['gpu']} {g['name']}  UUID {g['uuid']}  serial {g['serial']}  VBIOS {g['vbios']}  "
-              f"bus {g['pci_bus_id']}")
-        print(f"seen {_when(g['first_seen'])} .. {_when(g['last_seen'])}; events in {d['boots_with_events']} boot(s)")
+        _dossier_line(f"GPU {g['gpu']} {g['name']}, UUID {g['uuid']}, serial {g['serial']}, VBIOS {g['vbios']}, "
+                      f"bus {g['pci_bus_id']}", "")
+        _dossier_line(f"seen {_when(g['first_seen'])} .. {_when(g['last_seen'])}; events in "
+                      f"{d['boots_with_events']} boot(s)", "")
         for x in d["xids"]:
-            print(f"  {_when(x['when'])}  Xid {x.get('xid')}  boot {str(x['boot_id'])[:8]}  {x.get('line', '')}")
+            _dossier_line(f"{_when(x['when'])}  Xid {x.get('xid')}  boot {str(x['boot_id'])[:8]}  {x.get('line', '')}")
         for e in d["ecc"]:
-            print(f"  {_when(e['when'])}  ECC/rows  " + ", ".join(f"{k}={v}" for k, v in e.items() if k != "when"))
+            counts = ", ".join(f"{k}={v}" for k, v in e.items() if k != "when")
+            _dossier_line(f"{_when(e['when'])}  ECC/rows  {counts}")
         for e in d["lost"]:
-            print(f"  {_when(e['when'])}  {e['summary']}")
+            _dossier_line(f"{_when(e['when'])}  {e['summary']}")
         for e in d["probe"]:
-            print(f"  {_when(e['when'])}  probe: {e['summary']}")
+            _dossier_line(f"{_when(e['when'])}  probe: {e['summary']}")
         print(f"verdict: {d['verdict']}")
         return
     kinds = tuple(kind or ())
@@ -91,14 +103,19 @@ def events(
             raise InvalidInput("--kind", "", f"unknown kind {k!r} (known: {', '.join(journal.KINDS)})")
     start = time.time() - parse_duration(since) if since else None
     evs = journal.events(since=start, gpu=gpu, kinds=kinds)
+    if ids is not None:  # the GPUs the journal has seen, as -i names them (index, UUID, bus id)
+        known = [SimpleNamespace(index=g["gpu"], uuid=g["uuid"], pci_bus_id=g["pci_bus_id"]) for g in journal.gpus()]
+        picked = gpu_ids(ids, known) or set()
+        uuids = {g.uuid for g in known if g.index in picked}
+        evs = [e for e in evs if e.uuid in uuids or (e.uuid is None and e.gpu in picked)]
     if json:
-        emit_json({"events": [{"id": e.id, "time": e.ts, "boot_id": e.boot_id, "kind": e.kind, "gpu": e.gpu,
-                               "uuid": e.uuid, "serial": e.serial, "summary": e.summary, "data": e.data}
-                              for e in evs]})
+        emit_document("events", local_host(), events=[
+            {"id": e.id, "time": e.ts, "boot_id": e.boot_id, "kind": e.kind, "gpu": e.gpu, "uuid": e.uuid,
+             "serial": e.serial, "summary": e.summary, "data": e.data} for e in evs])
         return
     table(["Time", "Boot", "Kind", "GPU", "What"],
-          [[_when(e.ts), (e.boot_id or "")[:8], e.kind, "" if e.gpu is None else str(e.gpu), e.summary]
-           for e in evs], title=f"{len(evs)} event(s)")
+          [[_when(e.ts), clean((e.boot_id or "")[:8]), clean(e.kind), "" if e.gpu is None else str(e.gpu),
+            clean(str(e.summary))] for e in evs], title=f"{len(evs)} event(s)")
     for uuid, xid, n in journal.repeated_hardware_xids(evs):
         print(f"Xid {xid} on {uuid} in {n} boots: inspect the hardware (`gpud events --dossier {uuid}`)")
 

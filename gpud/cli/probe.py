@@ -14,22 +14,38 @@ from gpud.probe.report import CORRECTNESS, Device, ProbeReport
 GB = 1e9
 
 
+class _Bar:
+    """A progress bar on a terminal, started by the first step (a probe refused before it starts,
+    torch missing, shows none) and always stopped: no bar is left behind an error."""
+
+    def __init__(self) -> None:
+        self.bar: Any = None
+        self.task: Any = None
+
+    def __call__(self, msg: str, k: int, n: int) -> None:
+        if self.bar is None:
+            from rich.console import Console
+            from rich.progress import Progress
+
+            # gpud's own cursor and line controls: straight to the terminal, past SafeStream
+            self.bar = Progress(transient=True, console=Console(file=getattr(sys.stdout, "raw_stream", sys.stdout)))
+            self.bar.start()
+            self.task = self.bar.add_task("probe", total=n)
+        self.bar.update(self.task, total=n, completed=k, description=msg)
+        if msg == "done":
+            self.stop()
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+
 def _progress(json: bool) -> Any:
     if json:
         return None
     if is_tty():
-        from rich.progress import Progress
-
-        bar = Progress(transient=True)
-        bar.start()
-        task = bar.add_task("probe", total=1)
-
-        def update(msg: str, k: int, n: int) -> None:
-            bar.update(task, total=n, completed=k, description=msg)
-            if msg == "done":
-                bar.stop()
-
-        return update
+        return _Bar()
 
     def plain(msg: str, k: int, n: int) -> None:
         print(f"gpud probe: [{k}/{n}] {msg}", file=sys.stderr)
@@ -160,9 +176,14 @@ def probe(
         if dev == "cuda" and not have:
             raise InvalidInput("--device", "cuda", "torch sees no GPU here (a CPU build, or no driver)")
         n = min(have, gpus) if gpus and dev == "cuda" else have
-        res = runner.run_probe(device=dev, gpus=n, world_sizes=sizes, suites=suites, quick=quick, machine=m,
-                               host=m.label, thresholds=conf.efficiency_thresholds(), progress=_progress(json),
-                               allow_busy=allow_busy)
+        progress = _progress(json)
+        try:
+            res = runner.run_probe(device=dev, gpus=n, world_sizes=sizes, suites=suites, quick=quick, machine=m,
+                                   host=m.label, thresholds=conf.efficiency_thresholds(), progress=progress,
+                                   allow_busy=allow_busy)
+        finally:
+            if isinstance(progress, _Bar):
+                progress.stop()
     if json:
         from gpud import __version__
         from gpud.cli.common import host as host_of

@@ -8,8 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from gpud.cli.common import Json, Simulate, machine
-from gpud.cli.output import emit_json
+from gpud.cli.common import Json, Simulate, emit_document, host, machine
 from gpud.errors import InvalidInput
 from gpud.hw.host import parse_size
 from gpud.picker import choose
@@ -32,7 +31,9 @@ def select(
 
     Indices are NVML's (PCI bus order): use them with CUDA_DEVICE_ORDER=PCI_BUS_ID, or use --uuid.
 
-        export CUDA_VISIBLE_DEVICES=$(gpud select -n 2 --min-free-memory 40g --uuid)
+    \b
+        export CUDA_VISIBLE_DEVICES=$(gpud select -n 2 \\
+            --min-free-memory 40g --uuid)
     """
     min_free = 0
     if min_free_memory is not None:
@@ -57,7 +58,7 @@ def select(
     if json:
         out: dict[str, Any] = {"cuda_visible_devices": value or None, "gpus": list(choice.gpus),
                                "uuids": list(choice.uuids), "reason": choice.reason}
-        emit_json(out)
+        emit_document("select", host(m, snap), **out)
     elif choice.gpus:
         print(value)
         print(f"gpud select: {choice.reason}", file=sys.stderr)

@@ -8,11 +8,18 @@ from typing import Annotated, List
 
 import typer
 
-from gpud.cli.common import Json, Simulate
-from gpud.cli.output import emit_json, table
+from gpud.cli.common import Json, Simulate, emit_document, local_host
+from gpud.cli.output import table
 from gpud.errors import InvalidInput
 
 sim_app = typer.Typer(help="Simulated workstations: try gpud without NVIDIA GPUs, test it.", no_args_is_help=True)
+
+
+def shipped_names() -> list[str]:
+    """The shipped simulated workstations' names (for completion of --simulate)."""
+    from gpud.sim.description import shipped_names as names
+
+    return names()
 
 
 def _target(name: str | None, simulate: str | None) -> str:
@@ -29,7 +36,8 @@ def sim_list(json: Json = False) -> None:
 
     descs = shipped()
     if json:
-        emit_json([{"name": d.name, "gpus": len(d.gpus), "summary": d.machine.summary} for d in descs])
+        emit_document("sim_list", local_host(), machines=[{"name": d.name, "gpus": len(d.gpus),
+                                                           "summary": d.machine.summary} for d in descs])
         return
     table(["Name", "GPUs", "Summary"], [[d.name, len(d.gpus), d.machine.summary] for d in descs])
 

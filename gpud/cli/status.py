@@ -10,10 +10,10 @@ from typing import Annotated, Any
 import typer
 
 from gpud import __version__
-from gpud.cli.common import Json, Simulate, host, machine
-from gpud.cli.output import colour, emit_json, fmt, is_tty, plural, table, wrap
+from gpud.cli.common import GpuIds, Json, Simulate, gpu_ids, gpus_of, host, machine, narrow
+from gpud.cli.output import clear_screen, colour, emit_json, fmt, is_tty, plural, table, visible_len, width, wrap
 from gpud.hw.machine import Machine
-from gpud.model import GpuInfo, GpuSample, Snapshot, document, sample_json, slow_open, to_jsonable
+from gpud.model import CheckResult, GpuInfo, GpuSample, Snapshot, document, sample_json, slow_open, to_jsonable
 
 HEADERS = ["GPU", "Name", "Temp", "Fan", "Power / limit", "SM / mem clock", "Util", "Memory",
            "PCIe now/max", "Persist", "ECC", "NVLink", "Processes", "Clock events"]
@@ -23,32 +23,35 @@ LEGEND = ("Legend: ! outside its limit (each listed below); * fan under manual c
 BAD_EVENTS = {"sw_power_cap": "power capped", "hw_slowdown": "HW slowdown",
               "sw_thermal_slowdown": "SW thermal slowdown", "hw_thermal_slowdown": "HW thermal slowdown",
               "hw_power_brake_slowdown": "HW power brake"}
-TEMP_MARGIN_C = 10  # closer than this to the slowdown temperature is flagged (as doctor's health.thermal)
-FAN_OFF_TARGET = 10  # percentage points between a fan's speed and its target
+# The columns doctor judges: status marks them when, and as, doctor's check does (one judgement:
+# a power limit the active profile asked for is fine in both; a stalled fan fails in both).
+JUDGED_BY = {"Temp": "health.thermal", "Fan": "health.fans", "Power / limit": "config.power_limit"}
+Verdicts = dict[tuple[str, int], CheckResult]
 
 
-def problems(s: GpuSample, info: GpuInfo | None) -> dict[str, str]:
+def verdicts(m: Machine, snap: Snapshot) -> Verdicts:
+    """doctor's checks of the judged columns on this snapshot, with doctor's configuration."""
+    from gpud import config as cfg
+    from gpud.doctor import diagnose
+
+    report = diagnose(m, cfg.load(None), only=list(JUDGED_BY.values()), snapshot=snap)
+    return {(r.id, r.gpu): r for r in report.checks if r.gpu is not None}
+
+
+def problems(s: GpuSample, info: GpuInfo | None, judged: Verdicts | None = None) -> dict[str, str]:
     """Column → why its value is outside its limit, for one GPU."""
     out: dict[str, str] = {}
     if s.lost:
         return {"GPU": f"lost: {s.error or 'NVML cannot read it'}"}
     if info is None:
         return out
-    t, slow = s.temperature_celsius, info.temperature_slowdown_celsius
-    if t is not None and slow is not None and slow - t < TEMP_MARGIN_C:
-        out["Temp"] = f"{t} °C is {slow - t} °C below slowdown ({slow} °C)"
-    for f in s.fans:
-        if f.speed_percent is not None and f.target_percent is not None \
-                and abs(f.speed_percent - f.target_percent) > FAN_OFF_TARGET:
-            out["Fan"] = f"fan {f.fan} at {f.speed_percent} %, target {f.target_percent} %"
-        elif f.speed_percent == 0 and t is not None and t >= 70:
-            out["Fan"] = f"fan {f.fan} at 0 % with the GPU at {t} °C"
+    for col, check_id in JUDGED_BY.items():
+        r = (judged or {}).get((check_id, s.index))
+        if r is not None and r.status in ("warn", "fail"):
+            out[col] = r.summary
     events = set(s.clock_events or ())
-    default = info.power_default_limit_watts
-    if "sw_power_cap" in events or "hw_power_brake_slowdown" in events:
+    if "Power / limit" not in out and ("sw_power_cap" in events or "hw_power_brake_slowdown" in events):
         out["Power / limit"] = "power capped: clocks held back by the power limit"
-    elif s.power_limit_watts is not None and default and s.power_limit_watts < default:
-        out["Power / limit"] = f"limit {s.power_limit_watts:.0f} W, below the default {default:.0f} W"
     loaded = (s.utilization_gpu_percent or 0) > 0
     if s.pcie_width is not None and info.pcie_max_width and s.pcie_width < info.pcie_max_width:
         out["PCIe now/max"] = f"link x{s.pcie_width}, the slot and GPU do x{info.pcie_max_width}"
@@ -141,16 +144,48 @@ def _row(s: GpuSample, info: GpuInfo | None, bad: dict[str, str]) -> list[str]:
     return [colour(v + "!", "1;33") if k in bad else v for k, v in cells.items()]
 
 
-def render(label: str, snap: Snapshot, when: float | None = None) -> None:
+COMPACT = ["GPU", "Temp", "Fan", "Power", "Util", "Memory", "Processes"]
+COMPACT_LEGEND = ("Compact view (the full table would split at this width; --wide for every column): "
+                  "GPU N! a value outside its limit in a column not shown (listed below).")
+
+
+def _compact_row(full: list[str], bad: dict[str, str], lost: bool) -> list[str]:
+    """One short line per GPU (as gpustat): the full row's cells, without the spaces a table can afford."""
+    cells = dict(zip(HEADERS, full, strict=True))
+    if lost:
+        return [cells["GPU"], cells["Temp"], "-", "-", "-", "-", "-"]
+    power = cells["Power / limit"].replace(" / ", "/")
+    memory = cells["Memory"].replace(" / ", "/")
+    shown = {"Temp", "Fan", "Power / limit", "Util", "Memory", "Processes"}
+    gpu = colour(cells["GPU"] + "!", "1;33") if set(bad) - shown else cells["GPU"]
+    return [gpu, cells["Temp"], cells["Fan"], power, cells["Util"], memory, cells["Processes"]]
+
+
+def _fits(rows: list[list[str]], limit: int) -> bool:
+    widths = [max(visible_len(h), *(visible_len(r[i]) for r in rows)) for i, h in enumerate(HEADERS)]
+    return sum(widths) + 2 * (len(HEADERS) - 1) <= limit
+
+
+def render(label: str, snap: Snapshot, when: float | None = None, view: str = "auto",
+           judged: Verdicts | None = None) -> None:
+    """The table; ``view`` "compact" (one short line per GPU), "wide" (every column, split into
+    column groups where it must) or "auto" (compact where the full table would split)."""
     infos = {g.index: g for g in snap.gpus}
     v = snap.versions
+    names = sorted({infos[s.index].name.replace("NVIDIA ", "") for s in snap.samples if s.index in infos})
+    bad = {s.index: problems(s, infos.get(s.index), judged) for s in snap.samples}
+    rows = [_row(s, infos.get(s.index), bad[s.index]) for s in snap.samples]
+    compact = view == "compact" or (view == "auto" and bool(rows) and not _fits(rows, width()))
     title = (f"{label} — driver {fmt(v.driver)}, CUDA {fmt(v.cuda_driver)}, "
-             f"{plural(len(snap.samples), 'GPU')}")
+             f"{plural(len(snap.samples), 'GPU')}" + (f" ({', '.join(names)})" if compact and names else ""))
     if when is not None:
         title += f" — {time.strftime('%H:%M:%S', time.localtime(when))}"
-    bad = {s.index: problems(s, infos.get(s.index)) for s in snap.samples}
-    table(HEADERS, [_row(s, infos.get(s.index), bad[s.index]) for s in snap.samples], title=title)
-    lines = wrap(LEGEND, indent="")
+    if compact:
+        table(COMPACT, [_compact_row(r, bad[s.index], s.lost) for r, s in zip(rows, snap.samples, strict=True)],
+              title=title)
+    else:
+        table(HEADERS, rows, title=title)
+    lines = wrap(LEGEND, indent="") + (wrap(COMPACT_LEGEND, indent="") if compact else [])
     for i, why in bad.items():
         for col, text in why.items():
             lines += wrap(f"{col}: {text}", indent="        ", first=colour(f"  GPU{i}", "1") + "  ")
@@ -172,9 +207,14 @@ def status_document(m: Machine, snap: Snapshot) -> dict[str, Any]:
 def status(
     simulate: Simulate = None,
     json: Json = False,
+    ids: GpuIds = None,
     watch: Annotated[bool, typer.Option("--watch", help="Refresh until interrupted (with --json: one JSON "
                                                         "document per line).")] = False,
     interval: Annotated[float, typer.Option("--interval", min=0.1, help="Seconds between refreshes.")] = 2.0,
+    compact: Annotated[bool, typer.Option("--compact", "-c", help="One short line per GPU (the default where "
+                                                                  "the full table would not fit).")] = False,
+    wide: Annotated[bool, typer.Option("--wide", "-w", help="Every column, in column groups where the "
+                                                            "terminal is too narrow.")] = False,
 ) -> None:
     """GPU telemetry: temperature, fans, power, clocks, memory, PCIe, ECC, NVLink, processes.
 
@@ -184,12 +224,14 @@ def status(
     m = machine(simulate)
     while True:
         snap = m.snapshot(pcie=True)
+        snap = narrow(snap, gpu_ids(ids, gpus_of(snap)))
         if json:
             emit_json(status_document(m, snap), compact=watch)
         else:
             if watch and is_tty():
-                sys.stdout.write("\033[2J\033[H")
-            render(m.label, snap, time.time() if watch else None)
+                clear_screen()
+            render(m.label, snap, time.time() if watch else None,
+                   "compact" if compact else "wide" if wide else "auto", verdicts(m, snap))
             if watch:
                 sys.stdout.flush()
         if not watch:

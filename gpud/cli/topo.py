@@ -8,7 +8,7 @@ from typing import Any
 import typer
 
 from gpud import __version__
-from gpud.cli.common import Json, Simulate, host, machine
+from gpud.cli.common import GpuIds, Json, Simulate, gpu_ids, gpus_of, host, machine
 from gpud.cli.output import echo_wrapped, emit_json, fmt, table
 from gpud.model import document
 from gpud.text import ranges
@@ -49,18 +49,30 @@ def topo_document(m, snap) -> dict[str, Any]:  # type: ignore[no-untyped-def]
                     nvlinks=t.nvlinks, p2p={"read": t.p2p_read, "write": t.p2p_write, "nvlink": t.p2p_nvlink})
 
 
-def topo(simulate: Simulate = None, json: Json = False) -> None:
+def _keep(doc: dict[str, Any], only: set[int] | None) -> dict[str, Any]:
+    """The document with the rows and columns of the GPUs ``-i/--id`` named."""
+    if only is None:
+        return doc
+    pos = [a for a, g in enumerate(doc["gpus"]) if g["index"] in only]
+    out = dict(doc, gpus=[doc["gpus"][a] for a in pos])
+    for key in ("matrix", "pcie_level", "nvlinks"):
+        out[key] = [[doc[key][a][b] for b in pos] for a in pos]
+    out["p2p"] = {k: [[v[a][b] for b in pos] for a in pos] for k, v in doc["p2p"].items()}
+    return out
+
+
+def topo(simulate: Simulate = None, json: Json = False, ids: GpuIds = None) -> None:
     """GPU-to-GPU topology: NVLink/PCIe levels, CPU and NUMA affinity, link widths, P2P."""
     m = machine(simulate)
     snap = m.snapshot()
-    doc = topo_document(m, snap)
+    doc = _keep(topo_document(m, snap), gpu_ids(ids, gpus_of(snap)))
     if json:
         emit_json(doc)
         return
-    t = m.topology(snap)
     gpus = doc["gpus"]
-    names = [f"GPU{i}" for i in t.gpus]
-    rows = [[names[a], *t.level[a], ranges(g["cpu_affinity"]), fmt(g["numa_node"])] for a, g in enumerate(gpus)]
+    names = [f"GPU{g['index']}" for g in gpus]
+    level, p2p = doc["matrix"], doc["p2p"]
+    rows = [[names[a], *level[a], ranges(g["cpu_affinity"]), fmt(g["numa_node"])] for a, g in enumerate(gpus)]
     table(["", *names, "CPU Affinity", "NUMA"], rows)
     sys.stdout.write("\n" + LEGEND + "\n\n")
     table(["GPU", "Bus id", "PCIe now", "PCIe max", "NVLinks up"],
@@ -71,8 +83,8 @@ def topo(simulate: Simulate = None, json: Json = False) -> None:
     sys.stdout.write("\n")
     short = {"OK": "OK", "not_supported": "NS", "chipset_not_supported": "CNS", "gpu_not_supported": "GNS",
              "topology_not_supported": "TNS", "disabled_by_regkey": "DIS", "unknown": "U", "X": "X"}
-    rows = [[names[a], *(f"{short.get(t.p2p_read[a][b], '?')}/{short.get(t.p2p_write[a][b], '?')}/"
-                         f"{short.get(t.p2p_nvlink[a][b], '?')}" if a != b else "X" for b in range(len(names)))]
+    rows = [[names[a], *(f"{short.get(p2p['read'][a][b], '?')}/{short.get(p2p['write'][a][b], '?')}/"
+                         f"{short.get(p2p['nvlink'][a][b], '?')}" if a != b else "X" for b in range(len(names)))]
             for a in range(len(names))]
     table(["P2P r/w/nvl", *names], rows, title="Peer-to-peer (read/write/NVLink)")
     echo_wrapped("OK = supported, NS = not supported, CNS = chipset, GNS = GPU, TNS = topology, "

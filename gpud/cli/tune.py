@@ -8,8 +8,9 @@ from typing import Annotated, Any
 
 import typer
 
-from gpud.cli.common import Json, Simulate, machine
-from gpud.cli.output import echo_wrapped, emit_json, plural, table, table_lines, wrap
+from gpud.cli import complete
+from gpud.cli.common import Json, Simulate, emit_document, local_host, machine, machine_host
+from gpud.cli.output import clean, echo_wrapped, plural, table, table_lines, wrap
 
 Config = Annotated[str | None, typer.Option("--config", metavar="PATH",
                                             help="gpud.toml (its [daemon] socket is where the daemon listens)")]
@@ -36,17 +37,19 @@ def profile_list(json: Json = False) -> None:
             desc = f"INVALID: {err}"
         rows.append({"name": name, "path": str(path), "description": desc})
     if json:
-        emit_json(rows)
+        emit_document("profile_list", local_host(), profiles=rows)
     else:  # shipped profiles are named "shipped" (their path is an installation detail), users' by path
         from gpud.tuning.profile import SHIPPED
 
         table(["Profile", "Description", "File"],
-              [[r["name"], r["description"], "shipped" if Path(r["path"]).parent == SHIPPED else r["path"]]
+              [[clean(r["name"]), clean(r["description"]),
+                "shipped" if Path(r["path"]).parent == SHIPPED else clean(r["path"])]
                for r in rows])
 
 
 @profile_app.command("show")
-def profile_show(name: Annotated[str, typer.Argument(help="Profile name or path.")], json: Json = False,
+def profile_show(name: Annotated[str, typer.Argument(help="Profile name or path.", autocompletion=complete.profiles)],
+                 json: Json = False,
                  simulate: Simulate = None) -> None:
     """A profile after inheritance; with --simulate (or on a GPU machine) resolved per GPU."""
     from gpud.errors import GpudError
@@ -64,11 +67,12 @@ def profile_show(name: Annotated[str, typer.Argument(help="Profile name or path.
         resolved_note = f"(not resolved per GPU: {err})"
     data = {"name": p.name, "source": p.source, "chain": list(p.chain), "description": p.description,
             "all": p.all, "gpus": [{k: v for k, v in g.items() if not k.startswith("_")} for g in p.gpus],
-            "host": p.host, "resolved": {str(k): v for k, v in (resolved or {}).items()}}
+            "host_settings": p.host, "resolved": {str(k): v for k, v in (resolved or {}).items()}}
     if json:
-        emit_json(data)
+        emit_document("profile", machine_host(m) if resolved is not None else local_host(), **data)
         return
-    out = [f"{p.name}: {p.description}", f"  file: {p.source}", f"  inherits: {' → '.join(p.chain)}"]
+    out = [clean(line) for line in (f"{p.name}: {p.description}", f"  file: {p.source}",
+                                    f"  inherits: {' → '.join(p.chain)}")]
     out = [x for line in out for x in wrap(line, indent="    ")]
     if resolved is None:
         out += wrap(resolved_note, indent="    ", first="  ")
@@ -103,12 +107,21 @@ def _public(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _plan_rows(plan: list[dict[str, Any]]) -> list[list[str]]:
-    rows = []
+    """One row per setting and outcome, the GPUs it holds for grouped as doctor groups them (GPU0-3)."""
+    from gpud.text import ranges
+
+    groups: dict[tuple[str, ...], list[int]] = {}
+    hosts: list[tuple[str, ...]] = []
     for c in plan:
         action = ACTIONS[c["action"]]
-        rows.append(["host" if c["gpu"] is None else f"GPU{c['gpu']}", c["setting"], _show(c["current"]),
-                     _show(c["desired"]), action + (f": {c['note']}" if c["note"] else "")])
-    return rows
+        key = tuple(clean(str(k)) for k in (c["setting"], _show(c["current"]), _show(c["desired"]),
+                                            action + (f": {c['note']}" if c["note"] else "")))
+        if c["gpu"] is None:
+            hosts.append(key)
+        else:
+            groups.setdefault(key, []).append(int(c["gpu"]))
+    rows = [[f"GPU{ranges(sorted(gpus))}", *key] for key, gpus in groups.items()]
+    return rows + [["host", *key] for key in hosts]
 
 
 class Target:
@@ -121,6 +134,7 @@ class Target:
         self.simulate = simulate
         conf = cfg.load(config)  # invalid → exit 2 before anything is read or written
         self.socket = control_socket(conf.daemon.socket)
+        self.group = conf.daemon.socket_group
         self._machine: Any = None
 
     @property
@@ -160,6 +174,25 @@ class Target:
         return reply
 
 
+# NVML's words for NVML_ERROR_NO_PERMISSION (nvmlErrorString), and EACCES's for a host file.
+DENIED = ("Insufficient Permissions", "Permission denied")
+
+
+def _denied(text: Any) -> bool:
+    return any(d in str(text or "") for d in DENIED)
+
+
+def need_root(command: str, t: Target) -> Any:
+    """The one line for a write refused for lack of privileges, with the two ways to have them."""
+    from gpud.errors import GpudError
+
+    err = GpudError(f"{command} needs root: the first write was refused, nothing was changed")
+    err.remedy = (f"run it with sudo, or start the gpud daemon (`sudo systemctl start gpud`) and let it act: "
+                  f"members of the group {t.group!r} may use its socket {t.socket} "
+                  f"(`sudo usermod -aG {t.group} $USER`, then log in again)")
+    return err
+
+
 def tuning_lock(role: str) -> Any:
     """The machine-wide tuning lock, waited for a while (another job's apply), never for a daemon."""
     from gpud.errors import GpudError
@@ -195,7 +228,8 @@ def _local_apply(profile: str, dry_run: bool, t: Target) -> dict[str, Any]:
 
 
 def apply(
-    profile: Annotated[str, typer.Argument(help="Profile name (see `gpud profile list`) or path to a TOML file.")],
+    profile: Annotated[str, typer.Argument(help="Profile name (see `gpud profile list`) or path to a TOML file.",
+                                           autocompletion=complete.profiles)],
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the plan; write nothing.")] = False,
     json: Json = False,
     simulate: Simulate = None,
@@ -215,11 +249,14 @@ def apply(
             raise typer.Exit(_fail(result, json))
     else:
         result = _local_apply(profile, dry_run, t)
+        if (not json and not result["ok"] and not result.get("written") and not result.get("rolled_back")
+                and _denied(result.get("error"))):
+            raise need_root("gpud apply", t)  # one line, not the plan and then a refusal
     skipped = result.get("skipped", [])
     plan = result["plan"] + skipped
     todo = sum(1 for c in plan if c["action"] == "set")
     if json:
-        emit_json(_public(result))
+        emit_document("apply", machine_host(t.machine), **_public(result))
     else:
         table(["GPU", "Setting", "Current", "Desired", "Action"], _plan_rows(plan),
               title=f"Profile {result['profile']} ({' → '.join(result['chain'])}) on {result['target']}: "
@@ -247,7 +284,7 @@ def _fail(result: dict[str, Any], json: bool) -> int:
         lines += [f"  NOT restored: {r}" for r in result.get("not_restored", [])]
         sys.stderr.write("\n".join(lines) + "\n")
     elif "plan" not in result:
-        emit_json(result)
+        emit_document("apply", local_host(), **result)
     return 1
 
 
@@ -267,7 +304,7 @@ def verify(json: Json = False, simulate: Simulate = None, config: Config = None)
                 for d in drifts]
     bad = [d for d in rows if d["status"] == "drift"]
     if json:
-        emit_json({"profile": profile, "drift": len(bad), "settings": rows})
+        emit_document("verify", machine_host(t.machine), profile=profile, drift=len(bad), settings=rows)
     elif not applied:
         sys.stdout.write("no profile applied\n")
     else:
@@ -298,9 +335,11 @@ def restore(
 
         with tuning_lock("gpud restore"):
             done, failed = engine.restore(t.machine, fans_only=fans_only)
+        if not json and failed and not done and all(_denied(f) for f in failed):
+            raise need_root("gpud restore", t)  # one line, not one refusal per GPU and setting
     where = reply.get("target", "") if reply is not None else t.name
     if json:
-        emit_json({"restored": done, "failed": failed, "target": where})
+        emit_document("restore", machine_host(t.machine), restored=done, failed=failed, target=where)
     else:
         if done or failed:
             sys.stdout.write(f"restoring {where}\n")

@@ -163,6 +163,16 @@ class ApplicationsClocks(Setting):
     def original(self, current: Any) -> Any:
         return RESET  # the driver's defaults
 
+    def plan(self, g: GpuInfo, s: GpuSample, value: Any, recorded: Any, daemon: bool) -> Planned:
+        """"reset" is already done when the clocks read back as the GPU's defaults
+        (nvmlDeviceGetDefaultApplicationsClock): a second apply of the same profile plans nothing."""
+        p = super().plan(g, s, value, recorded, daemon)
+        default = g.default_applications_clocks_mhz or {}
+        at_default = [default.get("memory"), default.get("graphics")] == p.current
+        if p.action == "set" and value == RESET and at_default:
+            return Planned(p.current, value, "none")
+        return p
+
 
 class LockedClocks(Setting):
     """Locked GPU or memory clocks: NVML has no getter, so what gpud set is recorded and shown."""
