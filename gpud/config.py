@@ -121,6 +121,11 @@ def parse(data: dict[str, Any], file: str) -> Config:
     for name, w in watts:
         if w is not None and w <= 0:
             raise InvalidInput(file, f"machine.{name}", "must be positive")
+    seen: dict[tuple[int, int], int] = {}
+    for k, p in enumerate(pairs or []):
+        first = seen.setdefault((min(p), max(p)), k)
+        if first != k:
+            raise InvalidInput(file, f"machine.nvlink_pairs[{k}]", f"the pair {p!r} is already nvlink_pairs[{first}]")
     n = machine.expect_gpus
     for k, p in enumerate(pairs or []):
         if n is not None and max(p) >= n:

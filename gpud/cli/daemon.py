@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Annotated
 
@@ -42,7 +43,12 @@ def daemon(
         overrides["interval_seconds"] = interval
     if overrides:
         conf = conf.with_daemon(**overrides)
-    raise typer.Exit(run(machine(simulate), conf, config, overrides))
+    from gpud.doctor import configcheck
+
+    m = machine(simulate)
+    for note in configcheck.check(conf, len(m.host.nvidia_gpus())):  # doctor's check, and the daemon's
+        logging.getLogger("gpud.daemon").warning("%s", note)
+    raise typer.Exit(run(m, conf, config, overrides))
 
 
 def _ask(cmd: str, config: str | None, json: bool) -> None:

@@ -27,6 +27,7 @@ from gpud.daemon.schedule import Schedule
 from gpud.daemon.status import Report
 from gpud.daemon.systemd import notify, watchdog_seconds
 from gpud.daemon.tick import Ticker, TuningFacts
+from gpud.doctor import configcheck
 from gpud.errors import GpudError, InvalidInput
 from gpud.exporter import Observation
 from gpud.hw.machine import Machine
@@ -260,7 +261,7 @@ class Daemon:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())
         signal.signal(signal.SIGINT, lambda *_: self.stop_event.set())
-        signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=self.reload, daemon=True).start())
+        signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=self.reload).start())
         self.start()
         interval = float(self.config.daemon.interval_seconds)
         wd = watchdog_seconds()
@@ -305,6 +306,11 @@ class Daemon:
         if got is None:
             return {"ok": True, "message": "no configuration file: defaults kept"}
         new, web, path = got
+        try:
+            configcheck.check(new, len(self.machine.host.nvidia_gpus()))
+        except GpudError as err:
+            log.error("reload refused, old configuration kept: %s", err)
+            return {"ok": False, "error": f"reload refused, old configuration kept: {err}"}
         notes, new = self.front.rebind(new, web)
         self.config = new
         self.front.use_web(web)
@@ -368,7 +374,7 @@ class Daemon:
     def apply(self, name: str, dry_run: bool = False, peer: control.Peer | None = None) -> dict[str, Any]:
         with self.tuning_lock:
             p = load_trusted_profile(name, peer)
-            changes, desired = engine.plan(self.machine, p, daemon=True)
+            changes, desired = engine.plan(self.machine, p)
             reply: dict[str, Any] = {"ok": True, "profile": p.name, "chain": list(p.chain), "source": p.source,
                                      "plan": [c.as_dict() for c in changes], "dry_run": dry_run,
                                      "target": engine.target(self.machine)}
