@@ -1,0 +1,281 @@
+"""Issue 23 (hardening II) and issue 24's events and report items: what a user puts in a file, in
+the journal or on a GPU must not stop gpud or lose data."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tuning_helpers import RICH, cli, fingerprint, fresh, write_profile
+
+from gpud.tuning import state as st
+
+SIM = "z8-fury-4x-a6000"
+
+
+# -- item 2: the whole state file is validated before any write -----------------------------
+
+BAD_VALUES = [
+    ("originals", "0", "power_limit_watts", "lots"),
+    ("originals", "2", "applications_clocks", [1, "x"]),
+    ("originals", "host", "cpu_governor", 5),
+    ("desired", "1", "fan", {"mode": "curve", "points": "hot"}),
+    ("desired", "0", "power_limit_watts", float("nan")),
+    ("originals", "3", "compute_mode", "turbo"),
+]
+
+
+@pytest.mark.parametrize(("section", "where", "key", "value"), BAD_VALUES)
+def test_a_wrong_typed_state_value_stops_verify_restore_and_apply_before_any_write(
+        capsys, tmp_path, state_dir, section, where, key, value) -> None:
+    code, _, err = cli(capsys, "apply", str(write_profile(tmp_path, RICH)), "--simulate", SIM)
+    assert code == 0, err
+    data = json.loads(st.path().read_text())
+    data[section].setdefault(where, {})[key] = value
+    raw = json.dumps(data)
+    st.path().write_text(raw)
+    before = fingerprint(fresh())
+    for argv in (("verify",), ("restore",), ("apply", str(write_profile(tmp_path, RICH)))):
+        code, out, err = cli(capsys, *argv, "--simulate", SIM)
+        assert code == 1, (argv, out, err)
+        assert f"'{section}.{where}.{key}'" in err and "Traceback" not in err, (argv, err)
+        assert "drifted" not in out, (argv, out)
+    assert fingerprint(fresh()) == before  # restore wrote nothing (the fans aside: they were auto)
+    assert st.path().read_text() == raw
+
+
+# -- item 3: a locked journal is waited for, never set aside ---------------------------------
+
+def _journal_with_history(path) -> None:
+    from gpud.journal import Journal
+
+    j = Journal(path)
+    j.record("xid", "Xid 79 on GPU 1", gpu=1, uuid="GPU-1", boot_id="b1", data={"xid": 79})
+    j.record("ecc", "GPU 1 ECC", gpu=1, uuid="GPU-1", boot_id="b1", data={"uncorrected": 2})
+    j.close()
+
+
+def test_a_journal_locked_by_another_process_is_kept_and_opened_when_the_lock_goes(tmp_path, caplog) -> None:
+    import sqlite3
+
+    from gpud import journal as jn
+
+    path = tmp_path / "journal.db"
+    _journal_with_history(path)
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")  # a backup, an sqlite3 shell in a transaction
+    try:
+        j = jn.Journal(path, busy_wait_s=0.5)
+        assert j.set_aside is None and not list(tmp_path.glob("journal.db.corrupt-*"))
+        assert "tried again" in caplog.text
+        j.record("gpu_lost", "GPU 2 lost", gpu=2)  # held while the journal is locked
+    finally:
+        other.rollback()
+        other.close()
+    j._retry_at = 0.0  # the retry is due
+    j.record("gpu_back", "GPU 2 answers again", gpu=2)
+    j.close()
+    kinds = [e.kind for e in jn.events(path)]
+    assert kinds == ["xid", "ecc", "gpu_lost", "gpu_back"]
+
+
+def test_a_lock_released_while_the_daemon_waits_opens_the_journal_at_once(tmp_path) -> None:
+    import sqlite3
+    import threading
+
+    from gpud import journal as jn
+
+    path = tmp_path / "journal.db"
+    _journal_with_history(path)
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN EXCLUSIVE")
+    threading.Timer(1.0, other.rollback).start()
+    j = jn.Journal(path, busy_wait_s=8)
+    assert j.db is not None and j.set_aside is None
+    j.close()
+    other.close()
+    assert len(jn.events(path)) == 2
+
+
+def test_a_file_sqlite_reports_corrupt_is_still_set_aside(tmp_path) -> None:
+    from gpud import journal as jn
+
+    path = tmp_path / "journal.db"
+    path.write_bytes(b"not a database at all" * 200)
+    j = jn.Journal(path, busy_wait_s=0.5)
+    assert j.set_aside is not None and j.db is not None
+    j.close()
+
+
+# -- item 4: odd journal rows ---------------------------------------------------------------
+
+def test_odd_journal_rows_are_shown_with_one_warning_each(state_dir) -> None:
+    import sqlite3
+
+    from conftest import run_gpud
+
+    from gpud.journal import Journal
+
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / "journal.db"
+    j = Journal(path)
+    j.record("xid", "a good one", gpu=0, uuid="GPU-0", boot_id="b", data={"xid": 79})
+    j.gpu_seen("GPU-0", "1320000000001", "NVIDIA RTX A6000", "94.02", "00000000:17:00.0", 0)
+    j.close()
+    db = sqlite3.connect(path)
+    rows = [(-1e18, "check", "minus a lot", None), (1e300, "check", "far future", None),
+            ("yesterday", "check", "a string time", None), (1.7e9, "check", "data not JSON", "{oops"),
+            (1.7e9, "check", sqlite3.Binary(b"\xffblob summary"), None), (1.7e9, "xid", "xid text", '{"xid": "79"}'),
+            (1.7e9, "throttle", "odd throttle", '{"since": "a while"}'), (1.7e9, "check", "a list", "[1, 2]")]
+    db.executemany("INSERT INTO events (ts, kind, summary, data, uuid, boot_id) VALUES (?, ?, ?, ?, 'GPU-0', 'b')",
+                   rows)
+    db.commit()
+    db.close()
+    env = {"GPUD_STATE_DIR": str(state_dir)}
+    for args in (("events",), ("events", "--json"), ("events", "--dossier", "GPU-0"),
+                 ("events", "--dossier", "GPU-0", "--json"), ("doctor", "--simulate", SIM, "--json")):
+        r = run_gpud(*args, env=env)
+        assert "Traceback" not in r.stderr and r.returncode in (0, 1), (args, r.stderr)
+        if args[0] == "events" and "--dossier" not in args:
+            assert r.returncode == 0
+            assert r.stderr.count("warning") == 6, r.stderr  # the bad times, data and blob: once each
+            if "--json" in args:
+                evs = json.loads(r.stdout)["events"]
+                assert len(evs) == 9 and {e["summary"] for e in evs} >= {"\ufffdblob summary", "far future"}
+            else:
+                assert "minus a lot" in r.stdout and "data not JSON" in r.stdout
+
+
+# -- issue 24: events before any daemon, --since "", --simulate, the probe's reason ---------
+
+def test_events_before_any_daemon_says_there_are_none_yet_and_who_writes_them(state_dir) -> None:
+    from conftest import run_gpud
+
+    env = {"GPUD_STATE_DIR": str(state_dir)}
+    r = run_gpud("events", env=env)
+    assert r.returncode == 0 and "no events yet" in r.stdout and "daemon" in r.stdout, r
+    assert "corrupt" not in r.stdout + r.stderr
+    r = run_gpud("events", "--json", env=env)
+    assert r.returncode == 0 and json.loads(r.stdout)["events"] == []
+    r = run_gpud("events", "--simulate", SIM, env=env)
+    assert r.returncode == 0 and "no events yet" in r.stdout, r.stderr
+
+
+@pytest.mark.parametrize("since", ["", " ", "-5m", "1e400", "99999999999d"])
+def test_events_refuses_a_since_that_is_not_a_duration(state_dir, since) -> None:
+    from conftest import run_gpud
+
+    r = run_gpud("events", "--since", since, env={"GPUD_STATE_DIR": str(state_dir)})
+    assert r.returncode == 2 and "--since" in r.stderr and "Traceback" not in r.stderr, r
+
+
+def test_a_failed_probe_keeps_its_reason_in_the_journal_and_the_dossier(state_dir, tmp_path) -> None:
+    import subprocess
+    import sys
+    import time as _time
+
+    from gpud import journal
+    from gpud.daemon.recorder import Recorder
+    from gpud.daemon.schedule import Schedule
+    from gpud.paths import probe_output_path
+
+    state_dir.mkdir(parents=True, exist_ok=True)
+    rec = Recorder(journal.Journal(), "boot")
+    sched = Schedule(fresh(), lambda: None, lambda: rec)  # type: ignore[arg-type,return-value]
+    out = probe_output_path()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("gpud: error: PyTorch is not installed for this Python\n"
+                   "  remedy: pip install torch\n")
+    sched.last_probe_start = _time.time()
+    sched.probe_proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
+    sched.probe_proc.wait()
+    sched.probe_why = "requested"
+    sched.reap_probe()
+    (e,) = journal.events(kinds=("probe",))
+    assert "PyTorch is not installed" in e.summary and "PyTorch" in e.data["error"], e
+
+
+# -- item 5 and issue 24: the report is redacted whole, and holds the journal ---------------
+
+PLANTED = {"user": ["alice", "bob", "carol", "dave", "erin"],
+           "id": ["3f9c2a1b7d4e", "session-1.scope", "4711", "0d3c7f5e-1a2b-4c3d-9e8f-7a6b5c4d3e2f"],
+           "name": ["lab-gpu-07", "dave_job.py", "train_resnet.py", "finetune.py", "alice_train"]}
+
+
+def _planted_description(tmp_path):
+    from conftest import REPO
+
+    text = (REPO / "gpud/sim/descriptions/z8-fury-4x-a6000-degraded.toml").read_text()
+    text = text.replace('name = "z8-fury-4x-a6000-degraded"', 'name = "lab-gpu-07"')
+    text = text.replace('command = "python finetune.py" }]', 'command = "python finetune.py", unit = "session-1.scope" },'
+                        ' { pid = 51900, used_mib = 100, user = "dave", uid = 1004, '
+                        'command = "python /home/dave/dave_job.py --out /home/dave", slurm_job = 4711 },'
+                        ' { pid = 51901, used_mib = 100, user = "erin", uid = 1005, command = "python serve.py",'
+                        ' pod = "0d3c7f5e-1a2b-4c3d-9e8f-7a6b5c4d3e2f" }]')
+    text = text.replace("xid = 48\n", 'xid = 48\ntext = "pid=48213, name=alice_train, Ch 00000008"\n')
+    path = tmp_path / "lab-gpu-07.toml"
+    path.write_text(text)
+    return path
+
+
+def test_the_report_redacts_every_name_and_id_found_on_the_machine_wherever_it_stands(tmp_path, state_dir) -> None:
+    import tarfile
+
+    from conftest import run_gpud
+
+    from gpud.journal import Journal
+
+    desc = _planted_description(tmp_path)
+    env = {"GPUD_SIM_EUID": "0"}
+    (tmp_path / "bob").mkdir()
+    prof = tmp_path / "bob" / "alice-quiet.toml"
+    prof.write_text('description = "quiet nights for alice and dave_job.py (docker:3f9c2a1b7d4e)"\n'
+                    "[all]\npower_limit = 250\n")
+    r = run_gpud("apply", str(prof), "--simulate", str(desc), env=env)
+    assert r.returncode == 0, r.stderr
+    j = Journal()
+    j.record("profile_apply", "alice-quiet applied by alice", gpu=0, uuid="GPU-x", boot_id="b",
+             data={"user": "carol", "unit": "session-1.scope", "job": "slurm:4711"})
+    j.record("probe", "probe (requested) FAILED: /home/erin/x: no such file", boot_id="b")
+    j.gpu_seen("GPU-x", "1320", "NVIDIA RTX A6000", "94", "00000000:17:00.0", 0)
+    j.close()
+    out = tmp_path / "r.tar.gz"
+    r = run_gpud("report", "--simulate", str(desc), "-o", str(out), env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    with tarfile.open(out) as tar:
+        files = {m.name: tar.extractfile(m).read().decode() for m in tar.getmembers()}  # type: ignore[union-attr]
+    assert {"gpud-report/events.json", "gpud-report/dossiers.json"} <= set(files)
+    assert len(json.loads(files["gpud-report/dossiers.json"])) == 1
+    assert "FAILED" in files["gpud-report/events.json"]
+    everything = "\n".join([*files.values(), *files]) + r.stdout
+    for kind, secrets in PLANTED.items():
+        for secret in secrets:
+            assert secret not in everything, (kind, secret)
+    assert "-quiet" in files["gpud-report/tuning.json"]  # the rest of the word is kept
+    assert "name=<process>" in files["gpud-report/kernel-nvidia.log"]
+
+
+# -- item 7: one validator for the daemon's configuration and doctor's ----------------------
+
+BAD_CONFIGS = [
+    ('[daemon]\nsocket_group = "no-such-group-here"\n', "daemon.socket_group", "no group"),
+    ('[doctor]\nskip = ["envv.*"]\n', "doctor.skip", "matches no check"),
+    ("[machine]\nnvlink_pairs = [[0, 9]]\n", "machine.nvlink_pairs[0]", "GPU 9 does not exist"),
+    ("[machine]\nnvlink_pairs = [[0, 1], [1, 0]]\n", "machine.nvlink_pairs[1]", "already"),
+    ('[daemon]\nprofile = "no-such-profile"\n', "daemon.profile", "no-such-profile"),
+]
+
+
+@pytest.mark.parametrize(("body", "key", "why"), BAD_CONFIGS)
+def test_the_daemon_refuses_what_doctor_refuses_with_exit_2(tmp_path, state_dir, body, key, why) -> None:
+    from conftest import run_gpud
+
+    p = tmp_path / "gpud.toml"
+    sock = f'socket = "{tmp_path}/s.sock"\n'
+    p.write_text(body.replace("[daemon]\n", "[daemon]\n" + sock) if "[daemon]" in body else body + "[daemon]\n" + sock)
+    env = {"GPUD_STATE_DIR": str(state_dir)}
+    for cmd in (("daemon", "--listen", "127.0.0.1:0"), ("doctor",)):
+        r = run_gpud(*cmd, "--config", str(p), "--simulate", SIM, env=env, timeout=30)
+        assert r.returncode == 2, (cmd, r.returncode, r.stderr[-2000:])
+        assert f"{p}: {key}" in r.stderr and why in r.stderr and "Traceback" not in r.stderr, (cmd, r.stderr)
+    assert not state_dir.exists() or not (state_dir / "tuning.json").exists()
