@@ -207,7 +207,8 @@ def _planted_description(tmp_path):
 
     text = (REPO / "gpud/sim/descriptions/z8-fury-4x-a6000-degraded.toml").read_text()
     text = text.replace('name = "z8-fury-4x-a6000-degraded"', 'name = "lab-gpu-07"')
-    text = text.replace('command = "python finetune.py" }]', 'command = "python finetune.py", unit = "session-1.scope" },'
+    text = text.replace('command = "python finetune.py" }]',
+                        'command = "python finetune.py", unit = "session-1.scope" },'
                         ' { pid = 51900, used_mib = 100, user = "dave", uid = 1004, '
                         'command = "python /home/dave/dave_job.py --out /home/dave", slurm_job = 4711 },'
                         ' { pid = 51901, used_mib = 100, user = "erin", uid = 1005, command = "python serve.py",'
@@ -279,3 +280,46 @@ def test_the_daemon_refuses_what_doctor_refuses_with_exit_2(tmp_path, state_dir,
         assert r.returncode == 2, (cmd, r.returncode, r.stderr[-2000:])
         assert f"{p}: {key}" in r.stderr and why in r.stderr and "Traceback" not in r.stderr, (cmd, r.stderr)
     assert not state_dir.exists() or not (state_dir / "tuning.json").exists()
+
+
+# -- item 11: fan curves taken back after a driver reload; verify counts what it cannot read -
+
+def test_fan_curves_are_taken_back_after_a_driver_reload_counted_and_logged(tmp_path, state_dir) -> None:
+    import signal
+
+    from daemon_helpers import RunningDaemon
+
+    from gpud import journal
+    from gpud.backends import open_machine
+
+    def policies() -> list[int]:
+        sim = open_machine(SIM).simulation.machine
+        return [sim.settings(i)["fans"][0]["policy"] for i in range(4)]
+
+    d = RunningDaemon(tmp_path, config='profile = "training"\n')
+    try:
+        d.wait_for(lambda: policies() == [1, 1, 1, 1], 10, "fans on gpud's curve")
+        before = d.value("gpud_profile_reapply_total") or 0
+        m = open_machine(SIM)
+        for gpu in range(4):  # what a driver reload does to the fans: back to the automatic policy
+            m.nvml.set_fan_auto(gpu, 0)
+        assert policies() == [0, 0, 0, 0]
+        d.wait_for(lambda: policies() == [1, 1, 1, 1], 15, "curves re-applied")  # policies read every 10 s
+        d.wait_for(lambda: (d.value("gpud_profile_reapply_total") or 0) >= before + 4, 5, "re-applies counted")
+        assert "curve re-applied" in d.logs()
+        d.wait_for(lambda: any("curve re-applied" in e.summary for e in journal.events(kinds=("profile_reapply",))),
+                   5, "the re-apply journalled")
+    finally:
+        d.stop(signal.SIGKILL)
+
+
+def test_verify_counts_settings_it_cannot_read_back_and_strict_fails_on_them(capsys, tmp_path, state_dir) -> None:
+    code, _, err = cli(capsys, "apply", str(write_profile(tmp_path, RICH)), "--simulate", SIM)
+    assert code == 0, err
+    fresh().simulation.machine.reboot()  # drops the locked clocks, which NVML cannot read back
+    code, out, _ = cli(capsys, "verify", "--simulate", SIM)
+    assert "8 that cannot be read back" in out, out
+    code, out, _ = cli(capsys, "verify", "--json", "--simulate", SIM)
+    assert json.loads(out)["unverifiable"] == 8
+    code, out, _ = cli(capsys, "verify", "--strict", "--simulate", SIM)
+    assert code == 1

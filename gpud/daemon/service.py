@@ -338,7 +338,11 @@ class Daemon:
             if snap is None:
                 self.fans.failsafe_all(why)
                 return ()
-            self.fans.step(snap.samples, time.monotonic())
+            for ev in self.fans.step(snap.samples, time.monotonic()):
+                if ev.kind == "reapply":  # counted and journalled as the enforcer's re-applies are
+                    self.enforcer.reapply_total += 1
+                    self.recorder.profile("profile_reapply", f"GPU {ev.gpu}: {ev.detail} (profile {self.profile})",
+                                          ev.gpu, drifted=["fan"], failed=[])
             return self._enforce(snap)
 
     def _tuning_facts(self) -> TuningFacts:
