@@ -323,3 +323,106 @@ def test_verify_counts_settings_it_cannot_read_back_and_strict_fails_on_them(cap
     assert json.loads(out)["unverifiable"] == 8
     code, out, _ = cli(capsys, "verify", "--strict", "--simulate", SIM)
     assert code == 1
+
+
+# -- item 12: the control socket and the HTTP endpoint at their edges ----------------------
+
+def _control(tmp_path):
+    from gpud.daemon import control
+
+    path = str(tmp_path / "c.sock")
+    srv, _ = control.serve(path, lambda req, peer: {"ok": True, "cmd": req["cmd"]}, None)
+    return srv, path
+
+
+@pytest.mark.parametrize("close_write", [False, True])
+def test_a_control_request_without_its_newline_is_answered(tmp_path, close_write) -> None:
+    import socket
+
+    srv, path = _control(tmp_path)
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(5)
+        s.connect(path)
+        s.sendall(b'{"cmd": "ping", "args": {}}')
+        if close_write:
+            s.shutdown(socket.SHUT_WR)
+        reply = json.loads(s.makefile("rb").readline())
+        s.close()
+        assert reply == {"ok": True, "cmd": "ping"}, reply
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_a_control_request_that_is_too_large_says_so(tmp_path) -> None:
+    import socket
+
+    srv, path = _control(tmp_path)
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(5)
+        s.connect(path)
+        try:
+            s.sendall(b'{"cmd": "ping", "args": {"x": "' + b"a" * 70000 + b'"}}\n')
+        except OSError:
+            pass
+        reply = json.loads(s.makefile("rb").readline())
+        s.close()
+        assert not reply["ok"] and "larger than 65536" in reply["error"]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.mark.parametrize(("raw", "status"), [
+    (b"GET /" + b"a" * 20000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
+    (b"GET /metrics HTTP/1.1\r\n" + b"X-Big: " + b"b" * 20000 + b"\r\n\r\n", 431),
+    (b"GET /metrics\r\n", 505),
+])
+def test_oversized_heads_and_http09_get_a_status_line_not_the_exposition(raw, status) -> None:
+    import socket
+
+    from gpud.daemon import http
+
+    ep = http.Endpoints(lambda: b"gpud_up 1\n", lambda: (True, "ok"), lambda: {"ok": True}, None)
+    srv, _ = http.serve("127.0.0.1", 0, ep)
+    try:
+        s = socket.create_connection(("127.0.0.1", srv.server_address[1]), timeout=5)
+        try:
+            s.sendall(raw)
+        except OSError:
+            pass
+        data = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            data += chunk
+        s.close()
+        assert data.startswith(f"HTTP/1.0 {status} ".encode()), data[:200]
+        assert b"gpud_up" not in data
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+XML_HEAD = '<?xml version="1.0" ?>\n'
+XML_BODY = ('<nvidia_smi_log><driver_version>550.127.05</driver_version><attached_gpus>1</attached_gpus>'
+            '<gpu id="00000000:17:00.0"><product_name>{name}</product_name></gpu></nvidia_smi_log>\n')
+
+
+@pytest.mark.parametrize("doctype", [
+    '<!DOCTYPE nvidia_smi_log [<!ENTITY n "NVIDIA RTX A6000">]>\n',
+    '<!DOCTYPE nvidia_smi_log [<!ENTITY n SYSTEM "file:///etc/hostname">]>\n',
+    '<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">\n',  # nvidia-smi's own: the entity is undefined
+])
+def test_an_xml_dump_with_a_dtd_or_entity_is_refused_with_a_clear_error(capsys, tmp_path, doctype) -> None:
+    p = tmp_path / "dump.xml"
+    p.write_text(XML_HEAD + doctype + XML_BODY.format(name="&n;"))
+    code, out, err = cli(capsys, "sim", "import", str(p), "-o", str(tmp_path / "out.toml"))
+    assert code == 2 and "DTD" in err and str(p) in err and "Traceback" not in err, (out, err)
+    assert not (tmp_path / "out.toml").exists()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 from typing import Annotated
 
@@ -46,8 +45,7 @@ def daemon(
     from gpud.doctor import configcheck
 
     m = machine(simulate)
-    for note in configcheck.check(conf, len(m.host.nvidia_gpus())):  # doctor's check, and the daemon's
-        logging.getLogger("gpud.daemon").warning("%s", note)
+    configcheck.check(conf, len(m.host.nvidia_gpus()))  # doctor's check, and the daemon's
     raise typer.Exit(run(m, conf, config, overrides))
 
 

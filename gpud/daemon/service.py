@@ -240,6 +240,9 @@ class Daemon:
     def start(self) -> None:
         """Everything that can refuse to start does so before the hardware is touched (``Front.open``)."""
         self.front.open(self.config.daemon, self.socket_path(), self.metrics, self.healthy, self.status)
+        note = configcheck.group_note(self.config)
+        if note:
+            log.warning("%s", note)
         self._open_journal()
         self._load_profile_at_start()
         try:  # blocking readings (PCIe throughput, processes): a thread off the tick, first round now

@@ -43,22 +43,26 @@ def pairs_exist(conf: Config, gpus: int) -> None:
                                f"GPU {max(pair)} does not exist: this machine has {gpus} GPU(s) on the PCI bus")
 
 
-def daemon_keys(conf: Config) -> list[str]:
+def group_note(conf: Config) -> str | None:
+    """The default socket group missing: a warning (only root can use the socket), not an error."""
+    g = conf.daemon.socket_group
+    try:
+        grp.getgrnam(g)
+        return None
+    except KeyError:
+        return (f"group {g!r} does not exist: only root can use the control socket "
+                f"(`sudo groupadd --system {g}`, or set [daemon] socket_group)")
+
+
+def daemon_keys(conf: Config) -> None:
     """The daemon's own keys: a configured socket group must exist (else the socket would be left to
-    root without a word) and a configured profile must load. Returns warnings (the default group
-    missing: the socket is root's only)."""
+    root without a word) and a configured profile must load."""
     file = conf.path or "gpud.toml"
     d = conf.daemon
-    notes: list[str] = []
-    try:
-        grp.getgrnam(d.socket_group)
-    except KeyError:
-        if d.socket_group != DaemonSection().socket_group:
-            raise InvalidInput(file, "daemon.socket_group",
-                               f"no group {d.socket_group!r} on this host (`getent group {d.socket_group}`; "
-                               f"create it with `sudo groupadd --system {d.socket_group}` or name another)") from None
-        notes.append(f"group {d.socket_group!r} does not exist: only root can use the control socket "
-                     f"(`sudo groupadd --system {d.socket_group}`, or set [daemon] socket_group)")
+    if d.socket_group != DaemonSection().socket_group and group_note(conf) is not None:
+        raise InvalidInput(file, "daemon.socket_group",
+                           f"no group {d.socket_group!r} on this host (`getent group {d.socket_group}`; "
+                           f"create it with `sudo groupadd --system {d.socket_group}` or name another)")
     if d.profile is not None:
         from gpud.tuning.profile import load
 
@@ -66,15 +70,13 @@ def daemon_keys(conf: Config) -> list[str]:
             load(d.profile)
         except GpudError as err:
             raise InvalidInput(file, "daemon.profile", f"{d.profile!r} cannot be loaded: {err}") from err
-    return notes
 
 
-def check(conf: Config, gpus: int, *, only: Sequence[str] = (), skip: Sequence[str] = ()) -> list[str]:
-    """Everything above, for doctor and the daemon alike; InvalidInput at the first problem, else the
-    warnings."""
+def check(conf: Config, gpus: int, *, only: Sequence[str] = (), skip: Sequence[str] = ()) -> None:
+    """Everything above, for doctor and the daemon alike; InvalidInput at the first problem."""
     globs_match(conf, only, skip)
     pairs_exist(conf, gpus)
-    return daemon_keys(conf)
+    daemon_keys(conf)
 
 
-__all__ = ["check", "check_ids", "daemon_keys", "globs_match", "pairs_exist"]
+__all__ = ["check", "check_ids", "daemon_keys", "globs_match", "group_note", "pairs_exist"]
