@@ -426,3 +426,119 @@ def test_an_xml_dump_with_a_dtd_or_entity_is_refused_with_a_clear_error(capsys, 
     code, out, err = cli(capsys, "sim", "import", str(p), "-o", str(tmp_path / "out.toml"))
     assert code == 2 and "DTD" in err and str(p) in err and "Traceback" not in err, (out, err)
     assert not (tmp_path / "out.toml").exists()
+
+
+# -- item 8: descriptions and profiles refuse garbage; extends is relative to its file -------
+
+def _description(tmp_path, machine: str = "", gpu: str = "", tail: str = ""):
+    from conftest import MINIMAL
+
+    text = MINIMAL.format(name="box").replace("[machine]\n", "[machine]\n" + machine)
+    p = tmp_path / "box.toml"
+    p.write_text(text + gpu + tail)
+    return p
+
+
+BAD_DESCRIPTIONS = [
+    ("", "pcie_max_width = 3\n", "", "gpu[0].pcie_max_width"),
+    ("", "pcie_max_generation = 9\n", "", "gpu[0].pcie_max_generation"),
+    ("", "slot_width = 5\n", "", "gpu[0].slot_width"),
+    ("", "", '[xorg]\nfiles = {"a.conf" = 5}\n', "xorg.files.a.conf"),
+    ("", "", '[xorg]\nfiles = {"../../etc/passwd" = "x"}\n', "xorg.files"),
+    ('kernel_cmdline = "quiet\\nnvidia-drm.modeset=1"\n', "", "", "machine.kernel_cmdline"),
+    ("", "", '[[fault]]\nkind = "xid"\ngpu = 0\nxid = 79\ntext = "fell off\\nthe bus"\n', "fault[0].text"),
+    ("", "ecc_supported = false\necc_enabled = true\n", "", "gpu[0].ecc_enabled"),
+    ("", "ecc_supported = false\necc_aggregate_uncorrected = 3\n", "", "gpu[0].ecc_aggregate_uncorrected"),
+    ("modules = [1, 2]\n", "", "", "machine.modules"),
+    ("", "", '[[fault]]\nkind = "link_degraded"\ngpu = 0\nwidth = 3\n', "fault[0].width"),
+    ("", "", '[[fault]]\nkind = "link_degraded"\ngpu = 0\ngeneration = 9\n', "fault[0].generation"),
+]
+
+
+@pytest.mark.parametrize(("machine", "gpu", "tail", "key"), BAD_DESCRIPTIONS)
+def test_a_description_with_garbage_is_refused_with_its_key(capsys, tmp_path, state_dir, machine, gpu, tail,
+                                                            key) -> None:
+    p = _description(tmp_path, machine, gpu, tail)
+    code, _, err = cli(capsys, "status", "--simulate", str(p))
+    assert code == 2 and f"{p}: {key}" in err and "Traceback" not in err, err
+
+
+BAD_FANS = [
+    ('[all.fan]\nmode = "fixed"\npercent = 60\npoints = [[40, 30], [80, 90]]\n', "all.fan.points"),
+    ('[all.fan]\nmode = "curve"\npercent = 60\npoints = [[40, 30], [80, 90]]\n', "all.fan.percent"),
+    ('[all.fan]\nmode = "curve"\npoints = [[40, 30], [99, 90], [105, 100]]\n', "all.fan.points[1]"),
+]
+
+
+@pytest.mark.parametrize(("text", "key"), BAD_FANS)
+def test_a_fan_setting_that_cannot_mean_anything_is_refused(capsys, tmp_path, state_dir, text, key) -> None:
+    p = tmp_path / "f.toml"
+    p.write_text(text)
+    before = fingerprint(fresh())
+    code, _, err = cli(capsys, "apply", str(p), "--simulate", SIM)
+    assert code == 2 and f"{p}: {key}" in err, err
+    assert fingerprint(fresh()) == before
+
+
+def test_a_relative_extends_is_found_beside_the_profile_and_errors_name_that_file(capsys, tmp_path, state_dir,
+                                                                                  monkeypatch) -> None:
+    d = tmp_path / "profiles"
+    d.mkdir()
+    (d / "base.toml").write_text("[all]\npower_limit = 250\n")
+    (d / "child.toml").write_text('extends = "base.toml"\n[all]\npersistence_mode = true\n')
+    (d / "broken.toml").write_text('extends = "./missing.toml"\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "base.toml").write_text("[all]\npower_limit = 1\n")  # the current directory's: not this one
+    monkeypatch.chdir(elsewhere)
+    code, out, err = cli(capsys, "apply", str(d / "child.toml"), "--dry-run", "--simulate", SIM)
+    assert code == 0 and "250 W" in out, (out, err)
+    code, _, err = cli(capsys, "apply", str(d / "broken.toml"), "--dry-run", "--simulate", SIM)
+    assert code == 2 and f"{d / 'broken.toml'}: extends" in err and "missing.toml" in err, err
+
+
+# -- item 9: a full or read-only state directory reaches gpud, not a simulator traceback -----
+
+@pytest.mark.parametrize("code", ["ENOSPC", "EROFS"])
+def test_a_full_or_read_only_state_directory_reaches_gpuds_own_handling(capsys, tmp_path, state_dir, monkeypatch,
+                                                                       code) -> None:
+    import builtins
+    import errno
+    import os
+
+    import gpud.paths
+
+    number = getattr(errno, code)
+    under = str(state_dir)
+    real_open, real_os_open, real_mkdir = builtins.open, os.open, os.mkdir
+
+    def refuse(path) -> None:  # type: ignore[no-untyped-def]
+        if str(path).startswith(under):
+            raise OSError(number, os.strerror(number), str(path))
+
+    def fake_open(file, mode="r", *args, **kwargs):  # type: ignore[no-untyped-def]
+        if any(c in mode for c in "wax+"):
+            refuse(file)
+        return real_open(file, mode, *args, **kwargs)
+
+    def fake_os_open(path, flags, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if flags & (os.O_CREAT | os.O_WRONLY | os.O_RDWR):
+            refuse(path)
+        return real_os_open(path, flags, *args, **kwargs)
+
+    def fake_mkdir(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        refuse(path)
+        return real_mkdir(path, *args, **kwargs)
+
+    p = write_profile(tmp_path, RICH)
+    state_dir.mkdir(parents=True)  # it exists; nothing can be written in it
+    monkeypatch.setattr(builtins, "open", fake_open)
+    monkeypatch.setattr(os, "open", fake_os_open)
+    monkeypatch.setattr(os, "mkdir", fake_mkdir)
+    monkeypatch.setattr(gpud.paths.os, "open", fake_os_open)
+    rc, out, err = cli(capsys, "status", "--simulate", SIM)
+    assert rc == 0 and "Traceback" not in err, err
+    rc, out, err = cli(capsys, "apply", str(p), "--simulate", SIM)
+    assert rc == 1 and os.strerror(number) in err and "Traceback" not in err, (out, err)
+    rc, out, err = cli(capsys, "doctor", "--simulate", SIM)
+    assert rc in (0, 1) and "Traceback" not in err, err
