@@ -542,3 +542,27 @@ def test_a_full_or_read_only_state_directory_reaches_gpuds_own_handling(capsys, 
     assert rc == 1 and os.strerror(number) in err and "Traceback" not in err, (out, err)
     rc, out, err = cli(capsys, "doctor", "--simulate", SIM)
     assert rc in (0, 1) and "Traceback" not in err, err
+
+
+# -- item 10: a stuck fan is judged by its effect, against an identical sibling --------------
+
+def _pair(t0: int, t1: int, stuck: bool) -> str:
+    from doctor_helpers import description
+
+    fault = '[[fault]]\nkind = "fan_stuck"\ngpu = 0\nfan = 0\npercent = 0\n' if stuck else ""
+    return description(2, defaults="utilization_percent = 100\npower_watts = 280",
+                       gpu_extra={0: f"temperature_celsius = {t0}", 1: f"temperature_celsius = {t1}"}, extra=fault)
+
+
+@pytest.mark.parametrize(("t0", "t1", "stuck", "want"), [(88, 72, True, "fail"), (78, 72, False, "pass"),
+                                                          (72, 72, False, "pass")])
+def test_a_stuck_fan_beside_an_identical_cooler_gpu_under_the_same_load_fails(tmp_path, state_dir, t0, t1, stuck,
+                                                                              want) -> None:
+    from doctor_helpers import doctor
+
+    r = doctor(tmp_path, "health.fans", _pair(t0, t1, stuck))
+    by_gpu = {c.gpu: c for c in r.checks}
+    assert by_gpu[0].status == want, by_gpu[0]
+    assert by_gpu[1].status == "pass", by_gpu[1]
+    if want == "fail":
+        assert "GPU 1" in by_gpu[0].summary and "cannot be cooling" in by_gpu[0].summary
