@@ -287,8 +287,16 @@ def _reader(path: Path) -> sqlite3.Connection:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
         db.execute("SELECT COUNT(*) FROM events").fetchone()
     except sqlite3.Error as err:
-        raise JournalError(f"health journal {path} is unreadable: {err}") from err
+        raise _unreadable(path, err) from err
     return db
+
+
+def _unreadable(path: Path, err: sqlite3.Error) -> JournalError:
+    if _classify(err) == "busy":
+        e = JournalError(f"health journal {path} is locked by another process ({err})")
+        e.remedy = "another process holds a transaction on it (a backup, an `sqlite3` shell): try again when it ends"
+        return e
+    return JournalError(f"health journal {path} is unreadable: {err}")
 
 
 def events(path: Path | None = None, *, since: float | None = None, gpu: int | None = None,
@@ -313,7 +321,7 @@ def events(path: Path | None = None, *, since: float | None = None, gpu: int | N
         with closing(_reader(path or journal_path())) as db:
             return [_row(r, problems) for r in db.execute(sql + " ORDER BY ts, id", args)]
     except sqlite3.Error as err:
-        raise JournalError(f"health journal {path or journal_path()} is unreadable: {err}") from err
+        raise _unreadable(path or journal_path(), err) from err
 
 
 def gpus(path: Path | None = None) -> list[dict[str, Any]]:
@@ -322,7 +330,7 @@ def gpus(path: Path | None = None) -> list[dict[str, Any]]:
             cols = ("uuid", "serial", "name", "vbios", "pci_bus_id", "gpu", "first_seen", "last_seen")
             return [dict(zip(cols, r, strict=True)) for r in db.execute(f"SELECT {', '.join(cols)} FROM gpus")]
     except sqlite3.Error as err:
-        raise JournalError(f"health journal {path or journal_path()} is unreadable: {err}") from err
+        raise _unreadable(path or journal_path(), err) from err
 
 
 def repeated_hardware_xids(evs: list[Event]) -> Iterator[tuple[str, int, int]]:

@@ -566,3 +566,21 @@ def test_a_stuck_fan_beside_an_identical_cooler_gpu_under_the_same_load_fails(tm
     assert by_gpu[1].status == "pass", by_gpu[1]
     if want == "fail":
         assert "GPU 1" in by_gpu[0].summary and "cannot be cooling" in by_gpu[0].summary
+
+
+def test_events_on_a_locked_journal_says_it_is_locked_not_corrupt(state_dir) -> None:
+    import sqlite3
+
+    from conftest import run_gpud
+
+    state_dir.mkdir(parents=True, exist_ok=True)
+    _journal_with_history(state_dir / "journal.db")
+    other = sqlite3.connect(state_dir / "journal.db", isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")
+    try:
+        r = run_gpud("events", env={"GPUD_STATE_DIR": str(state_dir)})
+    finally:
+        other.rollback()
+        other.close()
+    assert r.returncode == 1 and "locked by another process" in r.stderr and "set" not in r.stderr, r.stderr
+    assert not list(state_dir.glob("journal.db.corrupt-*"))
