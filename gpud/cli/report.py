@@ -208,8 +208,9 @@ def _redact(text: str, secrets: dict[str, str]) -> str:
                           text)
         elif what.startswith(("<container", "<pod")):  # a short id stands for the whole one too
             text = re.sub(rf"(?<![0-9a-f]){re.escape(value)}[0-9a-f-]*", what, text)
-        else:  # inside words too ("alice-quiet", "alice_notes"), not inside another name ("malice")
-            text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(value)}(?![A-Za-z0-9])", what, text)
+        else:  # inside words joined by - . / @ too ("alice-quiet"), not inside another name ("malice")
+            # nor a JSON key ("gpu_count" for a host named "gpu")
+            text = re.sub(rf"(?<![A-Za-z0-9_]){re.escape(value)}(?![A-Za-z0-9_])", what, text)
     return text
 
 
