@@ -96,6 +96,10 @@ def _text(value: Any) -> str | None:
     return str(value)
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def _row(r: tuple[Any, ...], problems: list[str] | None = None) -> Event:
     """An event from a row as stored; what cannot be shown is left out, one problem per bad row."""
     bad: list[str] = []
@@ -110,7 +114,7 @@ def _row(r: tuple[Any, ...], problems: list[str] | None = None) -> Event:
     data: dict[str, Any] = {}
     if r[8]:
         try:
-            loaded = json.loads(r[8])
+            loaded = json.loads(r[8], parse_constant=_no_constant)  # NaN is no JSON
         except (ValueError, TypeError, RecursionError):
             loaded = None
         if isinstance(loaded, dict):

@@ -126,7 +126,8 @@ def test_odd_journal_rows_are_shown_with_one_warning_each(state_dir) -> None:
     rows = [(-1e18, "check", "minus a lot", None), (1e300, "check", "far future", None),
             ("yesterday", "check", "a string time", None), (1.7e9, "check", "data not JSON", "{oops"),
             (1.7e9, "check", sqlite3.Binary(b"\xffblob summary"), None), (1.7e9, "xid", "xid text", '{"xid": "79"}'),
-            (1.7e9, "throttle", "odd throttle", '{"since": "a while"}'), (1.7e9, "check", "a list", "[1, 2]")]
+            (1.7e9, "throttle", "odd throttle", '{"since": "a while"}'), (1.7e9, "check", "a list", "[1, 2]"),
+            (1.7e9, "check", "not a number", '{"x": NaN}')]
     db.executemany("INSERT INTO events (ts, kind, summary, data, uuid, boot_id) VALUES (?, ?, ?, ?, 'GPU-0', 'b')",
                    rows)
     db.commit()
@@ -138,10 +139,10 @@ def test_odd_journal_rows_are_shown_with_one_warning_each(state_dir) -> None:
         assert "Traceback" not in r.stderr and r.returncode in (0, 1), (args, r.stderr)
         if args[0] == "events" and "--dossier" not in args:
             assert r.returncode == 0
-            assert r.stderr.count("warning") == 6, r.stderr  # the bad times, data and blob: once each
+            assert r.stderr.count("warning") == 7, r.stderr  # the bad times, data and blob: once each
             if "--json" in args:
                 evs = json.loads(r.stdout)["events"]
-                assert len(evs) == 9 and {e["summary"] for e in evs} >= {"\ufffdblob summary", "far future"}
+                assert len(evs) == 10 and {e["summary"] for e in evs} >= {"\ufffdblob summary", "far future"}
             else:
                 assert "minus a lot" in r.stdout and "data not JSON" in r.stdout
 
