@@ -38,6 +38,7 @@ MAX_ROWS = 20_000  # the oldest events beyond this many go
 MAX_AGE_S = 400 * 86400  # events older than this go (a year and a bit: a warranty claim's horizon)
 BUSY_WAIT_S = 10.0  # how long the daemon's start waits for another process's lock on the journal
 RETRY_S = 30.0  # then opening is tried again this often, from the loop
+BUSY_TIMEOUT_MS = 250  # once open, how long one write waits for another process's lock before it is held
 BACKLOG = 1000  # events held in memory while the journal cannot be opened
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -142,6 +143,7 @@ class Journal:
         self._writes = 0
         self._lock = threading.Lock()  # the tick and the doctor thread both write
         self._open_lock = threading.Lock()
+        self._flushing = False
         self.busy_wait_s = busy_wait_s
         self._retry_at: float | None = None  # when to try opening again (the file was locked or unopenable)
         self._backlog: collections.deque[tuple[str, tuple[Any, ...]]] = collections.deque(maxlen=BACKLOG)
@@ -159,6 +161,7 @@ class Journal:
                 db.close()
                 return "corrupt", f"integrity check: {check[0] if check else 'no answer'}"
             db.executescript(SCHEMA)
+            db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")  # a lock later on never stalls the tick long
             self.db = db
             return "ok", ""
         except sqlite3.Error as err:
@@ -206,10 +209,17 @@ class Journal:
         self._flush()
 
     def _flush(self) -> None:
-        """Write what was held while the journal could not be opened."""
-        while self._backlog and self.db is not None:
-            sql, args = self._backlog.popleft()
-            self._do(sql, args)
+        """Write what was held while the journal could not be opened or was locked."""
+        self._flushing = True
+        try:
+            for _ in range(len(self._backlog)):
+                if self.db is None:
+                    break
+                sql, args = self._backlog.popleft()
+                if self._do(sql, args) is None and self._backlog and self._backlog[-1] == (sql, args):
+                    break  # still locked: kept (at the end), tried again with the next write
+        finally:
+            self._flushing = False
 
     def _reopen_if_due(self) -> None:
         if self._retry_at is None or time.monotonic() < self._retry_at:
@@ -231,12 +241,21 @@ class Journal:
             if self._retry_at is not None and not sql.startswith("SELECT"):
                 self._backlog.append((sql, args))
             return None
+        write = not sql.startswith("SELECT")
         try:
             with self._lock, self.db:
-                return self.db.execute(sql, args)
+                cur = self.db.execute(sql, args)
         except sqlite3.Error as err:
-            log.error("health journal: %s", err)
+            if write and _classify(err) == "busy":  # another process's transaction: held, written later
+                if not self._backlog:
+                    log.warning("health journal: %s: events held until the lock goes", err)
+                self._backlog.append((sql, args))
+            else:
+                log.error("health journal: %s", err)
             return None
+        if write and self._backlog and not self._flushing:
+            self._flush()
+        return cur
 
     def record(self, kind: str, summary: str, *, gpu: int | None = None, uuid: str | None = None,
                serial: str | None = None, boot_id: str | None = None, data: dict[str, Any] | None = None,

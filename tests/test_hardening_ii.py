@@ -585,3 +585,26 @@ def test_events_on_a_locked_journal_says_it_is_locked_not_corrupt(state_dir) -> 
         other.close()
     assert r.returncode == 1 and "locked by another process" in r.stderr and "set" not in r.stderr, r.stderr
     assert not list(state_dir.glob("journal.db.corrupt-*"))
+
+
+def test_a_lock_taken_while_the_daemon_runs_holds_events_without_stalling_the_tick(tmp_path) -> None:
+    import sqlite3
+    import time as _time
+
+    from gpud import journal as jn
+
+    path = tmp_path / "journal.db"
+    _journal_with_history(path)
+    j = jn.Journal(path)
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")
+    try:
+        t0 = _time.monotonic()
+        j.record("gpu_lost", "GPU 2 lost", gpu=2)
+        assert _time.monotonic() - t0 < 2.0  # held, not waited for
+    finally:
+        other.rollback()
+        other.close()
+    j.record("gpu_back", "GPU 2 answers again", gpu=2)
+    j.close()
+    assert sorted(e.kind for e in jn.events(path)) == ["ecc", "gpu_back", "gpu_lost", "xid"]
