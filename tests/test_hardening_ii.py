@@ -608,3 +608,34 @@ def test_a_lock_taken_while_the_daemon_runs_holds_events_without_stalling_the_ti
     j.record("gpu_back", "GPU 2 answers again", gpu=2)
     j.close()
     assert sorted(e.kind for e in jn.events(path)) == ["ecc", "gpu_back", "gpu_lost", "xid"]
+
+
+def test_gpud_sim_inject_on_a_full_state_directory_says_the_fault_was_not_saved(capsys, state_dir,
+                                                                                  monkeypatch) -> None:
+    import errno
+    import os
+
+    import gpud.paths
+    from gpud.backends import open_machine
+
+    open_machine(SIM)  # the machine's state exists; now the directory fills up
+    real = os.open
+
+    def full(path, flags, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if str(path).startswith(str(state_dir)) and flags & (os.O_CREAT | os.O_WRONLY | os.O_RDWR):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(gpud.paths.os, "open", full)
+    import builtins
+
+    real_open = builtins.open
+
+    def full_open(file, mode="r", *args, **kwargs):  # type: ignore[no-untyped-def]
+        if str(file).startswith(str(state_dir)) and any(c in mode for c in "wax+"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", full_open)
+    code, out, err = cli(capsys, "sim", "inject", "xid", "gpu=0", "xid=79", "--simulate", SIM)
+    assert code == 1 and "could not be saved" in err and "Traceback" not in err, (out, err)
