@@ -48,6 +48,7 @@ class DoctorSection:
     load_utilization_percent: int = key(int, 50)
     fan_check_min_celsius: float = key(NUM, 60, between=(20, 120, "°C"))
     fan_lag_percent: int = key(int, 25, between=(1, 100, "%"))
+    fan_sibling_delta_celsius: float = key(NUM, 15, between=(1, 60, "°C"))
     shm_min_gib_per_gpu: float = key(NUM, 1, between=(0, 1024, "GiB"))
     memlock_min_mib: int = key(int, 64, between=(0, 1 << 20, "MiB"))
     psu_load_warn_ratio: float = key(NUM, 0.9)
@@ -121,6 +122,11 @@ def parse(data: dict[str, Any], file: str) -> Config:
     for name, w in watts:
         if w is not None and w <= 0:
             raise InvalidInput(file, f"machine.{name}", "must be positive")
+    seen: dict[tuple[int, int], int] = {}
+    for k, p in enumerate(pairs or []):
+        first = seen.setdefault((min(p), max(p)), k)
+        if first != k:
+            raise InvalidInput(file, f"machine.nvlink_pairs[{k}]", f"the pair {p!r} is already nvlink_pairs[{first}]")
     n = machine.expect_gpus
     for k, p in enumerate(pairs or []):
         if n is not None and max(p) >= n:

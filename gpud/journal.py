@@ -13,8 +13,10 @@ ends), ``check`` (a doctor check's status changed), ``profile_apply``, ``profile
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
+import math
 import os
 import sqlite3
 import threading
@@ -34,6 +36,10 @@ KINDS = ("xid", "gpu_lost", "gpu_back", "fan_failsafe", "throttle", "check", "pr
          "profile_drift", "profile_reapply", "probe", "ecc", "reboot", "journal_reset", "burnin")
 MAX_ROWS = 20_000  # the oldest events beyond this many go
 MAX_AGE_S = 400 * 86400  # events older than this go (a year and a bit: a warranty claim's horizon)
+BUSY_WAIT_S = 10.0  # how long the daemon's start waits for another process's lock on the journal
+RETRY_S = 30.0  # then opening is tried again this often, from the loop
+BUSY_TIMEOUT_MS = 250  # once open, how long one write waits for another process's lock before it is held
+BACKLOG = 1000  # events held in memory while the journal cannot be opened
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY, ts REAL NOT NULL, boot_id TEXT, kind TEXT NOT NULL, gpu INTEGER, uuid TEXT,
@@ -44,6 +50,19 @@ CREATE TABLE IF NOT EXISTS gpus (
     first_seen REAL, last_seen REAL);
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT);
 """
+
+
+def _classify(err: sqlite3.Error) -> str:
+    """"busy" (SQLITE_BUSY, SQLITE_LOCKED), "corrupt" (SQLITE_CORRUPT, SQLITE_NOTADB) or "error": sqlite's
+    own result code (Python 3.11+), else its message."""
+    code = getattr(err, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        primary = code & 0xFF
+        return "busy" if primary in (5, 6) else "corrupt" if primary in (11, 26) else "error"
+    text = str(err).lower()
+    if "locked" in text or "busy" in text:
+        return "busy"
+    return "corrupt" if "malformed" in text or "not a database" in text else "error"
 
 
 class JournalError(GpudError):
@@ -57,7 +76,7 @@ def journal_path() -> Path:
 @dataclass(frozen=True)
 class Event:
     id: int
-    ts: float
+    ts: float | None  # None: the row's time is not a time (shown as "?")
     boot_id: str | None
     kind: str
     gpu: int | None
@@ -67,40 +86,109 @@ class Event:
     data: dict[str, Any]
 
 
-def _row(r: tuple[Any, ...]) -> Event:
-    return Event(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], json.loads(r[8]) if r[8] else {})
+LATEST_TS = 1e11  # the year 5138: a later (or negative) time is not one the daemon wrote
+
+
+def _text(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _row(r: tuple[Any, ...], problems: list[str] | None = None) -> Event:
+    """An event from a row as stored; what cannot be shown is left out, one problem per bad row."""
+    bad: list[str] = []
+    ts = r[1]
+    if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts) or not 0 <= ts <= LATEST_TS:
+        bad.append(f"time {str(ts)[:30]!r} is not a time")
+        ts = None
+    gpu = r[4]
+    if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int)):
+        bad.append(f"GPU {str(gpu)[:30]!r} is not an index")
+        gpu = None
+    data: dict[str, Any] = {}
+    if r[8]:
+        try:
+            loaded = json.loads(r[8], parse_constant=_no_constant)  # NaN is no JSON
+        except (ValueError, TypeError, RecursionError):
+            loaded = None
+        if isinstance(loaded, dict):
+            data = loaded
+        else:
+            bad.append("its data is not a JSON object")
+    fields = [_text(r[i]) for i in (2, 3, 5, 6, 7)]
+    if any(isinstance(r[i], bytes) for i in (2, 3, 5, 6, 7)):
+        bad.append("it holds bytes where text belongs")
+    if bad and problems is not None:
+        problems.append(f"event {r[0]}: " + "; ".join(bad) + " (shown without it)")
+    return Event(int(r[0]), ts, fields[0], fields[1] or "?", gpu, fields[2], fields[3], fields[4] or "", data)
 
 
 class Journal:
     """The writer (the daemon). Every method logs and swallows database errors: the journal is a
     record, and losing an event must never stop the loop that drives the fans."""
 
-    def __init__(self, path: Path | None = None, max_rows: int = MAX_ROWS, max_age_s: float = MAX_AGE_S) -> None:
+    def __init__(self, path: Path | None = None, max_rows: int = MAX_ROWS, max_age_s: float = MAX_AGE_S,
+                 busy_wait_s: float = BUSY_WAIT_S) -> None:
         self.path = path or journal_path()
         self.max_rows, self.max_age_s = max_rows, max_age_s
         self.db: sqlite3.Connection | None = None
         self.set_aside: Path | None = None  # where a corrupt journal was moved, if one was
         self._writes = 0
         self._lock = threading.Lock()  # the tick and the doctor thread both write
+        self._open_lock = threading.Lock()
+        self._flushing = False
+        self.busy_wait_s = busy_wait_s
+        self._retry_at: float | None = None  # when to try opening again (the file was locked or unopenable)
+        self._backlog: collections.deque[tuple[str, tuple[Any, ...]]] = collections.deque(maxlen=BACKLOG)
         self._open()
+
+    def _try_open(self) -> tuple[str, str]:
+        """("ok", ""), ("busy", why): another process holds a lock (a backup, an ``sqlite3`` shell);
+        ("corrupt", why): sqlite itself says the file is not a sound database; ("error", why): anything
+        else (permissions, I/O): the file is kept and opening is tried again."""
+        db = None
+        try:
+            db = sqlite3.connect(self.path, timeout=min(5.0, self.busy_wait_s), check_same_thread=False)
+            check = db.execute("PRAGMA quick_check").fetchone()
+            if check is None or check[0] != "ok":
+                db.close()
+                return "corrupt", f"integrity check: {check[0] if check else 'no answer'}"
+            db.executescript(SCHEMA)
+            db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")  # a lock later on never stalls the tick long
+            self.db = db
+            return "ok", ""
+        except sqlite3.Error as err:
+            if db is not None:
+                db.close()
+            return _classify(err), str(err)
 
     def _open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        reason = None
-        try:
-            db = sqlite3.connect(self.path, timeout=5, check_same_thread=False)
-            check = db.execute("PRAGMA quick_check").fetchone()
-            if check is None or check[0] != "ok":
-                reason = f"integrity check: {check[0] if check else 'no answer'}"
-                db.close()
-            else:
-                db.executescript(SCHEMA)
-                self.db = db
-        except sqlite3.Error as err:
-            reason = str(err)
-        if reason is None:
-            self.prune()
+        deadline = time.monotonic() + self.busy_wait_s
+        while True:
+            outcome, reason = self._try_open()
+            if outcome == "ok":
+                self._retry_at = None
+                self.prune()
+                self._flush()
+                return
+            if outcome != "busy" or time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
+        if outcome != "corrupt":  # locked or unopenable now: kept as it is, opened again later
+            if self._retry_at is None:
+                log.warning("health journal %s cannot be opened now (%s): kept as it is and tried again every "
+                            "%.0f s; up to %d events are held meanwhile", self.path, reason, RETRY_S, BACKLOG)
+            self._retry_at = time.monotonic() + RETRY_S
             return
+        self._retry_at = None
         moved = self.path.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
         log.error("health journal %s is unreadable (%s): set aside as %s, a new one started", self.path, reason,
                   moved.name)
@@ -118,21 +206,56 @@ class Journal:
             return
         self.record("journal_reset", f"the journal was unreadable ({reason}); set aside as {moved.name}",
                     data={"set_aside": str(moved), "reason": reason})
+        self._flush()
+
+    def _flush(self) -> None:
+        """Write what was held while the journal could not be opened or was locked."""
+        self._flushing = True
+        try:
+            for _ in range(len(self._backlog)):
+                if self.db is None:
+                    break
+                sql, args = self._backlog.popleft()
+                if self._do(sql, args) is None and self._backlog and self._backlog[-1] == (sql, args):
+                    break  # still locked: kept (at the end), tried again with the next write
+        finally:
+            self._flushing = False
+
+    def _reopen_if_due(self) -> None:
+        if self._retry_at is None or time.monotonic() < self._retry_at:
+            return
+        with self._open_lock:
+            if self.db is None and self._retry_at is not None and time.monotonic() >= self._retry_at:
+                self._open()
 
     def close(self) -> None:
+        self._retry_at = None
         if self.db is not None:
             self.db.close()
             self.db = None
 
     def _do(self, sql: str, args: tuple[Any, ...] = ()) -> sqlite3.Cursor | None:
         if self.db is None:
+            self._reopen_if_due()
+        if self.db is None:
+            if self._retry_at is not None and not sql.startswith("SELECT"):
+                self._backlog.append((sql, args))
             return None
+        write = not sql.startswith("SELECT")
         try:
             with self._lock, self.db:
-                return self.db.execute(sql, args)
+                cur = self.db.execute(sql, args)
         except sqlite3.Error as err:
-            log.error("health journal: %s", err)
+            if write and _classify(err) == "busy":  # another process's transaction: held, written later
+                if not self._backlog:
+                    log.warning("health journal: %s: events held until the lock goes", err)
+                self._backlog.append((sql, args))
+            else:
+                log.error("health journal: %s", err)
             return None
+        if write and self._backlog and not self._flushing:
+            self._flush()
+        return cur
 
     def record(self, kind: str, summary: str, *, gpu: int | None = None, uuid: str | None = None,
                serial: str | None = None, boot_id: str | None = None, data: dict[str, Any] | None = None,
@@ -187,13 +310,22 @@ def _reader(path: Path) -> sqlite3.Connection:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
         db.execute("SELECT COUNT(*) FROM events").fetchone()
     except sqlite3.Error as err:
-        raise JournalError(f"health journal {path} is unreadable: {err}") from err
+        raise _unreadable(path, err) from err
     return db
 
 
+def _unreadable(path: Path, err: sqlite3.Error) -> JournalError:
+    if _classify(err) == "busy":
+        e = JournalError(f"health journal {path} is locked by another process ({err})")
+        e.remedy = "another process holds a transaction on it (a backup, an `sqlite3` shell): try again when it ends"
+        return e
+    return JournalError(f"health journal {path} is unreadable: {err}")
+
+
 def events(path: Path | None = None, *, since: float | None = None, gpu: int | None = None,
-           uuid: str | None = None, kinds: tuple[str, ...] = ()) -> list[Event]:
-    """Events oldest first, filtered."""
+           uuid: str | None = None, kinds: tuple[str, ...] = (), problems: list[str] | None = None) -> list[Event]:
+    """Events oldest first, filtered; a row that cannot be shown whole is shown without what is wrong
+    in it, and said once in ``problems``."""
     sql = "SELECT id, ts, boot_id, kind, gpu, uuid, serial, summary, data FROM events WHERE 1=1"
     args: list[Any] = []
     if since is not None:
@@ -210,9 +342,9 @@ def events(path: Path | None = None, *, since: float | None = None, gpu: int | N
         args.extend(kinds)
     try:
         with closing(_reader(path or journal_path())) as db:
-            return [_row(r) for r in db.execute(sql + " ORDER BY ts, id", args)]
+            return [_row(r, problems) for r in db.execute(sql + " ORDER BY ts, id", args)]
     except sqlite3.Error as err:
-        raise JournalError(f"health journal {path or journal_path()} is unreadable: {err}") from err
+        raise _unreadable(path or journal_path(), err) from err
 
 
 def gpus(path: Path | None = None) -> list[dict[str, Any]]:
@@ -221,7 +353,7 @@ def gpus(path: Path | None = None) -> list[dict[str, Any]]:
             cols = ("uuid", "serial", "name", "vbios", "pci_bus_id", "gpu", "first_seen", "last_seen")
             return [dict(zip(cols, r, strict=True)) for r in db.execute(f"SELECT {', '.join(cols)} FROM gpus")]
     except sqlite3.Error as err:
-        raise JournalError(f"health journal {path or journal_path()} is unreadable: {err}") from err
+        raise _unreadable(path or journal_path(), err) from err
 
 
 def repeated_hardware_xids(evs: list[Event]) -> Iterator[tuple[str, int, int]]:
@@ -230,8 +362,9 @@ def repeated_hardware_xids(evs: list[Event]) -> Iterator[tuple[str, int, int]]:
 
     boots: dict[tuple[str, int], set[str]] = {}
     for e in evs:
-        if e.kind == "xid" and e.uuid and e.boot_id:
-            boots.setdefault((e.uuid, int(e.data.get("xid", 0))), set()).add(e.boot_id)
+        xid = e.data.get("xid", 0)
+        if e.kind == "xid" and e.uuid and e.boot_id and isinstance(xid, int) and not isinstance(xid, bool):
+            boots.setdefault((e.uuid, xid), set()).add(e.boot_id)
     for (uuid, xid), seen in sorted(boots.items()):
         info = XIDS.get(xid)
         if len(seen) > 1 and info is not None and info.kind == "hardware":

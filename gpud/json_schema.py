@@ -176,7 +176,8 @@ SCHEMAS: dict[str, Schema] = {
         "target": STR, "plan": {"type": "array", "items": PLAN_ROW}, "skipped": {"type": "array", "items": PLAN_ROW},
         "applied": {"type": "boolean"}, "error": STR, "rolled_back": STRS, "not_restored": STRS,
         "written": {"type": "integer"}, "messages": STRS}),
-    "verify": _document("verify", {"profile": STR, "drift": {"type": "integer"}, "settings": {
+    "verify": _document("verify", {"profile": STR, "drift": {"type": "integer"}, "unverifiable": {"type": "integer"},
+                                    "settings": {
         "type": "array", "items": {
             "type": "object", "properties": {"gpu": INT, "setting": {"type": "string"}, "status": {"type": "string"}},
             "required": ["gpu", "setting", "current", "desired", "status"]}}}),

@@ -131,7 +131,7 @@ def test_a_journal_deleted_under_the_daemon_is_not_a_crash(tmp_path: Path) -> No
 
 def test_events_without_a_journal_says_so(state_dir: Path) -> None:
     r = run_gpud("events")
-    assert r.returncode == 1 and "no health journal" in r.stderr
+    assert r.returncode == 0 and "no events yet" in r.stdout and "daemon writes them" in r.stdout
 
 
 def test_user_labels_are_bounded_with_an_other_bucket() -> None:

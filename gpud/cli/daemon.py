@@ -41,7 +41,11 @@ def daemon(
         overrides["interval_seconds"] = interval
     if overrides:
         conf = conf.with_daemon(**overrides)
-    raise typer.Exit(run(machine(simulate), conf, config, overrides))
+    from gpud.doctor import configcheck
+
+    m = machine(simulate)
+    configcheck.check(conf, len(m.host.nvidia_gpus()))  # doctor's check, and the daemon's
+    raise typer.Exit(run(m, conf, config, overrides))
 
 
 def _ask(cmd: str, config: str | None, json: bool) -> None:

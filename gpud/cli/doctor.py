@@ -17,7 +17,6 @@ from gpud.model import CheckResult, document
 from gpud.text import ranges
 
 if TYPE_CHECKING:  # the checks load only when doctor runs
-    from gpud.config import Config
     from gpud.doctor import Report
 
 MARK = {"pass": ("ok", "32"), "warn": ("WARN", "33"), "fail": ("FAIL", "31"), "skip": ("skip", "2")}
@@ -117,12 +116,12 @@ def doctor(
     """
     from gpud import config as cfg
     from gpud.cli import debug_enabled
-    from gpud.doctor import diagnose
+    from gpud.doctor import configcheck, diagnose
 
     conf = cfg.load(config)  # an invalid file stops here: exit 2, nothing else runs
-    _globs_match(only or [], skip or [], conf)
+    configcheck.globs_match(conf, only or [], skip or [])
     m = machine(simulate)
-    _pairs_exist(conf, len(m.host.nvidia_gpus()))
+    configcheck.check(conf, len(m.host.nvidia_gpus()))  # the same check as the daemon's
     picked = None if ids is None else gpu_ids(ids, gpus_of(m.snapshot()))  # a wrong id: exit 2 before any check
     result = None
     if probe:
@@ -151,33 +150,6 @@ def doctor(
     else:
         render(report, verbose)
     raise typer.Exit(code)
-
-
-def _globs_match(only: list[str], skip: list[str], conf: Config) -> None:
-    """A --check/--skip (or [doctor] skip) that selects no check is a typo: exit 2, not a silent pass."""
-    import fnmatch
-
-    from gpud.doctor import CHECKS
-    from gpud.errors import InvalidInput
-
-    ids = [c.id for c in CHECKS]
-    for option, globs in (("--check", only), ("--skip", skip), ((conf.path or "gpud.toml") + ": doctor.skip",
-                                                                 conf.doctor.skip)):
-        for g in globs:
-            if not any(fnmatch.fnmatchcase(i, g) for i in ids):
-                areas = sorted({i.split(".")[0] + ".*" for i in ids})
-                raise InvalidInput(option, g, f"matches no check (ids look like pcie.link_width; areas: "
-                                              f"{', '.join(areas)}; `gpud doctor --json` lists them)")
-
-
-def _pairs_exist(conf: Config, gpus: int) -> None:
-    """[machine] nvlink_pairs naming a GPU this machine does not have is a wrong file: exit 2."""
-    from gpud.errors import InvalidInput
-
-    for k, pair in enumerate(conf.machine.nvlink_pairs or []):
-        if gpus and max(pair) >= gpus:
-            raise InvalidInput(conf.path or "gpud.toml", f"machine.nvlink_pairs[{k}]",
-                               f"GPU {max(pair)} does not exist: this machine has {gpus} GPU(s) on the PCI bus")
 
 
 def register(app: typer.Typer) -> None:

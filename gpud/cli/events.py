@@ -4,6 +4,7 @@ per-GPU dossier for a return (RMA) request."""
 from __future__ import annotations
 
 import re
+import sys
 import time
 from types import SimpleNamespace
 from typing import Annotated, Any
@@ -11,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from gpud.cli import complete
-from gpud.cli.common import GpuIds, Json, emit_document, gpu_ids, local_host
+from gpud.cli.common import GpuIds, Json, Simulate, emit_document, gpu_ids, local_host
 from gpud.cli.output import clean, cut, echo_wrapped, table
 from gpud.errors import InvalidInput
 
@@ -21,13 +22,19 @@ UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 def parse_duration(text: str) -> float:
     """``90s``, ``10m``, ``2h``, ``7d``, ``1w`` (or a plain number of seconds)."""
     m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhdw]?)", text.strip())
+    if m and float(m.group(1)) * UNITS[m.group(2) or "s"] > 1e10:
+        m = None  # more than three centuries: not a duration anyone means
     if not m:
         raise InvalidInput("--since", "", f"not a duration: {text!r} (e.g. 90s, 10m, 2h, 7d)")
     return float(m.group(1)) * UNITS[m.group(2) or "s"]
 
 
-def _when(ts: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+def _when(ts: Any) -> str:
+    """A journal time for people; "?" for one that is not a time (a row written by hand)."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(ts)))
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "?"
 
 
 def _dossier_line(text: str, first: str = "  ") -> None:
@@ -36,7 +43,12 @@ def _dossier_line(text: str, first: str = "  ") -> None:
     echo_wrapped(cut(clean(text), 1000), indent=first + "    ", first=first)
 
 
-def dossier(which: str) -> dict[str, Any]:
+def _warn(problems: list[str]) -> None:
+    for p in problems:
+        print(f"gpud: warning: health journal: {p}", file=sys.stderr)
+
+
+def dossier(which: str, problems: list[str] | None = None) -> dict[str, Any]:
     """Everything the journal knows about one GPU (index, UUID or serial): identity, Xids (with the
     raw kernel lines), ECC and row-remap history, lost/back, probe results, repeats across boots."""
     from gpud import journal
@@ -46,7 +58,7 @@ def dossier(which: str) -> dict[str, Any]:
     if not match:
         raise InvalidInput("--dossier", "", f"no GPU {which!r} in the journal (index, UUID or serial)")
     g = max(match, key=lambda x: x["last_seen"] or 0)
-    evs = journal.events(uuid=g["uuid"])
+    evs = journal.events(uuid=g["uuid"], problems=problems)
     probe = [e for e in journal.events(kinds=("probe",))]
     repeats = [{"xid": x, "boots": n} for u, x, n in journal.repeated_hardware_xids(evs) if u == g["uuid"]]
     return {"gpu": g, "boots_with_events": len({e.boot_id for e in evs if e.boot_id}),
@@ -71,13 +83,33 @@ def events(
     dossier_of: Annotated[str | None, typer.Option("--dossier", metavar="GPU", help="A GPU's history for a return "
                                                    "(RMA) request: index, UUID or serial.")] = None,
     json: Json = False,
+    simulate: Simulate = None,
 ) -> None:
     """What happened to the GPUs: Xids, lost GPUs, fan failsafes, throttling, check changes, profile
-    changes, probe results, reboots — from the health journal the daemon keeps, across reboots."""
+    changes, probe results, reboots — from the health journal the daemon keeps, across reboots.
+    With --simulate: the journal a daemon over that simulated workstation keeps (in the same state
+    directory: GPUD_STATE_DIR)."""
     from gpud import journal
 
+    problems: list[str] = []
+    if since is not None:
+        parse_duration(since)  # "" and garbage are refused before anything is read
+    kinds = tuple(kind or ())
+    for k in kinds:
+        if k not in journal.KINDS:
+            raise InvalidInput("--kind", "", f"unknown kind {k!r} (known: {', '.join(journal.KINDS)})")
+    if not journal.journal_path().exists():
+        if dossier_of is not None:
+            raise InvalidInput("--dossier", "", f"no GPU {dossier_of!r} in the journal: no events yet")
+        if json:
+            emit_document("events", local_host(), events=[])
+        else:
+            print(f"no events yet: the gpud daemon writes them to {journal.journal_path()} while it runs "
+                  "(`systemctl start gpud`, or `gpud daemon`)")
+        return
     if dossier_of is not None:
-        d = dossier(dossier_of)
+        d = dossier(dossier_of, problems)
+        _warn(problems)
         if json:
             emit_document("dossier", local_host(), **d)
             return
@@ -97,12 +129,9 @@ def events(
             _dossier_line(f"{_when(e['when'])}  probe: {e['summary']}")
         print(f"verdict: {d['verdict']}")
         return
-    kinds = tuple(kind or ())
-    for k in kinds:
-        if k not in journal.KINDS:
-            raise InvalidInput("--kind", "", f"unknown kind {k!r} (known: {', '.join(journal.KINDS)})")
-    start = time.time() - parse_duration(since) if since else None
-    evs = journal.events(since=start, gpu=gpu, kinds=kinds)
+    start = time.time() - parse_duration(since) if since is not None else None
+    evs = journal.events(since=start, gpu=gpu, kinds=kinds, problems=problems)
+    _warn(problems)
     if ids is not None:  # the GPUs the journal has seen, as -i names them (index, UUID, bus id)
         known = [SimpleNamespace(index=g["gpu"], uuid=g["uuid"], pci_bus_id=g["pci_bus_id"]) for g in journal.gpus()]
         picked = gpu_ids(ids, known) or set()

@@ -7,9 +7,14 @@ state gpud keeps to restore it), ``daemon.log`` (the service's recent journal, w
 ``kernel-nvidia.log`` (the kernel log's NVIDIA lines since boot), ``MANIFEST.txt`` (what is in it,
 what could not be read, and what was redacted).
 
-Redaction (default): the host name, the user names of GPU processes and of the user running gpud,
-and process command lines are replaced by ``<host>``, ``<user1>``…, ``<command>`` in every file.
-``--no-redact`` keeps them.
+``events.json`` (the health journal) and ``dossiers.json`` (each GPU's history, as ``gpud events
+--dossier``) when the daemon has kept a journal.
+
+Redaction (default): the names and ids found on the machine — host names, user names (GPU processes,
+the machine's accounts, the user running gpud), container, pod, Slurm job and systemd unit ids,
+process command lines and the scripts they run, process names in kernel lines — are replaced by
+``<host>``, ``<user1>``, ``<container1>``… wherever they stand in any file, inside words too (a
+profile named ``alice-quiet``). ``--no-redact`` keeps them.
 """
 
 from __future__ import annotations
@@ -100,6 +105,7 @@ def _gather(m, config_path: str | None) -> tuple[dict[str, str], list[str]]:  # 
             (f"[{secs:12.6f}] " if secs is not None else "") + line + "\n"
             for secs, line in kernel if NVIDIA_LINE.search(line))
     files["host.json"] = dump(where)
+    _journal_files(files, notes)
     return files, notes
 
 
@@ -114,45 +120,126 @@ def _journal() -> str | None:
     return r.stdout
 
 
-def _secrets(files: dict[str, str], label: str) -> tuple[dict[str, str], list[str]]:
-    """What to replace (value → placeholder), and a note for each kind."""
+def _passwd_users(m) -> list[str]:  # type: ignore[no-untyped-def]
+    """The machine's people: /etc/passwd accounts with a user id from 1000 (not nobody)."""
+    out: list[str] = []
+    for line in (m.host.read("/etc/passwd") or "").splitlines():
+        parts = line.split(":")
+        if len(parts) > 3 and parts[2].isdigit() and 1000 <= int(parts[2]) < 60000 and parts[0]:
+            out.append(parts[0])
+    return out
+
+
+def _script_names(command: str) -> list[str]:
+    """The file names a command line runs (``train_resnet.py``, ``/home/x/run.sh`` → ``run.sh``) and
+    their 15-character kernel names (what an Xid line's ``name=`` shows)."""
+    out: list[str] = []
+    for token in command.split():
+        base = token.rstrip("/").rsplit("/", 1)[-1]
+        if ("." in base or "/" in token) and len(base) >= 3 and not token.startswith("-"):
+            out += [base, base[:15]]
+    return out
+
+
+def _secrets(m, files: dict[str, str], label: str) -> tuple[dict[str, str], list[str]]:  # type: ignore[no-untyped-def]
+    """What to replace (value → placeholder), and a note for each kind: the names and ids found on the
+    machine (users, hosts, containers, pods, Slurm jobs, systemd units, command lines and the scripts
+    they run), replaced wherever they stand in any file, inside words too (a profile ``alice-quiet``)."""
     status = json.loads(files["status.json"])
     users: list[str] = []
     commands: list[str] = []
+    places: dict[str, list[str]] = {"container": [], "pod": [], "job": [], "unit": []}
+    kinds = {"docker": "container", "podman": "container", "pod": "pod", "slurm": "job", "unit": "unit"}
     for g in status["gpus"]:
-        for p in g["sample"].get("processes") or []:
+        for p in (g.get("sample") or {}).get("processes") or []:
             if p.get("user") and p["user"] not in users:
                 users.append(p["user"])
             if p.get("command"):
                 commands.append(p["command"])
+            runtime, _, ident = str(p.get("container") or "").partition(":")
+            if runtime in kinds and ident and ident not in places[kinds[runtime]]:
+                places[kinds[runtime]].append(ident)
     try:
         me = getpass.getuser()
     except (KeyError, OSError):
         me = None
-    if me and me not in users and me not in ("root",):
-        users.append(me)
+    for u in [*_passwd_users(m), me]:
+        if u and u not in users and u != "root":
+            users.append(u)
     out: dict[str, str] = {c: "<command>" for c in sorted(set(commands), key=len, reverse=True)}
+    for c in commands:
+        for name in _script_names(c):
+            out.setdefault(name, "<script>")
     hosts = {label, socket.gethostname(), socket.getfqdn()}
     hosts |= {p["host"]["name"] for p in json.loads(files["probe-history.json"]) if p["host"]["name"]}
+    hosts |= {h.split(".")[0] for h in hosts if h}
     for name in hosts:
         if name and name not in ("localhost", "localhost.localdomain"):
             out[name] = "<host>"
+    for kind, idents in places.items():
+        for i, ident in enumerate(idents, 1):
+            out[ident] = f"<{kind}{i}>"
     for i, u in enumerate(users, 1):
         out[u] = f"<user{i}>"
+    short = [u for u in users if len(u) < 2]
     notes = [f"redacted: host names as <host>, {plural(len(users), 'user name')} as <userN>, "
-             f"{plural(len(set(commands)), 'command line')} as <command>; `gpud report --no-redact` keeps them"]
+             f"{plural(len(set(commands)), 'command line')} as <command> (and the scripts they run as <script>), "
+             f"container, pod, Slurm job and unit ids as <containerN>, <podN>, <jobN>, <unitN>, process names in "
+             "kernel lines as <process>; `gpud report --no-redact` keeps them"]
+    if short:
+        notes.append(f"{plural(len(short), 'one-letter user name')} could not be told from text and "
+                     "were not redacted")
     return out, notes
 
 
+_KERNEL_NAME = re.compile(r"(\bname=)([^,\s]+)")  # an Xid line's process name: "pid=4242, name=python, …"
+
+
 def _redact(text: str, secrets: dict[str, str]) -> str:
+    text = _KERNEL_NAME.sub(r"\1<process>", text)
     for value in sorted(secrets, key=len, reverse=True):
-        if value.startswith("<") or not value:
+        if value.startswith("<") or len(value) < 2:
             continue
-        if secrets[value] == "<command>":
-            text = text.replace(value, "<command>").replace(json.dumps(value)[1:-1], "<command>")
-        else:  # whole words only: a user "al" must not eat "total"
-            text = re.sub(rf"(?<![\w.-]){re.escape(value)}(?![\w-])", secrets[value], text)
+        what = secrets[value]
+        if what == "<command>":
+            text = text.replace(value, what).replace(json.dumps(value)[1:-1], what)
+        elif what.startswith("<job"):  # a number: only where it stands as a job
+            text = re.sub(rf"(slurm:|job_|job |jobid=|SLURM_JOB_ID=){re.escape(value)}(?!\d)", rf"\g<1>{what}",
+                          text)
+        elif what.startswith(("<container", "<pod")):  # a short id stands for the whole one too
+            text = re.sub(rf"(?<![0-9a-f]){re.escape(value)}[0-9a-f-]*", what, text)
+        else:  # inside words joined by - . / @ too ("alice-quiet"), not inside another name ("malice")
+            # nor a JSON key ("gpu_count" for a host named "gpu")
+            text = re.sub(rf"(?<![A-Za-z0-9_]){re.escape(value)}(?![A-Za-z0-9_])", what, text)
     return text
+
+
+def _journal_files(files: dict[str, str], notes: list[str]) -> None:
+    """The health journal's events and each GPU's dossier (what a support ticket needs most)."""
+    from gpud import journal
+    from gpud.cli.events import dossier
+
+    if not journal.journal_path().exists():
+        notes.append("events.json, dossiers.json: no health journal yet (the gpud daemon writes it while it runs)")
+        return
+    problems: list[str] = []
+    try:
+        evs = journal.events(problems=problems)
+        known = journal.gpus()
+    except journal.JournalError as err:
+        notes.append(f"events.json, dossiers.json: {err}")
+        return
+    files["events.json"] = json.dumps({"events": [
+        {"id": e.id, "time": e.ts, "boot_id": e.boot_id, "kind": e.kind, "gpu": e.gpu, "uuid": e.uuid,
+         "serial": e.serial, "summary": e.summary, "data": e.data} for e in evs]}, indent=2, default=str) + "\n"
+    dossiers = []
+    for g in known:
+        try:
+            dossiers.append(dossier(str(g["uuid"]), problems))
+        except Exception as err:  # noqa: BLE001 - one GPU's odd rows must not lose the others
+            notes.append(f"dossiers.json: GPU {g.get('uuid')}: {err}")
+    files["dossiers.json"] = json.dumps(dossiers, indent=2, default=str) + "\n"
+    notes += [f"events.json: {p}" for p in dict.fromkeys(problems)]
 
 
 def report(
@@ -170,7 +257,7 @@ def report(
     m = machine(simulate)
     files, notes = _gather(m, config)
     if not no_redact:
-        secrets, more = _secrets(files, m.label)
+        secrets, more = _secrets(m, files, m.label)
         files = {name: _redact(text, secrets) for name, text in files.items()}
         notes = [_redact(n, secrets) for n in notes] + more
     else:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, List
+from typing import Annotated, Any, List
 
 import typer
 
@@ -73,8 +73,21 @@ def sim_inject(
         values[key] = parse_toml_value(raw)
     sim = open_simulation(_target(None, simulate))
     fault = sim.machine.inject(kind, **values)
+    _saved(sim, "the injected fault")
     sim.refresh_root()
     typer.echo(f"{sim.description.name}: injected {fault.kind} {fault.params}")
+
+
+def _saved(sim: Any, what: str) -> None:
+    """A change to the simulated machine that could not be saved (a full or read-only state
+    directory) lasts only as long as this command: say so, exit 1."""
+    if sim.machine.in_memory:
+        from gpud.errors import GpudError
+
+        err = GpudError(f"{what} could not be saved in {sim.machine.state_file.parent}: the state directory is "
+                        "full or read-only, so other gpud processes do not see it")
+        err.remedy = "free space or make it writable (GPUD_STATE_DIR chooses another directory)"
+        raise err
 
 
 @sim_app.command("reboot")
@@ -84,6 +97,7 @@ def sim_reboot(simulate: Simulate = None) -> None:
 
     sim = open_simulation(_target(None, simulate))
     boot = sim.machine.reboot()
+    _saved(sim, "the reboot")
     sim.refresh_root()
     sys.stdout.write(f"{sim.description.name}: rebooted (boot {boot}, boot id {sim.machine.boot_id()})\n")
 
@@ -95,6 +109,7 @@ def sim_clear(simulate: Simulate = None) -> None:
 
     sim = open_simulation(_target(None, simulate))
     sim.machine.clear_faults()
+    _saved(sim, "clearing the faults")
     sim.refresh_root()
     sys.stdout.write(f"{sim.description.name}: injected faults cleared\n")
 

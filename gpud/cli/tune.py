@@ -288,8 +288,15 @@ def _fail(result: dict[str, Any], json: bool) -> int:
     return 1
 
 
-def verify(json: Json = False, simulate: Simulate = None, config: Config = None) -> None:
-    """Compare the GPUs with the applied profile; exit 1 on drift."""
+def verify(
+    json: Json = False,
+    simulate: Simulate = None,
+    config: Config = None,
+    strict: Annotated[bool, typer.Option("--strict", help="Also exit 1 when a setting cannot be read back "
+                                                          "(locked clocks: NVML has no getter).")] = False,
+) -> None:
+    """Compare the GPUs with the applied profile; exit 1 on drift (and with --strict on settings
+    that cannot be read back). The summary counts both."""
     t = Target(simulate, config)
     reply = t.daemon("verify")
     if reply is not None:
@@ -303,8 +310,10 @@ def verify(json: Json = False, simulate: Simulate = None, config: Config = None)
         rows = [{"gpu": d.gpu, "setting": d.setting, "current": d.current, "desired": d.desired, "status": d.status}
                 for d in drifts]
     bad = [d for d in rows if d["status"] == "drift"]
+    unread = [d for d in rows if d["status"] == "unverifiable"]
     if json:
-        emit_document("verify", machine_host(t.machine), profile=profile, drift=len(bad), settings=rows)
+        emit_document("verify", machine_host(t.machine), profile=profile, drift=len(bad), unverifiable=len(unread),
+                      settings=rows)
     elif not applied:
         sys.stdout.write("no profile applied\n")
     else:
@@ -312,8 +321,9 @@ def verify(json: Json = False, simulate: Simulate = None, config: Config = None)
               [["host" if d["gpu"] is None else f"GPU{d['gpu']}", d["setting"], _show(d["current"]),
                 _describe(d["setting"], d["desired"]) if isinstance(d["desired"], dict) else _show(d["desired"]),
                 d["status"]] for d in rows],
-              title=f"Profile {profile}: {plural(len(bad), 'drifted setting')}")
-    if bad:
+              title=f"Profile {profile}: {plural(len(bad), 'drifted setting')}, "
+                    f"{len(unread)} that cannot be read back" + (" (--strict fails on them)" if unread else ""))
+    if bad or (strict and unread):
         raise typer.Exit(1)
 
 

@@ -174,6 +174,30 @@ def _live(path: Path) -> bool:
         s.close()
 
 
+def _read_request(conn: socket.socket) -> tuple[bytes, bool]:
+    """One request: bytes up to the first newline, or up to the end of input, or as soon as they form
+    one whole JSON object (a client that sends no newline and waits for the answer). (bytes, whether
+    the request ended); more than ``MAX_REQUEST`` bytes, or silence past the timeout, did not end."""
+    buf = b""
+    while len(buf) <= MAX_REQUEST:
+        try:
+            chunk = conn.recv(65536)
+        except OSError:
+            return buf, False
+        if not chunk:
+            return buf, True  # the end of input ends the request
+        buf += chunk
+        if b"\n" in buf:
+            return buf.split(b"\n", 1)[0] + b"\n", True
+        if buf.rstrip().endswith(b"}"):
+            try:
+                json.loads(buf)
+                return buf, True
+            except (ValueError, UnicodeDecodeError, RecursionError):
+                pass
+    return buf, False
+
+
 def serve(path: str, handler: Callable[[dict[str, Any], Peer], dict[str, Any]], group: str | None,
           mode: int = 0o660) -> tuple[_Server, threading.Thread]:
     access = Access(group)
@@ -184,15 +208,13 @@ def serve(path: str, handler: Callable[[dict[str, Any], Peer], dict[str, Any]], 
         def handle(self) -> None:
             pid, uid, gid = peer_credentials(self.request)
             refusal = access.check(pid, uid, gid)
-            try:
-                line = self.rfile.readline(MAX_REQUEST + 1)
-            except OSError:
-                return
+            line, ended = _read_request(self.request)
             if not line.strip():
                 return  # a connect-and-close (`gpud doctor` asking whether a daemon runs)
             request: Any = None
-            why: str | None = f"bad request: larger than {MAX_REQUEST} bytes or not one line"
-            if (not refusal or OPEN) and len(line) <= MAX_REQUEST and line.endswith(b"\n"):
+            why: str | None = (f"bad request: larger than {MAX_REQUEST} bytes" if len(line) > MAX_REQUEST
+                               else "bad request: not one line (no end of line, and not one whole JSON object)")
+            if (not refusal or OPEN) and len(line) <= MAX_REQUEST and ended:
                 try:
                     request = json.loads(line)
                     why = check_request(request)

@@ -227,7 +227,17 @@ class Endpoints:
 
 
 class _HeadError(Exception):
-    """The client did not deliver a request head in time (or sent too much, or failed TLS)."""
+    """The client did not deliver a request head in time (or sent too much, or failed TLS). ``status``:
+    the answer it still gets (414 for a request line, 431 for headers too large, 505 for HTTP/0.9);
+    None: it is only closed."""
+
+    def __init__(self, why: str, status: int | None = None) -> None:
+        super().__init__(why)
+        self.status = status
+
+
+REFUSED = {414: "URI Too Long", 431: "Request Header Fields Too Large", 505: "HTTP Version Not Supported"}
+MAX_REQUEST_LINE = 8 * 1024  # method, URL and version
 
 
 def make_handler(ep: Endpoints) -> type[BaseHTTPRequestHandler]:
@@ -240,6 +250,7 @@ def make_handler(ep: Endpoints) -> type[BaseHTTPRequestHandler]:
         def setup(self) -> None:
             self.deadline = time.monotonic() + self.server.head_deadline
             self.failed: str | None = None
+            self.refuse: int | None = None
             conn: socket.socket = self.request
             try:
                 ctx = self.server.tls
@@ -253,6 +264,7 @@ def make_handler(ep: Endpoints) -> type[BaseHTTPRequestHandler]:
                 head = self._read_head(conn)
             except (OSError, ssl.SSLError, _HeadError) as err:
                 self.failed = str(err) or type(err).__name__
+                self.refuse = err.status if isinstance(err, _HeadError) else None
                 head = b""
             conn.settimeout(WRITE_TIMEOUT_S)
             self.rfile = io.BytesIO(head)
@@ -264,13 +276,15 @@ def make_handler(ep: Endpoints) -> type[BaseHTTPRequestHandler]:
                 end = buf.find(b"\r\n\r\n")
                 if end < 0:
                     end = buf.find(b"\n\n")
+                line, nl, _ = buf.partition(b"\n")
+                if len(line) > MAX_REQUEST_LINE:
+                    raise _HeadError("request line too long", 414)
+                if nl and len(line.split()) == 2:  # HTTP/0.9 "GET /": answered with a status line, no data
+                    raise _HeadError("HTTP/0.9 request", 505)
+                if len(buf) > MAX_HEAD if end < 0 else end > MAX_HEAD:
+                    raise _HeadError("request head too large", 431)
                 if end >= 0:
                     return buf
-                line, nl, _ = buf.partition(b"\n")
-                if nl and len(line.split()) == 2:  # HTTP/0.9 "GET /": no headers follow
-                    return line + b"\r\n\r\n"
-                if len(buf) > MAX_HEAD:
-                    raise _HeadError("request head too large")
                 left = self.deadline - time.monotonic()
                 if left <= 0:
                     raise _HeadError("no complete request before the deadline")
@@ -286,6 +300,14 @@ def make_handler(ep: Endpoints) -> type[BaseHTTPRequestHandler]:
         def handle(self) -> None:
             if self.failed is not None:
                 log.debug("%s: %s", self.client_address[0] if self.client_address else "?", self.failed)
+                if self.refuse is not None:
+                    body = f"{self.refuse} {REFUSED[self.refuse]}: {self.failed}\n".encode()
+                    try:
+                        self.wfile.write(f"HTTP/1.0 {self.refuse} {REFUSED[self.refuse]}\r\nContent-Type: text/plain"
+                                         f"\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                                         + body)
+                    except OSError:
+                        pass
                 return
             if not self.server.slots.acquire(timeout=SLOT_WAIT_S):
                 self.wfile.write(b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")

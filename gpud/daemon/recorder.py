@@ -153,5 +153,5 @@ class Recorder:
         the last line it wrote)."""
         said = result.diagnosis.sentences if result is not None else [error] if error else []
         self._rec("probe", f"probe ({why}) {'passed' if ok else 'FAILED'}{': ' + said[0] if said else ''}",
-                  data={"ok": ok, "why": why, "at": time.time(),
+                  data={"ok": ok, "why": why, "at": time.time(), "error": error,
                         "regressions": result.regressions if result is not None else None})

@@ -87,9 +87,11 @@ class Schedule:
             return
         self.probe_proc = None
         why = self.probe_why
-        if proc.returncode in (0, 1):
-            latest = history.latest()
-            said = [s for s in (latest.diagnosis.sentences if latest else []) if not s.startswith("CPU run")]
+        latest = history.latest()
+        if latest is not None and latest.started_at and latest.started_at < self.last_probe_start - 1:
+            latest = None  # the history's newest record is an older run's: this one wrote none
+        if proc.returncode in (0, 1) and latest is not None:
+            said = [s for s in latest.diagnosis.sentences if not s.startswith("CPU run")]
             log.info("probe finished (%s): %s%s", why, "OK" if proc.returncode == 0 else "FAILED",
                      f": {said[0]}" if said else "")
             self._recorder().probe(latest, proc.returncode == 0, why)
@@ -98,8 +100,9 @@ class Schedule:
             lines = [ln for ln in probe_output_path().read_text(errors="replace").splitlines() if ln.strip()]
         except OSError:
             lines = []
-        log.error("probe failed (%s): exit %d%s", why, proc.returncode, f": {lines[-1]}" if lines else "")
-        self._recorder().probe(None, False, why, error=lines[-1] if lines else None)
+        reason = _reason(lines) or f"exit status {proc.returncode}, no message"
+        log.error("probe failed (%s): exit %d: %s", why, proc.returncode, reason)
+        self._recorder().probe(None, False, why, error=reason)
 
     def stop_probe(self) -> None:
         """At shutdown: end a running probe and reap it."""
@@ -110,3 +113,13 @@ class Schedule:
             except subprocess.TimeoutExpired:
                 self.probe_proc.kill()
                 self.probe_proc.wait()
+
+
+def _reason(lines: list[str]) -> str | None:
+    """Why a probe failed, from what it wrote to stderr: its error line (``gpud: error: …``, or the last
+    line of a traceback), not a progress bar or the remedy printed after it."""
+    for ln in lines:
+        text = ln.strip().replace("\r", "")
+        if text.lower().startswith(("error:", "gpud: error:", "gpud: ")):
+            return text.split("error:", 1)[-1].strip() or text
+    return lines[-1].strip()[:300] if lines else None

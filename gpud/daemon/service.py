@@ -27,6 +27,7 @@ from gpud.daemon.schedule import Schedule
 from gpud.daemon.status import Report
 from gpud.daemon.systemd import notify, watchdog_seconds
 from gpud.daemon.tick import Ticker, TuningFacts
+from gpud.doctor import configcheck
 from gpud.errors import GpudError, InvalidInput
 from gpud.exporter import Observation
 from gpud.hw.machine import Machine
@@ -239,6 +240,9 @@ class Daemon:
     def start(self) -> None:
         """Everything that can refuse to start does so before the hardware is touched (``Front.open``)."""
         self.front.open(self.config.daemon, self.socket_path(), self.metrics, self.healthy, self.status)
+        note = configcheck.group_note(self.config)
+        if note:
+            log.warning("%s", note)
         self._open_journal()
         self._load_profile_at_start()
         try:  # blocking readings (PCIe throughput, processes): a thread off the tick, first round now
@@ -260,7 +264,7 @@ class Daemon:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())
         signal.signal(signal.SIGINT, lambda *_: self.stop_event.set())
-        signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=self.reload, daemon=True).start())
+        signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=self.reload).start())
         self.start()
         interval = float(self.config.daemon.interval_seconds)
         wd = watchdog_seconds()
@@ -305,6 +309,11 @@ class Daemon:
         if got is None:
             return {"ok": True, "message": "no configuration file: defaults kept"}
         new, web, path = got
+        try:
+            configcheck.check(new, len(self.machine.host.nvidia_gpus()))
+        except GpudError as err:
+            log.error("reload refused, old configuration kept: %s", err)
+            return {"ok": False, "error": f"reload refused, old configuration kept: {err}"}
         notes, new = self.front.rebind(new, web)
         self.config = new
         self.front.use_web(web)
@@ -332,7 +341,11 @@ class Daemon:
             if snap is None:
                 self.fans.failsafe_all(why)
                 return ()
-            self.fans.step(snap.samples, time.monotonic())
+            for ev in self.fans.step(snap.samples, time.monotonic()):
+                if ev.kind == "reapply":  # counted and journalled as the enforcer's re-applies are
+                    self.enforcer.reapply_total += 1
+                    self.recorder.profile("profile_reapply", f"GPU {ev.gpu}: {ev.detail} (profile {self.profile})",
+                                          ev.gpu, drifted=["fan"], failed=[])
             return self._enforce(snap)
 
     def _tuning_facts(self) -> TuningFacts:
@@ -368,7 +381,7 @@ class Daemon:
     def apply(self, name: str, dry_run: bool = False, peer: control.Peer | None = None) -> dict[str, Any]:
         with self.tuning_lock:
             p = load_trusted_profile(name, peer)
-            changes, desired = engine.plan(self.machine, p, daemon=True)
+            changes, desired = engine.plan(self.machine, p)
             reply: dict[str, Any] = {"ok": True, "profile": p.name, "chain": list(p.chain), "source": p.source,
                                      "plan": [c.as_dict() for c in changes], "dry_run": dry_run,
                                      "target": engine.target(self.machine)}

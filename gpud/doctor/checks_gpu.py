@@ -8,7 +8,7 @@ from typing import Any
 
 from gpud.doctor.registry import Context, check, fail, ok, skip, warn
 from gpud.doctor.xid import describe, escalated
-from gpud.model import CheckResult, slow_open
+from gpud.model import CheckResult, GpuSample, slow_open
 from gpud.text import plural
 
 HW_EVENTS = {"hw_slowdown": "HW slowdown", "hw_thermal_slowdown": "HW thermal slowdown",
@@ -278,6 +278,8 @@ def fans(ctx: Context) -> Iterator[CheckResult]:
                            "the fan is not cooling")
             if f.policy == "manual" and not ctx.daemon_running:
                 manual.append(f"fan {f.fan} at {f.speed_percent} %")
+        if not bad:
+            bad += _hotter_than_siblings(ctx, s)
         if bad:
             yield fail("health.fans", "; ".join(bad), gpu=s.index,
                        remedy="NVML reports the speed asked for, not the real one: look at the fan (stalled, "
@@ -290,6 +292,35 @@ def fans(ctx: Context) -> Iterator[CheckResult]:
         else:
             speeds = "/".join(f"{f.speed_percent} %" for f in s.fans if f.speed_percent is not None)
             yield ok("health.fans", f"fan {speeds or 'n/a'} at {t} °C", gpu=s.index)
+
+
+def _duty(s: GpuSample) -> float | None:
+    duties = [f.speed_percent for f in s.fans if f.speed_percent is not None]
+    return sum(duties) / len(duties) if duties else None
+
+
+SAME_LOAD_POINTS = 10  # utilization within this many points: the same work
+
+
+def _hotter_than_siblings(ctx: Context, s: GpuSample) -> list[str]:
+    """Judged by effect against the machine itself: an identical GPU doing the same work whose fans
+    read no higher runs much cooler. Then this GPU's fans, whatever NVML says they do, cannot be
+    cooling it (a stalled fan reads as the duty asked for: nvml.h, nvmlDeviceGetFanSpeed_v2)."""
+    t, duty, u = s.temperature_celsius, _duty(s), s.utilization_gpu_percent
+    if t is None or duty is None or u is None or not ctx.loaded(s):
+        return []
+    delta = ctx.config.doctor.fan_sibling_delta_celsius
+    name = ctx.infos[s.index].name
+    for o in ctx.samples:
+        if o.index == s.index or o.lost or ctx.infos.get(o.index) is None or ctx.infos[o.index].name != name:
+            continue
+        ot, oduty, ou = o.temperature_celsius, _duty(o), o.utilization_gpu_percent
+        if ot is None or oduty is None or ou is None or not ctx.loaded(o) or abs(ou - u) > SAME_LOAD_POINTS:
+            continue
+        if t - ot >= delta and duty >= oduty:
+            return [f"fans read {duty:.0f} % but the GPU runs {t - ot:.0f} °C hotter ({t} °C) than GPU {o.index} "
+                    f"({ot} °C with fans at {oduty:.0f} %) under the same load: the fans cannot be cooling it"]
+    return []
 
 
 @check("health.pcie_replay", "Health")

@@ -98,8 +98,9 @@ class Context:
         """Share of the last ``window`` seconds this GPU spent in throttle episodes that have ended."""
         secs = 0.0
         for e in self.history:
-            if e.kind == "throttle" and e.uuid == uuid:
-                start, end = float(e.data.get("since", e.ts)), e.ts
+            since = e.data.get("since", e.ts)
+            if e.kind == "throttle" and e.uuid == uuid and e.ts is not None and isinstance(since, int | float):
+                start, end = float(since), e.ts  # a row the journal could not read whole is left out
                 secs += max(0.0, min(end, now) - max(start, now - window))
         return min(1.0, secs / window)
 

@@ -20,7 +20,7 @@ from typing import Any
 from gpud.errors import InvalidInput
 from gpud.schema import REQUIRED as _ANY
 from gpud.schema import load_toml, take
-from gpud.sim.faults import FAULTS, Fault, gpu_pair, validate_fault
+from gpud.sim.faults import FAULTS, PCIE_GENERATIONS, PCIE_WIDTHS, Fault, gpu_pair, validate_fault
 from gpud.sim.presets import GPU_MODELS, Preset
 
 SHIPPED = Path(__file__).parent / "descriptions"
@@ -283,6 +283,12 @@ def _check_machine(machine: dict[str, Any], file: str) -> None:
         raise InvalidInput(file, "machine.shm_mib", "must not be negative")
     if isinstance(machine["memlock_kib"], int) and machine["memlock_kib"] < 0:
         raise InvalidInput(file, "machine.memlock_kib", "must not be negative")
+    for key in ("modules", "nvswitches", "driver_lacks"):
+        if not all(isinstance(v, str) and v and v.isprintable() for v in machine[key]):
+            raise InvalidInput(file, f"machine.{key}", "must be a list of names (strings)")
+    for key in ("kernel_cmdline", "driver_version", "cuda_driver_version", "nvml_version", "cpu_governor"):
+        if not machine[key].isprintable():
+            raise InvalidInput(file, f"machine.{key}", "one line: no newline or control character")
 
 
 def _check_gpu(gpu: dict[str, Any], ambient: float, file: str, where: str) -> None:
@@ -319,6 +325,22 @@ def _check_gpu(gpu: dict[str, Any], ambient: float, file: str, where: str) -> No
                 "remapped_rows_uncorrectable", "pcie_replay_errors"):
         if gpu[key] < 0:
             raise InvalidInput(file, f"{where}.{key}", "a count must not be negative")
+    for key in ("pcie_max_generation", "slot_generation", "idle_pcie_generation"):
+        if gpu.get(key) is not None and not 1 <= gpu[key] <= PCIE_GENERATIONS:
+            raise InvalidInput(file, f"{where}.{key}", f"must be a PCIe generation, 1..{PCIE_GENERATIONS}")
+    for key in ("pcie_max_width", "slot_width"):
+        if gpu.get(key) is not None and gpu[key] not in PCIE_WIDTHS:
+            raise InvalidInput(file, f"{where}.{key}",
+                               f"must be a PCIe link width ({', '.join(map(str, PCIE_WIDTHS))})")
+    if gpu.get("ecc_supported") is False:
+        if gpu["ecc_enabled"] or gpu.get("ecc_pending_enabled"):
+            raise InvalidInput(file, f"{where}.ecc_enabled",
+                               "ecc_supported = false: a GPU without ECC cannot enable it")
+        for key in ("ecc_volatile_corrected", "ecc_volatile_uncorrected", "ecc_aggregate_corrected",
+                    "ecc_aggregate_uncorrected", "retired_pages_sbe", "retired_pages_dbe"):
+            if gpu[key]:
+                raise InvalidInput(file, f"{where}.{key}", "ecc_supported = false: a GPU without ECC counts no ECC "
+                                                           "errors")
 
 
 def load(path: Path, shown: str | None = None) -> Description:
@@ -421,6 +443,11 @@ def parse(data: dict[str, Any], file: str, digest: str = "") -> Description:
         if check is not None:
             check(f, specs, file, f"fault[{k}]")
     xorg = take(data.get("xorg", {}), XORG_KEYS, file, "xorg")
+    for name, text in xorg["files"].items():
+        if not isinstance(text, str):
+            raise InvalidInput(file, f"xorg.files.{name}", "must be the file's text (a string)")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*\.conf", name):
+            raise InvalidInput(file, f"xorg.files.{name}", "an xorg.conf.d file name: NAME.conf, no '/'")
     for key in ("modules", "nvswitches", "driver_lacks"):
         machine[key] = tuple(machine[key])
     return Description(file, digest, MachineSpec(**machine), specs, tuple(nvlinks), faults, Xorg(**xorg))

@@ -232,6 +232,12 @@ def gpu_pair(value: Any, n: int, file: str, where: str) -> list[int]:
     return value
 
 
+# What the PCIe specification allows a link to train to (x1..x32; PCI Express Base Specification,
+# "Link Width"), and the generations there are (1 to 6: 2.5 to 64 GT/s).
+PCIE_WIDTHS = (1, 2, 4, 8, 12, 16, 32)
+PCIE_GENERATIONS = 6
+
+
 def validate_fault(raw: Any, n: int, file: str, where: str) -> Fault:
     if not isinstance(raw, dict):
         raise InvalidInput(file, where, "must be a table")
@@ -252,6 +258,13 @@ def validate_fault(raw: Any, n: int, file: str, where: str) -> Fault:
         v = params.get(key)
         if v is not None and v < (1 if key in ("at_write", "width", "generation", "xid") else 0):
             raise InvalidInput(file, f"{where}.{key}", f"must be {'positive' if key != 'fan' else 'at least 0'}")
+    if params.get("width") is not None and params["width"] not in PCIE_WIDTHS:
+        raise InvalidInput(file, f"{where}.width", f"must be a PCIe link width ({', '.join(map(str, PCIE_WIDTHS))})")
+    if params.get("generation") is not None and not 1 <= params["generation"] <= PCIE_GENERATIONS:
+        raise InvalidInput(file, f"{where}.generation", f"must be a PCIe generation, 1..{PCIE_GENERATIONS}")
+    text = params.get("text")
+    if text is not None and any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise InvalidInput(file, f"{where}.text", "one kernel log line: no newline or control character")
     fault = Fault(kind, params)
     if spec.check is not None:
         spec.check(fault, file, where)

@@ -14,17 +14,20 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import IO, Any, Callable
 
 from gpud.paths import atomic_write
 from gpud.sim.description import Description
 from gpud.sim.faults import FAULTS, Fault, validate_fault
 from gpud.sim.physics import Physics
+
+log = logging.getLogger("gpud.sim")
 
 
 class SimMachine(Physics):
@@ -38,6 +41,7 @@ class SimMachine(Physics):
         self._state_mtime = 0.0
         self._checked = 0.0
         self._unsaved = False  # the state in hand exists only in this process (no file yet, or a new description)
+        self.in_memory = False  # the state directory could not be written: this process's state is the newest
         self.state: dict[str, Any] = {}
         self._faults_key: tuple[int, int] | None = None
         self._generation = 0
@@ -91,6 +95,8 @@ class SimMachine(Physics):
 
     def refresh(self) -> None:
         """Pick up writes and faults made by another process (checked at most 4× a second)."""
+        if self.in_memory:
+            return  # what this process holds is newer than the file it could not write
         t = time.monotonic()
         if t - self._checked < 0.25:
             return
@@ -109,24 +115,46 @@ class SimMachine(Physics):
         Several processes (the daemon, a CLI, a test) may write to the same simulated GPUs, as
         they may to real ones; without this, one process's stale copy would undo another's write.
         """
-        self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.state_file.with_suffix(".lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
+        try:
+            self.state_file.parent.mkdir(parents=True, exist_ok=True)
+            lock: IO[str] | None = open(self.state_file.with_suffix(".lock"), "a")  # noqa: SIM115
+        except OSError as err:  # a full or read-only state directory: the GPUs keep their state in memory
+            self._disk_error(err)
+            lock = None
+        try:
+            if lock is not None:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            if not self.in_memory:
                 self._load_state()
-                try:
-                    yield
-                finally:
-                    self.save()
+            try:
+                yield
             finally:
+                self.save()
+        finally:
+            if lock is not None:
                 fcntl.flock(lock, fcntl.LOCK_UN)
+                lock.close()
 
     def save(self) -> None:
-        atomic_write(self.state_file, json.dumps(self.state, indent=1, sort_keys=True))
+        """Persist the state for the other processes. A state directory that is full or read-only is
+        the simulator's problem, not the simulated hardware's: the GPUs keep what was written to them
+        (in this process) and gpud meets the error in its own writes, as on a real machine."""
+        try:
+            atomic_write(self.state_file, json.dumps(self.state, indent=1, sort_keys=True))
+        except OSError as err:
+            self._disk_error(err)
+            return
+        self.in_memory = False
         try:
             self._state_mtime = os.stat(self.state_file).st_mtime
         except OSError:
             pass
+
+    def _disk_error(self, err: OSError) -> None:
+        if not self.in_memory:
+            log.warning("simulated workstation %s: cannot save its state in %s (%s): kept in this process only",
+                        self.desc.name, self.state_file.parent, err.strerror or err)
+        self.in_memory = True
 
     def settings(self, gpu: int) -> dict[str, Any]:
         settings: dict[str, Any] = self.state["gpus"][str(gpu)]

@@ -56,15 +56,41 @@ def ensure_root(sim: SimMachine, dest: Path) -> Path:
     except OSError:
         pass
     tmp = dest.with_name(f"{dest.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    build(sim, tmp)
-    _write(tmp, STAMP, stamp)
-    old = dest.with_name(f"{dest.name}.{os.getpid()}.old")
-    if dest.exists():
-        os.rename(dest, old)
-    os.rename(tmp, dest)
-    shutil.rmtree(old, ignore_errors=True)
-    return dest
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        build(sim, tmp)
+        _write(tmp, STAMP, stamp)
+        old = dest.with_name(f"{dest.name}.{os.getpid()}.old")
+        if dest.exists():
+            os.rename(dest, old)
+        os.rename(tmp, dest)
+        shutil.rmtree(old, ignore_errors=True)
+        return dest
+    except OSError:
+        # A full or read-only state directory: the machine's /proc and /sys are no files on its disk,
+        # so the tree goes to a private temporary directory instead (removed when the process ends).
+        shutil.rmtree(tmp, ignore_errors=True)
+        return _private_root(sim, stamp)
+
+
+_PRIVATE: dict[str, Path] = {}
+
+
+def _private_root(sim: SimMachine, stamp: str) -> Path:
+    import atexit
+    import tempfile
+
+    root = _PRIVATE.get(sim.desc.name)
+    if root is not None and (root / STAMP).is_file() and (root / STAMP).read_text() == stamp:
+        return root
+    if root is not None:
+        shutil.rmtree(root, ignore_errors=True)
+    root = Path(tempfile.mkdtemp(prefix=f"gpud-sim-{sim.desc.name}-"))
+    atexit.register(shutil.rmtree, root, True)
+    build(sim, root)
+    _write(root, STAMP, stamp)
+    _PRIVATE[sim.desc.name] = root
+    return root
 
 
 def build(sim: SimMachine, root: Path) -> None:

@@ -37,6 +37,7 @@ class FanControl:
     failsafes: int = 0
     in_failsafe: set[int] = field(default_factory=set)
     unreleased: set[int] = field(default_factory=set)  # GPUs whose fans could not be handed back yet
+    reapplied: int = 0  # curves written again after the fans were found off gpud's control (a driver reload)
 
     @classmethod
     def from_profile(cls, machine: Machine, desired: dict[int, dict[str, Any]]) -> FanControl:
@@ -78,7 +79,17 @@ class FanControl:
                 continue
             if gpu in self.in_failsafe:
                 log.warning("GPU %d: temperature readable again (%s °C): fans back on the curve", gpu, temp)
-            if self.commanded.get(gpu) == duty and gpu not in self.in_failsafe:
+            # A driver reload (or another tool) hands the fans back to the automatic policy; NVML then
+            # reports them "auto" while gpud believes its duty stands: take them back at once.
+            taken = (gpu in self.commanded and gpu not in self.in_failsafe
+                     and any(f.policy not in ("manual", None) for f in s.fans))
+            if taken:
+                self.reapplied += 1
+                policies = "/".join(sorted({str(f.policy) for f in s.fans}))
+                log.warning("GPU %d: fans found on the %s policy, not gpud's curve (a driver reload or another "
+                            "tool): curve re-applied", gpu, policies)
+                events.append(FanEvent(gpu, "reapply", f"fans were on the {policies} policy: curve re-applied"))
+            elif self.commanded.get(gpu) == duty and gpu not in self.in_failsafe:
                 continue
             try:
                 for fan in range(len(s.fans)):

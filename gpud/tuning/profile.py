@@ -93,6 +93,10 @@ def _check_fan(fan: dict[str, Any], file: str, where: str) -> dict[str, Any]:
     mode = fan["mode"]
     if mode is None:
         raise InvalidInput(file, f"{where}.mode", f"required: one of {', '.join(FAN_MODES)}")
+    for key, belongs in (("points", "curve"), ("percent", "fixed")):
+        if fan[key] is not None and mode != belongs:
+            raise InvalidInput(file, f"{where}.{key}", f"belongs to mode = \"{belongs}\", not \"{mode}\" "
+                                                       "(remove it, or change the mode)")
     if mode == "fixed":
         if fan["percent"] is None:
             raise InvalidInput(file, f"{where}.percent", "required for mode = \"fixed\"")
@@ -190,11 +194,16 @@ def load(name_or_path: str) -> Profile:
     child_file = None
     while current is not None:
         try:
-            path = find(current)
+            if child_file is not None and ("/" in current or current.endswith(".toml")):
+                path = Path(child_file).parent / Path(current).expanduser()  # relative to the file that extends
+            else:
+                path = find(current)
         except InvalidInput as err:
             if child_file is None:
                 raise
             raise InvalidInput(child_file, "extends", f"no profile named {current!r}") from err
+        if child_file is not None and not path.is_file():
+            raise InvalidInput(child_file, "extends", f"no profile file {current!r} (looked for {path})")
         key = str(path.resolve())
         if key in seen:
             raise InvalidInput(str(path), "extends", "inheritance cycle: " + " → ".join(
@@ -311,6 +320,13 @@ def _watts(g: GpuInfo, value: Any, file: str, dotted: str) -> float | None:
 
 
 def _fan_for(g: GpuInfo, fan: dict[str, Any], file: str, dotted: str) -> dict[str, Any]:
+    shutdown = g.temperature_shutdown_celsius
+    if fan["mode"] == "curve" and shutdown is not None:
+        for k, (t, _) in enumerate(fan["points"]):
+            if t >= shutdown:
+                raise InvalidInput(file, f"{dotted}.points[{k}]",
+                                   f"{t} °C is at or above GPU {g.index}'s shutdown temperature ({shutdown} °C, "
+                                   "NVML's NVML_TEMPERATURE_THRESHOLD_SHUTDOWN): the GPU is off before it applies")
     fmin = g.fan_min_speed_percent
     if fan["mode"] != "auto" and fmin is not None:
         duties = [fan["percent"]] if fan["mode"] == "fixed" else [d for _, d in fan["points"]]

@@ -13,6 +13,7 @@ record of what they were before.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -55,6 +56,72 @@ _TYPES: tuple[tuple[str, Any, str], ...] = (
 )
 
 
+def _finite(v: Any, lo: float, hi: float) -> bool:
+    return _number(v) and math.isfinite(v) and lo <= v <= hi
+
+
+def _pair(v: Any) -> bool:
+    """Two clocks in MHz (min/max or memory/graphics)."""
+    return isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) and not isinstance(x, bool)
+                                                       and 0 < x < 100_000 for x in v)
+
+
+def _clocks(v: Any) -> bool:
+    return _pair(v) or v in ("reset", "unknown")
+
+
+def _fan(v: Any) -> bool:
+    if v == "auto":
+        return True
+    if not isinstance(v, dict) or v.get("mode") not in ("auto", "fixed", "curve"):
+        return False
+    if any(v.get(k) is not None and not _finite(v[k], 0, 1000) for k in ("hysteresis", "max_ramp", "minimum")):
+        return False
+    if v["mode"] == "fixed":
+        return _finite(v.get("percent"), 0, 100)
+    if v["mode"] == "curve":
+        pts = v.get("points")
+        return isinstance(pts, list) and bool(pts) and all(
+            isinstance(p, list) and len(p) == 2 and _finite(p[0], -50, 200) and _finite(p[1], 0, 100) for p in pts)
+    return True
+
+
+def _governor(v: Any) -> bool:
+    return (isinstance(v, str) and bool(v)) or (isinstance(v, dict) and all(
+        k.isdigit() and isinstance(g, str) and g for k, g in v.items()))
+
+
+# Every value a state file may hold for a setting (``gpud.tuning.settings`` keys), in ``desired`` and in
+# ``originals`` alike; "unsupported" (desired only) is accepted for each. One table, read by
+# ``TuningState.from_json``: verify, restore and apply all read the file through it, so they agree.
+SETTING_VALUES: dict[str, tuple[Any, str]] = {
+    "persistence_mode": (lambda v: isinstance(v, bool), "true or false"),
+    "compute_mode": (lambda v: v in ("default", "exclusive_thread", "prohibited", "exclusive_process"),
+                     "a compute mode (default, exclusive_process, prohibited)"),
+    "power_limit_watts": (lambda v: _finite(v, 1, 10_000), "a power limit in watts"),
+    "applications_clocks": (_clocks, 'two clocks in MHz or "reset"'),
+    "gpu_clocks": (_clocks, 'two clocks in MHz or "reset"'),
+    "memory_clocks": (_clocks, 'two clocks in MHz or "reset"'),
+    "fan": (_fan, "a fan policy (auto, fixed with a percent, curve with points)"),
+    "required": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of setting names"),
+}
+HOST_VALUES: dict[str, tuple[Any, str]] = {"cpu_governor": (_governor, "a CPU governor (or one per CPU)")}
+
+
+def _check_settings(section: str, table: Mapping[str, Any]) -> None:
+    """ValueError naming the first value of ``desired`` or ``originals`` gpud could not act on."""
+    for where, values in table.items():
+        known = HOST_VALUES if where == "host" else SETTING_VALUES if str(where).isdigit() else None
+        if known is None:
+            raise ValueError(f"'{section}.{where}' is neither a GPU index nor \"host\"")
+        for key, value in values.items():
+            if key not in known:
+                raise ValueError(f"'{section}.{where}.{key}' is not a setting this gpud knows")
+            ok, what = known[key]
+            if not ok(value) and not (section == "desired" and value == "unsupported"):
+                raise ValueError(f"'{section}.{where}.{key}' is {_kind(value)} ({str(value)[:40]!r}), not {what}")
+
+
 @dataclass(frozen=True)
 class TuningState:
     """What ``tuning.json`` holds. ``desired`` and ``originals`` are keyed by GPU index as text
@@ -78,6 +145,8 @@ class TuningState:
         for key, ok, what in _TYPES:
             if data.get(key) is not None and not ok(data[key]):
                 raise ValueError(f"'{key}' is {_kind(data[key])}, not {what}")
+        for section in ("desired", "originals"):
+            _check_settings(section, data.get(section) or {})
         known = {f.name for f in fields(cls)} - {"extra"}
         return cls(profile=data.get("profile"), source=data.get("source"), chain=tuple(data.get("chain") or ()),
                    desired={str(k): dict(v) for k, v in (data.get("desired") or {}).items()},

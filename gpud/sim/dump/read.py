@@ -180,6 +180,19 @@ def parse_xml(text: str, file: str) -> Dump:
         if texts:
             texts[-1].append(data)
 
+    def no_dtd(*_: object) -> None:
+        raise fail(file, parser.CurrentLineNumber, "a DTD with declarations or an entity (<!DOCTYPE … [ … ]>, "
+                                                   "<!ENTITY>, &name;): `nvidia-smi -q -x` writes none; refused")
+
+    def doctype(name: str, system_id: str | None, public_id: str | None, internal: int) -> None:
+        if internal:  # nvidia-smi writes only <!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_vN.dtd">
+            no_dtd()
+
+    parser.SetParamEntityParsing(expat.XML_PARAM_ENTITY_PARSING_NEVER)
+    parser.StartDoctypeDeclHandler = doctype
+    parser.EntityDeclHandler = no_dtd
+    parser.ExternalEntityRefHandler = lambda *_: no_dtd() or 0  # type: ignore[func-returns-value]
+    parser.SkippedEntityHandler = no_dtd
     parser.StartElementHandler = start
     parser.EndElementHandler = end
     parser.CharacterDataHandler = chars
