@@ -25,6 +25,7 @@ from gpud.sim.presets import GPU_MODELS, Preset
 
 SHIPPED = Path(__file__).parent / "descriptions"
 BUS_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+MIN_GPU_CELSIUS = -40  # the lowest ambient a description allows (machine.ambient_celsius)
 
 MACHINE_KEYS: dict[str, tuple[Any, Any]] = {
     # key: (type or tuple of types / allowed values, default; _ANY = required)
@@ -284,7 +285,7 @@ def _check_machine(machine: dict[str, Any], file: str) -> None:
         raise InvalidInput(file, "machine.memlock_kib", "must not be negative")
 
 
-def _check_gpu(gpu: dict[str, Any], ambient: float, file: str, where: str) -> None:
+def _check_gpu(gpu: dict[str, Any], file: str, where: str) -> None:
     """Physically impossible or self-contradicting values: the simulator would model nonsense."""
     for key in ("power_default_watts", "power_min_watts", "power_max_watts"):
         if not 0 < gpu[key] <= 5000:
@@ -297,9 +298,11 @@ def _check_gpu(gpu: dict[str, Any], ambient: float, file: str, where: str) -> No
     if not 0 < gpu["slowdown_celsius"] < gpu["shutdown_celsius"] <= 150:
         raise InvalidInput(file, f"{where}.slowdown_celsius",
                            f"must be above 0 and below shutdown_celsius ({gpu['shutdown_celsius']} °C, at most 150)")
-    if not ambient <= gpu["temperature_celsius"] < gpu["shutdown_celsius"]:
+    # Any temperature a GPU reports: idle GPUs in cold rooms read below the room's 25 °C, a vGPU
+    # guest reads 0 °C. The ambient is a model parameter, not a floor (the physics evolves from here).
+    if not MIN_GPU_CELSIUS <= gpu["temperature_celsius"] < gpu["shutdown_celsius"]:
         raise InvalidInput(file, f"{where}.temperature_celsius",
-                           f"must be between the ambient {ambient} °C and shutdown_celsius "
+                           f"must be between {MIN_GPU_CELSIUS} °C and shutdown_celsius "
                            f"{gpu['shutdown_celsius']} °C")
     if gpu["fans"] < 0 or gpu["fans"] > 8:
         raise InvalidInput(file, f"{where}.fans", "must be 0..8")
@@ -382,7 +385,7 @@ def parse(data: dict[str, Any], file: str, digest: str = "") -> Description:
                                f"must be within {gpu['power_min_watts']}..{gpu['power_max_watts']} W")
         if not 0 <= gpu["utilization_percent"] <= 100:
             raise InvalidInput(file, f"{where}.utilization_percent", "must be 0..100")
-        _check_gpu(gpu, float(machine["ambient_celsius"]), file, where)
+        _check_gpu(gpu, file, where)
         gpu["processes"] = [take(p, PROCESS_KEYS, file, f"{where}.processes[{k}]")
                             for k, p in enumerate(gpu["processes"])]
         for k, proc in enumerate(gpu["processes"]):

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 # Effective cooling keeps 30 % with the fan stopped (chassis airflow, heatsink).
 PASSIVE_SHARE = 0.3
 TIME_CONSTANT_S = 30.0
+# A GPU reading below the ambient is taken to sit this far above the (colder) air at its inlet: an
+# assumption (nvidia-smi prints no inlet temperature), so that its load heats it as a warmer one's does.
+COLD_RISE_K = 10.0
 AUTO_FAN_T0, AUTO_FAN_T1 = 40.0, 87.0  # driver curve: minimum duty at T0, 100 % at T1
 CLOCK_GRAPHICS, CLOCK_SM, CLOCK_MEM = 0, 1, 2  # nvmlClockType_t
 EVENT_BITS = {"gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4, "hw_slowdown": 0x8,
@@ -50,6 +53,7 @@ class Thermal:
     conductance: float  # W/K at full fan
     capacity: float  # J/K
     energy_mj: float
+    ambient: float = 25.0  # the air the GPU sheds heat to (below the room's for a GPU that reads colder)
     pcie_tx_bytes: float = 0.0  # cumulative, as NVML_FI_DEV_PCIE_COUNT_TX_BYTES
     pcie_rx_bytes: float = 0.0
     violation_ns: dict[str, float] = field(default_factory=dict)  # per reason since boot (field values 74…271)
@@ -145,12 +149,17 @@ class Physics:
         amb = float(self.desc.machine.ambient_celsius)
         temp = float(g.temperature_celsius)
         draw = min(float(g.power_watts), float(g.power_limit_watts))
+        # A GPU that reads below the room's temperature (an idle GPU in a cold machine room, a vGPU
+        # guest's 0 °C) sheds its heat to colder air than the description's ambient: the described
+        # temperature stays the equilibrium, COLD_RISE_K above that air.
+        if temp < amb:
+            amb = temp - COLD_RISE_K
         rise = max(temp - amb, 1.0)
         # Calibrate against the described state (faults from the description apply; a fan
         # settings written later change the equilibrium, as they would on real hardware).
         duty = self._described_duty(gpu, temp)
         conductance = draw / (rise * _cooling(duty))
-        th = Thermal(temp, conductance, conductance * TIME_CONSTANT_S, 3.6e9 + gpu * 1.1e8)
+        th = Thermal(temp, conductance, conductance * TIME_CONSTANT_S, 3.6e9 + gpu * 1.1e8, amb)
         # The violation counters count from boot: the machine has been in its described state since, so
         # every process (and every reader) starts from the same totals, and a reboot starts them again.
         since_boot = max(0.0, time.time() - float(self.state.get("counters_since") or self.boot_time()))
@@ -181,8 +190,8 @@ class Physics:
         if dt_total < 0.05:
             return
         self._last = now
-        amb = float(self.desc.machine.ambient_celsius)
         for gpu, th in enumerate(self.thermal):
+            amb = th.ambient
             remaining = dt_total
             while remaining > 1e-9:
                 dt = min(1.0, remaining)
