@@ -91,6 +91,14 @@ GPU_KEYS: dict[str, tuple[Any, Any]] = {
     "slot_generation": (int, None),  # the slot's (root or switch port's) maximum; default: the GPU's
     "slot_width": (int, None),
     "nvswitch": (bool, False),  # every NVLink goes to an NVSwitch (machine.nvswitches)
+    # The described moment as a real dump showed it (``gpud sim import``); None: derived by the physics.
+    "fan_percent": (int, None),  # the fans' speed at the described temperature (automatic policy)
+    "idle_reason": (bool, None),  # the Idle clock-event reason in the described state (default: at 0 %)
+    "sm_mhz": (int, None),  # SM and graphics clock in the described state (default: idle clocks or maximum)
+    "memory_mhz": (int, None),
+    "memory_reserved_mib": (int, 0),  # memory the driver reserves (nvmlMemory_v2_t.reserved)
+    "power_enforced_watts": ((int, float), None),  # a board or module power budget below the limit set
+    "mig_mode": (bool, False),  # MIG enabled (nvmlDeviceGetMigMode)
 }
 # Every preset key can be overridden per GPU.
 MODEL_KEYS: dict[str, tuple[Any, Any]] = {
@@ -138,6 +146,7 @@ PROCESS_KEYS: dict[str, tuple[Any, Any]] = {
     "uid": (int, 1000),
     "command": (str, "python train.py"),
     "graphics": (bool, False),  # a graphics process (nvmlDeviceGetGraphicsRunningProcesses), not compute
+    "compute": (bool, None),  # in the compute list too (nvidia-smi's "C+G"); default: not graphics
     # Where the process runs, as /proc/PID/cgroup shows it (at most one of these): a container id
     # (container_runtime "docker" or "podman"), a Kubernetes pod uid, a Slurm job id, a systemd unit.
     "container": (str, None),
@@ -191,6 +200,7 @@ class Process:
     uid: int
     command: str
     graphics: bool
+    compute: bool | None
     container: str | None
     container_runtime: str
     pod: str | None
@@ -237,6 +247,13 @@ class GpuSpec(Preset):
     slot_generation: int
     slot_width: int
     nvswitch: bool
+    fan_percent: int | None
+    idle_reason: bool | None
+    sm_mhz: int | None
+    memory_mhz: int | None
+    memory_reserved_mib: int
+    power_enforced_watts: float | None
+    mig_mode: bool
 
 
 @dataclass(frozen=True)
@@ -308,6 +325,13 @@ def _check_gpu(gpu: dict[str, Any], file: str, where: str) -> None:
         raise InvalidInput(file, f"{where}.fans", "must be 0..8")
     if gpu["fans"] and not 0 <= gpu["fan_min_percent"] <= gpu["fan_max_percent"] <= 100:
         raise InvalidInput(file, f"{where}.fan_min_percent", "must be 0..100 and at most fan_max_percent")
+    if gpu["fan_percent"] is not None and not (gpu["fans"] and 0 <= gpu["fan_percent"] <= 100):
+        raise InvalidInput(file, f"{where}.fan_percent", "must be 0..100, on a GPU with fans")
+    for key in ("sm_mhz", "memory_mhz", "memory_reserved_mib"):
+        if gpu[key] is not None and gpu[key] < 0:
+            raise InvalidInput(file, f"{where}.{key}", "must not be negative")
+    if gpu["power_enforced_watts"] is not None and not 0 < gpu["power_enforced_watts"] <= 5000:
+        raise InvalidInput(file, f"{where}.power_enforced_watts", f"must be 0..5000 W, not {gpu['power_enforced_watts']}")
     for key in ("memory_mib", "pcie_max_generation", "pcie_max_width", "max_graphics_mhz", "max_sm_mhz",
                 "max_memory_mhz"):
         if gpu[key] is not None and gpu[key] <= 0:

@@ -794,7 +794,8 @@ def _processes(lib: SimLibrary, i: int, count: Any, out: Any, graphics: bool = F
     written as the driver lays them out — nvml.h's 24 bytes (pid, pad, usedGpuMemory, gpuInstanceId,
     computeInstanceId), or 32 with usedGpuCcProtectedMemory (``process_entry_bytes``, early R535) —
     whatever struct the bindings declared. Compute and graphics lists share the layout (nvml.h)."""
-    procs = [p for p in lib.gpu(i).processes if bool(p.graphics) == graphics]
+    procs = [p for p in lib.gpu(i).processes
+             if (p.graphics if graphics else (p.compute if p.compute is not None else not p.graphics))]
     n = _target(count)
     if out is None or n.value < len(procs):
         n.value = len(procs)

@@ -117,7 +117,18 @@ class Physics:
         if f["policy"] == 1 and f["target"] is not None:
             return int(f["target"])
         t = self.temperature(gpu) if temp is None else temp
-        return auto_fan_percent(t, g.fan_min_percent or 0)
+        return self.auto_duty(gpu, t)
+
+    def auto_duty(self, gpu: int, temp: float) -> int:
+        """The driver's automatic policy at ``temp``: the curve, or, where the description gives the speed
+        a real GPU showed (``fan_percent``), the curve moved to pass through it at the described
+        temperature (a zero-RPM fan stays stopped until the GPU warms past its reading)."""
+        g = self.desc.gpus[gpu]
+        curve = auto_fan_percent(temp, g.fan_min_percent or 0)
+        if g.fan_percent is None:
+            return curve
+        shift = int(g.fan_percent) - auto_fan_percent(float(g.temperature_celsius), g.fan_min_percent or 0)
+        return max(min(int(g.fan_percent), int(g.fan_min_percent or 0)), min(100, curve + shift))
 
     def fan_duty(self, gpu: int, fan: int, temp: float | None = None) -> int:
         """What the fan really does (cools with): the stuck value of a failed fan, else as asked."""
@@ -175,7 +186,7 @@ class Physics:
         duties = []
         for fan in range(n):
             stuck = [f for f in self.desc.faults if f.kind == "fan_stuck" and f.gpu == gpu and f.fan == fan]
-            duties.append(stuck[0].percent if stuck else auto_fan_percent(temp, g.fan_min_percent or 0))
+            duties.append(stuck[0].percent if stuck else self.auto_duty(gpu, temp))
         return float(sum(duties)) / int(n)
 
     def step(self) -> None:
@@ -240,7 +251,8 @@ class Physics:
         slowdown and HW thermal slowdown at the slowdown temperature (``temp``: the current one)."""
         g = self.desc.gpus[gpu]
         out = {r for p in self.faults_of("clock_events", gpu) for r in p.reasons}
-        if self.utilization(gpu) == 0:
+        described = g.idle_reason if not self.settings(gpu).get("load") else None
+        if described if described is not None else self.utilization(gpu) == 0:
             out.add("gpu_idle")
         if self.demand_watts(gpu) > self.settings(gpu)["power_limit_mw"] / 1000.0:
             out.add("sw_power_cap")
@@ -265,6 +277,9 @@ class Physics:
         thermal slowdowns."""
         g, s = self.desc.gpus[gpu], self.settings(gpu)
         idle = self.utilization(gpu) == 0
+        described = g.memory_mhz if clock == CLOCK_MEM else g.sm_mhz
+        if described is not None and not s.get("load") and not s["locked_mem" if clock == CLOCK_MEM else "locked_gpu"]:
+            return int(described)  # the described moment, as a real GPU showed it (until load or a lock changes it)
         if clock == CLOCK_MEM:
             if idle:
                 return int(s["locked_mem"][0]) if s["locked_mem"] else int(g.idle_memory_mhz)

@@ -200,6 +200,7 @@ def _gpu(i: int, r: Reader, placement: Placement, notes: Notes) -> dict[str, Any
         own["fans"] = 0
     else:
         own["fans"] = max(1, int(preset.fans or 0))
+        g["fan_percent"] = fan  # what the driver's policy shows at this temperature (0 % on zero-RPM fans)
         if not preset.fans:
             own.update(fan_min_percent=min(fan, 30), fan_max_percent=100)
             notes.gpu(i, "fan_min_percent", "nvidia-smi does not print the fan range (assumed)")
@@ -273,10 +274,14 @@ def _thresholds(i: int, r: Reader, own: dict[str, Any], preset: Preset, model: s
         return
     # Ada, Hopper on drivers >= 550: "GPU Shutdown T.Limit Temp: -7 C" is max operating - shutdown
     own["tlimit_thresholds"] = True
-    tlimit = preset.max_operating_celsius or (preset.slowdown_celsius - 2)
+    margin, temp = r.integer("tlimit_margin", "C"), r.integer("temperature", "C")
+    if margin is not None and temp is not None:  # "GPU T.Limit Temp" is the margin from the current reading
+        tlimit = temp + margin
+    else:
+        tlimit = preset.max_operating_celsius or (preset.slowdown_celsius - 2)
+        notes.gpu(i, "max_operating_celsius", f"the dump gives thresholds only relative to T.Limit and no "
+                                              f"current margin; T.Limit {tlimit} C ({model} preset)")
     own["max_operating_celsius"] = tlimit
-    notes.gpu(i, "max_operating_celsius", f"the dump gives thresholds only relative to T.Limit; T.Limit "
-                                          f"{tlimit} C ({model} preset)")
     if offsets["max_operating_celsius"] not in (None, 0):
         notes.not_shown(i, f"Max Operating T.Limit offset {offsets['max_operating_celsius']} C "
                             "(the simulator's is 0)")
@@ -372,11 +377,13 @@ def _state(i: int, r: Reader, g: dict[str, Any], own: dict[str, Any], preset: Pr
     procs = r.processes()
     kept = []
     for p in procs:
-        if "C" not in str(p["type"]):
-            notes.not_shown(i, f"graphics process {p['pid']} ({p['name']}) not modelled "
-                                "(the simulator lists compute processes)")
-            continue
-        kept.append({"pid": p["pid"], "used_mib": p["used_mib"], "command": str(p["name"]) or "python"})
+        kind = str(p["type"]).replace(" ", "").upper()
+        proc: dict[str, Any] = {"pid": p["pid"], "used_mib": p["used_mib"], "command": str(p["name"]) or "python"}
+        if "G" in kind:  # "G" graphics, "C+G" in both of NVML's lists
+            proc["graphics"] = True
+            if "C" in kind:
+                proc["compute"] = True
+        kept.append(proc)
     if kept:
         g["processes"] = kept
     used = r.integer("memory_used", "MiB")
@@ -388,8 +395,8 @@ def _state(i: int, r: Reader, g: dict[str, Any], own: dict[str, Any], preset: Pr
     extra = [a for a in active if a != "gpu_idle"]
     if extra:
         g.setdefault("_faults", []).append({"kind": "clock_events", "gpu": i, "reasons": extra})
-    if "gpu_idle" in active and util:
-        notes.not_shown(i, f"Idle is active at {util} % utilisation (the twin derives Idle from 0 %)")
+    if seen and ("gpu_idle" in active) != (not util):  # the dump, not the 0 % rule: Idle as it was listed
+        g["idle_reason"] = "gpu_idle" in active
 
 
 def _health(i: int, r: Reader, g: dict[str, Any], own: dict[str, Any], preset: Preset,
@@ -435,9 +442,11 @@ def _clocks(i: int, r: Reader, g: dict[str, Any], own: dict[str, Any], util: int
             own["idle_sm_mhz"] = sm
         if mem is not None:
             own["idle_memory_mhz"] = mem
-    elif sm is not None:
-        notes.not_shown(i, f"clocks under load ({sm}/{mem} MHz): the twin runs at the maximum "
-                            "unless a reason holds it back")
+    else:  # the clocks of this moment (an idle desktop at 2 % stays at idle clocks; boost under load)
+        if sm is not None:
+            g["sm_mhz"] = sm
+        if mem is not None:
+            g["memory_mhz"] = mem
     app = (r.integer("app_graphics", "MHz"), r.integer("app_memory", "MHz"))
     default = (r.integer("default_app_graphics", "MHz"), r.integer("default_app_memory", "MHz"))
     if None not in app and None not in default and app != default:

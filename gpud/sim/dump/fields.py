@@ -64,6 +64,9 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "slowdown": ("temperature/gpu slowdown temp", "temperature/gpu_temp_slow_threshold"),
     "max_operating": ("temperature/gpu max operating temp", "temperature/gpu_temp_max_gpu_threshold"),
     "memory_max": ("temperature/memory max operating temp", "temperature/gpu_temp_max_mem_threshold"),
+    # the current margin to T.Limit (nvmlDeviceGetMarginTemperature): T.Limit = current temperature + margin
+    "tlimit_margin": ("temperature/gpu t.limit temp", "temperature/gpu current t.limit temp",
+                      "temperature/gpu_temp_tlimit"),
     "tlimit_shutdown": ("temperature/gpu shutdown t.limit temp", "temperature/gpu_temp_max_tlimit_threshold"),
     "tlimit_slowdown": ("temperature/gpu slowdown t.limit temp", "temperature/gpu_temp_slow_tlimit_threshold"),
     "tlimit_max_operating": ("temperature/gpu max operating t.limit temp",
