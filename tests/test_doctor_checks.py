@@ -34,6 +34,7 @@ CASES = [
     ("config.persistence_mode", d(), d(defaults="persistence_mode = false"), "warn", 0),
     ("config.power_limit", d(), d(defaults="power_limit_watts = 200"), "warn", 0),
     ("config.compute_mode", d(), d(defaults='compute_mode = "exclusive_process"'), "warn", 0),
+    ("config.mig_mode", d(defaults="mig_mode = false"), d(defaults="mig_mode = true"), "warn", 0),
     ("config.ecc", d(2, defaults="ecc_enabled = true"),
      d(2, defaults="ecc_enabled = true", gpu_extra={1: "ecc_pending_enabled = false"}), "warn", None),
     ("health.xid", d(), d(extra='[[fault]]\nkind = "xid"\ngpu = 0\nxid = 79\n'), "fail", 0),

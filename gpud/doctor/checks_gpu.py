@@ -46,12 +46,32 @@ def power_limit(ctx: Context) -> Iterator[CheckResult]:
                        remedy=f"`sudo nvidia-smi -i {s.index} -pl {default:.0f}` (or apply a gpud profile); "
                               "confirm with `nvidia-smi -q -d POWER`")
         elif s.power_limit_watts is not None and s.power_limit_watts < limit - 1:
+            # not lowered by anyone: the limit set is the default (or asked for); something else holds it
             yield warn("config.power_limit", f"enforced limit {s.power_limit_watts:.0f} W below the set "
-                       f"{limit:.0f} W: another limiter is active", gpu=s.index,
-                       remedy="check `nvidia-smi -q -d POWER` (Enforced vs Requested) and the supply")
+                       f"{limit:.0f} W: another limiter holds it (a board or module power budget, an "
+                       "out-of-band limit)", gpu=s.index,
+                       remedy="compare Current/Enforced with Requested Power Limit and the Module Power Readings "
+                              "in `nvidia-smi -q -d POWER`; on a GH200 the module's budget is shared with its CPU")
         else:
             note = " (asked by the active profile)" if asked is not None and limit < default - 1 else ""
             yield ok("config.power_limit", f"power limit {limit:.0f} W (default {default:.0f} W){note}", gpu=s.index)
+
+
+@check("config.mig_mode", "Configuration")
+def mig_mode(ctx: Context) -> Iterator[CheckResult]:
+    """MIG partitions a GPU: CUDA sees its instances, not the GPU (NVIDIA's MIG user guide: one
+    instance per CUDA process, no P2P over PCIe or NVLink between instances or GPUs)."""
+    for s in ctx.samples:
+        if s.mig_mode is None:
+            continue  # a GPU without MIG: nothing to say
+        if s.mig_mode:
+            yield warn("config.mig_mode", "MIG enabled: CUDA sees this GPU's MIG instances, not the GPU; a "
+                       "process gets one instance, with no P2P (NVLink or PCIe) to other GPUs, so DDP and "
+                       "pipeline jobs across GPUs fall back to host copies", gpu=s.index,
+                       remedy=f"list the instances with `nvidia-smi mig -lgi`; for whole-GPU training disable "
+                              f"MIG: `sudo nvidia-smi -i {s.index} -mig 0` (the GPU must be idle; then reset it)")
+        else:
+            yield ok("config.mig_mode", "MIG disabled: the whole GPU", gpu=s.index)
 
 
 @check("config.compute_mode", "Configuration")

@@ -98,7 +98,7 @@ GPU_KEYS: dict[str, tuple[Any, Any]] = {
     "memory_mhz": (int, None),
     "memory_reserved_mib": (int, 0),  # memory the driver reserves (nvmlMemory_v2_t.reserved)
     "power_enforced_watts": ((int, float), None),  # a board or module power budget below the limit set
-    "mig_mode": (bool, False),  # MIG enabled (nvmlDeviceGetMigMode)
+    "mig_mode": (bool, None),  # MIG enabled (nvmlDeviceGetMigMode); None: a GPU without MIG (Not Supported)
 }
 # Every preset key can be overridden per GPU.
 MODEL_KEYS: dict[str, tuple[Any, Any]] = {
@@ -253,7 +253,7 @@ class GpuSpec(Preset):
     memory_mhz: int | None
     memory_reserved_mib: int
     power_enforced_watts: float | None
-    mig_mode: bool
+    mig_mode: bool | None
 
 
 @dataclass(frozen=True)

@@ -42,13 +42,15 @@ NOT_FOUND = 6
 INSUFFICIENT_SIZE = 7
 DRIVER_NOT_LOADED = 9
 GPU_IS_LOST = 15
+ARGUMENT_VERSION_MISMATCH = 25
 UNKNOWN = 999
 
 ERROR_TEXT = {26: "Requested functionality has been deprecated",
               SUCCESS: "Success", UNINITIALIZED: "Uninitialized", INVALID_ARGUMENT: "Invalid Argument",
               NOT_SUPPORTED: "Not Supported", NO_PERMISSION: "Insufficient Permissions", NOT_FOUND: "Not Found",
               INSUFFICIENT_SIZE: "Insufficient Size", DRIVER_NOT_LOADED: "Driver Not Loaded",
-              GPU_IS_LOST: "GPU is lost", 13: "Function Not Found", UNKNOWN: "Unknown Error"}
+              GPU_IS_LOST: "GPU is lost", 13: "Function Not Found",
+              ARGUMENT_VERSION_MISMATCH: "Argument version mismatch", UNKNOWN: "Unknown Error"}
 
 IDLE_SM_MHZ, IDLE_MEM_MHZ = 210, 405
 ARCH_CODES = {"kepler": 2, "maxwell": 3, "pascal": 4, "volta": 5, "turing": 6, "ampere": 7, "ada": 8,
@@ -601,10 +603,16 @@ def _power(lib: SimLibrary, i: int) -> int:
     return int(lib.sim.draw_watts(i) * 1000)
 
 
-@entry("nvmlDeviceGetEnforcedPowerLimit")
 @entry("nvmlDeviceGetPowerManagementLimit")
 def _power_limit(lib: SimLibrary, i: int) -> int:
+    """The limit as set ("Requested Power Limit")."""
     return int(lib.settings(i)["power_limit_mw"])
+
+
+@entry("nvmlDeviceGetEnforcedPowerLimit")
+def _power_enforced(lib: SimLibrary, i: int) -> int:
+    """The limit held ("Current Power Limit"): the one set, or a lower board/module power budget."""
+    return int(round(lib.sim.enforced_limit_watts(i) * 1000))
 
 
 @entry("nvmlDeviceGetPowerManagementDefaultLimit")
@@ -781,12 +789,43 @@ def memory_total_mib(g: GpuSpec) -> int:
     return int(g.memory_ecc_mib if g.ecc_enabled and g.memory_ecc_mib else g.memory_mib)
 
 
-@entry("nvmlDeviceGetMemoryInfo")
-def _memory(lib: SimLibrary, i: int) -> dict[str, int]:
+def _memory_parts(lib: SimLibrary, i: int) -> tuple[int, int, int]:
+    """(total, reserved by the driver, allocated) in bytes."""
     g = lib.gpu(i)
     total = memory_total_mib(g) << 20
-    used = min((g.memory_used_mib + sum(p.used_mib for p in g.processes)) << 20, total)
-    return {"total": total, "used": used, "free": total - used}
+    reserved = min(int(g.memory_reserved_mib) << 20, total)
+    allocated = min((g.memory_used_mib + sum(p.used_mib for p in g.processes)) << 20, total - reserved)
+    return total, reserved, allocated
+
+
+@entry("nvmlDeviceGetMigMode", outs=2)
+def _mig_mode(lib: SimLibrary, i: int) -> tuple[int, int]:
+    """(current, pending): NVML_DEVICE_MIG_ENABLE is 1; a GPU without MIG answers Not Supported."""
+    mode = lib.gpu(i).mig_mode
+    if mode is None:
+        fail(NOT_SUPPORTED)
+    return int(bool(mode)), int(bool(mode))
+
+
+@entry("nvmlDeviceGetMemoryInfo")
+def _memory(lib: SimLibrary, i: int) -> dict[str, int]:
+    """nvml.h's ``nvmlMemory_t``: ``used`` is reserved + allocated ("Sum of Reserved and Allocated")."""
+    total, reserved, allocated = _memory_parts(lib, i)
+    return {"total": total, "used": reserved + allocated, "free": total - reserved - allocated}
+
+
+MEMORY_V2 = 0x02000028  # nvml.h: nvmlMemory_v2 = NVML_STRUCT_VERSION(Memory, 2), sizeof 40
+
+
+@entry("nvmlDeviceGetMemoryInfo_v2", outs="raw")
+def _memory_v2(lib: SimLibrary, i: int, out: Any) -> None:
+    """``nvmlMemory_v2_t``: reserved apart, ``used`` the allocated memory alone (what nvidia-smi prints
+    as Used beside Reserved); a struct of another version is ARGUMENT_VERSION_MISMATCH."""
+    t = _target(out)
+    if int(getattr(t, "version", 0)) != MEMORY_V2:
+        fail(ARGUMENT_VERSION_MISMATCH)
+    total, reserved, allocated = _memory_parts(lib, i)
+    t.total, t.reserved, t.used, t.free = total, reserved, allocated, total - reserved - allocated
 
 
 def _processes(lib: SimLibrary, i: int, count: Any, out: Any, graphics: bool = False) -> None:

@@ -106,8 +106,15 @@ class Physics:
         load = self.settings(gpu).get("load")
         return float(load[1]) if load else float(self.desc.gpus[gpu].power_watts)
 
+    def enforced_limit_watts(self, gpu: int) -> float:
+        """The limit the GPU holds to: the one set, or lower where the board's or module's power budget
+        holds it (a GH200 set to 900 W enforces 700 W: ``power_enforced_watts``)."""
+        limit = float(self.settings(gpu)["power_limit_mw"]) / 1000.0
+        budget = self.desc.gpus[gpu].power_enforced_watts
+        return min(limit, float(budget)) if budget is not None else limit
+
     def draw_watts(self, gpu: int) -> float:
-        return min(self.demand_watts(gpu), float(self.settings(gpu)["power_limit_mw"]) / 1000.0)
+        return min(self.demand_watts(gpu), self.enforced_limit_watts(gpu))
 
     def intended_duty(self, gpu: int, fan: int, temp: float | None = None) -> int:
         """What the fan is asked to do: the manual target, or the driver's curve. This is what NVML
@@ -254,7 +261,7 @@ class Physics:
         described = g.idle_reason if not self.settings(gpu).get("load") else None
         if described if described is not None else self.utilization(gpu) == 0:
             out.add("gpu_idle")
-        if self.demand_watts(gpu) > self.settings(gpu)["power_limit_mw"] / 1000.0:
+        if self.demand_watts(gpu) > self.enforced_limit_watts(gpu):
             out.add("sw_power_cap")
         t = self.temperature(gpu) if temp is None else temp
         if g.max_operating_celsius is not None and t >= g.max_operating_celsius:
@@ -287,7 +294,7 @@ class Physics:
         if idle:
             return int(s["locked_gpu"][0]) if s["locked_gpu"] else int(g.idle_sm_mhz)
         top = float(s["locked_gpu"][1] if s["locked_gpu"] else g.max_sm_mhz)  # GPU Boost up to the maximum
-        demand, limit = self.demand_watts(gpu), s["power_limit_mw"] / 1000.0
+        demand, limit = self.demand_watts(gpu), self.enforced_limit_watts(gpu)
         if demand > limit:
             top *= (limit / demand) ** (1 / 3)  # dynamic power ~ f³
         mask = self.clock_events(gpu)

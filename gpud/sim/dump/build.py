@@ -206,8 +206,12 @@ def _gpu(i: int, r: Reader, placement: Placement, notes: Notes) -> dict[str, Any
             notes.gpu(i, "fan_min_percent", "nvidia-smi does not print the fan range (assumed)")
         else:
             notes.gpu(i, "fan_min_percent", f"nvidia-smi does not print the fan range ({model} preset)")
-    if (r.text("mig_mode") or "").lower() == "enabled":
-        notes.not_shown(i, "MIG mode enabled: the simulator has no MIG instances")
+    mig = r.flag("mig_mode", ("enabled",), ("disabled",))
+    if mig is not None:
+        g["mig_mode"] = mig
+    if mig:
+        notes.not_shown(i, "MIG instances and the processes in them: the twin has MIG mode on, no instances "
+                           "(its processes run on the whole GPU)")
     _state(i, r, g, own, preset, notes)
     g.update(_changed(own, preset))
     return g
@@ -312,6 +316,11 @@ def _pcie(i: int, r: Reader, g: dict[str, Any], own: dict[str, Any], preset: Pre
     notes.gpu(i, "pcie_max_width", "the GPU's own width is not printed (the larger of Max and the preset's)"
               if not generic else "the GPU's own width is not printed (Max)")
     slot_gen = host_max if host_max is not None else gen_max
+    live = max(x for x in (gen_cur, gen_max, 0) if x is not None)
+    if host_max is not None and live > host_max:  # a link that runs faster than "Host Max" is not held by it
+        notes.not_shown(i, f"Host Max {host_max} below the link's Gen{live}: the host under-reports its port; "
+                           f"the twin's slot is Gen{live}")
+        slot_gen = live
     if slot_gen is not None and own_gen and slot_gen < own_gen:
         g["slot_generation"] = slot_gen
     elif host_max is None:
@@ -351,7 +360,11 @@ def _state(i: int, r: Reader, g: dict[str, Any], own: dict[str, Any], preset: Pr
     put("power_watts", draw, "no Power Draw (the model's idle power)")
     if draw is not None and not util:
         own["idle_power_watts"] = draw
-    limit = r.number("power_limit", "W")
+    limit, requested = r.number("power_limit", "W"), r.number("power_requested", "W")
+    if requested is not None and limit is not None and requested > limit:
+        # "Requested 900 W" held at "Current 700 W" (GH200): the module's power budget, not a limit set lower
+        g["power_enforced_watts"] = limit
+        limit = requested
     put("power_limit_watts", limit, "no Current Power Limit (the default)")
     persistence = r.flag("persistence", ("enabled",), ("disabled",))
     if persistence is None and not r.has_section("persistence"):
@@ -389,6 +402,12 @@ def _state(i: int, r: Reader, g: dict[str, Any], own: dict[str, Any], preset: Pr
     used = r.integer("memory_used", "MiB")
     if used is not None:
         g["memory_used_mib"] = max(0, used - sum(int(p["used_mib"]) for p in kept))
+        if sum(int(p["used_mib"]) for p in kept) > used:  # Windows (WDDM) counts a process's memory otherwise
+            notes.not_shown(i, f"the processes use {sum(int(p['used_mib']) for p in kept)} MiB, more than FB Used "
+                               f"{used} MiB (WDDM): the twin's Used includes the processes' memory")
+    reserved = r.integer("memory_reserved", "MiB")
+    if reserved:  # drivers from R510 print the driver's reservation apart from Used (nvmlMemory_v2_t)
+        g["memory_reserved_mib"] = reserved
     active, seen = r.reasons()
     if not seen:
         notes.gpu(i, "clock_events", "no Clocks Event Reasons section (derived from the load)")
