@@ -8,7 +8,7 @@ from typing import Any
 
 from gpud.doctor.registry import Context, check, fail, ok, skip, warn
 from gpud.doctor.xid import describe, escalated
-from gpud.model import CheckResult
+from gpud.model import CheckResult, GpuSample
 from gpud.text import plural
 
 HW_EVENTS = {"hw_slowdown": "HW slowdown", "hw_thermal_slowdown": "HW thermal slowdown",
@@ -167,12 +167,21 @@ def ecc_health(ctx: Context) -> Iterator[CheckResult]:
     bus = ctx.by_bus()
     for s in ctx.samples:
         problems = []
+        history = ""  # a lifetime error the GPU has already repaired
         e = s.ecc_errors
+        lifetime = (e.aggregate_uncorrected or 0) if e else 0
         if e and (e.volatile_uncorrected or 0) > 0:
             problems.append(f"{plural(e.volatile_uncorrected or 0, 'uncorrectable (double-bit) ECC error')} "
                             "since boot")
-        elif e and (e.aggregate_uncorrected or 0) > 0:
-            problems.append(f"{plural(e.aggregate_uncorrected or 0, 'uncorrectable (double-bit) ECC error')} "
+        elif lifetime and (s.remapped_rows_uncorrectable or 0) >= lifetime and s.remapped_rows_pending is False \
+                and s.remapped_rows_failure is False:
+            # NVIDIA's row-remapping guidance: an uncorrectable error remaps its row at the next reset; with
+            # nothing pending and no remapping failure the memory is repaired (RMA only on a failure)
+            history = (f"{plural(lifetime, 'uncorrectable ECC error')} in the GPU's lifetime, "
+                       f"{plural(s.remapped_rows_uncorrectable or 0, 'row')} remapped for it; nothing pending, "
+                       "no remapping failure")
+        elif lifetime:
+            problems.append(f"{plural(lifetime, 'uncorrectable (double-bit) ECC error')} "
                             "in the GPU's lifetime (aggregate count)")
         xids = sorted({x.xid for x in events if x.xid in ECC_XIDS and bus.get(x.pci_bus_id) == s.index})
         if xids:
@@ -192,6 +201,11 @@ def ecc_health(ctx: Context) -> Iterator[CheckResult]:
                        remedy=f"drain the GPU and reset it (`sudo nvidia-smi -r -i {s.index}`) or reboot; a failed "
                               "remapping or retired pages at the limit mean RMA; confirm with "
                               f"`nvidia-smi -i {s.index} -q -d ECC,ROW_REMAPPER,PAGE_RETIREMENT`")
+        elif history:
+            yield warn("health.ecc", history, gpu=s.index,
+                       remedy="repaired by row remapping: watch for more (`nvidia-smi -i "
+                              f"{s.index} -q -d ECC,ROW_REMAPPER`: a pending remap needs a reset, a remapping failure "
+                              "or an exhausted Bank Remap Availability Histogram means RMA)")
         elif all(k is None for k in known):
             yield skip("health.ecc", "no ECC or memory-repair data on this GPU", gpu=s.index)
         else:
@@ -222,6 +236,11 @@ def clock_events(ctx: Context) -> Iterator[CheckResult]:
                        gpu=s.index, remedy="improve cooling or a steeper fan curve (`gpud apply training`)")
         elif "sw_power_cap" in ev and ctx.loaded(s):
             yield ok("health.clock_events", "at its power limit under load (SW power cap): expected", gpu=s.index)
+        elif "sw_power_cap" in ev and _far_below_limit(s):
+            # idle GPUs list SW Power Cap with the draw a fraction of the limit (real dumps: A40, A10, A6000,
+            # RTX 5090 at 8-30 % of it): the driver's power management at idle, not a limit holding it back
+            yield ok("health.clock_events", f"SW power cap listed at low load with the draw ({s.power_watts:.0f} W) far "
+                     f"below the limit ({s.power_limit_watts:.0f} W): not a limit holding the GPU back", gpu=s.index)
         elif "sw_power_cap" in ev:
             yield warn("health.clock_events", "SW power cap active at low load", gpu=s.index,
                        remedy="check the power limit (config.power_limit)")
@@ -231,6 +250,11 @@ def clock_events(ctx: Context) -> Iterator[CheckResult]:
                                            "`gpud events --kind throttle --gpu " f"{s.index}` lists the episodes")
         else:
             yield ok("health.clock_events", "no throttling" + (" (idle)" if "gpu_idle" in ev else ""), gpu=s.index)
+
+
+def _far_below_limit(s: GpuSample) -> bool:
+    """The draw is under half the enforced limit: the power cap cannot be what holds the clocks."""
+    return s.power_watts is not None and bool(s.power_limit_watts) and s.power_watts < 0.5 * s.power_limit_watts
 
 
 @check("health.thermal", "Health")
