@@ -89,7 +89,8 @@ TEXT_KEYS = {  # our names → the paths in text dumps (new, then old drivers)
     "width": ["PCI/GPU Link Info/Link Width/Current"], "width_max": ["PCI/GPU Link Info/Link Width/Max"],
     "persistence": ["Persistence Mode"], "ecc": ["ECC Mode/Current", "Ecc Mode/Current"],
     "util": ["Utilization/Gpu", "Utilization/GPU"], "fan": ["Fan Speed"], "compute": ["Compute Mode"],
-    "draw": ["GPU Power Readings/Power Draw", "GPU Power Readings/Average Power Draw", "Power Readings/Power Draw"],
+    "draw": ["GPU Power Readings/Power Draw", "GPU Power Readings/Average Power Draw", "Power Readings/Power Draw",
+             "GPU Power Readings/Instantaneous Power Draw"],  # Turing: Average N/A, the instantaneous draw
 }
 XML_KEYS = {
     "name": ["product_name"], "total": ["fb_memory_usage/total"],
@@ -108,7 +109,8 @@ XML_KEYS = {
     "width_max": ["pci/pci_gpu_link_info/link_widths/max_link_width"],
     "persistence": ["persistence_mode"], "ecc": ["ecc_mode/current_ecc"], "util": ["utilization/gpu_util"],
     "fan": ["fan_speed"], "compute": ["compute_mode"], "draw": ["gpu_power_readings/average_power_draw",
-                                                                          "gpu_power_readings/power_draw"],
+                                                                          "gpu_power_readings/power_draw",
+                                                                          "gpu_power_readings/instant_power_draw"],
 }
 
 
@@ -614,6 +616,24 @@ def differences(status: dict[str, Any], gpus: list[dict[str, Any]], xml: bool) -
                                                             and abs(dump - twin) <= 0.01):
                 out.append(f"gpu[{i}].{field}: dump {dump!r}, twin {twin!r}")
 
+        def na(name: str, twin: Any) -> None:
+            """The dump prints the field as N/A (or Not Supported): the twin must not make a value up."""
+            paths = FIELD_KEYS[name][1 if xml else 0] if name in FIELD_KEYS else (XML_KEYS if xml else TEXT_KEYS)[name]
+            printed = [g[p] for p in paths if p in g]
+            if printed and all(re.fullmatch(r"N/A|\[.*\]|Not Supported", v, re.I) for v in printed) \
+                    and twin is not None:
+                out.append(f"gpu[{i}].{name}: dump N/A, twin {twin!r}")
+
+        for key, field in (("default", "power_default_limit_watts"), ("min", "power_min_limit_watts"),
+                           ("max", "power_max_limit_watts")):
+            na(key, info[field])
+        na("limit", s["power_limit_watts"])
+        na("draw", s["power_watts"])
+        na("fan", s["fans"][0]["speed_percent"] if s["fans"] else None)
+        na("shutdown", info["temperature_shutdown_celsius"] if w("tl_shutdown") is None else None)
+        na("slowdown", info["temperature_slowdown_celsius"] if w("tl_slowdown") is None else None)
+        for key in ("graphics", "sm", "memory"):
+            na(f"max_{key}", info["max_clocks_mhz"][key])
         same("name", dump_value(g, xml, "name"), info["name"])
         same("pci_bus_id", bus(g["bus"]), info["pci_bus_id"])
         mib = 1 << 20
@@ -788,3 +808,25 @@ def test_every_topo_fixture_reads_back_its_matrix(capsys, tmp_path, topo: str) -
 # A VM shows GPUs of one NUMA node at SYS (each behind a host bridge of its own across the hypervisor's
 # interconnect); the simulated PCIe tree has SYS only between NUMA nodes.
 TOPO_DEVIATIONS = {"topo-a10-x4.txt": ("SYS", "NODE", "GPU0-GPU1: topo -m says SYS, the twin has NODE")}
+
+
+def test_a_vgpu_guest_with_zero_readings_imports_them_as_not_supported(capsys, tmp_path) -> None:
+    """A vGPU guest reads 0 °C and prints 0 for power limits and max clocks (the H200 dump edited so):
+    it imports (exit 0) and the twin's NVML answers Not Supported for them, not the preset's values."""
+    text = (FIXTURES / "h200-590-idle.txt").read_text()
+    text = text.replace("GPU Current Temp                               : 28 C",
+                        "GPU Current Temp                               : 0 C")
+    for key in ("Current", "Requested", "Default", "Min", "Max"):
+        text = re.sub(rf"({key} Power Limit\s+: )\d+\.\d+ W", r"\g<1>0.00 W", text, count=1)
+    at = text.index("    Max Clocks")
+    text = text[:at] + re.sub(r": \d+ MHz", ": 0 MHz", text[at:text.index("\n    ", at + 20) + 200], count=3) + \
+        text[text.index("\n    ", at + 20) + 200:]
+    q = tmp_path / "vgpu.txt"
+    q.write_text(text)
+    status, twin = import_and_status(capsys, tmp_path, q)
+    info, s = status["gpus"][0]["info"], status["gpus"][0]["sample"]
+    assert s["temperature_celsius"] == 0
+    assert (info["power_default_limit_watts"], info["power_max_limit_watts"], s["power_limit_watts"]) == (
+        None, None, None)
+    assert info["max_clocks_mhz"] == {"graphics": None, "sm": None, "memory": None}
+    assert "Not Supported" in twin

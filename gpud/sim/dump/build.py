@@ -187,11 +187,11 @@ def _gpu(i: int, r: Reader, placement: Placement, notes: Notes) -> dict[str, Any
     _memory(i, r, g, own, preset, generic, notes)
     for key, src in (("power_default_watts", "power_default"), ("power_min_watts", "power_min"),
                      ("power_max_watts", "power_max")):
-        model_key(key, r.number(src, "W"), f"no {src.replace('_', ' ')} limit")
+        model_key(key, r.number(src, "W") or None, f"no {src.replace('_', ' ')} limit")  # 0: a vGPU's N/A
     for key, src in (("max_graphics_mhz", "max_graphics"), ("max_sm_mhz", "max_sm"),
                      ("max_memory_mhz", "max_memory"), ("default_app_graphics_mhz", "default_app_graphics"),
                      ("default_app_memory_mhz", "default_app_memory")):
-        model_key(key, r.integer(src, "MHz"), f"{src.replace('_', ' ')} clock not in the dump")
+        model_key(key, r.integer(src, "MHz") or None, f"{src.replace('_', ' ')} clock not in the dump")
     _thresholds(i, r, own, preset, model, notes)
     if r.integer("violation_power", "us") is not None:  # the dump shows NVML's violation counters
         own["violation_counters"] = True
@@ -213,8 +213,38 @@ def _gpu(i: int, r: Reader, placement: Placement, notes: Notes) -> dict[str, Any
         notes.not_shown(i, "MIG instances and the processes in them: the twin has MIG mode on, no instances "
                            "(its processes run on the whole GPU)")
     _state(i, r, g, own, preset, notes)
+    _not_supported(i, r, g, notes)
     g.update(_changed(own, preset))
     return g
+
+
+# Readings the dump prints as N/A (or 0, as vGPU guests do for limits and max clocks): the twin's NVML
+# answers Not Supported for them, rather than a preset's value the GPU never showed.
+NOT_SUPPORTED_CALLS = {
+    "power_default": ("nvmlDeviceGetPowerManagementDefaultLimit",),
+    "power_max": ("nvmlDeviceGetPowerManagementLimitConstraints",),
+    "power_limit": ("nvmlDeviceGetPowerManagementLimit", "nvmlDeviceGetEnforcedPowerLimit"),
+    "power_draw": ("nvmlDeviceGetPowerUsage", "nvmlDeviceGetTotalEnergyConsumption"),
+    "shutdown": ("nvmlDeviceGetTemperatureThreshold",),
+    "max_graphics": ("nvmlDeviceGetMaxClockInfo",),
+}
+
+
+def _not_supported(i: int, r: Reader, g: dict[str, Any], notes: Notes) -> None:
+    faults = g.setdefault("_faults", [])
+    for name, calls in NOT_SUPPORTED_CALLS.items():
+        printed = r.has_section(name)
+        value = r.number(name, "MHz" if name.startswith("max_") else "C" if name == "shutdown" else "W")
+        if not printed or value not in (None, 0):
+            continue
+        if name == "shutdown" and (r.entry("tlimit_shutdown") or r.entry("slowdown")):
+            continue  # thresholds given another way
+        if name == "power_max" and r.number("power_min", "W"):
+            continue
+        for call in calls:
+            faults.append({"kind": "unsupported", "gpu": i, "call": call})
+        notes.not_shown(i, f"{name.replace('_', ' ')} {'0' if value == 0 else 'N/A'} in the dump: Not Supported "
+                           f"({', '.join(calls)})")
 
 
 def _changed(own: dict[str, Any], preset: Preset) -> dict[str, Any]:
@@ -360,7 +390,7 @@ def _state(i: int, r: Reader, g: dict[str, Any], own: dict[str, Any], preset: Pr
     put("power_watts", draw, "no Power Draw (the model's idle power)")
     if draw is not None and not util:
         own["idle_power_watts"] = draw
-    limit, requested = r.number("power_limit", "W"), r.number("power_requested", "W")
+    limit, requested = r.number("power_limit", "W") or None, r.number("power_requested", "W") or None
     if requested is not None and limit is not None and requested > limit:
         # "Requested 900 W" held at "Current 700 W" (GH200): the module's power budget, not a limit set lower
         g["power_enforced_watts"] = limit
