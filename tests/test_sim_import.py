@@ -830,3 +830,34 @@ def test_a_vgpu_guest_with_zero_readings_imports_them_as_not_supported(capsys, t
         None, None, None)
     assert info["max_clocks_mhz"] == {"graphics": None, "sm": None, "memory": None}
     assert "Not Supported" in twin
+
+
+def documented_verdicts() -> dict[str, set[tuple[str, int | None, str]]]:
+    """docs/simulation.md's "Doctor on the twins": fixture → {(check, gpu, status)}; "all" → every GPU."""
+    doc = (REPO / "docs" / "simulation.md").read_text()
+    table = doc[doc.index("### Doctor on the twins"):]
+    out: dict[str, set[tuple[str, int | None, str]]] = {}
+    for line in table.splitlines()[1:]:
+        if line.startswith("#"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 5 or not cells[0].startswith("`"):
+            continue
+        fixtures, check, gpus, status = re.findall(r"`([^`]+)`", cells[0]), cells[1].strip("`"), cells[2], cells[3]
+        for f in fixtures:
+            n = len(text_gpus((FIXTURES / f).read_text()) if f.endswith(".txt") else
+                     xml_gpus((FIXTURES / f).read_text()))
+            which: list[int | None] = ([None] if gpus == "-" else list(range(n)) if gpus == "all"
+                                       else [int(x) for x in gpus.split(",")])
+            out.setdefault(f, set()).update((check, g, status) for g in which)
+    return out
+
+
+@pytest.mark.parametrize("dump", ALL_DUMPS)
+def test_doctor_on_every_twin_gives_the_documented_verdicts(capsys, tmp_path, dump: str) -> None:
+    twin = tmp_path / "twin.toml"
+    code, _, err = cli(capsys, "sim", "import", str(FIXTURES / dump), "-o", str(twin))
+    assert code == 0, err
+    _, out, _ = cli(capsys, "doctor", "--json", "--simulate", str(twin))
+    got = {(c["id"], c["gpu"], c["status"]) for c in json.loads(out)["checks"] if c["status"] not in ("pass", "skip")}
+    assert got == documented_verdicts().get(dump, set())
