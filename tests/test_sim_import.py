@@ -7,7 +7,6 @@ not by the importer, and compared with what gpud reads back from the twin.
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 import sys
@@ -606,92 +605,98 @@ def differences(status: dict[str, Any], gpus: list[dict[str, Any]], xml: bool) -
     ``gpu[i].field: dump D, twin T``."""
     out: list[str] = []
     for i, (g, got) in enumerate(zip(gpus, status["gpus"], strict=True)):
-        info, s = got["info"], got["sample"]
+        out += gpu_differences(i, g, got, xml)
+    return out
 
-        def w(name: str) -> float | None:
-            return num(dump_value(g, xml, name))
 
-        def same(field: str, dump: Any, twin: Any) -> None:
-            if dump is not None and dump != twin and not (isinstance(dump, float) and isinstance(twin, (int, float))
-                                                            and abs(dump - twin) <= 0.01):
-                out.append(f"gpu[{i}].{field}: dump {dump!r}, twin {twin!r}")
+def gpu_differences(i: int, g: dict[str, Any], got: dict[str, Any], xml: bool) -> list[str]:
+    out: list[str] = []
+    info, s = got["info"], got["sample"]
 
-        def na(name: str, twin: Any) -> None:
-            """The dump prints the field as N/A (or Not Supported): the twin must not make a value up."""
-            paths = FIELD_KEYS[name][1 if xml else 0] if name in FIELD_KEYS else (XML_KEYS if xml else TEXT_KEYS)[name]
-            printed = [g[p] for p in paths if p in g]
-            if printed and all(re.fullmatch(r"N/A|\[.*\]|Not Supported", v, re.I) for v in printed) \
-                    and twin is not None:
-                out.append(f"gpu[{i}].{name}: dump N/A, twin {twin!r}")
+    def w(name: str) -> float | None:
+        return num(dump_value(g, xml, name))
 
-        for key, field in (("default", "power_default_limit_watts"), ("min", "power_min_limit_watts"),
-                           ("max", "power_max_limit_watts")):
-            na(key, info[field])
-        na("limit", s["power_limit_watts"])
-        na("draw", s["power_watts"])
-        na("fan", s["fans"][0]["speed_percent"] if s["fans"] else None)
-        na("shutdown", info["temperature_shutdown_celsius"] if w("tl_shutdown") is None else None)
-        na("slowdown", info["temperature_slowdown_celsius"] if w("tl_slowdown") is None else None)
-        for key in ("graphics", "sm", "memory"):
-            na(f"max_{key}", info["max_clocks_mhz"][key])
-        same("name", dump_value(g, xml, "name"), info["name"])
-        same("pci_bus_id", bus(g["bus"]), info["pci_bus_id"])
-        mib = 1 << 20
-        same("memory_total", w("total"), (info["memory_total_bytes"] or 0) / mib)
-        same("memory_used", w("used"), (s["memory_used_bytes"] or 0) / mib if s["memory_used_bytes"] is not None
-             else None)
-        same("memory_reserved", w("reserved"), (s.get("memory_reserved_bytes") or 0) / mib
-             if s.get("memory_reserved_bytes") is not None else None)
-        free = w("free")  # nvidia-smi rounds total, reserved, used and free to MiB each: free is within 2 MiB
-        twin_free = s["memory_free_bytes"] / mib if s.get("memory_free_bytes") is not None else None
-        same("memory_free", free, twin_free if twin_free is None or free is None or abs(free - twin_free) > 2
-             else free)
-        for key, field in (("default", "power_default_limit_watts"), ("min", "power_min_limit_watts"),
-                           ("max", "power_max_limit_watts")):
-            same(field, w(key), info[field])
-        same("power_limit", w("limit"), s["power_limit_watts"])
-        same("power_requested_limit", w("requested"), s["power_management_limit_watts"])
-        same("power_draw", w("draw"), s["power_watts"])
-        for key in ("graphics", "sm", "memory"):
-            same(f"max_clocks.{key}", w(f"max_{key}"), info["max_clocks_mhz"][key])
-            same(f"clocks.{key}", w(key), s["clocks_mhz"][key])
-        same("default_applications_clocks.graphics", w("app_graphics"),
-             info["default_applications_clocks_mhz"]["graphics"])
-        same("default_applications_clocks.memory", w("app_memory"), info["default_applications_clocks_mhz"]["memory"])
-        same("temperature", w("temp"), s["temperature_celsius"])
-        for key, field in (("shutdown", "temperature_shutdown_celsius"), ("slowdown", "temperature_slowdown_celsius"),
-                           ("max_operating", "temperature_max_operating_celsius")):
-            same(field, w(key), info[field])
-        if w("margin") is not None and w("temp") is not None and w("shutdown") is None:
-            # thresholds printed only relative to T.Limit: T.Limit = current temperature + its margin
-            same("t_limit", w("temp") + w("margin"), info["temperature_max_operating_celsius"])  # type: ignore[operator]
-        top = info["temperature_max_operating_celsius"]
-        if w("shutdown") is None and top is not None:
-            same("tlimit_shutdown", w("tl_shutdown"), top - info["temperature_shutdown_celsius"])
-            same("tlimit_slowdown", w("tl_slowdown"), top - info["temperature_slowdown_celsius"])
-        same("pcie_generation", w("gen"), s["pcie_generation"])
-        same("pcie_width", w("width"), s["pcie_width"])
-        same("pcie_max_generation", w("gen_max"), info["pcie_max_generation"])
-        same("pcie_max_width", w("width_max"), info["pcie_max_width"])
-        same("pcie_replay_errors", w("replays"), s["pcie_replay_errors"])
-        flag = {"Enabled": True, "Disabled": False}
-        same("persistence_mode", flag.get(dump_value(g, xml, "persistence") or ""), s["persistence_mode"])
-        same("ecc_enabled", flag.get(dump_value(g, xml, "ecc") or ""), s["ecc_enabled"])
-        compute = dump_value(g, xml, "compute")
-        same("compute_mode", compute.lower() if compute else None, s["compute_mode"])
-        same("utilization", w("util"), s["utilization_gpu_percent"])
-        fan = w("fan")
-        same("fan_speed", fan, s["fans"][0]["speed_percent"] if s["fans"] else None)
-        if fan is None and dump_value(g, xml, "name"):
-            same("fans", 0, len(s["fans"]))
-        same("mig_mode", flag.get(dump_value(g, xml, "mig") or ""), s.get("mig_mode"))
-        kinds = {"C": "compute", "G": "graphics", "C+G": "compute+graphics"}
-        same("processes", {pid: kinds.get(str(k), str(k)) for pid, k in g["pids"].items()},
-             {p["pid"]: p["kind"] for p in s["processes"] or ()})
-        if g["reasons_seen"]:
-            same("clock_events", sorted(g["reasons"]), sorted(s["clock_events"] or ()))
-        if g["counters"]:  # "Clocks Event Reasons Counters" (drivers from 580): NVML's violation counters
-            same("violation_counters", True, "sw_power_cap" in (s["clock_event_nanoseconds"] or {}))
+    def same(field: str, dump: Any, twin: Any) -> None:
+        if dump is not None and dump != twin and not (isinstance(dump, float) and isinstance(twin, (int, float))
+                                                        and abs(dump - twin) <= 0.01):
+            out.append(f"gpu[{i}].{field}: dump {dump!r}, twin {twin!r}")
+
+    def na(name: str, twin: Any) -> None:
+        """The dump prints the field as N/A (or Not Supported): the twin must not make a value up."""
+        paths = FIELD_KEYS[name][1 if xml else 0] if name in FIELD_KEYS else (XML_KEYS if xml else TEXT_KEYS)[name]
+        printed = [g[p] for p in paths if p in g]
+        if printed and all(re.fullmatch(r"N/A|\[.*\]|Not Supported", v, re.I) for v in printed) \
+                and twin is not None:
+            out.append(f"gpu[{i}].{name}: dump N/A, twin {twin!r}")
+
+    for key, field in (("default", "power_default_limit_watts"), ("min", "power_min_limit_watts"),
+                       ("max", "power_max_limit_watts")):
+        na(key, info[field])
+    na("limit", s["power_limit_watts"])
+    na("draw", s["power_watts"])
+    na("fan", s["fans"][0]["speed_percent"] if s["fans"] else None)
+    na("shutdown", info["temperature_shutdown_celsius"] if w("tl_shutdown") is None else None)
+    na("slowdown", info["temperature_slowdown_celsius"] if w("tl_slowdown") is None else None)
+    for key in ("graphics", "sm", "memory"):
+        na(f"max_{key}", info["max_clocks_mhz"][key])
+    same("name", dump_value(g, xml, "name"), info["name"])
+    same("pci_bus_id", bus(g["bus"]), info["pci_bus_id"])
+    mib = 1 << 20
+    same("memory_total", w("total"), (info["memory_total_bytes"] or 0) / mib)
+    same("memory_used", w("used"), (s["memory_used_bytes"] or 0) / mib if s["memory_used_bytes"] is not None
+         else None)
+    same("memory_reserved", w("reserved"), (s.get("memory_reserved_bytes") or 0) / mib
+         if s.get("memory_reserved_bytes") is not None else None)
+    free = w("free")  # nvidia-smi rounds total, reserved, used and free to MiB each: free is within 2 MiB
+    twin_free = s["memory_free_bytes"] / mib if s.get("memory_free_bytes") is not None else None
+    same("memory_free", free, twin_free if twin_free is None or free is None or abs(free - twin_free) > 2
+         else free)
+    for key, field in (("default", "power_default_limit_watts"), ("min", "power_min_limit_watts"),
+                       ("max", "power_max_limit_watts")):
+        same(field, w(key), info[field])
+    same("power_limit", w("limit"), s["power_limit_watts"])
+    same("power_requested_limit", w("requested"), s["power_management_limit_watts"])
+    same("power_draw", w("draw"), s["power_watts"])
+    for key in ("graphics", "sm", "memory"):
+        same(f"max_clocks.{key}", w(f"max_{key}"), info["max_clocks_mhz"][key])
+        same(f"clocks.{key}", w(key), s["clocks_mhz"][key])
+    same("default_applications_clocks.graphics", w("app_graphics"),
+         info["default_applications_clocks_mhz"]["graphics"])
+    same("default_applications_clocks.memory", w("app_memory"), info["default_applications_clocks_mhz"]["memory"])
+    same("temperature", w("temp"), s["temperature_celsius"])
+    for key, field in (("shutdown", "temperature_shutdown_celsius"), ("slowdown", "temperature_slowdown_celsius"),
+                       ("max_operating", "temperature_max_operating_celsius")):
+        same(field, w(key), info[field])
+    if w("margin") is not None and w("temp") is not None and w("shutdown") is None:
+        # thresholds printed only relative to T.Limit: T.Limit = current temperature + its margin
+        same("t_limit", w("temp") + w("margin"), info["temperature_max_operating_celsius"])  # type: ignore[operator]
+    top = info["temperature_max_operating_celsius"]
+    if w("shutdown") is None and top is not None:
+        same("tlimit_shutdown", w("tl_shutdown"), top - info["temperature_shutdown_celsius"])
+        same("tlimit_slowdown", w("tl_slowdown"), top - info["temperature_slowdown_celsius"])
+    same("pcie_generation", w("gen"), s["pcie_generation"])
+    same("pcie_width", w("width"), s["pcie_width"])
+    same("pcie_max_generation", w("gen_max"), info["pcie_max_generation"])
+    same("pcie_max_width", w("width_max"), info["pcie_max_width"])
+    same("pcie_replay_errors", w("replays"), s["pcie_replay_errors"])
+    flag = {"Enabled": True, "Disabled": False}
+    same("persistence_mode", flag.get(dump_value(g, xml, "persistence") or ""), s["persistence_mode"])
+    same("ecc_enabled", flag.get(dump_value(g, xml, "ecc") or ""), s["ecc_enabled"])
+    compute = dump_value(g, xml, "compute")
+    same("compute_mode", compute.lower() if compute else None, s["compute_mode"])
+    same("utilization", w("util"), s["utilization_gpu_percent"])
+    fan = w("fan")
+    same("fan_speed", fan, s["fans"][0]["speed_percent"] if s["fans"] else None)
+    if fan is None and dump_value(g, xml, "name"):
+        same("fans", 0, len(s["fans"]))
+    same("mig_mode", flag.get(dump_value(g, xml, "mig") or ""), s.get("mig_mode"))
+    kinds = {"C": "compute", "G": "graphics", "C+G": "compute+graphics"}
+    same("processes", {pid: kinds.get(str(k), str(k)) for pid, k in g["pids"].items()},
+         {p["pid"]: p["kind"] for p in s["processes"] or ()})
+    if g["reasons_seen"]:
+        same("clock_events", sorted(g["reasons"]), sorted(s["clock_events"] or ()))
+    if g["counters"]:  # "Clocks Event Reasons Counters" (drivers from 580): NVML's violation counters
+        same("violation_counters", True, "sw_power_cap" in (s["clock_event_nanoseconds"] or {}))
     return out
 
 

@@ -239,8 +239,9 @@ def clock_events(ctx: Context) -> Iterator[CheckResult]:
         elif "sw_power_cap" in ev and _far_below_limit(s):
             # idle GPUs list SW Power Cap with the draw a fraction of the limit (real dumps: A40, A10, A6000,
             # RTX 5090 at 8-30 % of it): the driver's power management at idle, not a limit holding it back
-            yield ok("health.clock_events", f"SW power cap listed at low load with the draw ({s.power_watts:.0f} W) far "
-                     f"below the limit ({s.power_limit_watts:.0f} W): not a limit holding the GPU back", gpu=s.index)
+            yield ok("health.clock_events", f"SW power cap listed at low load with the draw ({s.power_watts:.0f} W) "
+                     f"far below the limit ({s.power_limit_watts:.0f} W): not a limit holding the GPU back",
+                     gpu=s.index)
         elif "sw_power_cap" in ev:
             yield warn("health.clock_events", "SW power cap active at low load", gpu=s.index,
                        remedy="check the power limit (config.power_limit)")
@@ -254,7 +255,8 @@ def clock_events(ctx: Context) -> Iterator[CheckResult]:
 
 def _far_below_limit(s: GpuSample) -> bool:
     """The draw is under half the enforced limit: the power cap cannot be what holds the clocks."""
-    return s.power_watts is not None and bool(s.power_limit_watts) and s.power_watts < 0.5 * s.power_limit_watts
+    draw, limit = s.power_watts, s.power_limit_watts
+    return draw is not None and limit is not None and draw < 0.5 * limit
 
 
 @check("health.thermal", "Health")

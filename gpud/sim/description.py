@@ -331,7 +331,8 @@ def _check_gpu(gpu: dict[str, Any], file: str, where: str) -> None:
         if gpu[key] is not None and gpu[key] < 0:
             raise InvalidInput(file, f"{where}.{key}", "must not be negative")
     if gpu["power_enforced_watts"] is not None and not 0 < gpu["power_enforced_watts"] <= 5000:
-        raise InvalidInput(file, f"{where}.power_enforced_watts", f"must be 0..5000 W, not {gpu['power_enforced_watts']}")
+        raise InvalidInput(file, f"{where}.power_enforced_watts",
+                           f"must be 0..5000 W, not {gpu['power_enforced_watts']}")
     for key in ("memory_mib", "pcie_max_generation", "pcie_max_width", "max_graphics_mhz", "max_sm_mhz",
                 "max_memory_mhz"):
         if gpu[key] is not None and gpu[key] <= 0:

@@ -119,7 +119,6 @@ class Physics:
     def intended_duty(self, gpu: int, fan: int, temp: float | None = None) -> int:
         """What the fan is asked to do: the manual target, or the driver's curve. This is what NVML
         reports as the fan's speed, whether or not the fan turns."""
-        g = self.desc.gpus[gpu]
         f = self.settings(gpu)["fans"][fan]
         if f["policy"] == 1 and f["target"] is not None:
             return int(f["target"])
