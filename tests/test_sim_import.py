@@ -634,6 +634,7 @@ def gpu_differences(i: int, g: dict[str, Any], got: dict[str, Any], xml: bool) -
         na(key, info[field])
     na("limit", s["power_limit_watts"])
     na("draw", s["power_watts"])
+    na("util", s["utilization_gpu_percent"])  # a MIG-enabled GPU
     na("fan", s["fans"][0]["speed_percent"] if s["fans"] else None)
     na("shutdown", info["temperature_shutdown_celsius"] if w("tl_shutdown") is None else None)
     na("slowdown", info["temperature_slowdown_celsius"] if w("tl_slowdown") is None else None)

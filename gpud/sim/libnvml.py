@@ -779,6 +779,9 @@ def _set_compute_mode(lib: SimLibrary, i: int, mode: int) -> None:
 
 @entry("nvmlDeviceGetUtilizationRates")
 def _utilization(lib: SimLibrary, i: int) -> dict[str, int]:
+    """nvml.h: "On MIG-enabled GPUs, querying device utilization rates is not currently supported."""
+    if lib.gpu(i).mig_mode:
+        fail(NOT_SUPPORTED)
     u = lib.sim.utilization(i)
     return {"gpu": u, "memory": int(u * 0.6)}
 
