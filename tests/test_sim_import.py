@@ -587,14 +587,24 @@ FIELD_KEYS: dict[str, tuple[list[str], list[str]]] = {  # name → (text paths, 
                ["temperature/gpu_temp_tlimit"]),
     "mig": (["MIG Mode/Current"], ["mig_mode/current_mig"]),
     "replays": (["PCI/Replays Since Reset"], ["pci/replay_counter"]),
+    "remap_corr": (["Remapped Rows/Correctable Error"], ["remapped_rows/remapped_row_corr"]),
+    "remap_unc": (["Remapped Rows/Uncorrectable Error"], ["remapped_rows/remapped_row_unc"]),
+    "remap_pending": (["Remapped Rows/Pending"], ["remapped_rows/remapped_row_pending"]),
+    "remap_failure": (["Remapped Rows/Remapping Failure Occurred"], ["remapped_rows/remapped_row_failure"]),
+    "retired_sbe": (["Retired Pages/Single Bit ECC"],
+                    ["retired_pages/multiple_single_bit_retirement/retired_count"]),
+    "retired_dbe": (["Retired Pages/Double Bit ECC"], ["retired_pages/double_bit_retirement/retired_count"]),
+    "retired_pending": (["Retired Pages/Pending Page Blacklist"], ["retired_pages/pending_blacklist"]),
 }
+YES_NO = ("remap_pending", "remap_failure", "retired_pending")
 
 
 def dump_value(g: dict[str, Any], xml: bool, name: str) -> str | None:
     if name in FIELD_KEYS:
         for path in FIELD_KEYS[name][1 if xml else 0]:
             v = g.get(path)
-            if v is not None and (re.match(r"^-?\d", v) or name == "mig" and v in ("Enabled", "Disabled")):
+            if v is not None and (re.match(r"^-?\d", v) or name == "mig" and v in ("Enabled", "Disabled")
+                                  or name in YES_NO and v in ("Yes", "No")):
                 return v
         return None
     return want(g, XML_KEYS if xml else TEXT_KEYS, name)
@@ -680,6 +690,16 @@ def gpu_differences(i: int, g: dict[str, Any], got: dict[str, Any], xml: bool) -
     same("pcie_max_generation", w("gen_max"), info["pcie_max_generation"])
     same("pcie_max_width", w("width_max"), info["pcie_max_width"])
     same("pcie_replay_errors", w("replays"), s["pcie_replay_errors"])
+    yes = {"Yes": True, "No": False}
+    same("remapped_rows_correctable", w("remap_corr"), s["remapped_rows_correctable"])
+    same("remapped_rows_uncorrectable", w("remap_unc"), s["remapped_rows_uncorrectable"])
+    same("remapped_rows_pending", yes.get(dump_value(g, xml, "remap_pending") or ""), s["remapped_rows_pending"])
+    same("remapped_rows_failure", yes.get(dump_value(g, xml, "remap_failure") or ""), s["remapped_rows_failure"])
+    same("retired_pages_single_bit", w("retired_sbe"), s["retired_pages_single_bit"])
+    same("retired_pages_double_bit", w("retired_dbe"), s["retired_pages_double_bit"])
+    same("retired_pages_pending", yes.get(dump_value(g, xml, "retired_pending") or ""), s["retired_pages_pending"])
+    for key, field in (("remap_corr", "remapped_rows_correctable"), ("retired_sbe", "retired_pages_single_bit")):
+        na(key, s[field])
     flag = {"Enabled": True, "Disabled": False}
     same("persistence_mode", flag.get(dump_value(g, xml, "persistence") or ""), s["persistence_mode"])
     same("ecc_enabled", flag.get(dump_value(g, xml, "ecc") or ""), s["ecc_enabled"])

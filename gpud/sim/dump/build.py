@@ -227,19 +227,23 @@ NOT_SUPPORTED_CALLS = {
     "power_draw": ("nvmlDeviceGetPowerUsage", "nvmlDeviceGetTotalEnergyConsumption"),
     "shutdown": ("nvmlDeviceGetTemperatureThreshold",),
     "max_graphics": ("nvmlDeviceGetMaxClockInfo",),
+    "utilization": ("nvmlDeviceGetUtilizationRates",),
 }
+_UNITS = {"max_graphics": "MHz", "shutdown": "C", "utilization": "%"}
 
 
 def _not_supported(i: int, r: Reader, g: dict[str, Any], notes: Notes) -> None:
     faults = g.setdefault("_faults", [])
     for name, calls in NOT_SUPPORTED_CALLS.items():
         printed = r.has_section(name)
-        value = r.number(name, "MHz" if name.startswith("max_") else "C" if name == "shutdown" else "W")
+        value = r.number(name, _UNITS.get(name, "W"))
         if not printed or value not in (None, 0):
             continue
         if name == "shutdown" and (r.entry("tlimit_shutdown") or r.entry("slowdown")):
             continue  # thresholds given another way
-        if name == "power_max" and r.number("power_min", "W"):
+        if name == "power_max" and r.number("power_min", "W") or name == "utilization" and value == 0:
+            continue  # (0 % is a reading; a MIG GPU's N/A is the simulator's own answer)
+        if name == "utilization" and (r.text("mig_mode") or "").lower() == "enabled":
             continue
         for call in calls:
             faults.append({"kind": "unsupported", "gpu": i, "call": call})
