@@ -698,6 +698,11 @@ def gpu_differences(i: int, g: dict[str, Any], got: dict[str, Any], xml: bool) -
     same("retired_pages_single_bit", w("retired_sbe"), s["retired_pages_single_bit"])
     same("retired_pages_double_bit", w("retired_dbe"), s["retired_pages_double_bit"])
     same("retired_pages_pending", yes.get(dump_value(g, xml, "retired_pending") or ""), s["retired_pages_pending"])
+    if s["ecc_enabled"]:
+        for scope in ("volatile", "aggregate"):
+            for kind in ("corrected", "uncorrected"):
+                same(f"ecc_errors.{scope}_{kind}", ecc_count(g, xml, scope, kind),
+                     (s["ecc_errors"] or {}).get(f"{scope}_{kind}"))
     for key, field in (("remap_corr", "remapped_rows_correctable"), ("retired_sbe", "retired_pages_single_bit")):
         na(key, s[field])
     flag = {"Enabled": True, "Disabled": False}
@@ -719,6 +724,24 @@ def gpu_differences(i: int, g: dict[str, Any], got: dict[str, Any], xml: bool) -
     if g["counters"]:  # "Clocks Event Reasons Counters" (drivers from 580): NVML's violation counters
         same("violation_counters", True, "sw_power_cap" in (s["clock_event_nanoseconds"] or {}))
     return out
+
+
+def ecc_count(g: dict[str, Any], xml: bool, scope: str, kind: str) -> float | None:
+    """The dump's ECC error count of ``scope`` summed over SRAM and DRAM (old drivers: Single/Double Bit
+    Total); None where it prints none."""
+    total, seen = 0, False
+    prefix = f"ecc_errors/{scope}/" if xml else f"ECC Errors/{scope.capitalize()}/"
+    for path, v in g.items():
+        if not isinstance(path, str) or not path.startswith(prefix) or not str(v).isdigit():
+            continue
+        leaf = path[len(prefix):].lower().replace("_", " ")
+        if leaf.startswith(("single bit", "double bit")) and not leaf.endswith("/total"):
+            continue  # old drivers: per memory kind, then their total
+        unc = "uncorrectable" in leaf or leaf.startswith("double bit")
+        cor = not unc and ("correctable" in leaf or leaf.startswith("single bit"))
+        if (kind == "uncorrected" and unc) or (kind == "corrected" and cor):
+            total, seen = total + int(v), True
+    return float(total) if seen else None
 
 
 # Differences that cannot be helped, per fixture (each is in the twin's header too).
