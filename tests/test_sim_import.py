@@ -910,3 +910,14 @@ def test_doctor_on_every_twin_gives_the_documented_verdicts(capsys, tmp_path, du
     _, out, _ = cli(capsys, "doctor", "--json", "--simulate", str(twin))
     got = {(c["id"], c["gpu"], c["status"]) for c in json.loads(out)["checks"] if c["status"] not in ("pass", "skip")}
     assert got == documented_verdicts().get(dump, set())
+
+
+def test_the_picker_judges_a_gpu_by_its_free_memory_not_total_minus_used() -> None:
+    """With the driver's reservation apart (``_v2``), total − used overstates what a job can get."""
+    from gpud.model import GpuSample
+    from gpud.picker import why_busy
+
+    gib = 1 << 30
+    s = GpuSample(index=0, uuid="GPU-0", timestamp=0.0, utilization_gpu_percent=0, memory_total_bytes=48 * gib,
+                  memory_used_bytes=10 * gib, memory_reserved_bytes=20 * gib, memory_free_bytes=18 * gib)
+    assert why_busy(s, 30 * gib, 10) == "18.0 GiB free < 30.0 GiB"
