@@ -5,6 +5,7 @@ inferred because the dump does not say it.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -512,8 +513,9 @@ def _machine(dump: Dump, name: str, gpus: list[dict[str, Any]], placement: Place
     names = sorted({str(g.get("name") or GPU_MODELS[g["model"]].name) for g in gpus})
     m: dict[str, Any] = {"name": name,
                          "summary": f"twin of {dump.file}: {len(gpus)}x {', '.join(names)}"}
-    driver = dump.driver_version.value if dump.driver_version else None
-    cuda = dump.cuda_version.value if dump.cuda_version else None
+    # driver 610: "610.57.04 [Deprecated; will be removed in CUDA 14.0. Use KMD Version instead]"
+    driver = _version(dump.driver_version.value) if dump.driver_version else None
+    cuda = _version(dump.cuda_version.value) if dump.cuda_version else None
     if driver and not driver.lower().startswith(("n/a", "[")):
         m["driver_version"] = driver
         major = cuda.split(".")[0] if cuda and cuda[:1].isdigit() else "12"
@@ -531,6 +533,12 @@ def _machine(dump: Dump, name: str, gpus: list[dict[str, Any]], placement: Place
     notes.machine.append("machine: CPU model, PSU, kernel command line, governor: nvidia-smi does not print "
                          "them (defaults)")
     return m
+
+
+def _version(text: str) -> str | None:
+    """The version number at the start of a version field (drivers from 610 append a deprecation note)."""
+    m = re.match(r"\s*(\d+(?:\.\d+)+)", text)
+    return m.group(1) if m else None
 
 
 def _raise_nvlinks(data: dict[str, Any], placement: Placement, notes: Notes) -> None:
