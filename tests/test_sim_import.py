@@ -421,7 +421,7 @@ def preset_disagreements(capsys, tmp_path: Path, dump: str) -> list[str]:
 
 
 @pytest.mark.parametrize("dump", ["rtx-a6000-linux-550.txt", "rtx-a6000-windows-537.txt", "rtx-6000-ada-550.txt",
-                                  "h200-590-idle.txt"])
+                                  "h200-590-idle.txt", "h200-mig-590-idle.txt"])
 def test_presets_agree_with_every_gpu_of_every_dump_of_their_model(capsys, tmp_path, dump: str) -> None:
     assert preset_disagreements(capsys, tmp_path, dump) == []
 
