@@ -156,8 +156,10 @@ class GpuSample:
     applications_clocks_mhz: dict[str, int | None] = field(default_factory=dict)
     utilization_gpu_percent: int | None = None
     utilization_memory_percent: int | None = None
-    memory_used_bytes: int | None = None
+    memory_used_bytes: int | None = None  # allocated (nvmlMemory_v2_t.used); v1's used where _v2 is missing
     memory_total_bytes: int | None = None
+    memory_reserved_bytes: int | None = None  # reserved by the driver (_v2 only)
+    memory_free_bytes: int | None = None  # what an allocation can still get: total - reserved - used
     pcie_generation: int | None = None
     pcie_width: int | None = None
     pcie_tx_bytes_per_second: int | None = None
@@ -167,6 +169,7 @@ class GpuSample:
     clock_events: tuple[str, ...] | None = None
     persistence_mode: bool | None = None
     compute_mode: str | None = None  # default | exclusive_process | prohibited
+    mig_mode: bool | None = None  # MIG enabled (nvmlDeviceGetMigMode current); None: not MIG-capable
     ecc_enabled: bool | None = None
     ecc_pending: bool | None = None
     ecc_errors: EccCounts | None = None

@@ -46,8 +46,10 @@ def why_busy(s: GpuSample, min_free_bytes: int, max_utilization: int) -> str | N
     who = f" ({', '.join(sorted({p.user or '?' for p in s.processes}))})" if s.processes else ""
     if util is not None and util > max_utilization:
         return f"utilisation {util} % > {max_utilization} %{who}"
-    if min_free_bytes and s.memory_total_bytes is not None and s.memory_used_bytes is not None:
+    free = s.memory_free_bytes  # total - reserved - used (nvmlMemory_v2_t); v1's free where _v2 is missing
+    if free is None and s.memory_total_bytes is not None and s.memory_used_bytes is not None:
         free = s.memory_total_bytes - s.memory_used_bytes
+    if min_free_bytes and free is not None:
         if free < min_free_bytes:
             return f"{free / 2**30:.1f} GiB free < {min_free_bytes / 2**30:.1f} GiB{who}"
     return None

@@ -34,6 +34,7 @@ CASES = [
     ("config.persistence_mode", d(), d(defaults="persistence_mode = false"), "warn", 0),
     ("config.power_limit", d(), d(defaults="power_limit_watts = 200"), "warn", 0),
     ("config.compute_mode", d(), d(defaults='compute_mode = "exclusive_process"'), "warn", 0),
+    ("config.mig_mode", d(defaults="mig_mode = false"), d(defaults="mig_mode = true"), "warn", 0),
     ("config.ecc", d(2, defaults="ecc_enabled = true"),
      d(2, defaults="ecc_enabled = true", gpu_extra={1: "ecc_pending_enabled = false"}), "warn", None),
     ("health.xid", d(), d(extra='[[fault]]\nkind = "xid"\ngpu = 0\nxid = 79\n'), "fail", 0),
@@ -284,3 +285,15 @@ def test_probe_checks_both_ways(tmp_path: Path, check: str, bad: dict | None, st
     hit = [r for r in worse.checks if r.status == status]
     assert hit and hit[0].remedy, worse.checks
     assert not diagnose(m, Config(), only=[check], env={}).checks or check == "pcie.link_gen"
+
+
+def test_a_link_faster_than_the_ports_reported_maximum_is_no_slot_problem(tmp_path: Path, monkeypatch) -> None:
+    """An HGX A100 prints Host Max 3 beside a live Gen4 link (a100-sxm4-535-x8-cold.txt): the port
+    under-reports its capability; the link proves the slot carries Gen4. A Gen3 link there is a Gen3 slot."""
+    import gpud.doctor.checks_pcie as pcie
+
+    monkeypatch.setattr(pcie, "_port", lambda ctx, index: (16, 16, 4, 3))  # GPU Gen4, its port says Gen3
+    loaded = d(defaults="utilization_percent = 90\npower_watts = 250")
+    assert only(doctor(tmp_path, "pcie.link_gen", loaded)).status == "pass"  # the A6000 twin runs at Gen4
+    slow = d(defaults="utilization_percent = 0\nidle_pcie_generation = 3")
+    assert only(doctor(tmp_path, "pcie.link_gen", slow)).status == "warn"

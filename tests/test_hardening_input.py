@@ -67,7 +67,7 @@ def _desc(tmp_path: Path, extra_machine: str = "", extra_gpu: str = "", tail: st
     ("", "temperature_celsius = 120\n", "", "gpu[0].temperature_celsius"),
     ("", "fan_min_percent = 90\nfan_max_percent = 30\n", "", "gpu[0].fan_min_percent"),
     ("", "slowdown_celsius = 99\nshutdown_celsius = 95\n", "", "gpu[0].slowdown_celsius"),
-    ("ambient_celsius = 45\n", "temperature_celsius = 35\n", "", "gpu[0].temperature_celsius"),
+    ("", "temperature_celsius = -60\n", "", "gpu[0].temperature_celsius"),
     ("psu_watts = -2250\n", "", "", "machine.psu_watts"),
     ("memory_gib = 0\n", "", "", "machine.memory_gib"),
     ("", "", '[[fault]]\nkind = "unsupported"\ncall = "nvmlDeviceGetTemprature"\n', "fault[0].call"),

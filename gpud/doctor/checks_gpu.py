@@ -47,12 +47,32 @@ def power_limit(ctx: Context) -> Iterator[CheckResult]:
                        remedy=f"`sudo nvidia-smi -i {s.index} -pl {default:.0f}` (or apply a gpud profile); "
                               "confirm with `nvidia-smi -q -d POWER`")
         elif s.power_limit_watts is not None and s.power_limit_watts < limit - 1:
+            # not lowered by anyone: the limit set is the default (or asked for); something else holds it
             yield warn("config.power_limit", f"enforced limit {s.power_limit_watts:.0f} W below the set "
-                       f"{limit:.0f} W: another limiter is active", gpu=s.index,
-                       remedy="check `nvidia-smi -q -d POWER` (Enforced vs Requested) and the supply")
+                       f"{limit:.0f} W: another limiter holds it (a board or module power budget, an "
+                       "out-of-band limit)", gpu=s.index,
+                       remedy="compare Current/Enforced with Requested Power Limit and the Module Power Readings "
+                              "in `nvidia-smi -q -d POWER`; on a GH200 the module's budget is shared with its CPU")
         else:
             note = " (asked by the active profile)" if asked is not None and limit < default - 1 else ""
             yield ok("config.power_limit", f"power limit {limit:.0f} W (default {default:.0f} W){note}", gpu=s.index)
+
+
+@check("config.mig_mode", "Configuration")
+def mig_mode(ctx: Context) -> Iterator[CheckResult]:
+    """MIG partitions a GPU: CUDA sees its instances, not the GPU (NVIDIA's MIG user guide: one
+    instance per CUDA process, no P2P over PCIe or NVLink between instances or GPUs)."""
+    for s in ctx.samples:
+        if s.mig_mode is None:
+            continue  # a GPU without MIG: nothing to say
+        if s.mig_mode:
+            yield warn("config.mig_mode", "MIG enabled: CUDA sees this GPU's MIG instances, not the GPU; a "
+                       "process gets one instance, with no P2P (NVLink or PCIe) to other GPUs, so DDP and "
+                       "pipeline jobs across GPUs fall back to host copies", gpu=s.index,
+                       remedy=f"list the instances with `nvidia-smi mig -lgi`; for whole-GPU training disable "
+                              f"MIG: `sudo nvidia-smi -i {s.index} -mig 0` (the GPU must be idle; then reset it)")
+        else:
+            yield ok("config.mig_mode", "MIG disabled: the whole GPU", gpu=s.index)
 
 
 @check("config.compute_mode", "Configuration")
@@ -148,12 +168,21 @@ def ecc_health(ctx: Context) -> Iterator[CheckResult]:
     bus = ctx.by_bus()
     for s in ctx.samples:
         problems = []
+        history = ""  # a lifetime error the GPU has already repaired
         e = s.ecc_errors
+        lifetime = (e.aggregate_uncorrected or 0) if e else 0
         if e and (e.volatile_uncorrected or 0) > 0:
             problems.append(f"{plural(e.volatile_uncorrected or 0, 'uncorrectable (double-bit) ECC error')} "
                             "since boot")
-        elif e and (e.aggregate_uncorrected or 0) > 0:
-            problems.append(f"{plural(e.aggregate_uncorrected or 0, 'uncorrectable (double-bit) ECC error')} "
+        elif lifetime and (s.remapped_rows_uncorrectable or 0) >= lifetime and s.remapped_rows_pending is False \
+                and s.remapped_rows_failure is False:
+            # NVIDIA's row-remapping guidance: an uncorrectable error remaps its row at the next reset; with
+            # nothing pending and no remapping failure the memory is repaired (RMA only on a failure)
+            history = (f"{plural(lifetime, 'uncorrectable ECC error')} in the GPU's lifetime, "
+                       f"{plural(s.remapped_rows_uncorrectable or 0, 'row')} remapped for it; nothing pending, "
+                       "no remapping failure")
+        elif lifetime:
+            problems.append(f"{plural(lifetime, 'uncorrectable (double-bit) ECC error')} "
                             "in the GPU's lifetime (aggregate count)")
         xids = sorted({x.xid for x in events if x.xid in ECC_XIDS and bus.get(x.pci_bus_id) == s.index})
         if xids:
@@ -173,6 +202,11 @@ def ecc_health(ctx: Context) -> Iterator[CheckResult]:
                        remedy=f"drain the GPU and reset it (`sudo nvidia-smi -r -i {s.index}`) or reboot; a failed "
                               "remapping or retired pages at the limit mean RMA; confirm with "
                               f"`nvidia-smi -i {s.index} -q -d ECC,ROW_REMAPPER,PAGE_RETIREMENT`")
+        elif history:
+            yield warn("health.ecc", history, gpu=s.index,
+                       remedy="repaired by row remapping: watch for more (`nvidia-smi -i "
+                              f"{s.index} -q -d ECC,ROW_REMAPPER`: a pending remap needs a reset, a remapping failure "
+                              "or an exhausted Bank Remap Availability Histogram means RMA)")
         elif all(k is None for k in known):
             yield skip("health.ecc", "no ECC or memory-repair data on this GPU", gpu=s.index)
         else:
@@ -203,6 +237,12 @@ def clock_events(ctx: Context) -> Iterator[CheckResult]:
                        gpu=s.index, remedy="improve cooling or a steeper fan curve (`gpud apply training`)")
         elif "sw_power_cap" in ev and ctx.loaded(s):
             yield ok("health.clock_events", "at its power limit under load (SW power cap): expected", gpu=s.index)
+        elif "sw_power_cap" in ev and _far_below_limit(s):
+            # idle GPUs list SW Power Cap with the draw a fraction of the limit (real dumps: A40, A10, A6000,
+            # RTX 5090 at 8-30 % of it): the driver's power management at idle, not a limit holding it back
+            yield ok("health.clock_events", f"SW power cap listed at low load with the draw ({s.power_watts:.0f} W) "
+                     f"far below the limit ({s.power_limit_watts:.0f} W): not a limit holding the GPU back",
+                     gpu=s.index)
         elif "sw_power_cap" in ev:
             yield warn("health.clock_events", "SW power cap active at low load", gpu=s.index,
                        remedy="check the power limit (config.power_limit)")
@@ -212,6 +252,12 @@ def clock_events(ctx: Context) -> Iterator[CheckResult]:
                                            "`gpud events --kind throttle --gpu " f"{s.index}` lists the episodes")
         else:
             yield ok("health.clock_events", "no throttling" + (" (idle)" if "gpu_idle" in ev else ""), gpu=s.index)
+
+
+def _far_below_limit(s: GpuSample) -> bool:
+    """The draw is under half the enforced limit: the power cap cannot be what holds the clocks."""
+    draw, limit = s.power_watts, s.power_limit_watts
+    return draw is not None and limit is not None and draw < 0.5 * limit
 
 
 @check("health.thermal", "Health")

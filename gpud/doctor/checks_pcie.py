@@ -78,7 +78,8 @@ def link_gen(ctx: Context) -> Iterator[CheckResult]:
                        f"max Gen{best}", gpu=s.index,
                        remedy="set the slot to Gen4/Auto in the BIOS, check the riser; confirm with "
                               + _lspci(ctx, s.index))
-        elif gpu_g and slot_g and slot_g < gpu_g:
+        elif gpu_g and slot_g and slot_g < gpu_g and s.pcie_generation <= slot_g:
+            # (a link running faster than the port's reported maximum shows the port under-reports: no slot limit)
             yield warn("pcie.link_gen", f"Gen{gpu_g} GPU in a Gen{slot_g} slot (link Gen{s.pcie_generation})",
                        gpu=s.index, remedy="the slot or a riser limits the generation: use a slot wired to the "
                        f"CPU at Gen{gpu_g}, or set it to Auto in the BIOS; confirm with {_lspci(ctx, s.index)}")

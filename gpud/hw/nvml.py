@@ -624,7 +624,7 @@ class Nvml:
             if speed is not None:
                 fans.append(FanReading(0, speed, None, None))
         util = get("nvmlDeviceGetUtilizationRates")
-        mem = get("nvmlDeviceGetMemoryInfo")
+        used, total, reserved, free = self._memory(index, h)
         tx, rx = self._pcie_rates(index, h, now)
         events = get("nvmlDeviceGetCurrentClocksEventReasons")
         if events is None:
@@ -649,8 +649,10 @@ class Nvml:
             applications_clocks_mhz=slow["applications_clocks"],
             utilization_gpu_percent=util.gpu if util is not None else None,
             utilization_memory_percent=util.memory if util is not None else None,
-            memory_used_bytes=mem.used if mem is not None else None,
-            memory_total_bytes=mem.total if mem is not None else None,
+            memory_used_bytes=used,
+            memory_total_bytes=total,
+            memory_reserved_bytes=reserved,
+            memory_free_bytes=free,
             pcie_generation=get("nvmlDeviceGetCurrPcieLinkGeneration"),
             pcie_width=slow["pcie_width"],
             pcie_tx_bytes_per_second=tx,
@@ -660,6 +662,7 @@ class Nvml:
             clock_events=decode_clock_events(events) if events is not None else None,
             persistence_mode=bool(persistence) if persistence is not None else None,
             compute_mode=COMPUTE_MODES.get(compute, str(compute)) if compute is not None else None,
+            mig_mode=bool(slow["mig"][0]) if slow["mig"] is not None else None,
             ecc_enabled=ecc_on,
             ecc_pending=bool(ecc_mode[1]) if ecc_mode is not None else None,
             ecc_errors=ecc,
@@ -682,6 +685,19 @@ class Nvml:
             if procs is not None
             else None,
         )
+
+    def _memory(self, index: int, h: Any) -> tuple[int | None, int | None, int | None, int | None]:
+        """(used, total, reserved, free) bytes: ``nvmlDeviceGetMemoryInfo_v2`` keeps the driver's
+        reservation apart (nvml.h: v1's ``used`` is reserved + allocated); v1 where the driver or the
+        bindings lack it (reserved unknown)."""
+        version = getattr(self._m, "nvmlMemory_v2", None)
+        v2 = self.get("nvmlDeviceGetMemoryInfo", h, version, gpu=index) if version is not None else None
+        if v2 is not None:
+            return int(v2.used), int(v2.total), int(v2.reserved), int(v2.free)
+        mem = self.get("nvmlDeviceGetMemoryInfo", h, gpu=index)
+        if mem is None:
+            return None, None, None, None
+        return int(mem.used), int(mem.total), None, int(mem.free)
 
     def _processes(self, index: int, h: Any, locked: bool = True) -> Any:
         """The GPU's compute and graphics processes (one entry per pid: a process in both lists is
@@ -970,7 +986,7 @@ class Nvml:
                   "retired_pending": get("nvmlDeviceGetRetiredPagesPendingStatus"),
                   "remap": get("nvmlDeviceGetRemappedRows"), "replay": get("nvmlDeviceGetPcieReplayCounter"),
                   "fan_policies": policies, "persistence": get("nvmlDeviceGetPersistenceMode"),
-                  "compute": get("nvmlDeviceGetComputeMode"),
+                  "compute": get("nvmlDeviceGetComputeMode"), "mig": get("nvmlDeviceGetMigMode"),
                   "management_limit": get("nvmlDeviceGetPowerManagementLimit"),
                   "applications_clocks": {k: get("nvmlDeviceGetApplicationsClock", CLOCK_TYPES[k])
                                           for k in ("graphics", "memory")},

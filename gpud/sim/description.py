@@ -25,6 +25,7 @@ from gpud.sim.presets import GPU_MODELS, Preset
 
 SHIPPED = Path(__file__).parent / "descriptions"
 BUS_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+MIN_GPU_CELSIUS = -40  # the lowest ambient a description allows (machine.ambient_celsius)
 
 MACHINE_KEYS: dict[str, tuple[Any, Any]] = {
     # key: (type or tuple of types / allowed values, default; _ANY = required)
@@ -90,6 +91,14 @@ GPU_KEYS: dict[str, tuple[Any, Any]] = {
     "slot_generation": (int, None),  # the slot's (root or switch port's) maximum; default: the GPU's
     "slot_width": (int, None),
     "nvswitch": (bool, False),  # every NVLink goes to an NVSwitch (machine.nvswitches)
+    # The described moment as a real dump showed it (``gpud sim import``); None: derived by the physics.
+    "fan_percent": (int, None),  # the fans' speed at the described temperature (automatic policy)
+    "idle_reason": (bool, None),  # the Idle clock-event reason in the described state (default: at 0 %)
+    "sm_mhz": (int, None),  # SM and graphics clock in the described state (default: idle clocks or maximum)
+    "memory_mhz": (int, None),
+    "memory_reserved_mib": (int, 0),  # memory the driver reserves (nvmlMemory_v2_t.reserved)
+    "power_enforced_watts": ((int, float), None),  # a board or module power budget below the limit set
+    "mig_mode": (bool, None),  # MIG enabled (nvmlDeviceGetMigMode); None: a GPU without MIG (Not Supported)
 }
 # Every preset key can be overridden per GPU.
 MODEL_KEYS: dict[str, tuple[Any, Any]] = {
@@ -138,6 +147,7 @@ PROCESS_KEYS: dict[str, tuple[Any, Any]] = {
     "uid": (int, 1000),
     "command": (str, "python train.py"),
     "graphics": (bool, False),  # a graphics process (nvmlDeviceGetGraphicsRunningProcesses), not compute
+    "compute": (bool, None),  # in the compute list too (nvidia-smi's "C+G"); default: not graphics
     # Where the process runs, as /proc/PID/cgroup shows it (at most one of these): a container id
     # (container_runtime "docker" or "podman"), a Kubernetes pod uid, a Slurm job id, a systemd unit.
     "container": (str, None),
@@ -191,6 +201,7 @@ class Process:
     uid: int
     command: str
     graphics: bool
+    compute: bool | None
     container: str | None
     container_runtime: str
     pod: str | None
@@ -237,6 +248,13 @@ class GpuSpec(Preset):
     slot_generation: int
     slot_width: int
     nvswitch: bool
+    fan_percent: int | None
+    idle_reason: bool | None
+    sm_mhz: int | None
+    memory_mhz: int | None
+    memory_reserved_mib: int
+    power_enforced_watts: float | None
+    mig_mode: bool | None
 
 
 @dataclass(frozen=True)
@@ -291,7 +309,7 @@ def _check_machine(machine: dict[str, Any], file: str) -> None:
             raise InvalidInput(file, f"machine.{key}", "one line: no newline or control character")
 
 
-def _check_gpu(gpu: dict[str, Any], ambient: float, file: str, where: str) -> None:
+def _check_gpu(gpu: dict[str, Any], file: str, where: str) -> None:
     """Physically impossible or self-contradicting values: the simulator would model nonsense."""
     for key in ("power_default_watts", "power_min_watts", "power_max_watts"):
         if not 0 < gpu[key] <= 5000:
@@ -304,14 +322,24 @@ def _check_gpu(gpu: dict[str, Any], ambient: float, file: str, where: str) -> No
     if not 0 < gpu["slowdown_celsius"] < gpu["shutdown_celsius"] <= 150:
         raise InvalidInput(file, f"{where}.slowdown_celsius",
                            f"must be above 0 and below shutdown_celsius ({gpu['shutdown_celsius']} °C, at most 150)")
-    if not ambient <= gpu["temperature_celsius"] < gpu["shutdown_celsius"]:
+    # Any temperature a GPU reports: idle GPUs in cold rooms read below the room's 25 °C, a vGPU
+    # guest reads 0 °C. The ambient is a model parameter, not a floor (the physics evolves from here).
+    if not MIN_GPU_CELSIUS <= gpu["temperature_celsius"] < gpu["shutdown_celsius"]:
         raise InvalidInput(file, f"{where}.temperature_celsius",
-                           f"must be between the ambient {ambient} °C and shutdown_celsius "
+                           f"must be between {MIN_GPU_CELSIUS} °C and shutdown_celsius "
                            f"{gpu['shutdown_celsius']} °C")
     if gpu["fans"] < 0 or gpu["fans"] > 8:
         raise InvalidInput(file, f"{where}.fans", "must be 0..8")
     if gpu["fans"] and not 0 <= gpu["fan_min_percent"] <= gpu["fan_max_percent"] <= 100:
         raise InvalidInput(file, f"{where}.fan_min_percent", "must be 0..100 and at most fan_max_percent")
+    if gpu["fan_percent"] is not None and not (gpu["fans"] and 0 <= gpu["fan_percent"] <= 100):
+        raise InvalidInput(file, f"{where}.fan_percent", "must be 0..100, on a GPU with fans")
+    for key in ("sm_mhz", "memory_mhz", "memory_reserved_mib"):
+        if gpu[key] is not None and gpu[key] < 0:
+            raise InvalidInput(file, f"{where}.{key}", "must not be negative")
+    if gpu["power_enforced_watts"] is not None and not 0 < gpu["power_enforced_watts"] <= 5000:
+        raise InvalidInput(file, f"{where}.power_enforced_watts",
+                           f"must be 0..5000 W, not {gpu['power_enforced_watts']}")
     for key in ("memory_mib", "pcie_max_generation", "pcie_max_width", "max_graphics_mhz", "max_sm_mhz",
                 "max_memory_mhz"):
         if gpu[key] is not None and gpu[key] <= 0:
@@ -405,7 +433,7 @@ def parse(data: dict[str, Any], file: str, digest: str = "") -> Description:
                                f"must be within {gpu['power_min_watts']}..{gpu['power_max_watts']} W")
         if not 0 <= gpu["utilization_percent"] <= 100:
             raise InvalidInput(file, f"{where}.utilization_percent", "must be 0..100")
-        _check_gpu(gpu, float(machine["ambient_celsius"]), file, where)
+        _check_gpu(gpu, file, where)
         gpu["processes"] = [take(p, PROCESS_KEYS, file, f"{where}.processes[{k}]")
                             for k, p in enumerate(gpu["processes"])]
         for k, proc in enumerate(gpu["processes"]):

@@ -45,6 +45,7 @@ DRIVER_NOT_LOADED = 9
 IRQ_ISSUE = 11
 GPU_IS_LOST = 15
 LIB_RM_VERSION_MISMATCH = 18
+ARGUMENT_VERSION_MISMATCH = 25
 UNKNOWN = 999
 
 ERROR_TEXT = {26: "Requested functionality has been deprecated",
@@ -52,7 +53,7 @@ ERROR_TEXT = {26: "Requested functionality has been deprecated",
               NOT_SUPPORTED: "Not Supported", NO_PERMISSION: "Insufficient Permissions", NOT_FOUND: "Not Found",
               INSUFFICIENT_SIZE: "Insufficient Size", DRIVER_NOT_LOADED: "Driver Not Loaded",
               GPU_IS_LOST: "GPU is lost", 13: "Function Not Found", UNKNOWN: "Unknown Error",
-              25: "Argument version mismatch",
+              ARGUMENT_VERSION_MISMATCH: "Argument version mismatch",
               INSUFFICIENT_POWER: "Insufficient External Power", IRQ_ISSUE: "Interrupt request issue",
               LIB_RM_VERSION_MISMATCH: "RM has detected an NVML/RM version mismatch."}
 HANDLE_ERRORS = {"insufficient_power": INSUFFICIENT_POWER, "irq_issue": IRQ_ISSUE}
@@ -649,10 +650,16 @@ def _power(lib: SimLibrary, i: int) -> int:
     return int(lib.sim.draw_watts(i) * 1000)
 
 
-@entry("nvmlDeviceGetEnforcedPowerLimit")
 @entry("nvmlDeviceGetPowerManagementLimit")
 def _power_limit(lib: SimLibrary, i: int) -> int:
+    """The limit as set ("Requested Power Limit")."""
     return int(lib.settings(i)["power_limit_mw"])
+
+
+@entry("nvmlDeviceGetEnforcedPowerLimit")
+def _power_enforced(lib: SimLibrary, i: int) -> int:
+    """The limit held ("Current Power Limit"): the one set, or a lower board/module power budget."""
+    return int(round(lib.sim.enforced_limit_watts(i) * 1000))
 
 
 @entry("nvmlDeviceGetPowerManagementDefaultLimit")
@@ -820,6 +827,9 @@ def _set_compute_mode(lib: SimLibrary, i: int, mode: int) -> None:
 
 @entry("nvmlDeviceGetUtilizationRates")
 def _utilization(lib: SimLibrary, i: int) -> dict[str, int]:
+    """nvml.h: "On MIG-enabled GPUs, querying device utilization rates is not currently supported."""
+    if lib.gpu(i).mig_mode:
+        fail(NOT_SUPPORTED)
     u = lib.sim.utilization(i)
     return {"gpu": u, "memory": int(u * 0.6)}
 
@@ -830,12 +840,43 @@ def memory_total_mib(g: GpuSpec) -> int:
     return int(g.memory_ecc_mib if g.ecc_enabled and g.memory_ecc_mib else g.memory_mib)
 
 
-@entry("nvmlDeviceGetMemoryInfo")
-def _memory(lib: SimLibrary, i: int) -> dict[str, int]:
+def _memory_parts(lib: SimLibrary, i: int) -> tuple[int, int, int]:
+    """(total, reserved by the driver, allocated) in bytes."""
     g = lib.gpu(i)
     total = memory_total_mib(g) << 20
-    used = min((g.memory_used_mib + sum(p.used_mib for p in g.processes)) << 20, total)
-    return {"total": total, "used": used, "free": total - used}
+    reserved = min(int(g.memory_reserved_mib) << 20, total)
+    allocated = min((g.memory_used_mib + sum(p.used_mib for p in g.processes)) << 20, total - reserved)
+    return total, reserved, allocated
+
+
+@entry("nvmlDeviceGetMigMode", outs=2)
+def _mig_mode(lib: SimLibrary, i: int) -> tuple[int, int]:
+    """(current, pending): NVML_DEVICE_MIG_ENABLE is 1; a GPU without MIG answers Not Supported."""
+    mode = lib.gpu(i).mig_mode
+    if mode is None:
+        fail(NOT_SUPPORTED)
+    return int(bool(mode)), int(bool(mode))
+
+
+@entry("nvmlDeviceGetMemoryInfo")
+def _memory(lib: SimLibrary, i: int) -> dict[str, int]:
+    """nvml.h's ``nvmlMemory_t``: ``used`` is reserved + allocated ("Sum of Reserved and Allocated")."""
+    total, reserved, allocated = _memory_parts(lib, i)
+    return {"total": total, "used": reserved + allocated, "free": total - reserved - allocated}
+
+
+MEMORY_V2 = 0x02000028  # nvml.h: nvmlMemory_v2 = NVML_STRUCT_VERSION(Memory, 2), sizeof 40
+
+
+@entry("nvmlDeviceGetMemoryInfo_v2", outs="raw")
+def _memory_v2(lib: SimLibrary, i: int, out: Any) -> None:
+    """``nvmlMemory_v2_t``: reserved apart, ``used`` the allocated memory alone (what nvidia-smi prints
+    as Used beside Reserved); a struct of another version is ARGUMENT_VERSION_MISMATCH."""
+    t = _target(out)
+    if int(getattr(t, "version", 0)) != MEMORY_V2:
+        fail(ARGUMENT_VERSION_MISMATCH)
+    total, reserved, allocated = _memory_parts(lib, i)
+    t.total, t.reserved, t.used, t.free = total, reserved, allocated, total - reserved - allocated
 
 
 def _processes(lib: SimLibrary, i: int, count: Any, out: Any, graphics: bool = False) -> None:
@@ -843,7 +884,8 @@ def _processes(lib: SimLibrary, i: int, count: Any, out: Any, graphics: bool = F
     written as the driver lays them out — nvml.h's 24 bytes (pid, pad, usedGpuMemory, gpuInstanceId,
     computeInstanceId), or 32 with usedGpuCcProtectedMemory (``process_entry_bytes``, early R535) —
     whatever struct the bindings declared. Compute and graphics lists share the layout (nvml.h)."""
-    procs = [p for p in lib.gpu(i).processes if bool(p.graphics) == graphics]
+    procs = [p for p in lib.gpu(i).processes
+             if (p.graphics if graphics else (p.compute if p.compute is not None else not p.graphics))]
     n = _target(count)
     if out is None or n.value < len(procs):
         n.value = len(procs)

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 # Effective cooling keeps 30 % with the fan stopped (chassis airflow, heatsink).
 PASSIVE_SHARE = 0.3
 TIME_CONSTANT_S = 30.0
+# A GPU reading below the ambient is taken to sit this far above the (colder) air at its inlet: an
+# assumption (nvidia-smi prints no inlet temperature), so that its load heats it as a warmer one's does.
+COLD_RISE_K = 10.0
 AUTO_FAN_T0, AUTO_FAN_T1 = 40.0, 87.0  # driver curve: minimum duty at T0, 100 % at T1
 CLOCK_GRAPHICS, CLOCK_SM, CLOCK_MEM = 0, 1, 2  # nvmlClockType_t
 EVENT_BITS = {"gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4, "hw_slowdown": 0x8,
@@ -53,6 +56,7 @@ class Thermal:
     conductance: float  # W/K at full fan
     capacity: float  # J/K
     energy_mj: float
+    ambient: float = 25.0  # the air the GPU sheds heat to (below the room's for a GPU that reads colder)
     pcie_tx_bytes: float = 0.0  # cumulative, as NVML_FI_DEV_PCIE_COUNT_TX_BYTES
     pcie_rx_bytes: float = 0.0
     violation_ns: dict[str, float] = field(default_factory=dict)  # per reason since boot (field values 74…271)
@@ -110,18 +114,35 @@ class Physics:
         """What a GEMM stress asks of the board: more than its maximum limit (``STRESS_DEMAND_SHARE``)."""
         return float(self.desc.gpus[gpu].power_max_watts) * STRESS_DEMAND_SHARE
 
+    def enforced_limit_watts(self, gpu: int) -> float:
+        """The limit the GPU holds to: the one set, or lower where the board's or module's power budget
+        holds it (a GH200 set to 900 W enforces 700 W: ``power_enforced_watts``)."""
+        limit = float(self.settings(gpu)["power_limit_mw"]) / 1000.0
+        budget = self.desc.gpus[gpu].power_enforced_watts
+        return min(limit, float(budget)) if budget is not None else limit
+
     def draw_watts(self, gpu: int) -> float:
-        return min(self.demand_watts(gpu), float(self.settings(gpu)["power_limit_mw"]) / 1000.0)
+        return min(self.demand_watts(gpu), self.enforced_limit_watts(gpu))
 
     def intended_duty(self, gpu: int, fan: int, temp: float | None = None) -> int:
         """What the fan is asked to do: the manual target, or the driver's curve. This is what NVML
         reports as the fan's speed, whether or not the fan turns."""
-        g = self.desc.gpus[gpu]
         f = self.settings(gpu)["fans"][fan]
         if f["policy"] == 1 and f["target"] is not None:
             return int(f["target"])
         t = self.temperature(gpu) if temp is None else temp
-        return auto_fan_percent(t, g.fan_min_percent or 0)
+        return self.auto_duty(gpu, t)
+
+    def auto_duty(self, gpu: int, temp: float) -> int:
+        """The driver's automatic policy at ``temp``: the curve, or, where the description gives the speed
+        a real GPU showed (``fan_percent``), the curve moved to pass through it at the described
+        temperature (a zero-RPM fan stays stopped until the GPU warms past its reading)."""
+        g = self.desc.gpus[gpu]
+        curve = auto_fan_percent(temp, g.fan_min_percent or 0)
+        if g.fan_percent is None:
+            return curve
+        shift = int(g.fan_percent) - auto_fan_percent(float(g.temperature_celsius), g.fan_min_percent or 0)
+        return max(min(int(g.fan_percent), int(g.fan_min_percent or 0)), min(100, curve + shift))
 
     def fan_duty(self, gpu: int, fan: int, temp: float | None = None) -> int:
         """What the fan really does (cools with): the stuck value of a failed fan, else as asked."""
@@ -153,6 +174,11 @@ class Physics:
         amb = float(self.desc.machine.ambient_celsius)
         temp = float(g.temperature_celsius)
         draw = min(float(g.power_watts), float(g.power_limit_watts))
+        # A GPU that reads below the room's temperature (an idle GPU in a cold machine room, a vGPU
+        # guest's 0 °C) sheds its heat to colder air than the description's ambient: the described
+        # temperature stays the equilibrium, COLD_RISE_K above that air.
+        if temp < amb:
+            amb = temp - COLD_RISE_K
         rise = max(temp - amb, 1.0)
         # Calibrate against the described state (faults from the description apply; a fan
         # settings written later change the equilibrium, as they would on real hardware).
@@ -162,7 +188,8 @@ class Physics:
         fit = self._two_point(gpu, temp, draw, duty)
         if fit is not None:
             conductance, intake = fit
-        th = Thermal(temp, conductance, conductance * TIME_CONSTANT_S, 3.6e9 + gpu * 1.1e8, intake=intake)
+        th = Thermal(temp, conductance, conductance * TIME_CONSTANT_S, 3.6e9 + gpu * 1.1e8, amb,
+                     intake=intake)
         # The violation counters count from boot: the machine has been in its described state since, so
         # every process (and every reader) starts from the same totals, and a reboot starts them again.
         since_boot = max(0.0, time.time() - float(self.state.get("counters_since") or self.boot_time()))
@@ -194,7 +221,7 @@ class Physics:
         duties = []
         for fan in range(n):
             stuck = [f for f in self.desc.faults if f.kind == "fan_stuck" and f.gpu == gpu and f.fan == fan]
-            duties.append(stuck[0].percent if stuck else auto_fan_percent(temp, g.fan_min_percent or 0))
+            duties.append(stuck[0].percent if stuck else self.auto_duty(gpu, temp))
         return float(sum(duties)) / int(n)
 
     def step(self) -> None:
@@ -209,8 +236,8 @@ class Physics:
         if dt_total < 0.05:
             return
         self._last = now
-        amb = float(self.desc.machine.ambient_celsius)
         for gpu, th in enumerate(self.thermal):
+            amb = th.ambient
             remaining = dt_total
             while remaining > 1e-9:
                 dt = min(1.0, remaining)
@@ -260,9 +287,10 @@ class Physics:
         slowdown and HW thermal slowdown at the slowdown temperature (``temp``: the current one)."""
         g = self.desc.gpus[gpu]
         out = {r for p in self.faults_of("clock_events", gpu) for r in p.reasons}
-        if self.utilization(gpu) == 0:
+        described = g.idle_reason if not self.settings(gpu).get("load") else None
+        if described if described is not None else self.utilization(gpu) == 0:
             out.add("gpu_idle")
-        if self.demand_watts(gpu) > self.settings(gpu)["power_limit_mw"] / 1000.0:
+        if self.demand_watts(gpu) > self.enforced_limit_watts(gpu):
             out.add("sw_power_cap")
         t = self.temperature(gpu) if temp is None else temp
         if g.max_operating_celsius is not None and t >= g.max_operating_celsius:
@@ -285,6 +313,9 @@ class Physics:
         thermal slowdowns."""
         g, s = self.desc.gpus[gpu], self.settings(gpu)
         idle = self.utilization(gpu) == 0
+        described = g.memory_mhz if clock == CLOCK_MEM else g.sm_mhz
+        if described is not None and not s.get("load") and not s["locked_mem" if clock == CLOCK_MEM else "locked_gpu"]:
+            return int(described)  # the described moment, as a real GPU showed it (until load or a lock changes it)
         if clock == CLOCK_MEM:
             if idle:
                 return int(s["locked_mem"][0]) if s["locked_mem"] else int(g.idle_memory_mhz)
@@ -292,7 +323,7 @@ class Physics:
         if idle:
             return int(s["locked_gpu"][0]) if s["locked_gpu"] else int(g.idle_sm_mhz)
         top = float(s["locked_gpu"][1] if s["locked_gpu"] else g.max_sm_mhz)  # GPU Boost up to the maximum
-        demand, limit = self.demand_watts(gpu), s["power_limit_mw"] / 1000.0
+        demand, limit = self.demand_watts(gpu), self.enforced_limit_watts(gpu)
         if demand > limit:
             top *= (limit / demand) ** (1 / 3)  # dynamic power ~ f³
         mask = self.clock_events(gpu)

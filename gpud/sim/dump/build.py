@@ -5,6 +5,7 @@ inferred because the dump does not say it.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -187,11 +188,11 @@ def _gpu(i: int, r: Reader, placement: Placement, notes: Notes) -> dict[str, Any
     _memory(i, r, g, own, preset, generic, notes)
     for key, src in (("power_default_watts", "power_default"), ("power_min_watts", "power_min"),
                      ("power_max_watts", "power_max")):
-        model_key(key, r.number(src, "W"), f"no {src.replace('_', ' ')} limit")
+        model_key(key, r.number(src, "W") or None, f"no {src.replace('_', ' ')} limit")  # 0: a vGPU's N/A
     for key, src in (("max_graphics_mhz", "max_graphics"), ("max_sm_mhz", "max_sm"),
                      ("max_memory_mhz", "max_memory"), ("default_app_graphics_mhz", "default_app_graphics"),
                      ("default_app_memory_mhz", "default_app_memory")):
-        model_key(key, r.integer(src, "MHz"), f"{src.replace('_', ' ')} clock not in the dump")
+        model_key(key, r.integer(src, "MHz") or None, f"{src.replace('_', ' ')} clock not in the dump")
     _thresholds(i, r, own, preset, model, notes)
     if r.integer("violation_power", "us") is not None:  # the dump shows NVML's violation counters
         own["violation_counters"] = True
@@ -200,16 +201,55 @@ def _gpu(i: int, r: Reader, placement: Placement, notes: Notes) -> dict[str, Any
         own["fans"] = 0
     else:
         own["fans"] = max(1, int(preset.fans or 0))
+        g["fan_percent"] = fan  # what the driver's policy shows at this temperature (0 % on zero-RPM fans)
         if not preset.fans:
             own.update(fan_min_percent=min(fan, 30), fan_max_percent=100)
             notes.gpu(i, "fan_min_percent", "nvidia-smi does not print the fan range (assumed)")
         else:
             notes.gpu(i, "fan_min_percent", f"nvidia-smi does not print the fan range ({model} preset)")
-    if (r.text("mig_mode") or "").lower() == "enabled":
-        notes.not_shown(i, "MIG mode enabled: the simulator has no MIG instances")
+    mig = r.flag("mig_mode", ("enabled",), ("disabled",))
+    if mig is not None:
+        g["mig_mode"] = mig
+    if mig:
+        notes.not_shown(i, "MIG instances and the processes in them: the twin has MIG mode on, no instances "
+                           "(its processes run on the whole GPU)")
     _state(i, r, g, own, preset, notes)
+    _not_supported(i, r, g, notes)
     g.update(_changed(own, preset))
     return g
+
+
+# Readings the dump prints as N/A (or 0, as vGPU guests do for limits and max clocks): the twin's NVML
+# answers Not Supported for them, rather than a preset's value the GPU never showed.
+NOT_SUPPORTED_CALLS = {
+    "power_default": ("nvmlDeviceGetPowerManagementDefaultLimit",),
+    "power_max": ("nvmlDeviceGetPowerManagementLimitConstraints",),
+    "power_limit": ("nvmlDeviceGetPowerManagementLimit", "nvmlDeviceGetEnforcedPowerLimit"),
+    "power_draw": ("nvmlDeviceGetPowerUsage", "nvmlDeviceGetTotalEnergyConsumption"),
+    "shutdown": ("nvmlDeviceGetTemperatureThreshold",),
+    "max_graphics": ("nvmlDeviceGetMaxClockInfo",),
+    "utilization": ("nvmlDeviceGetUtilizationRates",),
+}
+_UNITS = {"max_graphics": "MHz", "shutdown": "C", "utilization": "%"}
+
+
+def _not_supported(i: int, r: Reader, g: dict[str, Any], notes: Notes) -> None:
+    faults = g.setdefault("_faults", [])
+    for name, calls in NOT_SUPPORTED_CALLS.items():
+        printed = r.has_section(name)
+        value = r.number(name, _UNITS.get(name, "W"))
+        if not printed or value not in (None, 0):
+            continue
+        if name == "shutdown" and (r.entry("tlimit_shutdown") or r.entry("slowdown")):
+            continue  # thresholds given another way
+        if name == "power_max" and r.number("power_min", "W") or name == "utilization" and value == 0:
+            continue  # (0 % is a reading; a MIG GPU's N/A is the simulator's own answer)
+        if name == "utilization" and (r.text("mig_mode") or "").lower() == "enabled":
+            continue
+        for call in calls:
+            faults.append({"kind": "unsupported", "gpu": i, "call": call})
+        notes.not_shown(i, f"{name.replace('_', ' ')} {'0' if value == 0 else 'N/A'} in the dump: Not Supported "
+                           f"({', '.join(calls)})")
 
 
 def _changed(own: dict[str, Any], preset: Preset) -> dict[str, Any]:
@@ -273,10 +313,14 @@ def _thresholds(i: int, r: Reader, own: dict[str, Any], preset: Preset, model: s
         return
     # Ada, Hopper on drivers >= 550: "GPU Shutdown T.Limit Temp: -7 C" is max operating - shutdown
     own["tlimit_thresholds"] = True
-    tlimit = preset.max_operating_celsius or (preset.slowdown_celsius - 2)
+    margin, temp = r.integer("tlimit_margin", "C"), r.integer("temperature", "C")
+    if margin is not None and temp is not None:  # "GPU T.Limit Temp" is the margin from the current reading
+        tlimit = temp + margin
+    else:
+        tlimit = preset.max_operating_celsius or (preset.slowdown_celsius - 2)
+        notes.gpu(i, "max_operating_celsius", f"the dump gives thresholds only relative to T.Limit and no "
+                                              f"current margin; T.Limit {tlimit} C ({model} preset)")
     own["max_operating_celsius"] = tlimit
-    notes.gpu(i, "max_operating_celsius", f"the dump gives thresholds only relative to T.Limit; T.Limit "
-                                          f"{tlimit} C ({model} preset)")
     if offsets["max_operating_celsius"] not in (None, 0):
         notes.not_shown(i, f"Max Operating T.Limit offset {offsets['max_operating_celsius']} C "
                             "(the simulator's is 0)")
@@ -307,6 +351,11 @@ def _pcie(i: int, r: Reader, g: dict[str, Any], own: dict[str, Any], preset: Pre
     notes.gpu(i, "pcie_max_width", "the GPU's own width is not printed (the larger of Max and the preset's)"
               if not generic else "the GPU's own width is not printed (Max)")
     slot_gen = host_max if host_max is not None else gen_max
+    live = max(x for x in (gen_cur, gen_max, 0) if x is not None)
+    if host_max is not None and live > host_max:  # a link that runs faster than "Host Max" is not held by it
+        notes.not_shown(i, f"Host Max {host_max} below the link's Gen{live}: the host under-reports its port; "
+                           f"the twin's slot is Gen{live}")
+        slot_gen = live
     if slot_gen is not None and own_gen and slot_gen < own_gen:
         g["slot_generation"] = slot_gen
     elif host_max is None:
@@ -346,7 +395,11 @@ def _state(i: int, r: Reader, g: dict[str, Any], own: dict[str, Any], preset: Pr
     put("power_watts", draw, "no Power Draw (the model's idle power)")
     if draw is not None and not util:
         own["idle_power_watts"] = draw
-    limit = r.number("power_limit", "W")
+    limit, requested = r.number("power_limit", "W") or None, r.number("power_requested", "W") or None
+    if requested is not None and limit is not None and requested > limit:
+        # "Requested 900 W" held at "Current 700 W" (GH200): the module's power budget, not a limit set lower
+        g["power_enforced_watts"] = limit
+        limit = requested
     put("power_limit_watts", limit, "no Current Power Limit (the default)")
     persistence = r.flag("persistence", ("enabled",), ("disabled",))
     if persistence is None and not r.has_section("persistence"):
@@ -372,24 +425,32 @@ def _state(i: int, r: Reader, g: dict[str, Any], own: dict[str, Any], preset: Pr
     procs = r.processes()
     kept = []
     for p in procs:
-        if "C" not in str(p["type"]):
-            notes.not_shown(i, f"graphics process {p['pid']} ({p['name']}) not modelled "
-                                "(the simulator lists compute processes)")
-            continue
-        kept.append({"pid": p["pid"], "used_mib": p["used_mib"], "command": str(p["name"]) or "python"})
+        kind = str(p["type"]).replace(" ", "").upper()
+        proc: dict[str, Any] = {"pid": p["pid"], "used_mib": p["used_mib"], "command": str(p["name"]) or "python"}
+        if "G" in kind:  # "G" graphics, "C+G" in both of NVML's lists
+            proc["graphics"] = True
+            if "C" in kind:
+                proc["compute"] = True
+        kept.append(proc)
     if kept:
         g["processes"] = kept
     used = r.integer("memory_used", "MiB")
     if used is not None:
         g["memory_used_mib"] = max(0, used - sum(int(p["used_mib"]) for p in kept))
+        if sum(int(p["used_mib"]) for p in kept) > used:  # Windows (WDDM) counts a process's memory otherwise
+            notes.not_shown(i, f"the processes use {sum(int(p['used_mib']) for p in kept)} MiB, more than FB Used "
+                               f"{used} MiB (WDDM): the twin's Used includes the processes' memory")
+    reserved = r.integer("memory_reserved", "MiB")
+    if reserved:  # drivers from R510 print the driver's reservation apart from Used (nvmlMemory_v2_t)
+        g["memory_reserved_mib"] = reserved
     active, seen = r.reasons()
     if not seen:
         notes.gpu(i, "clock_events", "no Clocks Event Reasons section (derived from the load)")
     extra = [a for a in active if a != "gpu_idle"]
     if extra:
         g.setdefault("_faults", []).append({"kind": "clock_events", "gpu": i, "reasons": extra})
-    if "gpu_idle" in active and util:
-        notes.not_shown(i, f"Idle is active at {util} % utilisation (the twin derives Idle from 0 %)")
+    if seen and ("gpu_idle" in active) != (not util):  # the dump, not the 0 % rule: Idle as it was listed
+        g["idle_reason"] = "gpu_idle" in active
 
 
 def _health(i: int, r: Reader, g: dict[str, Any], own: dict[str, Any], preset: Preset,
@@ -435,9 +496,11 @@ def _clocks(i: int, r: Reader, g: dict[str, Any], own: dict[str, Any], util: int
             own["idle_sm_mhz"] = sm
         if mem is not None:
             own["idle_memory_mhz"] = mem
-    elif sm is not None:
-        notes.not_shown(i, f"clocks under load ({sm}/{mem} MHz): the twin runs at the maximum "
-                            "unless a reason holds it back")
+    else:  # the clocks of this moment (an idle desktop at 2 % stays at idle clocks; boost under load)
+        if sm is not None:
+            g["sm_mhz"] = sm
+        if mem is not None:
+            g["memory_mhz"] = mem
     app = (r.integer("app_graphics", "MHz"), r.integer("app_memory", "MHz"))
     default = (r.integer("default_app_graphics", "MHz"), r.integer("default_app_memory", "MHz"))
     if None not in app and None not in default and app != default:
@@ -450,8 +513,9 @@ def _machine(dump: Dump, name: str, gpus: list[dict[str, Any]], placement: Place
     names = sorted({str(g.get("name") or GPU_MODELS[g["model"]].name) for g in gpus})
     m: dict[str, Any] = {"name": name,
                          "summary": f"twin of {dump.file}: {len(gpus)}x {', '.join(names)}"}
-    driver = dump.driver_version.value if dump.driver_version else None
-    cuda = dump.cuda_version.value if dump.cuda_version else None
+    # driver 610: "610.57.04 [Deprecated; will be removed in CUDA 14.0. Use KMD Version instead]"
+    driver = _version(dump.driver_version.value) if dump.driver_version else None
+    cuda = _version(dump.cuda_version.value) if dump.cuda_version else None
     if driver and not driver.lower().startswith(("n/a", "[")):
         m["driver_version"] = driver
         major = cuda.split(".")[0] if cuda and cuda[:1].isdigit() else "12"
@@ -469,6 +533,12 @@ def _machine(dump: Dump, name: str, gpus: list[dict[str, Any]], placement: Place
     notes.machine.append("machine: CPU model, PSU, kernel command line, governor: nvidia-smi does not print "
                          "them (defaults)")
     return m
+
+
+def _version(text: str) -> str | None:
+    """The version number at the start of a version field (drivers from 610 append a deprecation note)."""
+    m = re.match(r"\s*(\d+(?:\.\d+)+)", text)
+    return m.group(1) if m else None
 
 
 def _raise_nvlinks(data: dict[str, Any], placement: Placement, notes: Notes) -> None:

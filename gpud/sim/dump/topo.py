@@ -42,8 +42,11 @@ def cpu_list(text: str) -> list[int] | None:
     return out
 
 
+_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # nvidia-smi underlines the header on a terminal: ESC[4m … ESC[0m
+
+
 def read_topo(path: Path, file: str) -> Topo:
-    text = read_capped(path, file)
+    text = _ESCAPE.sub("", read_capped(path, file))
     lines = text.split("\n")
     header_at = None
     for k, raw in enumerate(lines):
