@@ -42,7 +42,7 @@ GPU_INFO = _obj({
     "fan_count": INT, "fan_min_speed_percent": INT, "fan_max_speed_percent": INT,
     "nvlink_count": {"type": "integer"}, "numa_node": INT, "cpu_affinity": INTS,
     "pcie_gpu_max_generation": INT, "temperature_max_operating_celsius": INT,
-    "default_applications_clocks_mhz": CLOCKS, "open_seconds": NUM,
+    "temperature_target_celsius": INT, "default_applications_clocks_mhz": CLOCKS, "open_seconds": NUM,
 }, nullable=True)
 
 FAN = _obj({"fan": {"type": "integer"}, "speed_percent": INT, "target_percent": INT,

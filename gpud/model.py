@@ -82,6 +82,9 @@ class GpuInfo:
     # maximum of the GPU *in this slot* (an x16 card in an x8 slot reports 8 there).
     pcie_gpu_max_generation: int | None = None
     temperature_max_operating_celsius: int | None = None  # NVML_TEMPERATURE_THRESHOLD_GPU_MAX
+    # nvidia-smi's "GPU Target Temperature" (NVML_TEMPERATURE_THRESHOLD_ACOUSTIC_CURR): where the driver's
+    # automatic fan policy holds the GPU; None where Not Supported (passive cards, many datacenter GPUs)
+    temperature_target_celsius: int | None = None
     default_applications_clocks_mhz: dict[str, int | None] = field(default_factory=dict)
     # Wall time of this process's first nvmlDeviceGetHandleByIndex where it took SLOW_OPEN_S or more: the
     # lookup initialised the GPU (persistence mode off, no other client holding it); None when it was quick.

@@ -129,6 +129,86 @@ def test_the_soak_detects_each_fault(soak: tuple[Result, dict[str, Any]]) -> Non
     assert "hw_power_brake_slowdown" in brake.summary and brake.source and brake.remedy
 
 
+
+def test_without_a_curve_the_gpu_is_held_to_the_drivers_target(soak: tuple[Result, dict[str, Any]]) -> None:
+    """No profile applied: the automatic fan policy holds a loaded RTX A6000 at its "GPU Target Temperature"
+    (84 °C, NVML's acoustic threshold); the stalled fan (GPU1) leaves it far above, with the figures."""
+    res = soak[0]
+    v = {(x.test, x.gpu): x for x in res.verdicts}
+    healthy, stalled = v[("burnin.thermal.target", 0)], v[("burnin.thermal.target", 1)]
+    assert healthy.status == "pass" and healthy.threshold == 86 and healthy.figure is not None
+    assert abs(healthy.figure - 84) <= 2 and "the driver's target 84 °C" in healthy.summary
+    assert stalled.status == "fail" and stalled.figure is not None and stalled.figure > 86
+    assert "fan at 100 %" in stalled.summary and stalled.remedy and "ACOUSTIC_CURR" in stalled.source
+    assert res.limits[0]["target_c"] == 84 and not res.fan_curves
+
+
+HOLDS = {"mode": "curve", "points": [[40, 40], [70, 70], [90, 100]], "hysteresis": 3}
+TOO_WEAK = {"mode": "curve", "points": [[40, 30], [90, 50]], "hysteresis": 3}
+TRAINING = {"mode": "curve", "points": [[30, 50], [45, 65], [60, 85], [70, 100]], "hysteresis": 3}
+
+
+@pytest.fixture(scope="module")
+def curve_soak(tmp_path_factory: pytest.TempPathFactory) -> Result:
+    """A 15-minute soak (simulated time) on the Z8 with a profile's fan curves applied (the tuning state)
+    and driven each simulated second by the daemon's fan control: GPU0 a curve that holds the load, GPU1
+    the same curve with its fan stalled, GPU2 a curve capped at 50 %, GPU3 the `training` profile's
+    curve (100 % from 70 °C)."""
+    from gpud.tuning import state as tuning_state
+    from gpud.tuning.fanloop import FanControl
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("GPUD_STATE_DIR", str(tmp_path_factory.mktemp("curve")))
+    try:
+        m = open_machine("z8-fury-4x-a6000")
+        m.simulation.machine.inject("fan_stuck", gpu=1)
+        desired = {"0": {"fan": HOLDS}, "1": {"fan": HOLDS}, "2": {"fan": TOO_WEAK}, "3": {"fan": TRAINING}}
+        tuning_state.save(tuning_state.TuningState(profile="test", desired=desired))
+        fans = FanControl.from_profile(m, tuning_state.profile_settings(tuning_state.load()))
+        bench = open_bench(m, "cpu")
+        sleep = bench.sleep
+
+        def tick(seconds: float) -> None:  # the daemon's tick, once a simulated second
+            sleep(seconds)
+            fans.step([m.nvml.telemetry(g) for g in range(4)], bench.now())
+
+        bench.sleep = tick  # type: ignore[method-assign]
+        return run_burnin(m, bench, Config(), level="soak", gpus=None, device="cpu", duration_s=900.0)
+    finally:
+        mp.undo()
+
+
+def test_under_a_fan_curve_a_healthy_gpu_settles_at_the_curves_promise(curve_soak: Result) -> None:
+    from gpud.burnin.html import render
+
+    v = {(x.test, x.gpu): x for x in curve_soak.verdicts}
+    held = v[("burnin.thermal.curve", 0)]
+    assert curve_soak.fan_curves[0]["points"] == HOLDS["points"]  # read from the applied profile
+    assert held.status == "pass" and held.figure is not None and held.threshold is not None
+    assert abs(held.figure - held.threshold) <= 2 and 80 <= held.threshold <= 90
+    assert "the curve asks" in held.summary and "its promise under this load" in held.summary
+    assert ("burnin.thermal.target", 0) not in v  # the curve, not the driver's target
+    assert curve_soak.limits[0]["curve_promise_c"] == held.threshold
+    # the training curve is at 100 % from 70 °C: its equilibrium is where 100 % holds the load
+    spent = v[("burnin.thermal.curve", 3)]
+    assert spent.status == "pass" and "maximum holds" in spent.summary
+    doc = curve_soak.json("test", {"name": "z8"}, telemetry=False)
+    assert "fan curve&#x27;s promise" in render(curve_soak, doc) or "fan curve's promise" in render(curve_soak, doc)
+
+
+def test_a_fan_curve_too_weak_for_the_load_fails_and_says_so(curve_soak: Result) -> None:
+    weak = next(x for x in curve_soak.verdicts if x.test == "burnin.thermal.curve" and x.gpu == 2)
+    assert weak.status == "fail" and "too weak for this load" in weak.summary and "50 %" in weak.summary
+    assert weak.figure is not None and weak.threshold == 90 and weak.figure > weak.threshold + 2
+    assert "sw_thermal_slowdown" in weak.summary and weak.remedy
+
+
+def test_a_stalled_fan_under_a_fan_curve_fails(curve_soak: Result) -> None:
+    stalled = next(x for x in curve_soak.verdicts if x.test == "burnin.thermal.curve" and x.gpu == 1)
+    assert stalled.status == "fail" and "does not turn" in stalled.summary and "100 %" in stalled.summary
+    assert stalled.figure is not None and stalled.threshold is not None and stalled.figure > stalled.threshold + 2
+
+
 def test_ctrl_c_stops_cleanly_and_puts_the_load_back(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from gpud.burnin import run as burnin_run
 

@@ -418,6 +418,20 @@ def test_presets_reproduce_real_dumps(tmp_path, dump: str, model: str, ecc: bool
         assert q["Temperature/GPU Max Operating T.Limit Temp"].startswith("0")
 
 
+
+@pytest.mark.parametrize("dump, model", [
+    ("rtx-a6000-linux-550.txt", "RTX A6000"), ("rtx-6000-ada-550.txt", "RTX 6000 Ada"), ("h200-590-idle.txt", "H200"),
+])
+def test_the_target_temperature_is_the_acoustic_threshold_where_the_model_has_one(tmp_path, dump: str,
+                                                                                 model: str) -> None:
+    """nvidia-smi's "GPU Target Temperature" is NVML_TEMPERATURE_THRESHOLD_ACOUSTIC_CURR (5): 84 °C on the
+    RTX A6000, 85 °C on the RTX 6000 Ada, N/A (Not Supported, None) on the passive H200."""
+    shown = first_gpu(dump)["Temperature/GPU Target Temperature"]
+    m = open_machine(describe(tmp_path, model=model))
+    g = m.snapshot().gpus[0]
+    assert g.temperature_target_celsius == (None if shown.startswith("N/A") else mhz(shown))
+
+
 # -- per-call cost -----------------------------------------------------------------------------------------
 
 def test_a_daemon_tick_makes_no_blocking_nvml_call() -> None:

@@ -134,7 +134,12 @@ def render(res: Result, doc: dict[str, Any]) -> str:
 
         temp_lines = [(label, float(v), c) for label, v, c in
                       (("max operating", lim.get("max_operating_c"), "#bc4c00"), ("slowdown", lim.get("slowdown_c"),
-                                                                                  "#cf222e")) if v is not None]
+                                                                                  "#cf222e"),
+                       # what the cooling promised under this load: the fan curve's equilibrium, else the
+                       # driver's target temperature (the thermal verdict's figures)
+                       ("fan curve's promise", lim.get("curve_promise_c"), "#1a7f37"),
+                       ("driver's target", None if lim.get("curve_promise_c") is not None else lim.get("target_c"),
+                        "#0969da")) if v is not None]
         parts.append(chart("temperature", "°C", series("temperature_c"), t0, t1, temp_lines, "#cf222e"))
         parts.append(chart("fan (as asked)", "%", series("fan_percent"), t0, t1, [], "#1a7f37"))
         parts.append(chart("SM clock", "MHz", series("sm_mhz"), t0, t1, [], "#0969da"))

@@ -12,8 +12,10 @@ from gpud.burnin.result import Result, Status, Verdict
 from gpud.burnin.telemetry import HW_REASONS, cv, settle
 from gpud.model import GpuInfo
 from gpud.probe import expect
+from gpud.tuning.fancurve import FanCurve
 
 LOADED = ("load", "power", "pulse_full", "soak")
+THERMAL_REASONS = ("sw_thermal_slowdown", "hw_thermal_slowdown")  # the driver, not the fan, holds the GPU
 
 
 def _groups(res: Result) -> dict[str, list[int]]:
@@ -177,6 +179,12 @@ def _telemetry(res: Result, infos: dict[int, GpuInfo]) -> list[Verdict]:
         soak = s.of("soak")
         if len(soak) >= 10:
             out += _thermal(g, soak, res.limits.get(g, {}))
+            fan = res.fan_curves.get(g)
+            curve = FanCurve.from_profile(fan) if fan is not None else None
+            held, promise = _hold(g, soak, res.limits.get(g, {}), curve)
+            out += held
+            if promise is not None:
+                res.limits.setdefault(g, {})["curve_promise_c"] = round(promise, 1)
     out += _spread(res, "burnin.performance.spread", sustained, "MHz sustained SM clock",
                    "slower than its siblings under the same load: check its throttle reasons, power limit and cooling")
     return out
@@ -224,7 +232,7 @@ def _thermal(g: int, soak: list[Any], limits: dict[str, float | None]) -> list[V
         if target is not None:
             text += f" ({'below' if final < target else 'at or above'} its {target:g} °C max operating temperature)"
     out.append(Verdict("burnin.thermal.settle", "pass" if held else "fail", text, g, took, settle_s.value,
-                       settle_s.source + "; below the driver's target (NVML's max operating temperature)",
+                       settle_s.source + "; below its max operating temperature (NVML_TEMPERATURE_THRESHOLD_GPU_MAX)",
                        "" if held else "the cooling does not hold the temperature: check the fans turn "
                        "(a stalled fan still reads as asked), the airflow and the fan curve"))
     if took is not None:
@@ -238,6 +246,87 @@ def _thermal(g: int, soak: list[Any], limits: dict[str, float | None]) -> list[V
                                "clocks swing under a steady load: check power and thermal reasons "
                                "(nvidia-smi -q -d PERFORMANCE)" if v > th.value else ""))
     return out
+
+
+def curve_temperature(curve: FanCurve, duty: float) -> float:
+    """The lowest temperature at which ``curve`` asks ``duty`` (its points interpolated as the
+    controller does); the first point's temperature below the curve's first duty."""
+    pts = curve.points
+    if duty <= max(pts[0][1], curve.minimum):
+        return pts[0][0]
+    for (t0, d0), (t1, d1) in zip(pts, pts[1:], strict=False):
+        if d1 >= duty > d0:
+            return t0 + (t1 - t0) * (duty - d0) / (d1 - d0)
+    return pts[-1][0]
+
+
+def _hold(g: int, soak: list[Any], limits: dict[str, float | None],
+          curve: FanCurve | None) -> tuple[list[Verdict], float | None]:
+    """Does the cooling hold the temperature it promises under the soak's load? With a fan curve: the
+    curve's equilibrium, the temperature at which the curve asks the duty that held the load (measured:
+    the fan's mean duty over the settled tail of the soak), within ±2 °C; a curve at its maximum holds
+    only if the temperature settled there without thermal slowdown. Without one: the driver's target
+    temperature (NVML's acoustic threshold), at or below it + 2 °C. Returns the verdicts and the curve's
+    promise (drawn on the report's chart)."""
+    band, settle_s = THRESHOLDS["settle_band_c"], THRESHOLDS["settle_s"]
+    final, took = settle(soak, band.value)
+    if final is None:
+        return [], None
+    tail = soak[-max(1, len(soak) // 10):]
+    duties = [p.fan_percent for p in tail if p.fan_percent is not None]
+    duty = statistics.fmean(duties) if duties else None
+    throttled = sorted({r for p in tail for r in p.reasons if r in THERMAL_REASONS})
+    settled = took is not None and took <= settle_s.value
+    temp = f"{final:.1f} °C" + ("" if settled else f" and still moving (not within ±{band.value:g} °C for "
+                                                       f"{settle_s.value / 60:.0f} minutes)")
+    slow = f"; {', '.join(throttled)} while settled: the driver, not the fan, held it" if throttled else ""
+    if curve is not None:
+        th = THRESHOLDS["curve_equilibrium_c"]
+        top = max(d for _, d in curve.points)
+        if duty is None:
+            return [Verdict("burnin.thermal.curve", "skip", "the fan's duty was not readable", g,
+                            source=th.source)], None
+        spent = duty >= top - 1
+        promise = curve.target_temperature() if spent else curve_temperature(curve, duty)
+        if spent:
+            ok = settled and not throttled and final >= promise - band.value
+            text = (f"settled at {temp} with the fan at {duty:.0f} %, the curve's maximum from "
+                    f"{promise:g} °C on{slow}")
+            if ok:
+                text += ": its equilibrium under this load is where its maximum holds the GPU"
+            elif top < 100:
+                text += f"; the curve is too weak for this load (its maximum is {top:g} %)"
+            else:
+                text += ("; the fan reports the 100 % the curve asks while the temperature climbed past the curve: "
+                         "a fan that does not turn (it reads as asked) or blocked airflow")
+            promise = final if ok else promise
+        else:
+            off = final - promise
+            ok = settled and not throttled and abs(off) <= th.value
+            text = (f"settled at {temp} with the fan at {duty:.0f} %; the curve asks {duty:.0f} % at {promise:.1f} °C, "
+                    f"its promise under this load ({off:+.1f} °C){slow}")
+            if not ok and abs(off) > th.value:
+                text += "; the fan does not follow the curve (is gpud's daemon driving it? gpud status)"
+        remedy = "" if ok else ("a steeper curve (its maximum earlier) or a lighter load (power limit)"
+                                if spent and top < 100 else
+                                "check the fans turn, the airflow, and that the daemon drives the curve")
+        return [Verdict("burnin.thermal.curve", "pass" if ok else "fail", text, g, round(final, 1),
+                        round(promise, 1), th.source, remedy)], promise
+    target = limits.get("target_c")
+    if target is None:
+        return [Verdict("burnin.thermal.target", "skip", "no fan curve applied and the driver reports no target "
+                        "temperature (Not Supported): only the settling is judged", g,
+                        source=THRESHOLDS["target_c"].source)], None
+    th = THRESHOLDS["target_c"]
+    ok = settled and final <= target + th.value
+    fan = f"the fan at {duty:.0f} %" if duty is not None else "the fan's duty unknown"
+    text = f"settled at {temp} with {fan}; the driver's target {target:g} °C ({final - target:+.1f} °C){slow}"
+    if not ok and duty is not None and duty >= 99:
+        text += "; above the target with the fan at 100 % (as reported): a fan that does not turn or blocked airflow"
+    return [Verdict("burnin.thermal.target", "pass" if ok else "fail", text, g, round(final, 1),
+                    round(target + th.value, 1), th.source,
+                    "" if ok else "the automatic fan policy does not hold the target: check the fans turn and the "
+                    "airflow")], None
 
 
 def _errors(res: Result, infos: dict[int, GpuInfo], before: dict[str, Any], after: dict[str, Any]) -> list[Verdict]:

@@ -38,6 +38,12 @@ THRESHOLDS: dict[str, Threshold] = {
                                         "at its operating limit: the cooling does not keep up)"),
     "settle_s": Threshold(600, "temperature settles within ±2 °C of its equilibrium within 10 minutes"),
     "settle_band_c": Threshold(2, "±2 °C band around the settled temperature"),
+    "curve_equilibrium_c": Threshold(2, "±2 °C of the fan curve's equilibrium under the load (the issue's "
+                                        "acceptance): the temperature at which the curve asks the duty measured "
+                                        "over the soak's settled last tenth (the curve from the applied profile)"),
+    "target_c": Threshold(2, "at most 2 °C above the driver's target temperature (NVML_TEMPERATURE_THRESHOLD_"
+                             "ACOUSTIC_CURR, nvidia-smi's \"GPU Target Temperature\"): the automatic fan policy "
+                             "holds a loaded GPU at or below it"),
     "clock_cv": Threshold(0.01, "SM clock coefficient of variation at most 1 % after settling"),
     "link": Threshold(1, "under load the link runs at its own maximum generation and width (NVML's max link, "
                          "the lower of the GPU's and the slot's)"),

@@ -44,6 +44,9 @@ class Result:
     series: dict[int, Series] = field(default_factory=dict)
     uuids: dict[int, str] = field(default_factory=dict)
     limits: dict[int, dict[str, float | None]] = field(default_factory=dict)  # temperatures drawn on the charts
+    # Each GPU's fan setting from the applied profile (``mode: curve``, its points): the curve the thermal
+    # verdict holds the GPU to; a GPU without one is held to the driver's target temperature.
+    fan_curves: dict[int, dict[str, Any]] = field(default_factory=dict)
     interrupted: bool = False
 
     @property

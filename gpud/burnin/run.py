@@ -121,7 +121,9 @@ def _health(machine: Machine, gpus: list[int]) -> dict[str, Any]:
 
 def run_burnin(machine: Machine, bench: Bench, config: Config, *, level: Level, gpus: list[int] | None,
                device: str, duration_s: float | None = None, allow_busy: bool = False,
-               progress: Progress | None = None) -> Result:
+               progress: Progress | None = None, fan_curves: dict[int, dict[str, Any]] | None = None) -> Result:
+    """``fan_curves``: each GPU's fan setting to hold it to (a profile's ``fan`` table, ``mode = "curve"``);
+    by default the applied profile's, from the tuning state (the daemon drives them)."""
     plan = plan_for(level, duration_s)
     wall0 = time.monotonic()
     snap = machine.snapshot()
@@ -134,7 +136,10 @@ def run_burnin(machine: Machine, bench: Bench, config: Config, *, level: Level, 
         i = infos.get(g)
         res.limits[g] = {"max_operating_c": i.temperature_max_operating_celsius if i else None,
                          "slowdown_c": i.temperature_slowdown_celsius if i else None,
-                         "power_limit_w": snap.samples[g].power_limit_watts}
+                         "power_limit_w": snap.samples[g].power_limit_watts,
+                         "target_c": i.temperature_target_celsius if i else None}
+    curves = _applied_curves() if fan_curves is None else fan_curves
+    res.fan_curves = {g: dict(f) for g, f in curves.items() if g in chosen and f.get("mode") == "curve"}
     say: Progress = progress or (lambda what, left: None)
 
     # 1. Doctor's checks, and GPUs other work is using.
@@ -206,6 +211,19 @@ def run_burnin(machine: Machine, bench: Bench, config: Config, *, level: Level, 
     res.verdicts.extend(judge(res, infos, before, after))
     res.wall_seconds = time.monotonic() - wall0
     return res
+
+
+def _applied_curves() -> dict[int, dict[str, Any]]:
+    """The fan curves of the applied profile (the tuning state); none where no profile is applied or its
+    state cannot be read (``gpud verify`` reports that)."""
+    from gpud.errors import GpudError
+    from gpud.tuning import state as tuning_state
+
+    try:
+        desired = tuning_state.profile_settings(tuning_state.load())
+    except (GpudError, OSError):
+        return {}
+    return {g: s["fan"] for g, s in desired.items() if isinstance(s.get("fan"), dict)}
 
 
 def _total(plan: Any) -> float:

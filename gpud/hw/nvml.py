@@ -90,6 +90,9 @@ CPU_SET_WORDS = 16  # 64-bit words: up to 1024 CPUs
 # and what a link that is not up yet answers is not documented.
 NVLINK_DATA_RETRY_S = 600.0
 THRESHOLD_GPU_MAX = 3  # NVML_TEMPERATURE_THRESHOLD_GPU_MAX ("GPU Max Operating Temp")
+# NVML_TEMPERATURE_THRESHOLD_ACOUSTIC_CURR (nvml.h; nvidia-ml-py 13.580.82 pynvml.py): the temperature the
+# driver's automatic fan policy holds the GPU at, nvidia-smi's "GPU Target Temperature".
+THRESHOLD_ACOUSTIC_CURR = 5
 # Ada and later: thresholds as offsets from T.Limit (nvml.h: NVML_FI_DEV_TEMPERATURE_*_TLIMIT), with the
 # current margin from nvmlDeviceGetMarginTemperature; nvidia-smi prints only these there.
 FI_TLIMIT = {"shutdown": 193, "slowdown": 194, "max_operating": 196}
@@ -525,6 +528,7 @@ class Nvml:
             cpu_affinity=_bits(cpus) if cpus is not None else None,
             pcie_gpu_max_generation=get("nvmlDeviceGetGpuMaxPcieLinkGeneration"),
             temperature_max_operating_celsius=thresholds["max_operating"],
+            temperature_target_celsius=get("nvmlDeviceGetTemperatureThreshold", THRESHOLD_ACOUSTIC_CURR),
             default_applications_clocks_mhz={
                 k: get("nvmlDeviceGetDefaultApplicationsClock", CLOCK_TYPES[k]) for k in ("graphics", "memory")
             },

@@ -80,6 +80,7 @@ PROCESS_SAMPLES_KEPT = 5  # samples per process in the driver's buffer (one per 
 VALUE_TYPE_ULL = 3  # NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
 NVLINK_DEVICE_GPU, NVLINK_DEVICE_SWITCH = 0, 2
 THRESHOLD_SHUTDOWN, THRESHOLD_SLOWDOWN, THRESHOLD_MEM_MAX, THRESHOLD_GPU_MAX = 0, 1, 2, 3
+THRESHOLD_ACOUSTIC_CURR = 5  # nvidia-smi's "GPU Target Temperature" (nvml.h, pynvml.py)
 SLI_BRIDGE_CAP = 4  # NVML_NVLINK_CAP_SLI_BRIDGE
 
 
@@ -539,7 +540,9 @@ def _threshold(lib: SimLibrary, i: int, threshold: int) -> int:
         # this one: it answers there.
         fail(NOT_SUPPORTED)
     key = {THRESHOLD_SHUTDOWN: "shutdown_celsius", THRESHOLD_SLOWDOWN: "slowdown_celsius",
-           THRESHOLD_GPU_MAX: "max_operating_celsius", THRESHOLD_MEM_MAX: "memory_max_celsius"}.get(threshold)
+           THRESHOLD_GPU_MAX: "max_operating_celsius", THRESHOLD_MEM_MAX: "memory_max_celsius",
+           # the model's target where its dumps give one ("GPU Target Temperature: 84 C"); N/A there: Not Supported
+           THRESHOLD_ACOUSTIC_CURR: "target_celsius"}.get(threshold)
     if key is None or getattr(g, key) is None:
         fail(NOT_SUPPORTED)
     return int(getattr(g, str(key)))
