@@ -175,3 +175,24 @@ def test_the_history_is_bounded_and_breaks_on_a_lost_reading(tmp_path: Path) -> 
     history.add(dataclasses.replace(snap, samples=tuple(dataclasses.replace(s, temperature_celsius=None)
                                                         for s in snap.samples)))
     assert history.points() == {}
+
+
+def test_the_tick_fills_the_history_from_its_snapshot(tmp_path: Path, state_dir: Path) -> None:
+    """The daemon's tick adds its own snapshot to the history (no NVML call of its own) and its schedule
+    hands the history to the doctor run it starts."""
+    from gpud.daemon.tick import Ticker, TuningFacts
+
+    m = machine(tmp_path, d(2))
+    state_dir.mkdir(parents=True, exist_ok=True)
+    rec = Recorder(journal.Journal(), "boot")
+    seen: list[object] = []
+    sched = Schedule(m, Config, lambda: rec)
+    sched._doctor = lambda snap, thermal: seen.append(thermal)  # type: ignore[method-assign]
+    ticker = Ticker(m, lambda snap, why: (), lambda: TuningFacts(None, 0, 0, 0), sched, lambda: rec, 1.0)
+    ticker()
+    assert sched.doctor_thread is not None
+    sched.doctor_thread.join(10)
+    points = ticker.thermal.points()
+    assert sorted(points) == sorted(g.uuid for g in m.snapshot().gpus)
+    assert all(len(p) == 1 and p[0].power_watts > 0 for p in points.values())
+    assert seen == [points]

@@ -36,14 +36,16 @@ class Schedule:
         self.last_probe_start = 0.0
 
     def step(self, snap: Snapshot, now: float,
-             thermal: Mapping[str, Sequence[ThermalPoint]] | None = None) -> None:
-        """Once a tick, after the hardware work: start what is due, reap what ended. ``thermal`` is the
+             thermal: Callable[[], Mapping[str, Sequence[ThermalPoint]]] | None = None) -> None:
+        """Once a tick, after the hardware work: start what is due, reap what ended. ``thermal`` gives the
         tick's history of each GPU's cooling, for the checks that judge a fan by its effect over time."""
         d = self._config().daemon
         if now - self.checks_at >= d.doctor_interval_seconds and (
                 self.doctor_thread is None or not self.doctor_thread.is_alive()):
             self.checks_at = now
-            self.doctor_thread = threading.Thread(target=self._doctor, args=(snap, thermal or {}), name="gpud-doctor", daemon=True)
+            history = thermal() if thermal is not None else {}  # copied here, not on every tick
+            self.doctor_thread = threading.Thread(target=self._doctor, args=(snap, history), name="gpud-doctor",
+                                                  daemon=True)
             self.doctor_thread.start()
         self.reap_probe()
         busy = any(s.processes or (s.utilization_gpu_percent or 0) > 5 for s in snap.samples if not s.lost)

@@ -106,7 +106,7 @@ class Ticker:
             self._log_lost(snap)
             drift = self._drive(snap, "")
             self.thermal.add(snap)
-            self.schedule.step(snap, now, self.thermal.points())
+            self.schedule.step(snap, now, self.thermal.points)
             self.accounting.add(snap)
             recorder.snapshot(snap)
         else:
