@@ -101,6 +101,19 @@ def test_a_stuck_fan_on_a_one_gpu_machine_fails_through_the_history(tmp_path: Pa
     assert r.status == "fail" and "cannot be cooling" in r.summary and "W" in r.summary, r
 
 
+def test_a_healthy_fan_set_to_a_fixed_duty_is_no_alarm(tmp_path: Path) -> None:
+    """The same machine, load and fixed 70 % with the fan turning: the GPU settles below its limit."""
+    m = machine(tmp_path, d(1))
+    sim = m.simulation.machine  # type: ignore[union-attr]
+    history = ThermalHistory()
+    m.nvml.set_fan_speed(0, 0, 70)
+    sim.set_load(0, 100, 200)
+    for _ in range(48):
+        run(m, history, 5)
+        r = fans(m, history, in_daemon=True)[0]
+        assert r.status == "pass", r
+
+
 def test_the_daemons_scheduled_doctor_carries_the_history(tmp_path: Path, state_dir: Path) -> None:
     """The schedule hands the tick's history to the daemon's doctor run (whose results feed
     gpud_check_status on /metrics)."""

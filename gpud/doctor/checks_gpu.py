@@ -417,7 +417,7 @@ def _not_cooling_over_time(points: Sequence[ThermalPoint], limit: int) -> list[s
     settle, tau = fit
     if span >= tau and settle >= limit:
         return [f"{head}; at that rate it settles near {settle:.0f} °C (time constant {tau:.0f} s), at or above "
-                f"its {limit} °C limit: the fans cannot be cooling it"]
+                f"its {limit} °C limit: the fans cannot be cooling it (stalled, blocked, or asked for too little)"]
     return []
 
 
