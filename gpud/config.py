@@ -48,7 +48,6 @@ class DoctorSection:
     load_utilization_percent: int = key(int, 50)
     fan_check_min_celsius: float = key(NUM, 60, between=(20, 120, "°C"))
     fan_lag_percent: int = key(int, 25, between=(1, 100, "%"))
-    fan_sibling_delta_celsius: float = key(NUM, 15, between=(1, 60, "°C"))
     shm_min_gib_per_gpu: float = key(NUM, 1, between=(0, 1024, "GiB"))
     memlock_min_mib: int = key(int, 64, between=(0, 1 << 20, "MiB"))
     psu_load_warn_ratio: float = key(NUM, 0.9)

@@ -113,6 +113,17 @@ class FanReading:
 
 
 @dataclass(frozen=True)
+class ThermalPoint:
+    """One tick of a GPU's cooling, kept by the daemon (``gpud.daemon.thermal``): when, how hot, the mean
+    duty its fans read (the duty asked for: NVML reports no measured speed), and its draw."""
+
+    timestamp: float
+    temperature_celsius: float
+    fan_percent: float
+    power_watts: float
+
+
+@dataclass(frozen=True)
 class GpuProcess:
     pid: int
     used_memory_bytes: int | None

@@ -8,14 +8,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpud import config as cfg
 from gpud.daemon.recorder import Recorder
 from gpud.doctor import diagnose
 from gpud.hw.machine import Machine
-from gpud.model import CheckResult, Snapshot
+from gpud.model import CheckResult, Snapshot, ThermalPoint
 from gpud.paths import probe_output_path
 from gpud.probe import history
 
@@ -35,13 +35,17 @@ class Schedule:
         self.idle_since: float | None = None
         self.last_probe_start = 0.0
 
-    def step(self, snap: Snapshot, now: float) -> None:
-        """Once a tick, after the hardware work: start what is due, reap what ended."""
+    def step(self, snap: Snapshot, now: float,
+             thermal: Callable[[], Mapping[str, Sequence[ThermalPoint]]] | None = None) -> None:
+        """Once a tick, after the hardware work: start what is due, reap what ended. ``thermal`` gives the
+        tick's history of each GPU's cooling, for the checks that judge a fan by its effect over time."""
         d = self._config().daemon
         if now - self.checks_at >= d.doctor_interval_seconds and (
                 self.doctor_thread is None or not self.doctor_thread.is_alive()):
             self.checks_at = now
-            self.doctor_thread = threading.Thread(target=self._doctor, args=(snap,), name="gpud-doctor", daemon=True)
+            history = thermal() if thermal is not None else {}  # copied here, not on every tick
+            self.doctor_thread = threading.Thread(target=self._doctor, args=(snap, history), name="gpud-doctor",
+                                                  daemon=True)
             self.doctor_thread.start()
         self.reap_probe()
         busy = any(s.processes or (s.utilization_gpu_percent or 0) > 5 for s in snap.samples if not s.lost)
@@ -51,9 +55,10 @@ class Schedule:
                 and now - self.last_probe_start >= hours * 3600 and not self.probe_running()):
             self.start_probe("schedule")
 
-    def _doctor(self, snap: Snapshot) -> None:
+    def _doctor(self, snap: Snapshot, thermal: Mapping[str, Sequence[ThermalPoint]]) -> None:
         try:
-            self.checks = diagnose(self.machine, self._config(), snapshot=snap, in_daemon=True).checks
+            self.checks = diagnose(self.machine, self._config(), snapshot=snap, in_daemon=True,
+                                   thermal=thermal).checks
             self._recorder().check_results(self.checks)
         except Exception as err:  # noqa: BLE001 - a broken check must not stop the daemon
             log.exception("doctor failed: %s", err)

@@ -11,6 +11,7 @@ from typing import NamedTuple
 from gpud.daemon.recorder import Recorder
 from gpud.daemon.schedule import Schedule
 from gpud.daemon.status import TickTiming
+from gpud.daemon.thermal import ThermalHistory
 from gpud.errors import GpudError
 from gpud.exporter import Observation
 from gpud.hw.machine import Machine
@@ -85,6 +86,7 @@ class Ticker:
         self.kernel_log = KernelLog(machine, recorder)
         self.probe = LatestProbe()
         self.lost: set[int] = set()
+        self.thermal = ThermalHistory()  # each GPU's recent cooling, for health.fans
         self.snapshot: Snapshot | None = None
         self.observation = Observation(snapshot=None)
 
@@ -103,7 +105,8 @@ class Ticker:
             self.snapshot = snap
             self._log_lost(snap)
             drift = self._drive(snap, "")
-            self.schedule.step(snap, now)
+            self.thermal.add(snap)
+            self.schedule.step(snap, now, self.thermal.points)
             self.accounting.add(snap)
             recorder.snapshot(snap)
         else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +24,7 @@ from gpud.doctor import (  # noqa: F401 (they register their checks)
 from gpud.doctor.registry import AREAS, CHECKS, Area, Check, Context, run, selected
 from gpud.errors import DriverNotLoaded, NvmlError
 from gpud.hw.machine import Machine
-from gpud.model import STATUSES, CheckResult, Snapshot, Status, host_json
+from gpud.model import STATUSES, CheckResult, Snapshot, Status, ThermalPoint, host_json
 from gpud.paths import daemon_running
 from gpud.probe.report import ProbeReport
 from gpud.tuning import state as tuning_state
@@ -57,11 +58,13 @@ NOT_IN_DAEMON = ["env.cuda", "torch.cuda"]
 def diagnose(machine: Machine, config: Config, *, only: list[str] | None = None, skip: list[str] | None = None,
              expect_gpus: int | None = None, env: dict[str, str] | None = None, debug: bool = False,
              snapshot: Snapshot | None = None, in_daemon: bool = False,
-             probe: ProbeReport | None = None) -> Report:
+             probe: ProbeReport | None = None,
+             thermal: Mapping[str, Sequence[ThermalPoint]] | None = None) -> Report:
     """Read the machine once (or use ``snapshot``) and run the selected checks."""
     ctx = Context(machine=machine, config=config, env=dict(os.environ if env is None else env),
                   expect_gpus=expect_gpus, daemon_running=in_daemon or daemon_running(config.daemon.socket),
-                  profile_settings=tuning_state.profile_settings(tuning_state.load()), probe=probe)
+                  profile_settings=tuning_state.profile_settings(tuning_state.load()), probe=probe,
+                  thermal=thermal or {})
     if snapshot is not None:
         ctx.snapshot = snapshot
     else:

@@ -3,12 +3,12 @@ events, temperature, fans, PCIe replays, processes."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from gpud.doctor.registry import Context, check, fail, ok, skip, warn
 from gpud.doctor.xid import describe, escalated
-from gpud.model import CheckResult, GpuSample, slow_open
+from gpud.model import CheckResult, GpuSample, ThermalPoint, slow_open
 from gpud.text import plural
 
 HW_EVENTS = {"hw_slowdown": "HW slowdown", "hw_thermal_slowdown": "HW thermal slowdown",
@@ -325,7 +325,9 @@ def fans(ctx: Context) -> Iterator[CheckResult]:
             if f.policy == "manual" and not ctx.daemon_running:
                 manual.append(f"fan {f.fan} at {f.speed_percent} %")
         if not bad:
-            bad += _hotter_than_siblings(ctx, s)
+            bad += _hotter_than_siblings(ctx, s, limit)
+        if not bad and limit is not None:
+            bad += _not_cooling_over_time(ctx.thermal.get(s.uuid, ()), limit)
         if bad:
             yield fail("health.fans", "; ".join(bad), gpu=s.index,
                        remedy="NVML reports the speed asked for, not the real one: look at the fan (stalled, "
@@ -348,14 +350,17 @@ def _duty(s: GpuSample) -> float | None:
 SAME_LOAD_POINTS = 10  # utilization within this many points: the same work
 
 
-def _hotter_than_siblings(ctx: Context, s: GpuSample) -> list[str]:
+def _hotter_than_siblings(ctx: Context, s: GpuSample, limit: int | None) -> list[str]:
     """Judged by effect against the machine itself: an identical GPU doing the same work whose fans
     read no higher runs much cooler. Then this GPU's fans, whatever NVML says they do, cannot be
-    cooling it (a stalled fan reads as the duty asked for: nvml.h, nvmlDeviceGetFanSpeed_v2)."""
+    cooling it (a stalled fan reads as the duty asked for: nvml.h, nvmlDeviceGetFanSpeed_v2).
+
+    "Much" is this GPU's own headroom: the gap to the sibling is at least what it has left below its
+    operating limit (NVML's max operating temperature, else 5 °C below slowdown), so the difference in
+    cooling alone is what brings it near the limit. Nearer the limit a smaller gap counts."""
     t, duty, u = s.temperature_celsius, _duty(s), s.utilization_gpu_percent
-    if t is None or duty is None or u is None or not ctx.loaded(s):
+    if t is None or duty is None or u is None or limit is None or not ctx.loaded(s):
         return []
-    delta = ctx.config.doctor.fan_sibling_delta_celsius
     name = ctx.infos[s.index].name
     for o in ctx.samples:
         if o.index == s.index or o.lost or ctx.infos.get(o.index) is None or ctx.infos[o.index].name != name:
@@ -363,10 +368,79 @@ def _hotter_than_siblings(ctx: Context, s: GpuSample) -> list[str]:
         ot, oduty, ou = o.temperature_celsius, _duty(o), o.utilization_gpu_percent
         if ot is None or oduty is None or ou is None or not ctx.loaded(o) or abs(ou - u) > SAME_LOAD_POINTS:
             continue
-        if t - ot >= delta and duty >= oduty:
+        if t > ot and t - ot >= limit - t and duty >= oduty:
             return [f"fans read {duty:.0f} % but the GPU runs {t - ot:.0f} °C hotter ({t} °C) than GPU {o.index} "
-                    f"({ot} °C with fans at {oduty:.0f} %) under the same load: the fans cannot be cooling it"]
+                    f"({ot} °C with fans at {oduty:.0f} %) under the same load, more than the {max(limit - t, 0)} °C "
+                    f"it has left below its {limit} °C limit: the fans cannot be cooling it"]
     return []
+
+
+# The draw counts as steady within NVML's stated accuracy of the reading: "accurate to within +/- 5% of
+# current power draw" (nvml.h, nvmlDeviceGetPowerUsage). Temperatures are whole degrees (nvml.h,
+# nvmlDeviceGetTemperature), so a rise is one only from 2 °C.
+POWER_ACCURACY = 0.05
+TEMPERATURE_STEP_C = 1.0
+
+
+def _not_cooling_over_time(points: Sequence[ThermalPoint], limit: int) -> list[str]:
+    """Judged by the temperature's response over time (the daemon's history of this GPU, empty in a
+    one-shot `gpud doctor`). Over the newest stretch at a steady draw, its later half (the step's first
+    transient left out) with the fans asked for no less than at its start:
+
+    - the temperature still rises at the same rate or faster (the later quarter no slower than the
+      earlier one, both by more than a reading's step): nothing is taking the added heat away; or
+    - fitted to Newton's cooling (the rate falls linearly as the GPU warms), the GPU's own response
+      says it settles at or above its operating limit, and the stretch is at least one of its own
+      time constants long (so the fit rests on the response, not on the first seconds).
+    """
+    if len(points) < 2:
+        return []
+    last = points[-1]
+    stretch = [last]
+    for p in reversed(points[:-1]):
+        if abs(p.power_watts - last.power_watts) > POWER_ACCURACY * max(last.power_watts, 1.0):
+            break
+        stretch.append(p)
+    stretch.reverse()
+    recent = stretch[len(stretch) // 2:]
+    if len(recent) < 5 or recent[-1].fan_percent < recent[0].fan_percent:
+        return []
+    first = recent[0]
+    if last.temperature_celsius - first.temperature_celsius <= TEMPERATURE_STEP_C:
+        return []  # not rising
+    span = last.timestamp - first.timestamp
+    head = (f"fans asked for {first.fan_percent:.0f} → {last.fan_percent:.0f} % at a steady {last.power_watts:.0f} W "
+            f"and the GPU went {first.temperature_celsius:.0f} → {last.temperature_celsius:.0f} °C in {span:.0f} s")
+    fit = _newton_fit(recent)
+    if fit is None:
+        return []
+    settle, tau = fit
+    if span >= tau and settle >= limit:
+        return [f"{head}; at that rate it settles near {settle:.0f} °C (time constant {tau:.0f} s), at or above "
+                f"its {limit} °C limit: the fans cannot be cooling it (stalled, blocked, or asked for too little)"]
+    return []
+
+
+def _newton_fit(points: Sequence[ThermalPoint]) -> tuple[float, float] | None:
+    """Least squares of the heating rate on the temperature between consecutive points: Newton's cooling
+    at a steady draw gives dT/dt = (T_settle - T) / tau. (T_settle, tau), or None when the rate does not
+    fall as the GPU warms (no settling to project)."""
+    xs, ys = [], []
+    for p, q in zip(points, points[1:], strict=False):
+        dt = q.timestamp - p.timestamp
+        if dt > 0:
+            xs.append((p.temperature_celsius + q.temperature_celsius) / 2)
+            ys.append((q.temperature_celsius - p.temperature_celsius) / dt)
+    if len(xs) < 2:
+        return None
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return None
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    if slope >= 0:
+        return None
+    return mx - my / slope, -1 / slope
 
 
 @check("health.pcie_replay", "Health")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import traceback
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal, get_args
@@ -13,7 +13,7 @@ from gpud.config import Config
 from gpud.errors import GpudError
 from gpud.hw.host import Host
 from gpud.hw.machine import Machine
-from gpud.model import CheckResult, GpuInfo, GpuSample, Snapshot, Status, Topology
+from gpud.model import CheckResult, GpuInfo, GpuSample, Snapshot, Status, ThermalPoint, Topology
 from gpud.probe.report import ProbeReport
 
 if TYPE_CHECKING:
@@ -74,6 +74,9 @@ class Context:
     # a lowered power limit asked for by a profile is not a misconfiguration.
     profile_settings: dict[int, dict[str, Any]] = field(default_factory=dict)
     probe: ProbeReport | None = None  # the probe's result, with --probe
+    # The daemon's recent (time, temperature, fan duty, draw) per GPU UUID (gpud.daemon.thermal); a
+    # one-shot run has none, and the checks that need it judge without it.
+    thermal: Mapping[str, Sequence[ThermalPoint]] = field(default_factory=dict)
 
     @property
     def host(self) -> Host:

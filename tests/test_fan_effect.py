@@ -1,0 +1,211 @@
+"""health.fans judges a fan by its effect (NVML reports the duty asked for, not what the fan does):
+against an identical sibling, with thresholds from the GPU's own headroom, and over time, from the
+daemon's history of each GPU's cooling (issue 23, item 10)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from doctor_helpers import description as d
+
+from gpud import journal
+from gpud.backends import open_machine
+from gpud.config import Config
+from gpud.daemon.recorder import Recorder
+from gpud.daemon.schedule import Schedule
+from gpud.daemon.thermal import MAX_POINTS, ThermalHistory
+from gpud.doctor import diagnose
+from gpud.hw.machine import Machine
+from gpud.model import CheckResult
+
+LOADED = "utilization_percent = 100\npower_watts = 280\n"
+
+
+def fans(m: Machine, history: ThermalHistory | None = None, in_daemon: bool = False) -> dict[int, CheckResult]:
+    report = diagnose(m, Config(), only=["health.fans"], env={}, in_daemon=in_daemon,
+                      thermal=history.points() if history is not None else None)
+    return {r.gpu: r for r in report.checks if r.gpu is not None}
+
+
+def machine(tmp_path: Path, text: str) -> Machine:
+    p = tmp_path / "box.toml"
+    p.write_text(text)
+    return open_machine(str(p))
+
+
+def tick(m: Machine, history: ThermalHistory) -> None:
+    """What the daemon's tick does: one snapshot into the history. The simulator's physics runs on its own
+    clock (``advance``), the samples carry the wall clock: stamp them with the simulated time."""
+    assert m.simulation is not None
+    now = m.simulation.machine.now()
+    snap = m.snapshot()
+    history.add(dataclasses.replace(snap, samples=tuple(dataclasses.replace(s, timestamp=now)
+                                                        for s in snap.samples)))
+
+
+def run(m: Machine, history: ThermalHistory, seconds: int) -> None:
+    assert m.simulation is not None
+    for _ in range(seconds):
+        tick(m, history)
+        m.simulation.machine.advance(1)
+    tick(m, history)
+
+
+def test_the_issues_stuck_fan_beside_an_identical_sibling_fails(tmp_path: Path) -> None:
+    """88 °C under load with the fan stuck at 0 % (reading the duty asked for) beside an identical GPU at
+    72 °C with its fan at 78 %: a one-shot doctor fails the stuck one, not its sibling."""
+    m = machine(tmp_path, d(2, defaults=LOADED, gpu_extra={0: "temperature_celsius = 88",
+                                                           1: "temperature_celsius = 72\nfan_percent = 78"},
+                            extra='[[fault]]\nkind = "fan_stuck"\ngpu = 0\npercent = 0\n'))
+    s = m.snapshot().samples
+    assert s[0].temperature_celsius == 88 and s[1].temperature_celsius == 72 and s[1].fans[0].speed_percent == 78
+    assert s[0].fans[0].speed_percent is not None and s[0].fans[0].speed_percent >= 78  # as asked, not as turning
+    r = fans(m)
+    assert r[0].status == "fail" and "hotter" in r[0].summary and "GPU 1" in r[0].summary, r[0]
+    assert "limit" in r[0].summary and r[1].status == "pass", r
+
+
+def test_a_smaller_gap_near_the_limit_fails(tmp_path: Path) -> None:
+    """86 °C beside an identical sibling at 74 °C: a 12 °C gap, more than the 7 °C the stuck GPU has left
+    below its 93 °C limit. The former fixed 15 °C passed it."""
+    m = machine(tmp_path, d(2, defaults=LOADED, gpu_extra={0: "temperature_celsius = 86",
+                                                           1: "temperature_celsius = 74"},
+                            extra='[[fault]]\nkind = "fan_stuck"\ngpu = 0\npercent = 0\n'))
+    r = fans(m)
+    assert r[0].status == "fail" and "12 °C hotter" in r[0].summary and r[1].status == "pass", r
+
+
+def test_a_sibling_a_few_degrees_cooler_is_no_alarm(tmp_path: Path) -> None:
+    """A loaded GPU 8 °C warmer than its identical sibling (a warmer slot) with 15 °C left below its limit
+    passes: the gap is judged against the GPU's own headroom."""
+    m = machine(tmp_path, d(2, defaults=LOADED, gpu_extra={0: "temperature_celsius = 78",
+                                                           1: "temperature_celsius = 70"}))
+    r = fans(m)
+    assert r[0].status == "pass" and r[1].status == "pass", r
+
+
+def test_a_stuck_fan_on_a_one_gpu_machine_fails_through_the_history(tmp_path: Path) -> None:
+    """One GPU, no sibling, its fan set to a fixed 70 % (a profile's `fixed` fan, the daemon running) and
+    stalled: the reading is 70 %, under the 'asked hard' mark, so a one-shot run has nothing to go on; the
+    daemon's history shows the GPU heating at a steady draw toward past its limit and fails the fan."""
+    m = machine(tmp_path, d(1))
+    sim = m.simulation.machine  # type: ignore[union-attr]
+    history = ThermalHistory()
+    m.nvml.set_fan_speed(0, 0, 70)
+    sim.inject("fan_stuck", gpu=0)
+    sim.set_load(0, 100, 200)
+    run(m, history, 240)
+    assert fans(m, in_daemon=True)[0].status == "pass"  # one-shot: no sibling, the fan reads as set
+    r = fans(m, history, in_daemon=True)[0]
+    assert r.status == "fail" and "cannot be cooling" in r.summary and "W" in r.summary, r
+
+
+def test_a_healthy_fan_set_to_a_fixed_duty_is_no_alarm(tmp_path: Path) -> None:
+    """The same machine, load and fixed 70 % with the fan turning: the GPU settles below its limit."""
+    m = machine(tmp_path, d(1))
+    sim = m.simulation.machine  # type: ignore[union-attr]
+    history = ThermalHistory()
+    m.nvml.set_fan_speed(0, 0, 70)
+    sim.set_load(0, 100, 200)
+    for _ in range(48):
+        run(m, history, 5)
+        r = fans(m, history, in_daemon=True)[0]
+        assert r.status == "pass", r
+
+
+def test_the_daemons_scheduled_doctor_carries_the_history(tmp_path: Path, state_dir: Path) -> None:
+    """The schedule hands the tick's history to the daemon's doctor run (whose results feed
+    gpud_check_status on /metrics)."""
+    m = machine(tmp_path, d(1))
+    sim = m.simulation.machine  # type: ignore[union-attr]
+    history = ThermalHistory()
+    m.nvml.set_fan_speed(0, 0, 70)
+    sim.inject("fan_stuck", gpu=0)
+    sim.set_load(0, 100, 200)
+    run(m, history, 240)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    rec = Recorder(journal.Journal(), "boot")
+    sched = Schedule(m, Config, lambda: rec)
+    sched._doctor(m.snapshot(), history.points())
+    (r,) = [c for c in sched.checks if c.id == "health.fans"]
+    assert r.status == "fail" and "cannot be cooling" in r.summary, r
+
+
+def test_a_healthy_gpu_heating_after_a_load_step_is_no_alarm(tmp_path: Path) -> None:
+    """A healthy fan following the driver's curve: the GPU heats fast after the load step, the fan rises
+    with it, the temperature settles. No verdict at any moment of the way (judged every 5 s)."""
+    for model in ("RTX A6000", "RTX 6000 Ada"):
+        m = machine(tmp_path, d(1, model=model))
+        sim = m.simulation.machine  # type: ignore[union-attr]
+        history = ThermalHistory()
+        run(m, history, 30)
+        sim.set_load(0, 100, 300)
+        for _ in range(60):
+            run(m, history, 5)
+            r = fans(m, history, in_daemon=True)[0]
+            assert r.status == "pass", (model, r)
+
+
+def test_mixed_models_heating_after_a_load_step_are_no_alarm(tmp_path: Path) -> None:
+    """An RTX A6000 beside an RTX 6000 Ada (no identical sibling), both loaded at once: no verdict."""
+    m = machine(tmp_path, d(2, gpu_extra={1: 'model = "RTX 6000 Ada"'}))
+    sim = m.simulation.machine  # type: ignore[union-attr]
+    assert m.snapshot().gpus[0].name != m.snapshot().gpus[1].name
+    history = ThermalHistory()
+    sim.set_load(0, 100, 300)
+    sim.set_load(1, 100, 250)
+    for _ in range(60):
+        run(m, history, 5)
+        r = fans(m, history, in_daemon=True)
+        assert r[0].status == "pass" and r[1].status == "pass", r
+
+
+def test_mixed_models_with_a_stuck_fan_fail_through_the_history(tmp_path: Path) -> None:
+    """The same mixed machine with the Ada's fan set to a fixed 70 % and stalled: no identical sibling to
+    compare with, and the history finds it."""
+    m = machine(tmp_path, d(2, gpu_extra={1: 'model = "RTX 6000 Ada"'}))
+    sim = m.simulation.machine  # type: ignore[union-attr]
+    history = ThermalHistory()
+    m.nvml.set_fan_speed(1, 0, 70)
+    sim.inject("fan_stuck", gpu=1)
+    sim.set_load(0, 100, 200)
+    sim.set_load(1, 100, 200)
+    run(m, history, 240)
+    r = fans(m, history, in_daemon=True)
+    assert r[1].status == "fail" and r[0].status == "pass", r
+
+
+def test_the_history_is_bounded_and_breaks_on_a_lost_reading(tmp_path: Path) -> None:
+    m = machine(tmp_path, d(1))
+    snap = m.snapshot()
+    history = ThermalHistory()
+    for i in range(3 * MAX_POINTS):
+        history.add(dataclasses.replace(snap, samples=tuple(dataclasses.replace(s, timestamp=1000.0 + i)
+                                                            for s in snap.samples)))
+    (points,) = history.points().values()
+    assert len(points) == MAX_POINTS and points[-1].timestamp == 1000.0 + 3 * MAX_POINTS - 1
+    history.add(dataclasses.replace(snap, samples=tuple(dataclasses.replace(s, temperature_celsius=None)
+                                                        for s in snap.samples)))
+    assert history.points() == {}
+
+
+def test_the_tick_fills_the_history_from_its_snapshot(tmp_path: Path, state_dir: Path) -> None:
+    """The daemon's tick adds its own snapshot to the history (no NVML call of its own) and its schedule
+    hands the history to the doctor run it starts."""
+    from gpud.daemon.tick import Ticker, TuningFacts
+
+    m = machine(tmp_path, d(2))
+    state_dir.mkdir(parents=True, exist_ok=True)
+    rec = Recorder(journal.Journal(), "boot")
+    seen: list[object] = []
+    sched = Schedule(m, Config, lambda: rec)
+    sched._doctor = lambda snap, thermal: seen.append(thermal)  # type: ignore[method-assign]
+    ticker = Ticker(m, lambda snap, why: (), lambda: TuningFacts(None, 0, 0, 0), sched, lambda: rec, 1.0)
+    ticker()
+    assert sched.doctor_thread is not None
+    sched.doctor_thread.join(10)
+    points = ticker.thermal.points()
+    assert sorted(points) == sorted(g.uuid for g in m.snapshot().gpus)
+    assert all(len(p) == 1 and p[0].power_watts > 0 for p in points.values())
+    assert seen == [points]
