@@ -30,22 +30,12 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench import free_port, pct  # noqa: E402 - the benchmarks' helpers, said once
+
 SIM = "2s-8x-a6000"
 FAULTS = ("gpu_lost", "fan_stuck", "xid", "clear")
 RSS_TARGET_MB = 5.0
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def pct(values: list[float], q: float) -> float:
-    v = sorted(values)
-    return v[min(len(v) - 1, int(q * len(v)))] if v else float("nan")
 
 
 def rss_mb(pid: int) -> float | None:
