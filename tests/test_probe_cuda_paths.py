@@ -269,3 +269,32 @@ def test_gpipe_puts_each_stage_on_its_ranks_gpu_and_sends_from_there(fake_gpus, 
         sent = rec.devices("send") | rec.devices("recv") | rec.devices("all_reduce")
         assert sent == {f"cuda:{rank}"}
         assert_windows_synchronised(rec, {f"cuda:{rank}"}, barrier=True)
+
+
+def test_ddp_clears_gradients_in_place_under_its_bucket_views(fake_gpus, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``gradient_as_bucket_view=True`` the gradients are views into DDP's buckets; setting them to
+    None makes the reducer copy every gradient into its bucket on each step (its own comment), a cost
+    that would be charged to DDP's efficiency only. Both the DDP run and the one-GPU run it is compared
+    with clear in place."""
+    import torch
+
+    rec, worker = fake_gpus
+    wrapped: list[dict[str, Any]] = []
+
+    def ddp(module: Any, **kw: Any) -> Any:
+        wrapped.append(kw)
+        return module
+
+    cleared: list[bool] = []
+    real = torch.optim.Optimizer.zero_grad
+
+    def zero_grad(self: Any, set_to_none: bool = True) -> None:
+        cleared.append(set_to_none)
+        real(self, set_to_none=set_to_none)
+
+    monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", ddp)
+    monkeypatch.setattr(torch.optim.Optimizer, "zero_grad", zero_grad)
+    _group(2, 1)
+    worker.ddp(worker.Ctx(1, 2, 1, "cuda", True, spec={}))
+    assert wrapped and all(kw.get("gradient_as_bucket_view") for kw in wrapped)
+    assert cleared and not any(cleared)
