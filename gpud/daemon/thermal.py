@@ -29,10 +29,10 @@ class ThermalHistory:
             if s.lost or s.temperature_celsius is None or s.power_watts is None or not duties:
                 ring.clear()
                 continue
-            if ring and s.timestamp - ring[-1].timestamp < EVERY_S:
-                continue
             if ring and s.timestamp < ring[-1].timestamp:  # the clock went back: start again
                 ring.clear()
+            if ring and s.timestamp - ring[-1].timestamp < EVERY_S:
+                continue
             ring.append(ThermalPoint(s.timestamp, float(s.temperature_celsius), sum(duties) / len(duties),
                                      float(s.power_watts)))
             while ring and s.timestamp - ring[0].timestamp > SPAN_S:
