@@ -52,6 +52,18 @@ def run(m: Machine, history: ThermalHistory, seconds: int) -> None:
     tick(m, history)
 
 
+def stuck_one_gpu(tmp_path: Path) -> tuple[Machine, ThermalHistory]:
+    """One GPU, its fan set to a fixed 70 % and stalled, under a steady 200 W for 240 simulated seconds."""
+    m = machine(tmp_path, d(1))
+    sim = m.simulation.machine  # type: ignore[union-attr]
+    history = ThermalHistory()
+    m.nvml.set_fan_speed(0, 0, 70)
+    sim.inject("fan_stuck", gpu=0)
+    sim.set_load(0, 100, 200)
+    run(m, history, 240)
+    return m, history
+
+
 def test_the_issues_stuck_fan_beside_an_identical_sibling_fails(tmp_path: Path) -> None:
     """88 °C under load with the fan stuck at 0 % (reading the duty asked for) beside an identical GPU at
     72 °C with its fan at 78 %: a one-shot doctor fails the stuck one, not its sibling."""
@@ -89,13 +101,7 @@ def test_a_stuck_fan_on_a_one_gpu_machine_fails_through_the_history(tmp_path: Pa
     """One GPU, no sibling, its fan set to a fixed 70 % (a profile's `fixed` fan, the daemon running) and
     stalled: the reading is 70 %, under the 'asked hard' mark, so a one-shot run has nothing to go on; the
     daemon's history shows the GPU heating at a steady draw toward past its limit and fails the fan."""
-    m = machine(tmp_path, d(1))
-    sim = m.simulation.machine  # type: ignore[union-attr]
-    history = ThermalHistory()
-    m.nvml.set_fan_speed(0, 0, 70)
-    sim.inject("fan_stuck", gpu=0)
-    sim.set_load(0, 100, 200)
-    run(m, history, 240)
+    m, history = stuck_one_gpu(tmp_path)
     assert fans(m, in_daemon=True)[0].status == "pass"  # one-shot: no sibling, the fan reads as set
     r = fans(m, history, in_daemon=True)[0]
     assert r.status == "fail" and "cannot be cooling" in r.summary and "W" in r.summary, r
@@ -117,13 +123,7 @@ def test_a_healthy_fan_set_to_a_fixed_duty_is_no_alarm(tmp_path: Path) -> None:
 def test_the_daemons_scheduled_doctor_carries_the_history(tmp_path: Path, state_dir: Path) -> None:
     """The schedule hands the tick's history to the daemon's doctor run (whose results feed
     gpud_check_status on /metrics)."""
-    m = machine(tmp_path, d(1))
-    sim = m.simulation.machine  # type: ignore[union-attr]
-    history = ThermalHistory()
-    m.nvml.set_fan_speed(0, 0, 70)
-    sim.inject("fan_stuck", gpu=0)
-    sim.set_load(0, 100, 200)
-    run(m, history, 240)
+    m, history = stuck_one_gpu(tmp_path)
     state_dir.mkdir(parents=True, exist_ok=True)
     rec = Recorder(journal.Journal(), "boot")
     sched = Schedule(m, Config, lambda: rec)
@@ -188,6 +188,17 @@ def test_the_history_is_bounded_and_breaks_on_a_lost_reading(tmp_path: Path) -> 
     history.add(dataclasses.replace(snap, samples=tuple(dataclasses.replace(s, temperature_celsius=None)
                                                         for s in snap.samples)))
     assert history.points() == {}
+
+
+def test_the_history_starts_again_when_the_clock_goes_back(tmp_path: Path) -> None:
+    m = machine(tmp_path, d(1))
+    snap = m.snapshot()
+    history = ThermalHistory()
+    for ts in (1000.0, 1001.0, 1002.0, 500.0):
+        history.add(dataclasses.replace(snap, samples=tuple(dataclasses.replace(s, timestamp=ts)
+                                                            for s in snap.samples)))
+    (points,) = history.points().values()
+    assert [p.timestamp for p in points] == [500.0]
 
 
 def test_the_tick_fills_the_history_from_its_snapshot(tmp_path: Path, state_dir: Path) -> None:
