@@ -586,12 +586,13 @@ class Nvml:
         """Held while a snapshot reads every GPU (``Machine.snapshot``): the sampler's blocking calls wait."""
         return self._gate.tick()
 
-    def _sample_locked(self, index: int) -> GpuSample:
+    def _sample_locked(self, index: int, read: Callable[[int, GpuInfo, float], GpuSample] | None = None) -> GpuSample:
+        """``read`` (default: the whole ``_sample``) under the one translation of a lost or unusable GPU."""
         now = time.time()
         cached = self._info.get(index)
         try:
             info = self.info(index)
-            return self._sample(index, info, now)
+            return (read or self._sample)(index, info, now)
         except DriverNotLoaded:
             raise
         except NvmlError as err:  # lost, or a reading every GPU must give failed: this GPU only
@@ -630,9 +631,7 @@ class Nvml:
         util = get("nvmlDeviceGetUtilizationRates")
         used, total, reserved, free = self._memory(index, h)
         tx, rx = self._pcie_rates(index, h, now)
-        events = get("nvmlDeviceGetCurrentClocksEventReasons")
-        if events is None:
-            events = get("nvmlDeviceGetCurrentClocksThrottleReasons")
+        events = self._clock_event_mask(get)
         persistence, compute = slow["persistence"], slow["compute"]
         ecc_mode, ecc, sbe, dbe, retired_pending, remap, replay = (
             slow["ecc_mode"], slow["ecc"], slow["sbe"], slow["dbe"], slow["retired_pending"], slow["remap"],
@@ -895,39 +894,36 @@ class Nvml:
         """The readings a load test follows each second, and nothing else (about 10 plain calls, none
         blocking): temperature, fans (as asked), power and its enforced limit, SM and memory clocks,
         utilisation, clock-event reasons, the PCIe link's generation and width. ``sample`` gives the
-        whole picture (health counters, processes) at 10× the cost."""
+        whole picture (health counters, processes) at 10× the cost; a lost GPU reads as it does there."""
         with self._lock:
-            now = time.time()
-            try:
-                info = self.info(index)
-                h = self.handle(index)
+            return self._sample_locked(index, self._telemetry)
 
-                def get(name: str, *args: Any) -> Any:
-                    return self.get(name, h, *args, gpu=index)
+    def _telemetry(self, index: int, info: GpuInfo, now: float) -> GpuSample:
+        h = self.handle(index)
 
-                fans = tuple(FanReading(f, get("nvmlDeviceGetFanSpeed_v2", f), None, None)
-                             for f in range(info.fan_count or 0))
-                events = get("nvmlDeviceGetCurrentClocksEventReasons")
-                if events is None:
-                    events = get("nvmlDeviceGetCurrentClocksThrottleReasons")
-                power, limit = get("nvmlDeviceGetPowerUsage"), get("nvmlDeviceGetEnforcedPowerLimit")
-                util = get("nvmlDeviceGetUtilizationRates")
-                return GpuSample(
-                    index=index, uuid=info.uuid, timestamp=now, temperature_celsius=self._temperature(h, index),
-                    fans=fans, power_watts=power / 1000.0 if power is not None else None,
-                    power_limit_watts=limit / 1000.0 if limit is not None else None,
-                    clocks_mhz={k: get("nvmlDeviceGetClockInfo", CLOCK_TYPES[k]) for k in ("sm", "memory")},
-                    utilization_gpu_percent=util.gpu if util is not None else None,
-                    pcie_generation=get("nvmlDeviceGetCurrPcieLinkGeneration"),
-                    pcie_width=get("nvmlDeviceGetCurrPcieLinkWidth"),
-                    clock_event_mask=events,
-                    clock_events=decode_clock_events(events) if events is not None else None)
-            except DriverNotLoaded:
-                raise
-            except NvmlError as err:
-                self._handles.pop(index, None)
-                return GpuSample(index=index, uuid="", timestamp=now, lost=True, error=str(err),
-                                 inaccessible=isinstance(err, PermissionDenied))
+        def get(name: str, *args: Any) -> Any:
+            return self.get(name, h, *args, gpu=index)
+
+        fans = tuple(FanReading(f, get("nvmlDeviceGetFanSpeed_v2", f), None, None) for f in range(info.fan_count or 0))
+        events = self._clock_event_mask(get)
+        power, limit = get("nvmlDeviceGetPowerUsage"), get("nvmlDeviceGetEnforcedPowerLimit")
+        util = get("nvmlDeviceGetUtilizationRates")
+        return GpuSample(
+            index=index, uuid=info.uuid, timestamp=now, temperature_celsius=self._temperature(h, index),
+            fans=fans, power_watts=power / 1000.0 if power is not None else None,
+            power_limit_watts=limit / 1000.0 if limit is not None else None,
+            clocks_mhz={k: get("nvmlDeviceGetClockInfo", CLOCK_TYPES[k]) for k in ("sm", "memory")},
+            utilization_gpu_percent=util.gpu if util is not None else None,
+            pcie_generation=get("nvmlDeviceGetCurrPcieLinkGeneration"),
+            pcie_width=get("nvmlDeviceGetCurrPcieLinkWidth"),
+            clock_event_mask=events,
+            clock_events=decode_clock_events(events) if events is not None else None)
+
+    @staticmethod
+    def _clock_event_mask(get: Callable[..., Any]) -> Any:
+        """The clock-event reasons bitmask: the R535+ name, else the older "throttle" one."""
+        events = get("nvmlDeviceGetCurrentClocksEventReasons")
+        return events if events is not None else get("nvmlDeviceGetCurrentClocksThrottleReasons")
 
     def sample_pcie_all(self, indices: list[int], processes: bool = False) -> None:
         """Every GPU's blocking readings, a thread per GPU. The driver serialises NVML calls on its RM lock
