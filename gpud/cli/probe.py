@@ -156,7 +156,8 @@ def probe(
     """DDP scaling, pipeline parallelism, all-reduce and P2P bandwidth — and why scaling falls short.
 
     Each measurement runs in child processes with a timeout. Under torchrun (several machines),
-    every rank runs it and rank 0 reports.
+    every rank runs it and rank 0 reports; --nnodes, --node-rank and --rdzv-endpoint start torchrun
+    here (the same command on every machine, node 0's HOST:PORT as the rendezvous).
     """
     from gpud import config as cfg
     from gpud.errors import GpudError, InvalidInput
