@@ -249,3 +249,28 @@ def test_under_torchrun_local_rank_0_takes_the_lock_and_checks_the_gpus(state_di
     with pytest.raises(ProbeBusy, match=r"z8: GPUs in use.*GPU1: 100 % busy, pid 48213 \(alice"):
         run_distributed(quick=True, suites=["ddp"], host="z8", machine=m)
     assert history.load() == []  # nothing measured, nothing kept
+
+
+def test_under_torchrun_the_report_names_each_ranks_node_and_host(state_dir, torchrun_env, capsys) -> None:
+    from gpud.cli.probe import render
+    from gpud.probe.report import Placement, ProbeReport, by_node
+    from gpud.probe.runner import run_distributed
+
+    class TwoHosts(_Ranks):
+        def run(self, spec, rank, world, local):
+            out = super().run(spec, rank, world, local)
+            if world > 1:
+                out["ranks"] = [{"rank": 0, "node": 0, "host": "z8-01", "uuid": "GPU-aaa"},
+                                {"rank": 1, "node": 1, "host": "z8-02", "uuid": "GPU-bbb"}]
+            return out
+
+    torchrun_env(TwoHosts(100.0))
+    res = run_distributed(quick=True, suites=["ddp"], host="z8-01")
+    assert res is not None and res.nodes == 2
+    assert by_node(res.placement or []) == [(0, "z8-01", [Placement(0, 0, "z8-01", "GPU-aaa")]),
+                                            (1, "z8-02", [Placement(1, 1, "z8-02", "GPU-bbb")])]
+    assert ProbeReport.from_json(res.to_json()).placement == res.placement  # the history reads it back
+    assert history.latest() is not None and history.latest().placement == res.placement  # type: ignore[union-attr]
+    render(ProbeReport(host="z8-01", placement=res.placement))  # the fake ranks' figures are not renderable
+    out = capsys.readouterr().out
+    assert "node 0 (z8-01): rank 0 on GPU-aaa" in out and "node 1 (z8-02): rank 1 on GPU-bbb" in out

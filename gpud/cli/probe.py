@@ -9,7 +9,7 @@ import typer
 
 from gpud.cli.common import Json, Simulate, machine
 from gpud.cli.output import echo_wrapped, emit_json, is_tty, table
-from gpud.probe.report import CORRECTNESS, Device, ProbeReport
+from gpud.probe.report import CORRECTNESS, Device, ProbeReport, by_node
 
 GB = 1e9
 
@@ -62,6 +62,11 @@ def render(r: ProbeReport) -> None:
                  + (" — quick" if r.quick else ""))
     if r.note:
         echo_wrapped(r.note, indent="  ")
+    for node, host, ranks in by_node(r.placement or []):
+        held = [p.gpu_uuid for p in ranks if p.gpu_uuid]
+        echo_wrapped(f"node {node} ({host}): rank{'s' if len(ranks) > 1 else ''} "
+                     f"{', '.join(str(p.rank) for p in ranks)} on " + (", ".join(held) if held else "CPU"),
+                     indent="    ", first="  ")
     env = r.nccl.env
     if env:
         echo_wrapped("NCCL settings: " + ", ".join(f"{k}={v}" for k, v in env.items()), indent="    ", first="  ")
@@ -137,11 +142,22 @@ def probe(
                                                                  "names them).")] = False,
     simulate: Simulate = None,
     config: Annotated[str | None, typer.Option("--config", metavar="PATH", help="gpud.toml")] = None,
+    nnodes: Annotated[int | None, typer.Option("--nnodes", min=1, help="Machines in the probe: run the same "
+                                                                       "command on each, under torchrun.")] = None,
+    node_rank: Annotated[int, typer.Option("--node-rank", min=0, help="This machine's rank among --nnodes (0 "
+                                                                      "hosts the rendezvous).")] = 0,
+    rdzv_endpoint: Annotated[str | None, typer.Option("--rdzv-endpoint", metavar="HOST:PORT",
+                                                      help="Node 0's address and a free port.")] = None,
+    nproc_per_node: Annotated[int | None, typer.Option("--nproc-per-node", min=1, help="Ranks on this machine "
+                                                                                      "(default: --gpus, else "
+                                                                                      "the GPUs torch sees, "
+                                                                                      "else 1).")] = None,
 ) -> None:
     """DDP scaling, pipeline parallelism, all-reduce and P2P bandwidth — and why scaling falls short.
 
     Each measurement runs in child processes with a timeout. Under torchrun (several machines),
-    every rank runs it and rank 0 reports.
+    every rank runs it and rank 0 reports; --nnodes, --node-rank and --rdzv-endpoint start torchrun
+    here (the same command on every machine, node 0's HOST:PORT as the rendezvous).
     """
     from gpud import config as cfg
     from gpud.errors import GpudError, InvalidInput
@@ -158,6 +174,23 @@ def probe(
         raise InvalidInput("--world-sizes", world_sizes or "", "must be integers separated by commas") from err
     if device not in (None, "cuda", "cpu"):
         raise InvalidInput("--device", device, "must be cuda or cpu")
+    if nnodes is None and (rdzv_endpoint or node_rank or nproc_per_node):
+        raise InvalidInput("--nnodes", "", "needed with --node-rank, --rdzv-endpoint and --nproc-per-node")
+    if nnodes is not None:
+        if not rdzv_endpoint:
+            raise InvalidInput("--rdzv-endpoint", "", "needed with --nnodes: node 0's HOST:PORT")
+        if sizes is not None:
+            raise InvalidInput("--world-sizes", world_sizes or "", "across machines the world size is --nnodes × "
+                                                                   "--nproc-per-node")
+        inner = ["--suite", ",".join(suites)] + ["--quick"] * quick + ["--allow-busy"] * allow_busy
+        inner += ["--json"] * json + (["--simulate", simulate] if simulate else [])
+        inner += ["--config", config] if config else []
+        cmd = runner.torchrun_command(nnodes=nnodes, node_rank=node_rank, endpoint=rdzv_endpoint,
+                                      nproc_per_node=nproc_per_node or gpus,
+                                      probe_args=inner)
+        import subprocess
+
+        raise typer.Exit(subprocess.run(cmd, check=False).returncode)
     if runner.under_torchrun():
         import socket
 

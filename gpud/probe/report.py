@@ -317,11 +317,30 @@ class Diagnosis:
                    _items(Seed, data.get("seeds"), problems, f"{where}seeds"))
 
 
+@dataclass
+class Placement:
+    """Where one rank of a torchrun probe ran: its node (torchrun's ``GROUP_RANK``), that node's host
+    name and the GPU it held (None on a CPU rank)."""
+
+    rank: int
+    node: int
+    host: str
+    gpu_uuid: str | None = None
+
+
+def by_node(placement: list[Placement]) -> list[tuple[int, str, list[Placement]]]:
+    """(node, host, its ranks) in node order: which node's GPUs ran which ranks."""
+    nodes: dict[int, list[Placement]] = {}
+    for p in sorted(placement, key=lambda p: (p.node, p.rank)):
+        nodes.setdefault(p.node, []).append(p)
+    return [(n, ps[0].host, ps) for n, ps in nodes.items()]
+
+
 # The report's keys in the order the runner writes them; ``None`` in an optional one means absent.
 _KEYS = ("device", "quick", "world_sizes", "suites", "ddp", "allreduce", "pipeline", "p2p", "ranks", "nccl",
          "torch", "dtype", "gpu_name", "teardown_killed", "failures", "correctness", "workload", "version", "host",
-         "started_at", "finished_at", "gpus", "nodes", "torchrun", "busy_at_start", "cpu_affinity", "nvml", "note",
-         "diagnosis", "load", "ok", "regressions")
+         "started_at", "finished_at", "gpus", "nodes", "torchrun", "placement", "busy_at_start", "cpu_affinity", "nvml",
+         "note", "diagnosis", "load", "ok", "regressions")
 
 
 @dataclass
@@ -350,6 +369,7 @@ class ProbeReport:
     gpus: int = 0
     nodes: int | None = None  # torchrun only
     torchrun: bool | None = None  # torchrun only
+    placement: list[Placement] | None = None  # torchrun only: each rank's node, host and GPU
     busy_at_start: list[str] | None = None
     cpu_affinity: list[list[int]] | None = None  # per rank
     nvml: str | None = None  # why NVML was not used
@@ -378,6 +398,8 @@ class ProbeReport:
                 v = v.to_json()
             elif k == "load":
                 v = asdict(v) if v is not None else None
+            elif k == "placement":
+                v = [asdict(p) for p in v] if v is not None else None
             elif k in ("torch", "dtype"):
                 out[k] = v  # always written (null when no launch said)
                 continue

@@ -33,7 +33,7 @@ from gpud.paths import probe_lock_path
 from gpud.probe import history
 from gpud.probe.diagnose import DEFAULT_THRESHOLDS, Seen, View, explain
 from gpud.probe.expect import cpu_link, cpu_vendor
-from gpud.probe.report import Device, Load, Nccl, ProbeReport
+from gpud.probe.report import Device, Load, Nccl, Placement, ProbeReport
 
 SUITES = ("ddp", "pipeline", "allreduce", "p2p")
 PARAM_TOLERANCE = {"cpu": 1e-4, "cuda": 1e-3}
@@ -661,6 +661,33 @@ def torch_gpus() -> int:
         return 0
 
 
+def torchrun_command(*, nnodes: int, node_rank: int, endpoint: str, nproc_per_node: int | None,
+                     probe_args: list[str]) -> list[str]:
+    """This machine's part of a probe across ``nnodes`` machines: torchrun (this Python's
+    ``torch.distributed.run``) with its static rendezvous at ``endpoint`` (node 0's address and a free
+    port, which node 0's agent listens on), ``nproc_per_node`` ranks here (None: one per GPU torch sees,
+    at least one), each running ``gpud probe
+    probe_args``. Every machine runs the same command but for ``node_rank``; a rank that fails ends the
+    run (no restarts: a probe measures, it does not recover)."""
+    from gpud.errors import InvalidInput
+
+    if under_torchrun():
+        raise InvalidInput("--nnodes", str(nnodes), "already under torchrun: give torchrun its --nnodes, not gpud")
+    if not 0 <= node_rank < nnodes:
+        raise InvalidInput("--node-rank", str(node_rank), f"must be between 0 and {nnodes - 1} (--nnodes {nnodes})")
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidInput("--rdzv-endpoint", endpoint, "must be HOST:PORT (node 0's address and a free port)")
+    if not torch_available():
+        err = ProbeError("PyTorch is not installed for this Python (torchrun is part of it)")
+        err.remedy = f"install PyTorch into {sys.executable}'s environment on every machine of the probe"
+        raise err
+    nproc = nproc_per_node or max(1, torch_gpus())
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--node-rank", str(node_rank),
+            "--nproc-per-node", str(nproc), "--rdzv-backend", "static", "--rdzv-endpoint", endpoint,
+            "--max-restarts", "0", "-m", "gpud", "probe", *probe_args]
+
+
 def under_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")) and int(os.environ["WORLD_SIZE"]) > 1
 
@@ -676,6 +703,16 @@ def siblings() -> set[int]:
                     out.add(int(entry.name))
             except (OSError, ValueError, IndexError):
                 continue
+    return out
+
+
+def placement(ranks: list[Any]) -> list[Placement]:
+    """Each rank's node, host and GPU, from what the ranks said of themselves (``worker.run``)."""
+    out = []
+    for r in ranks:
+        if isinstance(r, dict) and isinstance(r.get("rank"), int):
+            out.append(Placement(rank=r["rank"], node=int(r.get("node") or 0), host=str(r.get("host") or "?"),
+                                 gpu_uuid=r.get("uuid") if isinstance(r.get("uuid"), str) else None))
     return out
 
 
@@ -722,7 +759,10 @@ def run_distributed(*, quick: bool, suites: list[str], host: str, thresholds: di
     plan = Plan(device, [1, world], suites, quick, world)
     res = assemble(plan, [baseline or {}, full])
     res.version, res.host, res.started_at, res.finished_at, res.gpus = VERSION, host, started, time.time(), world
-    res.nodes = int(os.environ.get("GROUP_WORLD_SIZE", os.environ.get("NNODES", "1")) or 1)
+    res.placement = placement(full.get("ranks") or [])
+    # the nodes that ran (each rank says its torchrun node rank); the agent's count where none did
+    res.nodes = (len({p.node for p in res.placement}) if res.placement
+                 else int(os.environ.get("GROUP_WORLD_SIZE", os.environ.get("NNODES", "1")) or 1))
     res.torchrun = True
     if device == "cpu":
         res.note = CPU_NOTE

@@ -16,6 +16,7 @@ import copy
 import json
 import math
 import os
+import socket
 import statistics
 import sys
 import time
@@ -654,7 +655,8 @@ def run(spec: dict[str, Any], rank: int, world: int, local_rank: int) -> dict[st
     results: dict[str, Any] = {"world_size": world, "device": spec["device"], "torch": torch.__version__,
                                "dtype": ctx.dtype_name}
     me = {"rank": rank, "local_rank": local_rank, "uuid": ctx.uuid_of(ctx.device.index or 0),
-          "cpus": sorted(os.sched_getaffinity(0)), "pid": os.getpid()}
+          "cpus": sorted(os.sched_getaffinity(0)), "pid": os.getpid(), "host": socket.gethostname(),
+          "node": int(os.environ.get("GROUP_RANK", "0") or 0)}  # torchrun's node rank
     ranks: list[Any] = [None] * world
     if world > 1:
         dist.all_gather_object(ranks, me)
