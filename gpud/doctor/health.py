@@ -391,3 +391,35 @@ def set_healthy_entry(states: Iterable[Health], gpu: int, who: str, uid: int | N
                     and h.acknowledged is None}
     return (f"GPU {gpu} set healthy by {who}: {reason}",
             {"who": who, "uid": uid, "reason": reason, "acknowledged": acknowledged})
+
+
+class Tracker:
+    """The daemon's health states, worked out again only when an input changed (doctor's checks, the
+    Xids, a GPU lost or back, the journal, read at most every ``JOURNAL_EVERY_S`` or after a
+    set-healthy): a tick costs a comparison."""
+
+    JOURNAL_EVERY_S = 10.0
+
+    def __init__(self) -> None:
+        self.states: tuple[Health, ...] = ()
+        self._key: tuple[Any, ...] | None = None
+        self._history: list[Event] | None = None
+        self._read_at = 0.0
+
+    def invalidate(self) -> None:
+        self._history = None
+
+    def update(self, machine: Machine, config: Config, checks: tuple[CheckResult, ...], snapshot: Snapshot | None,
+               xids: tuple[XidEvent, ...], now: float) -> tuple[Health, ...]:
+        if self._history is None or now - self._read_at >= self.JOURNAL_EVERY_S:
+            history = journal_history()
+            if self._history is None or [e.id for e in history] != [e.id for e in self._history]:
+                self._history = history
+            self._read_at = now
+        lost = frozenset(s.index for s in snapshot.samples if s.lost) if snapshot is not None else None
+        gpus = tuple(id(g) for g in snapshot.gpus) if snapshot is not None else ()
+        key = (id(checks), xids, lost, gpus, id(self._history), config.health)
+        if key != self._key:
+            self.states = gather(machine, config, checks, snapshot, xids=xids, history=self._history)
+            self._key = key
+        return self.states
