@@ -28,8 +28,9 @@ NOT_HEALTH = ["env.cuda", "torch.cuda", "gpu.processes"]
 app = typer.Typer(no_args_is_help=False, invoke_without_command=True, add_completion=False)
 
 
-def states_of(m: Machine, conf: Config, snap: Snapshot | None = None) -> tuple[Snapshot | None, tuple[Health, ...]]:
-    """Doctor's checks that bear on health (none that are slow), then the states."""
+def states_of(m: Machine, conf: Config, snap: Snapshot | None = None,
+              only: list[str] | None = None) -> tuple[Snapshot | None, tuple[Health, ...]]:
+    """Doctor's checks that bear on health (none that are slow; with ``only``, those), then the states."""
     from gpud.doctor import diagnose
     from gpud.doctor import health as hl
     from gpud.errors import GpudError
@@ -39,7 +40,7 @@ def states_of(m: Machine, conf: Config, snap: Snapshot | None = None) -> tuple[S
             snap = m.snapshot()
         except GpudError:
             snap = None
-    report = diagnose(m, conf, skip=NOT_HEALTH, snapshot=snap)
+    report = diagnose(m, conf, only=only, skip=NOT_HEALTH, snapshot=snap)
     return snap, hl.gather(m, conf, report.checks, snap)
 
 

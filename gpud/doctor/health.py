@@ -271,9 +271,9 @@ def assess(checks: Iterable[CheckResult], snapshot: Snapshot | None, *, xids: Se
     gpus = {g.index: g for g in snapshot.gpus} if snapshot is not None else {}
     samples = {s.index: s for s in snapshot.samples} if snapshot is not None else {}
     uuids = {i: g.uuid for i, g in gpus.items()}
-    for i, s in samples.items():
-        if i not in uuids and s.uuid:
-            uuids[i] = s.uuid
+    for i, s in samples.items():  # a GPU lost before gpud first read it has no known UUID: ""
+        if i not in uuids:
+            uuids[i] = s.uuid or ""
     acks = acknowledgements(history)
     derived = _from_checks(checks, uuids)
     seen = _xids(xids, boot_time, boot_id, {g.pci_bus_id.lower(): g.uuid for g in gpus.values()}, history)
