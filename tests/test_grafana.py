@@ -260,7 +260,7 @@ def test_expected_alerts_fire(lab: Lab) -> None:
         ("GpudHardwareXid", "degraded", "3"), ("GpudCheckFailing", "degraded", "2"),
         ("GpudCheckFailing", "degraded", "3"), ("GpudGpuLost", "faulty", "3"), ("GpudFanFailsafe", "faulty", ""),
         ("GpudNewXid", "faulty", "2"), ("GpudProfileDrift", "faulty", "0"), ("GpudDown", "down", ""),
-        ("GpudGpuThrottledShare", "degraded", "1"),
+        ("GpudGpuThrottledShare", "degraded", "1"), ("GpudUnhealthy", "degraded", "3"),
     }
     ports = {str(d.port): name for d, name in zip(lab.daemons, ("healthy", "degraded", "faulty", "hgx"),
                                                    strict=True)}
