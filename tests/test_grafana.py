@@ -101,7 +101,7 @@ def test_dashboard_json_model() -> None:
 def test_promtool_checks_and_tests_the_rules() -> None:
     promtool = tool("promtool")
     r = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True)
-    assert r.returncode == 0 and "SUCCESS: 15 rules found" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "SUCCESS: 16 rules found" in r.stdout, r.stdout + r.stderr
     r = subprocess.run([promtool, "test", "rules", "gpud-rules.test.yml"], capture_output=True, text=True,
                        cwd=RULES.parent)
     assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
