@@ -211,11 +211,12 @@ def lab() -> dict[str, Any]:
     b.panel("table", "Failing checks", "none", [(f'gpud_check_status{{{INST}, status="fail"}} == 1', "")], w=24, h=8,
             table=True)
     # gpud health: 0 healthy, 1 degraded, 2 unhealthy per GPU and component; the worst per machine
+    colours = ("green", "orange", "red")
     states = {"mappings": [{"type": "value", "options": {
-        "0": {"text": "healthy", "color": "green", "index": 0}, "1": {"text": "degraded", "color": "orange", "index": 1},
-        "2": {"text": "unhealthy", "color": "red", "index": 2}}}], "color": {"mode": "thresholds"},
-        "thresholds": {"mode": "absolute", "steps": [{"color": "green", "value": None}, {"color": "orange", "value": 1},
-                                                    {"color": "red", "value": 2}]}}
+        str(i): {"text": text, "color": colours[i], "index": i}
+        for i, text in enumerate(("healthy", "degraded", "unhealthy"))}}], "color": {"mode": "thresholds"},
+        "thresholds": {"mode": "absolute", "steps": [{"color": c, "value": None if i == 0 else i}
+                                                    for i, c in enumerate(colours)]}}
     b.panel("state-timeline", "Health state per workstation", "none",
             [(f"max by (instance) (gpud_health_state{{{INST}}})", "{{instance}}")], w=12, h=7, defaults=states,
             description="The worst component of each machine (`gpud health`): healthy, degraded, unhealthy")
