@@ -71,11 +71,13 @@ def since_start() -> float:
         return 0.0
 
 
-def prolog(simulate: str | None, config: str | None) -> int:
+def prolog(simulate: str | None, config: str | None, budget: float | None = None) -> int:
+    """``budget``: seconds left for the answer (default: ``PROLOG_BUDGET_S`` less this process's age)."""
     from gpud import config as cfg
 
     started = time.time()
-    budget = PROLOG_BUDGET_S - since_start()
+    if budget is None:
+        budget = PROLOG_BUDGET_S - since_start()
     try:
         conf = cfg.load(config)
     except GpudError as err:
