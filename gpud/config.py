@@ -79,11 +79,21 @@ class ProbeSection:
     min_efficiency: dict[str, float] = key(dict, {"2": 0.85, "4": 0.875, "8": 0.775})
 
 
+@dataclass(frozen=True)
+class HealthSection:
+    """``[health]``: the Xid policy of the health states (gpud.doctor.health)."""
+
+    application_xids: list[int] | None = key(list)  # None: the device plugin's list and the catalog's
+    reboot_threshold: int = key(int, 1, between=(1, 100, "reboots"))
+
+
 MACHINE: Spec = spec_of(MachineSection)
 DOCTOR: Spec = spec_of(DoctorSection)
 DAEMON: Spec = spec_of(DaemonSection)
 PROBE: Spec = spec_of(ProbeSection)
-SECTIONS: dict[str, Spec] = {"machine": MACHINE, "doctor": DOCTOR, "daemon": DAEMON, "probe": PROBE}
+HEALTH: Spec = spec_of(HealthSection)
+SECTIONS: dict[str, Spec] = {"machine": MACHINE, "doctor": DOCTOR, "daemon": DAEMON, "probe": PROBE,
+                             "health": HEALTH}
 
 
 @dataclass(frozen=True)
@@ -93,6 +103,7 @@ class Config:
     doctor: DoctorSection = field(default_factory=DoctorSection)
     daemon: DaemonSection = field(default_factory=DaemonSection)
     probe: ProbeSection = field(default_factory=ProbeSection)
+    health: HealthSection = field(default_factory=HealthSection)
 
     def efficiency_thresholds(self) -> dict[int, float]:
         return {int(k): float(v) for k, v in self.probe.min_efficiency.items()}
@@ -176,7 +187,12 @@ def parse(data: dict[str, Any], file: str) -> Config:
             raise InvalidInput(file, f"probe.min_efficiency.{ws}", "keys are world sizes of 2 or more")
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
             raise InvalidInput(file, f"probe.min_efficiency.{ws}", f"must be a ratio in (0, 1], not {ratio!r}")
-    return Config(file, machine, doctor, daemon, probe)
+    health = build(HealthSection, data.get("health", {}), file, "health")
+    out_of_range(health, file, "health")
+    xids = health.application_xids
+    if xids is not None and not all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 1023 for x in xids):
+        raise InvalidInput(file, "health.application_xids", f"must be a list of Xid numbers 1..1023, not {xids!r}")
+    return Config(file, machine, doctor, daemon, probe, health)
 
 
 def parse_listen(text: str) -> tuple[str, int]:

@@ -20,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from gpud import __version__
+from gpud.doctor.health import RANK, Health
 from gpud.doctor.xid import describe
 from gpud.model import CLOCK_EVENT_REASONS, STATUSES, CheckResult, GpuInfo, Snapshot, XidEvent
 from gpud.probe.report import ProbeReport
@@ -64,6 +65,7 @@ class Observation:
     last_tick: float | None = None
     usage: Usage | None = None  # the daemon's time accounting (None for a one-shot `gpud metrics`)
     burnin: Mapping[str, Any] | None = None  # the last `gpud burnin` document (docs/json.md), or None
+    health: tuple[Health, ...] = ()  # gpud.doctor.health: per GPU and component
 
 
 def _gpu_labels(i: int, uuid: str) -> list[str]:
@@ -77,7 +79,7 @@ SLOW_FAMILIES = {
     "gpud_gpu_shutdown_temperature_celsius", "gpud_gpu_power_default_limit_watts", "gpud_gpu_power_min_limit_watts",
     "gpud_gpu_power_max_limit_watts", "gpud_gpu_max_clock_hertz", "gpud_gpu_xid_errors", "gpud_xid_info",
     "gpud_check_status",
-    "gpud_profile_info",
+    "gpud_profile_info", "gpud_health_state", "gpud_health_info",
 }
 
 
@@ -93,7 +95,7 @@ class GpudCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         obs = self.source()
         for family in (*self._build(obs), *self._gpus(obs), *self._users(obs), *self._checks_and_tuning(obs),
-                       *self._probe(obs), *self._burnin(obs)):
+                       *self._probe(obs), *self._burnin(obs), *_health_families(obs)):
             if self.part is None or _slow(family.name) == (self.part == "slow"):
                 yield family
 
@@ -407,6 +409,20 @@ def _burnin_families(obs: Observation) -> Iterator[Metric]:
     yield from (last, ok, secs, gpu_ok, failed)
 
 
+def _health_families(obs: Observation) -> Iterator[Metric]:
+    """Health states (gpud.doctor.health): one series per GPU and component, ``gpu="host"`` and
+    ``uuid=""`` for the machine's; the reason and repair action in the info family."""
+    state = GaugeMetricFamily("gpud_health_state", "Health per GPU and component: 0 healthy, 1 degraded, "
+                              "2 unhealthy", labels=["gpu", "uuid", "component"])
+    info = GaugeMetricFamily("gpud_health_info", "Health per GPU and component: its state, reason and repair "
+                             "action (always 1)", labels=["gpu", "uuid", "component", "state", "reason", "action"])
+    for h in obs.health:
+        labels = [h.label, h.uuid, h.component]
+        state.add_metric(labels, RANK[h.state])
+        info.add_metric([*labels, h.state, h.reason[:300], h.action], 1)
+    yield from (state, info)
+
+
 def _figure(record: object, key: str) -> float | None:
     """A probe figure from a history record: a number, else None (missing, or of another type)."""
     value = record.get(key) if isinstance(record, dict) else None
@@ -447,7 +463,7 @@ class Renderer:
     def render(self, obs: Observation) -> bytes:
         snap = obs.snapshot
         key = (tuple(id(g) for g in snap.gpus) if snap else (), snap.versions if snap else None, id(obs.checks),
-               obs.xids, id(obs.probe), obs.profile, id(obs.burnin))
+               obs.xids, id(obs.probe), obs.profile, id(obs.burnin), id(obs.health))
         if key != self._key:
             self._slow = generate_latest(registry(lambda: obs, "slow"))
             self._key = key

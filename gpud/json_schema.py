@@ -132,6 +132,14 @@ PS_ROW = _obj({"gpu": {"type": "integer"}, "uuid": STR, "pid": {"type": "integer
 EVENT = _obj({"id": {"type": "integer"}, "time": {"type": "number"}, "boot_id": STR, "kind": {"type": "string"},
               "gpu": INT, "uuid": STR, "serial": STR, "summary": ANY, "data": ANY})
 
+HEALTH_COMPONENT = _obj({"gpu": INT, "uuid": STR, "component": {"type": "string"},
+                         "state": {"enum": ["healthy", "degraded", "unhealthy"]}, "reason": {"type": "string"},
+                         "action": {"enum": ["none", "check the application", "reset the GPU", "reboot",
+                                             "inspect the hardware"]},
+                         "remedy": {"type": "string"}, "acknowledged": STR})
+HEALTH_PART = _obj({"state": {"enum": ["healthy", "degraded", "unhealthy"]},
+                    "components": {"type": "array", "items": HEALTH_COMPONENT}})
+
 
 def _some(kind: str, required: dict[str, Schema], optional: dict[str, Schema]) -> Schema:
     """A document whose ``optional`` fields appear in some of its forms (an apply refused before planning)."""
@@ -167,7 +175,7 @@ SCHEMAS: dict[str, Schema] = {
                                                   "drift": {"type": "boolean"}})},
         "reapply_total": {"type": "integer"}, "fan_failsafe_total": {"type": "integer"},
         "probe": {"anyOf": [PROBE, {"type": "null"}]}, "probe_running": {"type": "boolean"},
-        "tick": {"type": "object"},
+        "tick": {"type": "object"}, "health": HEALTH_PART,
     }, extra=True),  # the control socket's status adds "ok"
     "ps": _document("ps", {"processes": {"type": "array", "items": PS_ROW},
                            "unreadable_gpus": {"type": "array", "items": {"type": "integer"}}}),
@@ -192,6 +200,11 @@ SCHEMAS: dict[str, Schema] = {
     "sim_list": _document("sim_list", {"machines": {"type": "array", "items": _obj({
         "name": {"type": "string"}, "gpus": {"type": "integer"}, "summary": {"type": "string"}})}}),
     "events": _document("events", {"events": {"type": "array", "items": EVENT}}),
+    "health": _some("health", {"state": {"enum": ["healthy", "degraded", "unhealthy"]},
+                               "components": {"type": "array", "items": HEALTH_COMPONENT},
+                               "exit_code": {"enum": [0, 1]}},
+                    {"set_healthy": _obj({"gpu": {"type": "integer"}, "uuid": {"type": "string"},
+                                          "via": {"enum": ["daemon", "journal"]}, "summary": {"type": "string"}})}),
     "daemon_reply": _some("daemon_reply", {"request": {"type": "string"}, "ok": {"type": "boolean"}},
                           {"message": STR, "error": STR, "remedy": STR}),
     "dossier": _document("dossier", {

@@ -16,6 +16,7 @@ from typing import Any
 
 from gpud.config import Config
 from gpud.doctor import diagnose
+from gpud.doctor.health import Health, gather
 from gpud.exporter import Observation, TickStats
 from gpud.hw.machine import Machine
 from gpud.model import CheckResult, Snapshot, XidEvent
@@ -55,7 +56,8 @@ def observe(machine: Machine, config: Config | None, *, snapshot: Snapshot | Non
             checks: tuple[CheckResult, ...] | None = None, xids: tuple[XidEvent, ...] | None = None,
             tuning: tuple[str | None, Drift] | None = None,
             probe: Callable[[], ProbeReport | None] = history.latest,
-            running: Running | None = None, daemon_fans: bool = False) -> Observation:
+            running: Running | None = None, daemon_fans: bool = False,
+            health: tuple[Health, ...] | None = None) -> Observation:
     """The observation of ``machine``: what is not given is read now.
 
     Without ``running`` (``gpud metrics``): a missing snapshot is taken, doctor runs (``config``), the
@@ -77,12 +79,14 @@ def observe(machine: Machine, config: Config | None, *, snapshot: Snapshot | Non
             profile = data.profile if data else None
     if xids is None:
         xids = tuple(machine.host.xid_events() or ())
+    if health is None:  # `gpud metrics`: from these checks and Xids, and the journal
+        health = gather(machine, config if config is not None else Config(), checks, snap, xids=xids)
     run = running if running is not None else Running()
     return Observation(snapshot=snap, xids=xids, checks=checks, profile=profile, drift=drifts,
                        reapply_total=run.reapply_total, reapply_failures_total=run.reapply_failures_total,
                        fan_failsafe_total=run.fan_failsafe_total, probe=probe(),
                        nvml_errors=dict(machine.nvml.errors), tick=run.tick, last_tick=run.last_tick,
-                       usage=run.usage, burnin=last_burnin())
+                       usage=run.usage, burnin=last_burnin(), health=health)
 
 
 _burnin_cache: dict[str, Any] = {"key": None, "doc": None}

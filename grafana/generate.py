@@ -210,6 +210,20 @@ def lab() -> dict[str, Any]:
               f"(0 * group by (instance) (gpud_build_info{{{INST}}}))", "warnings")], w=12, h=7, table=True)
     b.panel("table", "Failing checks", "none", [(f'gpud_check_status{{{INST}, status="fail"}} == 1', "")], w=24, h=8,
             table=True)
+    # gpud health: 0 healthy, 1 degraded, 2 unhealthy per GPU and component; the worst per machine
+    colours = ("green", "orange", "red")
+    states = {"mappings": [{"type": "value", "options": {
+        str(i): {"text": text, "color": colours[i], "index": i}
+        for i, text in enumerate(("healthy", "degraded", "unhealthy"))}}], "color": {"mode": "thresholds"},
+        "thresholds": {"mode": "absolute", "steps": [{"color": c, "value": None if i == 0 else i}
+                                                    for i, c in enumerate(colours)]}}
+    b.panel("state-timeline", "Health state per workstation", "none",
+            [(f"max by (instance) (gpud_health_state{{{INST}}})", "{{instance}}")], w=12, h=7, defaults=states,
+            description="The worst component of each machine (`gpud health`): healthy, degraded, unhealthy")
+    b.panel("table", "Degraded and unhealthy components, with their repair action", "none",
+            [(f'gpud_health_info{{{INST}, state!="healthy"}}', "")], w=12, h=7, table=True,
+            description="Per GPU (host: machine-wide) and component: the state, its reason and repair action "
+                        "(`gpud health`; `gpud health set-healthy GPU --reason TEXT` after a repair)")
     b.row("Scaling, heat, power")
     b.panel("timeseries", "DDP scaling efficiency per workstation", "percentunit",
             [(f"max by (instance, world_size) (gpud_probe_ddp_efficiency_ratio{{{INST}}})",

@@ -101,7 +101,7 @@ def test_dashboard_json_model() -> None:
 def test_promtool_checks_and_tests_the_rules() -> None:
     promtool = tool("promtool")
     r = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True)
-    assert r.returncode == 0 and "SUCCESS: 15 rules found" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "SUCCESS: 16 rules found" in r.stdout, r.stdout + r.stderr
     r = subprocess.run([promtool, "test", "rules", "gpud-rules.test.yml"], capture_output=True, text=True,
                        cwd=RULES.parent)
     assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
@@ -260,7 +260,7 @@ def test_expected_alerts_fire(lab: Lab) -> None:
         ("GpudHardwareXid", "degraded", "3"), ("GpudCheckFailing", "degraded", "2"),
         ("GpudCheckFailing", "degraded", "3"), ("GpudGpuLost", "faulty", "3"), ("GpudFanFailsafe", "faulty", ""),
         ("GpudNewXid", "faulty", "2"), ("GpudProfileDrift", "faulty", "0"), ("GpudDown", "down", ""),
-        ("GpudGpuThrottledShare", "degraded", "1"),
+        ("GpudGpuThrottledShare", "degraded", "1"), ("GpudUnhealthy", "degraded", "3"),
     }
     ports = {str(d.port): name for d, name in zip(lab.daemons, ("healthy", "degraded", "faulty", "hgx"),
                                                    strict=True)}

@@ -67,6 +67,9 @@ def _register() -> None:
     select.register(app)
     events.register(app)
     burnin.register(app)
+    from gpud.cli import health
+
+    health.register(app)
 
 
 _register()

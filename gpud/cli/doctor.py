@@ -108,12 +108,25 @@ def doctor(
     probe: Annotated[bool, typer.Option("--probe", help="Also run the quick training probe (DDP, pipeline, "
                                                          "all-reduce, P2P) and re-check PCIe under load.")] = False,
     burnin: Annotated[bool, typer.Option("--burnin", help="Also show the last `gpud burnin` result.")] = False,
+    prolog: Annotated[bool, typer.Option("--prolog", help="Slurm's Prolog and HealthCheckProgram: within 10 s, "
+                                         "exit 1 with one line (the drain reason) when something is unhealthy.")]
+    = False,
+    epilog: Annotated[bool, typer.Option("--epilog", help="Slurm's Epilog: restore the job's profile, journal "
+                                         "the job's Xids, exit 1 with one line if a GPU was lost.")] = False,
 ) -> None:
     """Pre-flight checks: driver, SLI, PCIe/NVLink topology, P2P, configuration, health, host, environment.
 
     Exit 0 when nothing fails (warnings allowed unless --strict), 1 when a check fails, 2 on bad
     usage or an invalid configuration file.
     """
+    if prolog or epilog:
+        from gpud.cli import slurm
+
+        if prolog and epilog:
+            from gpud.errors import InvalidInput
+
+            raise InvalidInput("--prolog", "", "--prolog and --epilog are two different moments: give one")
+        raise typer.Exit(slurm.prolog(simulate, config) if prolog else slurm.epilog(simulate, config))
     from gpud import config as cfg
     from gpud.cli import debug_enabled
     from gpud.doctor import configcheck, diagnose

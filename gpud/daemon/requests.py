@@ -45,6 +45,8 @@ class Served(Protocol):
 
     def start_probe(self, why: str) -> Reply: ...
 
+    def set_healthy(self, gpu: str, reason: str, peer: Peer | None = None) -> Reply: ...
+
 
 Handler = Callable[[Served, dict[str, Any], "Peer | None"], Reply]
 
@@ -80,4 +82,7 @@ REQUESTS: dict[str, Request] = {
                      read_only=False, required=("profile",)),
     "restore": Request({"fans_only": bool}, lambda d, args, peer: d.restore(bool(args.get("fans_only")), peer),
                        read_only=False),
+    "set-healthy": Request({"gpu": str, "reason": str},
+                           lambda d, args, peer: d.set_healthy(str(args["gpu"]), str(args["reason"]), peer),
+                           read_only=False, required=("gpu", "reason")),
 }

@@ -35,6 +35,10 @@ class Schedule:
         self.idle_since: float | None = None
         self.last_probe_start = 0.0
 
+    def config(self) -> cfg.Config:
+        """The daemon's configuration now (the health states read its ``[health]`` Xid policy)."""
+        return self._config()
+
     def step(self, snap: Snapshot, now: float,
              thermal: Callable[[], Mapping[str, Sequence[ThermalPoint]]] | None = None) -> None:
         """Once a tick, after the hardware work: start what is due, reap what ended. ``thermal`` gives the

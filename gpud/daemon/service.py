@@ -416,6 +416,25 @@ class Daemon:
             return {"ok": not failed, "restored": done, "failed": failed}
 
     # -- requests ------------------------------------------------------------------------
+    def set_healthy(self, gpu: str, reason: str, peer: control.Peer | None = None) -> dict[str, Any]:
+        """``gpud health set-healthy``: the journal's entry (who: the peer; why), then the states again."""
+        from gpud.doctor import health
+
+        text = health.check_reason(reason)
+        snap = self.snapshot
+        sample = next((s for s in snap.samples if gpu in (s.uuid, str(s.index))), None) if snap else None
+        if sample is None:
+            return {"ok": False, "error": f"no GPU {gpu!r} on this machine"}
+        who = control.user_name(peer.uid) if peer is not None else "the daemon"
+        summary, data = health.set_healthy_entry(self.observation.health, sample.index, who,
+                                                 peer.uid if peer else None, text)
+        j = self.recorder.journal
+        if j is None or not j.record("set_healthy", summary, gpu=sample.index, uuid=sample.uuid,
+                                     boot_id=self.recorder.boot_id, data=data):
+            return {"ok": False, "error": "the health journal could not be written: the entry was not kept"}
+        self.ticker.health.invalidate()
+        return {"ok": True, "summary": summary}
+
     def start_probe(self, why: str) -> dict[str, Any]:
         return self.schedule.start_probe(why)
 

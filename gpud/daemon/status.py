@@ -16,6 +16,13 @@ from gpud.model import document, host_json, probe_document, sample_json, to_json
 from gpud.probe import history
 
 
+def health_part(obs: Observation) -> dict[str, Any]:
+    """``/status``'s ``health``: the worst state and every component (gpud.doctor.health)."""
+    from gpud.doctor.health import as_json, worst_of
+
+    return {"state": worst_of(obs.health), "components": as_json(obs.health)}
+
+
 class TickTiming:
     """How many ticks, when the last one was, how long they take, how regular they come."""
 
@@ -110,4 +117,4 @@ class Report:
                         drift=[{"gpu": g, "setting": s, "drift": d} for g, s, d in obs.drift],
                         reapply_total=reapply_total, fan_failsafe_total=fan_failsafe_total,
                         probe=probe_document(last.to_json(), __version__, host_json(last.host)) if last else None,
-                        probe_running=probe_running, tick=tick)
+                        probe_running=probe_running, tick=tick, health=health_part(obs))

@@ -12,6 +12,7 @@ from gpud.daemon.recorder import Recorder
 from gpud.daemon.schedule import Schedule
 from gpud.daemon.status import TickTiming
 from gpud.daemon.thermal import ThermalHistory
+from gpud.doctor.health import Tracker
 from gpud.errors import GpudError
 from gpud.exporter import Observation
 from gpud.hw.machine import Machine
@@ -89,6 +90,7 @@ class Ticker:
         self.thermal = ThermalHistory()  # each GPU's recent cooling, for health.fans
         self.snapshot: Snapshot | None = None
         self.observation = Observation(snapshot=None)
+        self.health = Tracker()  # the health states, worked out again when their inputs change
 
     def __call__(self) -> None:
         t0 = time.perf_counter()
@@ -118,6 +120,8 @@ class Ticker:
         self.observation = observe(
             self.machine, None, snapshot=self.snapshot, checks=self.schedule.checks, xids=xids,
             tuning=(facts.profile, drift), probe=self.probe,
+            health=self.health.update(self.machine, self.schedule.config(), self.schedule.checks, self.snapshot,
+                                      xids, now),
             running=Running(reapply_total=facts.reapply_total, reapply_failures_total=facts.reapply_failures_total,
                             fan_failsafe_total=facts.fan_failsafe_total, tick=self.timing.copy(),
                             last_tick=now, usage=self.accounting.frozen()))

@@ -6,7 +6,10 @@ analyzing-xid-catalog.html: mnemonic, description and resolution bucket per Xid,
 Xids the catalog marks "Unused" are left out; an Xid not listed is ``unknown``.
 
 ``hardware`` Xids (GPU, memory, links, firmware, driver) fail a pre-flight; ``application`` ones
-(the usual fallout of a crashing program) warn.
+(the usual fallout of a crashing program) warn. The application ones agree with the catalog's
+RESTART_APP bucket and with the Kubernetes device plugin's list of application Xids (13, 31, 43, 45,
+68, 109; NVIDIA/k8s-device-plugin ``internal/rm/health.go``). ``gpud.doctor.health`` takes the
+list from ``[health] application_xids`` where the lab sets one.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ XIDS: dict[int, Xid] = {
     65: Xid("hardware", "video processor exception", DRIVER),
     66: Xid("hardware", "illegal access by driver", DRIVER),
     67: Xid("hardware", "illegal access by driver", DRIVER),
-    68: Xid("hardware", "video decoder (NVDEC) exception", DRIVER),
+    68: Xid("application", "video decoder (NVDEC) exception", APP),  # the device plugin's application list
     73: Xid("hardware", "video encoder (NVENC) error", DRIVER),
     80: Xid("hardware", "corrupted data sent to the GPU", "check the PCIe link, riser and seating; " + RESET),
     81: Xid("hardware", "VGA subsystem error", DRIVER),

@@ -1,0 +1,240 @@
+"""``gpud doctor --prolog`` and ``--epilog``: Slurm's questions in Slurm's terms.
+
+``--prolog``: is this node fit for the next job? At most ``PROLOG_BUDGET_S`` seconds (the health
+states from doctor's fast checks, the kernel log and the journal); exit 0 when nothing is unhealthy,
+else exit 1 and exactly one line of at most 200 characters on stdout, the drain reason. It also
+notes when the job began (``SLURM_JOB_ID``), for the epilog.
+
+``--epilog``: puts back what a job's profile changed (``gpud restore``, through the daemon when one
+runs), writes the Xids seen since the job began to the journal (``job_end``) and fails the node
+(exit 1, one line) when a GPU was lost during the job. When the job began: ``SLURM_JOB_START_TIME``
+where Slurm passes it, else the time this node's prolog noted for ``SLURM_JOB_ID``, else the boot.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpud.errors import GpudError
+
+if TYPE_CHECKING:
+    from gpud.config import Config
+    from gpud.doctor.health import Health
+    from gpud.hw.machine import Machine
+
+PROLOG_BUDGET_S = 9.0  # of the 10 s answer, from the process's start: a second left for the exit
+LINE = 200  # Slurm's drain reason, as the contract has it
+
+
+def say(line: str) -> None:
+    """The one line on stdout (controls out, at most ``LINE`` characters)."""
+    text = " ".join("".join(c if c.isprintable() else " " for c in line).split())
+    sys.stdout.write((text if len(text) <= LINE else text[:LINE - 1] + "…") + "\n")
+    sys.stdout.flush()
+
+
+def jobs_dir() -> Path:
+    from gpud.paths import state_dir
+
+    return state_dir() / "jobs"
+
+
+def _job_id() -> str | None:
+    job = os.environ.get("SLURM_JOB_ID", "")
+    return job if job.isdigit() else None
+
+
+def fit_checks() -> list[str]:
+    """The checks that can make a node unfit: those whose component can be unhealthy. The others
+    (configuration, host, PCIe link, NVLink, clocks) are at worst degraded, so the prolog leaves them
+    out; the Xids come from the kernel log and the journal, not from a check."""
+    from gpud.doctor.health import COMPONENTS
+
+    return [check for check, (_, worst, _, _) in COMPONENTS.items() if worst == "unhealthy"]
+
+
+def since_start() -> float:
+    """Seconds since this process started (``/proc/self/stat``'s start time against ``/proc/uptime``):
+    the budget counts Python's start and the imports too."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def prolog(simulate: str | None, config: str | None, budget: float | None = None) -> int:
+    """``budget``: seconds left for the answer (default: ``PROLOG_BUDGET_S`` less this process's age)."""
+    from gpud import config as cfg
+
+    started = time.time()
+    if budget is None:
+        budget = PROLOG_BUDGET_S - since_start()
+    try:
+        conf = cfg.load(config)
+    except GpudError as err:
+        say(f"gpud: {err}")
+        return 2
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            from gpud.cli.common import machine
+            from gpud.cli.health import states_of
+
+            box["states"] = states_of(machine(simulate), conf, only=fit_checks())[1]
+        except Exception as err:  # noqa: BLE001 - said as the one line, never a traceback to Slurm
+            box["error"] = err
+
+    t = threading.Thread(target=work, daemon=True)
+    t.start()
+    t.join(max(0.5, budget))
+    if t.is_alive():  # NVML blocks (GPUs opened one by one without persistence mode, or a GPU hangs)
+        say(f"gpud: the GPUs did not answer within {PROLOG_BUDGET_S:.0f} s (persistence mode off and no gpud daemon "
+            "holding them open, or a GPU hangs): `nvidia-smi -pm 1`, `gpud health`")
+        os._exit(1)  # the reading thread cannot be stopped; Slurm needs the answer now
+    _note_job(started)
+    if "error" in box:
+        say(f"gpud: health not read: {box['error']}")
+        return 1
+    from gpud.doctor.health import one_line
+
+    states: tuple[Health, ...] = box["states"]
+    line = one_line(states, LINE)
+    if line:
+        say(line)
+        return 1
+    return 0
+
+
+def _note_job(started: float) -> None:
+    """The prolog's time for ``SLURM_JOB_ID`` (the epilog's fallback for when the job began)."""
+    job = _job_id()
+    if job is None:
+        return
+    from gpud.paths import atomic_write
+
+    try:
+        atomic_write(jobs_dir() / job, f"{started:.3f}\n")
+    except OSError as err:
+        sys.stderr.write(f"gpud: job {job}'s start not noted: {err}\n")
+
+
+def job_start(boot_time: float | None) -> tuple[float | None, str]:
+    """When the job began and where that came from."""
+    value = os.environ.get("SLURM_JOB_START_TIME", "")
+    if value.isdigit():
+        return float(value), "SLURM_JOB_START_TIME"
+    job = _job_id()
+    if job is not None:
+        try:
+            return float((jobs_dir() / job).read_text().strip()), "prolog"
+        except (OSError, ValueError):
+            pass
+    return boot_time, "boot"
+
+
+def epilog(simulate: str | None, config: str | None) -> int:
+    from gpud import config as cfg
+    from gpud.cli.common import machine
+
+    try:
+        conf = cfg.load(config)
+    except GpudError as err:
+        say(f"gpud: {err}")
+        return 2
+    m = machine(simulate)
+    restored = _restore(simulate, config, m)
+    boot = m.host.boot_time()
+    since, source = job_start(boot)
+    job = _job_id()
+    lost, xids = _since(m, conf, since)
+    _journal(m, job, since, source, xids, lost, restored)
+    if job is not None:
+        (jobs_dir() / job).unlink(missing_ok=True)
+    for x in xids:
+        sys.stderr.write(f"gpud: job {job or '?'}: GPU{x['gpu']} Xid {x['xid']} ({x['kind']}): {x['meaning']}\n")
+    if lost:
+        say(f"gpud: GPU{','.join(str(g) for g in lost)} lost during job {job or '?'} (since {source}) -> reboot")
+        return 1
+    return 0
+
+
+def _restore(simulate: str | None, config: str | None, m: Machine) -> list[str]:
+    """What the job's profile changed, put back: through the daemon when it drives this machine."""
+    from gpud.cli.tune import Target, tuning_lock
+    from gpud.tuning import engine
+    from gpud.tuning import state as tuning_state
+
+    if tuning_state.load() is None:
+        return []
+    t = Target(simulate, config)
+    t._machine = m
+    try:
+        reply = t.daemon("restore")
+        if reply is not None:
+            failed = list(reply.get("failed", []))
+            done = list(reply.get("restored", []))
+        else:
+            with tuning_lock("gpud doctor --epilog"):
+                done, failed = engine.restore(m)
+    except GpudError as err:
+        done, failed = [], [str(err)]
+    for line in failed:
+        sys.stderr.write(f"gpud: could not restore {line}\n")
+    return done
+
+
+def _since(m: Machine, conf: Config, since: float | None) -> tuple[list[int], list[dict[str, Any]]]:
+    """GPUs lost now or during the job; the Xids logged since it began."""
+    from gpud.doctor.health import policy_of
+    from gpud.doctor.xid import describe
+
+    try:
+        snap = m.snapshot()
+    except GpudError as err:
+        sys.stderr.write(f"gpud: GPUs not read: {err}\n")
+        snap = None
+    bus = {g.pci_bus_id.lower(): g.index for g in snap.gpus} if snap is not None else {}
+    lost = {s.index for s in snap.samples if s.lost} if snap is not None else set()
+    boot = m.host.boot_time()
+    policy = policy_of(conf.health)
+    out = []
+    for x in m.host.xid_events() or []:
+        at = boot + x.seconds_since_boot if boot is not None and x.seconds_since_boot is not None else None
+        if since is not None and at is not None and at < since:
+            continue
+        gpu = bus.get(x.pci_bus_id.lower())
+        out.append({"gpu": gpu, "pci_bus_id": x.pci_bus_id, "xid": x.xid, "kind": policy.kind(x.xid),
+                    "meaning": describe(x.xid).meaning, "at": at})
+        if x.xid == 79 and gpu is not None:  # fell off the bus, even if it answers again
+            lost.add(gpu)
+    return sorted(lost), out
+
+
+def _journal(m: Machine, job: str | None, since: float | None, source: str, xids: list[dict[str, Any]],
+             lost: list[int], restored: list[str]) -> None:
+    from gpud.journal import Journal
+
+    summary = (f"job {job or '?'} ended: {len(xids)} Xid(s) since it began"
+               + (f", GPU {', '.join(map(str, lost))} lost" if lost else "")
+               + (f", {len(restored)} setting(s) restored" if restored else ""))
+    try:
+        j = Journal(busy_wait_s=2.0)
+    except Exception as err:  # noqa: BLE001 - the answer to Slurm matters more than the record
+        sys.stderr.write(f"gpud: journal not written: {err}\n")
+        return
+    try:
+        j.record("job_end", summary, boot_id=m.host.boot_id(), key=f"job_end:{job}" if job else None,
+                 data={"job_id": job, "since": since, "since_source": source, "xids": xids, "lost": lost,
+                       "restored": restored})
+    finally:
+        j.close()

@@ -1,0 +1,290 @@
+"""Health states (gpud.doctor.health), `gpud health`, set-healthy, the Xid policy, and Slurm's
+`gpud doctor --prolog` / `--epilog`: on every shipped description and after injected faults."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+from conftest import SHIPPED, run_gpud
+from daemon_helpers import RunningDaemon
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpud.backends import open_machine
+from gpud.cli.health import states_of
+from gpud.cli.slurm import LINE, epilog, prolog
+from gpud.config import Config, HealthSection
+from gpud.doctor import health as hl
+from gpud.exporter import exposition
+from gpud.hw.machine import Machine
+from gpud.journal import Event
+from gpud.json_schema import check
+from gpud.model import CheckResult, GpuInfo, GpuSample, Snapshot, Versions, XidEvent, document, host_json
+from gpud.observe import observe
+
+DEGRADED = "z8-fury-4x-a6000-degraded"
+HEALTHY = "z8-fury-4x-a6000"
+
+
+def by(states: tuple[hl.Health, ...], gpu: int | None, component: str) -> hl.Health:
+    return next(h for h in states if h.gpu == gpu and h.component == component)
+
+
+def inject_now(m: Machine, kind: str, **params: object) -> Machine:
+    """A fault injected as `gpud sim inject` does; an Xid logged now (its kernel-log time is this boot's
+    uptime); the machine opened again, as the next command would."""
+    assert m.simulation is not None
+    boot = m.host.boot_time()
+    assert boot is not None
+    if kind == "xid":
+        params = {"seconds": time.time() - boot, **params}
+    m.simulation.machine.inject(kind, **params)
+    return open_machine(m.label)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_description_has_a_state_and_an_action_per_gpu_and_component(name: str) -> None:
+    m = open_machine(name)
+    snap, states = states_of(m, Config())
+    assert snap is not None
+    gpus = {s.index for s in snap.samples}
+    for gpu in gpus:
+        assert {h.component for h in states if h.gpu == gpu} == set(hl.GPU_COMPONENTS)
+    assert {h.component for h in states if h.gpu is None} == set(hl.HOST_COMPONENTS)
+    for h in states:
+        assert h.state in hl.STATES and h.action in hl.ACTIONS and h.reason
+        assert (h.action == "none") == (h.state == "healthy") or h.state == "degraded"
+    doc = json.loads(json.dumps(document("health", "x", host_json(name), state=hl.worst_of(states),
+                                         components=hl.as_json(states), exit_code=0)))
+    assert check(doc) == []
+    if name == DEGRADED:  # the description's faults, each with its repair
+        assert by(states, 3, "xid").state == "unhealthy" and by(states, 3, "xid").action == "reset the GPU"
+        assert by(states, 3, "memory").state == "unhealthy"
+        assert by(states, 1, "fans").action == "inspect the hardware"
+        assert by(states, 2, "pcie").state == "degraded"  # x8: slower, still usable
+    if name == HEALTHY:
+        assert hl.worst_of(states) != "unhealthy"
+
+
+def test_injected_faults_give_their_states_and_repair_actions() -> None:
+    m = open_machine(HEALTHY)
+    m = inject_now(m, "xid", gpu=0, xid=13)  # the application's (device plugin, catalog RESTART_APP)
+    m = inject_now(m, "xid", gpu=1, xid=48)  # ECC: double-bit error, reset
+    m = inject_now(m, "xid", gpu=2, xid=79)  # fell off the bus: reboot
+    m = inject_now(m, "gpu_lost", gpu=3)
+    _, states = states_of(m, Config())
+    assert (by(states, 0, "xid").state, by(states, 0, "xid").action) == ("degraded", "check the application")
+    assert (by(states, 1, "xid").state, by(states, 1, "xid").action) == ("unhealthy", "reset the GPU")
+    assert (by(states, 1, "memory").state, by(states, 1, "memory").action) == ("unhealthy", "reset the GPU")
+    assert (by(states, 2, "xid").state, by(states, 2, "xid").action) == ("unhealthy", "reboot")
+    assert (by(states, 3, "gpu").state, by(states, 3, "gpu").action) == ("unhealthy", "reboot")
+    assert "GPU3 gpu" in hl.one_line(states) or "GPU2 xid" in hl.one_line(states)
+
+
+def test_a_stuck_fan_under_load_is_unhealthy_inspect_the_hardware() -> None:
+    m = open_machine(HEALTHY)
+    assert m.simulation is not None
+    sim = m.simulation.machine
+    sim.inject("fan_stuck", gpu=0)
+    sim.set_load(0, 100, 250)
+    sim.advance(240)
+    _, states = states_of(m, Config())
+    fans = by(states, 0, "fans")
+    assert (fans.state, fans.action) == ("unhealthy", "inspect the hardware")
+    assert by(states, 1, "fans").state == "healthy"
+
+
+def test_the_default_xid_policy_agrees_with_the_device_plugin_and_the_catalog() -> None:
+    policy = hl.policy_of(HealthSection())
+    for x in (13, 31, 43, 45, 68, 109):  # NVIDIA/k8s-device-plugin's application Xids
+        assert policy.kind(x) == "application"
+    for x in (8, 11):  # NVIDIA's Xid catalog: RESTART_APP
+        assert policy.kind(x) == "application"
+    for x in (48, 63, 64, 74, 79, 92, 94, 95, 119, 120):
+        assert policy.kind(x) == "hardware"
+    assert policy.kind(999) == "unknown"
+    assert hl.xid_action(79) == "reboot" and hl.xid_action(48) == "reset the GPU"
+    custom = hl.policy_of(HealthSection(application_xids=[13], reboot_threshold=3))
+    assert custom.kind(31) == "hardware" and custom.reboot_threshold == 3
+
+
+GPU = GpuInfo(0, "GPU-a", "RTX A6000", None, "0000:17:00.0", None, "ampere", None, None, 4, 16, 300.0, 100.0,
+              300.0, 95, 98, {}, 1, 30, 100, 0, 0, (0,))
+
+
+def snap(lost: bool = False) -> Snapshot:
+    return Snapshot(time.time(), Versions("550", "12.4", "12.550"), (GPU,),
+                    (GpuSample(0, "GPU-a", time.time(), lost=lost),))
+
+
+def ev(i: int, kind: str, boot: str, ts: float, **data: object) -> Event:
+    return Event(i, ts, boot, kind, 0, "GPU-a", None, kind, dict(data))
+
+
+def test_the_same_hardware_xid_after_reboots_means_inspect_the_hardware() -> None:
+    now = time.time()
+    kernel = [XidEvent("0000:17:00.0", 48, "DBE", 100.0)]
+    earlier = [ev(1, "xid", "boot-1", now - 86400, xid=48)]
+    once = hl.assess((), snap(), xids=kernel, boot_time=now - 1000, boot_id="boot-2", history=[])
+    assert by(once, 0, "xid").action == "reset the GPU"
+    twice = hl.assess((), snap(), xids=kernel, boot_time=now - 1000, boot_id="boot-2", history=earlier)
+    assert by(twice, 0, "xid").action == "inspect the hardware" and "2 boots" in by(twice, 0, "xid").reason
+    lenient = hl.assess((), snap(), xids=kernel, boot_time=now - 1000, boot_id="boot-2", history=earlier,
+                        policy=hl.XidPolicy(frozenset(), reboot_threshold=2))
+    assert by(lenient, 0, "xid").action == "reset the GPU"
+    # an earlier boot's Xid alone: the reboot was the repair
+    healed = hl.assess((), snap(), xids=[], boot_time=now - 1000, boot_id="boot-2", history=earlier)
+    assert by(healed, 0, "xid").state == "healthy"
+    lost = [ev(2, "gpu_lost", "boot-1", now - 86400), ev(3, "gpu_lost", "boot-2", now - 100)]
+    again = hl.assess((), snap(), boot_time=now - 1000, boot_id="boot-2", history=lost)
+    assert (by(again, 0, "gpu").state, by(again, 0, "gpu").action) == ("unhealthy", "inspect the hardware")
+
+
+def test_set_healthy_counts_only_what_happens_after_it() -> None:
+    now = time.time()
+    kernel = [XidEvent("0000:17:00.0", 48, "DBE", 100.0)]
+    ecc = CheckResult("health.ecc", "fail", "1 uncorrectable ECC error since boot", 0)
+    before = hl.assess((ecc,), snap(), xids=kernel, boot_time=now - 1000, boot_id="b")
+    summary, data = hl.set_healthy_entry(before, 0, "alice", 1000, "board reseated")
+    assert "alice" in summary and data["acknowledged"]["memory"] == by(before, 0, "memory").reason
+    ack = Event(9, now - 10, "b", "set_healthy", 0, "GPU-a", None, summary, data)
+    after = hl.assess((ecc,), snap(), xids=kernel, boot_time=now - 1000, boot_id="b", history=[ack])
+    assert by(after, 0, "xid").state == "healthy" and by(after, 0, "memory").state == "healthy"
+    assert "alice" in (by(after, 0, "memory").acknowledged or "")
+    worse = CheckResult("health.ecc", "fail", "2 uncorrectable ECC errors since boot", 0)
+    new_xid = [*kernel, XidEvent("0000:17:00.0", 48, "DBE", 995.0)]
+    later = hl.assess((worse,), snap(), xids=new_xid, boot_time=now - 1000, boot_id="b", history=[ack])
+    assert by(later, 0, "memory").state == "unhealthy" and by(later, 0, "xid").state == "unhealthy"
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """The command line in this process (the same code; no interpreter start-up per call)."""
+    from gpud.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(list(args))
+    out = capsys.readouterr()
+    return int(done.value.code or 0), out.out, out.err
+
+
+def test_gpud_health_json_and_set_healthy_through_the_journal(state_dir: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = cli(capsys, "health", "--json", "--simulate", DEGRADED)
+    assert code == 1, err
+    doc = json.loads(out)
+    assert check(doc) == [] and doc["kind"] == "health" and doc["state"] == "unhealthy"
+    code, out, err = cli(capsys, "health", "--simulate", DEGRADED, "set-healthy", "3", "--reason",
+                         "reseated, memtest clean")
+    assert code == 0, err
+    with sqlite3.connect(state_dir / "journal.db") as db:
+        (summary, data), = db.execute("SELECT summary, data FROM events WHERE kind = 'set_healthy'").fetchall()
+    assert "reseated, memtest clean" in summary and json.loads(data)["who"]
+    doc = json.loads(cli(capsys, "health", "--json", "--simulate", DEGRADED)[1])
+    gpu3 = {c["component"]: c for c in doc["components"] if c["gpu"] == 3}
+    assert gpu3["xid"]["state"] == "healthy" and gpu3["memory"]["acknowledged"]
+    code, out, err = cli(capsys, "health", "--simulate", DEGRADED, "set-healthy", "3", "--reason", " ")
+    assert code == 2 and "--reason" in err
+
+
+@pytest.mark.parametrize("toml,key", [("application_xids = [\"13\"]", "health.application_xids"),
+                                      ("reboot_threshold = 0", "health.reboot_threshold"),
+                                      ("xid_policy = 1", "health.xid_policy")])
+def test_a_bad_health_section_is_refused_with_file_key_reason(tmp_path: Path, toml: str, key: str) -> None:
+    conf = tmp_path / "gpud.toml"
+    conf.write_text(f"[health]\n{toml}\n")
+    r = run_gpud("health", "--config", str(conf), "--simulate", HEALTHY)
+    assert r.returncode == 2 and f"{conf}: {key}" in r.stderr and r.stdout == ""
+
+
+def test_the_exporter_has_one_health_series_per_gpu_and_component() -> None:
+    m = open_machine(DEGRADED)
+    obs = observe(m, Config())
+    families = {f.name: f for f in text_string_to_metric_families(exposition(obs).decode())}
+    series = families["gpud_health_state"].samples
+    n = len(obs.snapshot.samples) if obs.snapshot else 0
+    assert len(series) == n * len(hl.GPU_COMPONENTS) + len(hl.HOST_COMPONENTS)
+    xid3 = next(s for s in series if s.labels["gpu"] == "3" and s.labels["component"] == "xid")
+    assert xid3.value == 2
+    host = [s for s in series if s.labels["gpu"] == "host"]
+    assert host and all(s.labels["uuid"] == "" for s in host)
+    info = next(s for s in families["gpud_health_info"].samples
+                if s.labels["gpu"] == "3" and s.labels["component"] == "xid")
+    assert info.labels["action"] == "reset the GPU" and info.labels["state"] == "unhealthy"
+
+
+def test_prolog_answers_within_10_s_on_every_shipped_description() -> None:
+    """Contract: at most 10 s, exit 0 or 1, on failure one line of at most 200 characters."""
+    seen = {}
+    for name in SHIPPED:
+        t0 = time.monotonic()
+        r = run_gpud("doctor", "--prolog", "--simulate", name, timeout=30)
+        seconds = time.monotonic() - t0
+        seen[name] = (r.returncode, round(seconds, 1))
+        assert seconds < 10, seen
+        assert r.returncode in (0, 1), r.stderr
+        if r.returncode == 1:
+            assert r.stdout.count("\n") == 1 and 0 < len(r.stdout.rstrip("\n")) <= LINE
+        else:
+            assert r.stdout == ""
+    assert seen[DEGRADED][0] == 1 and seen[HEALTHY][0] == 0
+
+
+def test_prolog_and_epilog_of_a_job_that_lost_a_gpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                                    state_dir: Path) -> None:
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.delenv("SLURM_JOB_START_TIME", raising=False)
+    assert prolog(HEALTHY, None, budget=120) == 0  # in this process: not the 9 s of a prolog's own process
+    assert capsys.readouterr().out == ""
+    assert (state_dir / "jobs" / "4242").is_file()
+    m = open_machine(HEALTHY)
+    from gpud.tuning import engine
+    from gpud.tuning.profile import load as load_profile
+
+    changes, desired = engine.plan(m, load_profile("training"))
+    assert engine.apply(m, load_profile("training"), changes, desired, m.host.cpu_governors()).ok
+    inject_now(m, "xid", gpu=1, xid=79)
+    inject_now(m, "xid", gpu=0, xid=13)
+    assert epilog(HEALTHY, None) == 1
+    out = capsys.readouterr()
+    assert out.out.count("\n") == 1 and "GPU1" in out.out and "4242" in out.out and len(out.out) <= LINE + 1
+    assert "Xid 13" in out.err and "Xid 79" in out.err
+    with sqlite3.connect(state_dir / "journal.db") as db:
+        (data,), = db.execute("SELECT data FROM events WHERE kind = 'job_end'").fetchall()
+    job = json.loads(data)
+    assert job["since_source"] == "prolog" and sorted(x["xid"] for x in job["xids"]) == [13, 79]
+    assert job["lost"] == [1] and job["restored"]
+    from gpud.tuning import state as tuning_state
+
+    assert tuning_state.load() is None  # the job's profile put back
+    assert not (state_dir / "jobs" / "4242").exists()
+
+
+def test_set_healthy_through_the_daemon_and_its_status_and_metrics(tmp_path: Path) -> None:
+    d = RunningDaemon(tmp_path, sim=DEGRADED)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            status = json.loads(d.get("/status")[1])
+            if status["health"]["components"] and status["checks"]:
+                break
+            time.sleep(0.2)
+        assert check(status) == []
+        xid3 = next(c for c in status["health"]["components"] if c["gpu"] == 3 and c["component"] == "xid")
+        assert xid3["state"] == "unhealthy"
+        assert 'gpud_health_state{component="xid",gpu="3"' in d.metrics()
+        r = run_gpud("health", "set-healthy", "3", "--reason", "reset done", "--simulate", DEGRADED,
+                     env={"GPUD_SOCKET": d.sock})
+        assert r.returncode == 0 and "reset done" in r.stdout, r.stderr
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            status = json.loads(d.get("/status")[1])
+            xid3 = next(c for c in status["health"]["components"] if c["gpu"] == 3 and c["component"] == "xid")
+            if xid3["state"] == "healthy":
+                break
+            time.sleep(0.2)
+        assert xid3["state"] == "healthy" and "reset done" in (xid3["acknowledged"] or "")
+    finally:
+        d.stop()
