@@ -120,6 +120,37 @@ def test_clocks_knob_searches_locked_clocks_and_keeps_the_constraint() -> None:
     assert fingerprint(fresh(SIM)) == before
 
 
+def test_quiet_and_throughput_goals() -> None:
+    m = fresh(SIM)
+    quiet = _tune(m, goal="quiet")
+    assert quiet.chosen is not None and quiet.baseline is not None and quiet.slowdown is not None
+    assert quiet.slowdown <= 0.05 and (quiet.chosen.power_w or 0) < 0.9 * (quiet.baseline.power_w or 0)
+    fast = _tune(m, goal="throughput")
+    assert [t.stage for t in fast.trials] == ["baseline", "power"]  # the maximum limit: nothing above it to try
+    assert fast.trials[1].settings[0]["power_limit"] == 300.0
+
+
+def test_a_gpu_that_runs_slower_sets_the_pace_and_matching_the_others_is_measured() -> None:
+    m = fresh(SIM)
+    before = fingerprint(m)
+    m.simulation.machine.inject("clock_events", gpu=3, reasons=["sw_thermal_slowdown"])  # a hotter GPU: -15 %
+    out = _tune(m, knobs=["power", "clocks"])
+    m.simulation.machine.clear_faults()
+    match = [t for t in out.trials if t.stage == "match"]
+    assert len(match) == 1
+    assert out.baseline is not None and out.baseline.samples_per_second
+    src = search.best([t for t in out.trials if t.stage != "match"],
+                      search.Constraint("energy", 0.05, out.baseline.samples_per_second))
+    assert src is not None
+    pace = round(min(src.sm_mhz.values()))
+    assert src.sm_mhz[3] == min(src.sm_mhz.values()) and max(src.sm_mhz.values()) > 1.05 * pace
+    assert all(match[0].settings[g]["gpu_clocks"] == [pace, pace] for g in (0, 1, 2))
+    # The slowest GPU set the pace: the matched trial runs as fast, for less energy.
+    assert match[0].samples_per_second == pytest.approx(src.samples_per_second, rel=0.03)
+    assert (match[0].joules_per_sample or 0) < (src.joules_per_sample or 0)
+    assert fingerprint(fresh(SIM)) == before
+
+
 def test_a_trial_that_throttles_in_hardware_is_stopped_and_rolled_back() -> None:
     m = fresh(SIM)
     before = fingerprint(m)
@@ -240,7 +271,9 @@ def test_a_tune_killed_halfway_is_undone_by_restore() -> None:
 
 def test_a_command_workload_on_a_simulated_machine_says_its_figures_do_not_depend_on_the_gpus(
         capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = cli(capsys, "tune", "--simulate", SIM, "--workload", f"{sys.executable} -c pass", "--json")
+    true = shutil.which("true")
+    assert true is not None
+    code, out, err = cli(capsys, "tune", "--simulate", SIM, "--workload", true, "--json")
     assert code == 0, err
     doc = json.loads(out)
     assert doc["figures"] == "cpu" and "do not depend on the GPUs' settings" in doc["figures_note"]
