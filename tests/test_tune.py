@@ -185,6 +185,17 @@ def test_refuses_while_a_profile_is_applied(capsys: pytest.CaptureFixture[str]) 
     assert code == 1 and "gpud restore" in err
 
 
+def test_refuses_gpus_other_processes_use_unless_allowed() -> None:
+    m = fresh("z8-fury-4x-a6000-degraded")  # GPU 1 runs alice's training
+    before = fingerprint(m)
+    with pytest.raises(GpudError, match="GPU 1 is in use by 48213") as err:
+        check_start(m, [0, 1], allow_busy=False)
+    assert "--allow-busy" in err.value.remedy
+    check_start(m, [0], allow_busy=False)  # the idle one may be tuned
+    check_start(m, [0, 1], allow_busy=True)
+    assert fingerprint(fresh("z8-fury-4x-a6000-degraded")) == before
+
+
 @pytest.mark.parametrize(("args", "key"), [(["--goal", "fastest"], "--goal"), (["--knobs", "fans"], "--knobs"),
                                            (["--max-slowdown", "-1"], "--max-slowdown"),
                                            (["-o", "/nonexistent/x.toml"], "-o")])
