@@ -91,7 +91,7 @@ def render(doc: dict[str, Any]) -> None:
                      "/".join(str(v) for v in t["sm_mhz"].values()),
                      t["status"] + ("*" if t["frontier"] else "")])
     unit = doc["unit"]
-    table(["#", "Stage", "Settings", f"{unit}/s", "95% CI", f"J/{unit[:-1]}", "W", "SM MHz", "Status"], rows,
+    table(["#", "Stage", "Settings", f"{unit}/s", "95% CI", f"J/{unit[:-1]}", "W (all)", "SM MHz", "Status"], rows,
           title=f"{plural(doc['trial_count'], 'trial')} (Zeus's 25 W linear sweep: {doc['linear_sweep_trials']}); "
                 "* on the frontier")
     for line in text_chart(doc):
