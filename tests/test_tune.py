@@ -23,7 +23,7 @@ from gpud.json_schema import check
 from gpud.sim import perf
 from gpud.tune import search
 from gpud.tune.run import LocalApplier, TuningBusy, check_start, run_tune
-from gpud.tune.trial import Measure, Trial, relative_ci
+from gpud.tune.trial import Measure, relative_ci
 from gpud.tuning import state as st
 from gpud.tuning.profile import load
 
@@ -151,27 +151,43 @@ def test_a_gpu_that_runs_slower_sets_the_pace_and_matching_the_others_is_measure
     assert fingerprint(fresh(SIM)) == before
 
 
-def test_a_trial_that_throttles_in_hardware_is_stopped_and_rolled_back() -> None:
+@pytest.mark.parametrize(("kind", "params", "status", "words"), [
+    ("clock_events", {"gpu": 2, "reasons": ["hw_slowdown"]}, "throttled", "hw_slowdown"),
+    ("xid", {"gpu": 1, "xid": 79}, "xid", "Xid"),
+])
+def test_a_trial_that_throttles_or_raises_an_xid_is_stopped_and_rolled_back(kind: str, params: dict[str, Any],
+                                                                             status: str, words: str) -> None:
     m = fresh(SIM)
     before = fingerprint(m)
-    seen: list[Trial] = []
+    armed: list[bool] = []
+
+    class Load(SimTraining):
+        def window(self, seconds: float) -> tuple[float, float]:
+            got = super().window(seconds)
+            if armed == [True]:  # during the first trial after the baseline
+                m.simulation.machine.inject(kind, **params)
+                m.simulation.refresh_root()  # the kernel log shows an Xid from now on
+                armed[0] = False
+            return got
 
     class Watch(LocalApplier):
         def apply(self, settings: Any, label: str) -> None:
             super().apply(settings, label)
-            if len(seen) == 0 and settings:  # the first trial after the baseline: the hardware slows down
-                m.simulation.machine.inject("clock_events", gpu=2, reasons=["hw_slowdown"])
-                seen.append(Trial(0, "x", settings))
+            if not armed:
+                armed.append(True)
 
         def restore(self) -> list[str]:
             m.simulation.machine.clear_faults()
+            m.simulation.refresh_root()
             return super().restore()
 
-    out = run_tune(m, SimTraining(m.simulation), Watch(m), goal="energy", max_slowdown=0.05, knobs=["power"],
+    out = run_tune(m, Load(m.simulation), Watch(m), goal="energy", max_slowdown=0.05, knobs=["power"],
                    gpus=[0, 1, 2, 3], measure=Measure())
-    bad = [t for t in out.trials if t.status == "throttled"]
-    assert len(bad) == 1 and "hw_slowdown" in bad[0].note and bad[0].windows == 1
-    assert out.chosen is not bad[0]
+    bad = [t for t in out.trials if t.status != "ok"]
+    assert [t.status for t in bad] == [status] and words in bad[0].note and bad[0].number == 1
+    if kind == "clock_events":
+        assert bad[0].windows == 1  # stopped after the window that showed it
+    assert out.chosen is not bad[0] and len(out.trials) > 3  # the search went on without it
     assert fingerprint(fresh(SIM)) == before
 
 
