@@ -52,7 +52,22 @@ def debug_enabled() -> bool:
 
 
 def _register() -> None:
-    from gpud.cli import burnin, daemon, doctor, events, metrics, probe, ps, report, select, sim, status, topo, tune, tuner
+    from gpud.cli import (
+        burnin,
+        daemon,
+        doctor,
+        events,
+        metrics,
+        probe,
+        ps,
+        report,
+        select,
+        sim,
+        status,
+        topo,
+        tune,
+        tuner,
+    )
 
     status.register(app)
     topo.register(app)
