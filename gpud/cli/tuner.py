@@ -196,7 +196,7 @@ def tune(
 
         settings = (out.chosen.settings if changed and out.chosen is not None else out.baseline_settings)
         comment = (f"Written by gpud tune on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} for "
-                   f"{doc['host']['name']}: {rep.summary(doc)}\nFigures {doc['figures_note']}.")
+                   f"{clean(str(doc['host']['name']))}: {rep.summary(doc)}\nFigures {doc['figures_note']}.")
         atomic_write(target_path, rep.profile_toml(
             settings, f"gpud tune, goal {goal}: {rep.summary(doc)}"[:200], rep.measured_record(doc), comment))
         doc["profile"] = str(target_path)
