@@ -100,3 +100,67 @@ def open_bench(machine: Machine, device: str) -> RealBench | SimBench:
         return SimBench(machine.simulation)
     infos = (machine.info(i) for i in range(machine.nvml.device_count()))
     return RealBench(device, {i.index: i.uuid for i in infos if i is not None})
+
+
+class SimTraining:
+    """The tune's workload on a simulated workstation: DDP training as the performance model has it
+    (``gpud.sim.perf``). The GPUs draw what the model says at the clocks the physics gives them, so the
+    energy counters, clocks and clock-event reasons NVML reports follow; each simulated second's
+    samples come from the slowest GPU's throughput share at its clock (every rank waits for it at the
+    all-reduce), with the model's step-to-step spread. Simulated time passes as fast as the code runs."""
+
+    figures = "model"
+    name = "probe"
+    unit = "samples"
+
+    def __init__(self, sim: Any, seed: int = 0) -> None:
+        import random
+
+        self.sim = sim
+        self.gpus: list[int] = []
+        self._rng = random.Random(seed)
+
+    def start(self, gpus: list[int]) -> None:
+        from gpud.sim import perf
+
+        m = self.sim.machine
+        self.gpus = list(gpus)
+        for g in gpus:
+            m.set_load(g, 100, perf.training_demand_watts(float(m.desc.gpus[g].power_default_watts)))
+
+    def window(self, seconds: float) -> tuple[float, float]:
+        from gpud.sim import perf
+        from gpud.sim.physics import CLOCK_MEM, CLOCK_SM
+
+        m = self.sim.machine
+        m._checked = 0.0  # settings another process (a daemon) wrote count from this window on, not 0.25 s later
+        m.refresh()
+        done = samples = 0.0
+        while done < seconds - 1e-9:
+            step = min(1.0, seconds - done)
+            m.advance(step)
+            shares = [perf.throughput_share(m.clock_mhz(g, CLOCK_SM) / float(m.desc.gpus[g].max_sm_mhz),
+                                            m.clock_mhz(g, CLOCK_MEM) / float(m.desc.gpus[g].max_memory_mhz))
+                      for g in self.gpus]
+            samples += perf.step_rate(shares, self._rng) * step
+            done += step
+        return samples, done
+
+    def now(self) -> float:
+        return float(self.sim.machine.now())
+
+    def wait(self, seconds: float) -> None:
+        self.sim.machine.advance(max(0.0, seconds))
+
+    def stop(self) -> None:
+        """Put back the described load on the GPUs it loaded."""
+        m = self.sim.machine
+        m.step()
+        with m.mutate():
+            for g in self.gpus:
+                m.settings(g)["load"] = None
+
+
+def open_training(machine: Machine) -> SimTraining | None:
+    """The tune's model workload on a simulated workstation; None on real GPUs (the probe runs there)."""
+    return SimTraining(machine.simulation) if machine.simulation is not None else None

@@ -124,6 +124,29 @@ BURNIN = _document("burnin", {
 })
 ANY: Schema = {}
 STRS = {"type": "array", "items": {"type": "string"}}
+# Per GPU index (a string): profile keys of the settings (power_limit W, gpu_clocks [min, max] MHz or "reset").
+TUNE_SETTINGS = {"type": "object", "additionalProperties": {"type": "object"}}
+TUNE_POINT = _obj({"trial": {"type": "integer"}, "samples_per_second": NUM, "joules_per_sample": NUM,
+                   "power_watts": NUM, "settings": TUNE_SETTINGS}, nullable=True)
+PER_GPU_NUM = {"type": "object", "additionalProperties": {"type": "number"}}
+TUNE_TRIAL = _obj({
+    "number": {"type": "integer"}, "stage": {"enum": ["baseline", "power", "clocks", "match"]},
+    "settings": TUNE_SETTINGS, "status": {"enum": ["ok", "throttled", "xid", "failed"]}, "note": {"type": "string"},
+    "samples_per_second": NUM, "ci_percent": NUM, "ci_reached": {"type": "boolean"}, "joules_per_sample": NUM,
+    "power_watts": NUM, "windows": {"type": "integer"}, "sm_mhz": PER_GPU_NUM, "temperature_c": PER_GPU_NUM,
+    "fan_percent": PER_GPU_NUM, "reasons": {"type": "array", "items": {"enum": [n for _, n in CLOCK_EVENT_REASONS]}},
+    "frontier": {"type": "boolean"}})
+TUNE = _document("tune", {
+    "goal": {"enum": ["throughput", "energy", "quiet"]}, "max_slowdown_percent": {"type": "number"},
+    "knobs": STRS, "gpus": {"type": "array", "items": {"type": "integer"}}, "gpu_names": STRS,
+    "workload": {"type": "string"}, "unit": {"enum": ["samples", "runs"]}, "figures": {"enum": ["gpu", "model", "cpu"]},
+    "figures_note": {"type": "string"}, "baseline": TUNE_POINT, "chosen": TUNE_POINT,
+    "energy_saving_percent": NUM, "slowdown_percent": NUM, "trials": {"type": "array", "items": TUNE_TRIAL},
+    "trial_count": {"type": "integer"}, "linear_sweep_trials": {"type": "integer"},
+    "confidence": _obj({"level_percent": {"type": "number"}, "bound_percent": {"type": "number"},
+                        "reached": {"type": "boolean"}}),
+    "restored": STRS, "interrupted": {"type": "boolean"}, "notes": STRS, "profile": STR, "applied": {"type": "boolean"},
+})
 PLAN_ROW = _obj({"gpu": INT, "setting": {"type": "string"}, "current": ANY, "desired": ANY,
                  "action": {"enum": ["change", "ok", "skip", "daemon"]}, "note": STR})
 PS_ROW = _obj({"gpu": {"type": "integer"}, "uuid": STR, "pid": {"type": "integer"}, "user": STR,
@@ -167,6 +190,7 @@ SCHEMAS: dict[str, Schema] = {
     }),
     "probe": PROBE,
     "burnin": BURNIN,
+    "tune": TUNE,
     "daemon_status": _document("daemon_status", {
         "uptime_seconds": {"type": "number"}, "ticks": {"type": "integer"}, "last_tick": NUM,
         "profile": STR, "timestamp": NUM, "gpus": {"type": "array", "items": GPU},

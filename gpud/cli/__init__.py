@@ -52,7 +52,23 @@ def debug_enabled() -> bool:
 
 
 def _register() -> None:
-    from gpud.cli import burnin, daemon, doctor, events, metrics, probe, ps, report, select, sim, status, topo, tune
+    from gpud.cli import (
+        burnin,
+        daemon,
+        doctor,
+        events,
+        health,
+        metrics,
+        probe,
+        ps,
+        report,
+        select,
+        sim,
+        status,
+        topo,
+        tune,
+        tuner,
+    )
 
     status.register(app)
     topo.register(app)
@@ -67,8 +83,7 @@ def _register() -> None:
     select.register(app)
     events.register(app)
     burnin.register(app)
-    from gpud.cli import health
-
+    tuner.register(app)
     health.register(app)
 
 

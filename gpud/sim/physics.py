@@ -3,7 +3,7 @@ the counters that advance with time (energy, PCIe bytes, the violation counters,
 
 ``Physics`` is the half of ``SimMachine`` that turns the persisted settings and faults (its other
 half, ``gpud.sim.machine``) and simulated time into readings: a first-order thermal model per GPU
-integrated in 1 s steps, the driver's automatic fan curve, the power cap and its clocks (``f³``),
+integrated in 1 s steps, the driver's automatic fan curve, the power cap and its clocks (``gpud.sim.perf``: ``f·V²``),
 and the clock-event reasons NVML reports (one set, from ``clock_event_reasons``, gives both the mask and
 the violation counters it advances). It holds no state of its own but the integrated ``Thermal``
 values; the settings it reads are the machine's.
@@ -14,6 +14,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
+
+from gpud.sim import perf
 
 if TYPE_CHECKING:
     from gpud.sim.description import Description
@@ -121,8 +123,18 @@ class Physics:
         budget = self.desc.gpus[gpu].power_enforced_watts
         return min(limit, float(budget)) if budget is not None else limit
 
+    def power_state(self, gpu: int) -> tuple[float, float, bool]:
+        """(SM clock share before thermal slowdowns, draw in W, whether the power cap binds), from the
+        performance model (``gpud.sim.perf``): a loaded GPU's locked clock caps the share and lowers the
+        draw; a limit below the draw at that clock lowers the clock until the draw meets it."""
+        g, s = self.desc.gpus[gpu], self.settings(gpu)
+        top = 1.0
+        if s["locked_gpu"] and self.utilization(gpu) > 0 and g.max_sm_mhz:
+            top = min(1.0, float(s["locked_gpu"][1]) / float(g.max_sm_mhz))
+        return perf.capped_share(top, self.demand_watts(gpu), self.enforced_limit_watts(gpu))
+
     def draw_watts(self, gpu: int) -> float:
-        return min(self.demand_watts(gpu), self.enforced_limit_watts(gpu))
+        return self.power_state(gpu)[1]
 
     def intended_duty(self, gpu: int, fan: int, temp: float | None = None) -> int:
         """What the fan is asked to do: the manual target, or the driver's curve. This is what NVML
@@ -290,7 +302,7 @@ class Physics:
         described = g.idle_reason if not self.settings(gpu).get("load") else None
         if described if described is not None else self.utilization(gpu) == 0:
             out.add("gpu_idle")
-        if self.demand_watts(gpu) > self.enforced_limit_watts(gpu):
+        if self.power_state(gpu)[2]:
             out.add("sw_power_cap")
         t = self.temperature(gpu) if temp is None else temp
         if g.max_operating_celsius is not None and t >= g.max_operating_celsius:
@@ -323,9 +335,9 @@ class Physics:
         if idle:
             return int(s["locked_gpu"][0]) if s["locked_gpu"] else int(g.idle_sm_mhz)
         top = float(s["locked_gpu"][1] if s["locked_gpu"] else g.max_sm_mhz)  # GPU Boost up to the maximum
-        demand, limit = self.demand_watts(gpu), self.enforced_limit_watts(gpu)
-        if demand > limit:
-            top *= (limit / demand) ** (1 / 3)  # dynamic power ~ f³
+        share, _, capped = self.power_state(gpu)
+        if capped and g.max_sm_mhz:  # the clock where the model's power curve meets the limit (gpud.sim.perf)
+            top = share * float(g.max_sm_mhz)
         mask = self.clock_events(gpu)
         if mask & EVENT_BITS["hw_slowdown"]:
             top *= 0.5

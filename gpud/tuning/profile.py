@@ -29,7 +29,15 @@ COMPUTE_MODES = ("default", "exclusive_process", "prohibited")
 FAN_MODES = ("auto", "fixed", "curve")
 
 TOP: Spec = {"description": (str, ""), "extends": (str, None), "all": (dict, {}), "gpus": (list, []),
-             "host": (dict, {})}
+             "host": (dict, {}), "measured": (dict, {})}
+# What `gpud tune` measured for a profile it wrote (docs/profiles.md, "[measured]"): a record, never applied.
+MEASURED: Spec = {
+    "tool": (str, None), "date": (str, None), "machine": (str, None), "driver": (str, None), "gpus": (list, None),
+    "goal": (("throughput", "energy", "quiet"), None), "max_slowdown_percent": (NUM, None), "workload": (str, None),
+    "figures": (("gpu", "model", "cpu"), None), "baseline_samples_per_second": (NUM, None),
+    "baseline_joules_per_sample": (NUM, None), "samples_per_second": (NUM, None), "joules_per_sample": (NUM, None),
+    "energy_saving_percent": (NUM, None), "slowdown_percent": (NUM, None), "trials": (int, None),
+}
 GPU: Spec = {
     "persistence_mode": (bool, None),
     "compute_mode": (COMPUTE_MODES, None),
@@ -62,6 +70,7 @@ class Profile:
     host: dict[str, Any]
     chain: tuple[str, ...] = field(default=())
     files: tuple[str, ...] = field(default=())  # every file of the chain
+    measured: dict[str, Any] = field(default_factory=dict)  # the file's own [measured] record (gpud tune)
 
 
 def profile_dirs() -> list[Path]:
@@ -183,6 +192,9 @@ def parse(data: dict[str, Any], file: str) -> dict[str, Any]:
         gpus.append(entry)
     top["gpus"] = gpus
     top["host"] = {k: v for k, v in take(top["host"], HOST, file, "host").items() if v is not None}
+    top["measured"] = {k: v for k, v in take(top["measured"], MEASURED, file, "measured").items() if v is not None}
+    if any(not isinstance(g, str) for g in top["measured"].get("gpus", [])):
+        raise InvalidInput(file, "measured.gpus", "must be a list of strings (each GPU's model and UUID)")
     return top
 
 
@@ -224,7 +236,7 @@ def load(name_or_path: str) -> Profile:
     return Profile(name=first_path.stem, source=str(first_path), description=first["description"] or next(
         (own["description"] for _, own in chain if own["description"]), ""), all=merged["all"],
         gpus=tuple(merged["gpus"]), host=merged["host"], chain=tuple(p.stem for p, _ in chain),
-        files=tuple(str(p) for p, _ in chain))
+        files=tuple(str(p) for p, _ in chain), measured=first["measured"])
 
 
 # -- against the machine --------------------------------------------------------------------

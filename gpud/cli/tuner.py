@@ -1,0 +1,243 @@
+"""``gpud tune``: measure which power and clock settings make this machine's training fastest or
+cheapest, write them as a profile, apply it (docs/tune.md)."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from gpud.cli.common import Json, Simulate, host
+from gpud.cli.output import clean, echo_wrapped, plural, table
+from gpud.cli.tune import Config, Target, tuning_lock
+from gpud.errors import GpudError, InvalidInput
+
+
+class DaemonApplier:
+    """Trials applied by the running daemon (it holds the tuning lock): each trial's settings as a profile
+    file it loads, the originals saved by its engine; ``restore`` through its socket at the end."""
+
+    def __init__(self, t: Target, workdir: Path) -> None:
+        self.t = t
+        self.workdir = workdir
+
+    def apply(self, settings: dict[int, dict[str, Any]], label: str) -> None:
+        from gpud.paths import atomic_write
+        from gpud.tune.report import profile_toml
+
+        path = self.workdir / "gpud-tune-trial.toml"
+        atomic_write(path, profile_toml(settings, f"gpud tune: {label}"))
+        reply = self.t.daemon("apply", profile=str(path), dry_run=False)
+        if reply is None:
+            raise GpudError("the gpud daemon stopped answering")
+        if not reply.get("ok"):
+            raise GpudError(str(reply.get("error") or "the daemon's apply failed"))
+
+    def restore(self) -> list[str]:
+        reply = self.t.daemon("restore", fans_only=False) or {}
+        return [str(x) for x in reply.get("restored", [])] + [f"NOT restored: {x}" for x in reply.get("failed", [])]
+
+
+def _daemon_drives(t: Target) -> bool:
+    """Whether a daemon runs for this machine (then every write goes through it)."""
+    from gpud.daemon.control import request
+
+    ping = request(t.socket, "ping", timeout=10)
+    return ping is not None and ping.get("target") in (None, t.name)
+
+
+def _knobs(text: str) -> list[str]:
+    from gpud.tune.run import KNOBS
+
+    out = [k.strip() for k in text.split(",") if k.strip()]
+    for k in out:
+        if k in ("memclocks", "fans"):
+            raise InvalidInput("--knobs", "", f"{k}: not searched yet (docs/tune.md, \"Knobs\"); the search sets "
+                                              f"{', '.join(KNOBS)}")
+        if k not in KNOBS:
+            raise InvalidInput("--knobs", "", f"unknown knob {k!r} (knobs: {', '.join(KNOBS)})")
+    if not out:
+        raise InvalidInput("--knobs", "", "empty")
+    return out
+
+
+def _progress() -> Any:
+    on = sys.stderr.isatty()
+
+    def say(text: str) -> None:
+        if on:
+            sys.stderr.write(f"\r\033[Kgpud tune: {text}")
+            sys.stderr.flush()
+    return say
+
+
+def render(doc: dict[str, Any]) -> None:
+    from gpud.tune.report import settings_text, summary, text_chart
+
+    print(f"gpud tune — {clean(doc['host']['name'])}: goal {doc['goal']}, at most {doc['max_slowdown_percent']:g} % "
+          f"slowdown, workload {clean(doc['workload'])}")
+    echo_wrapped(f"figures {doc['figures_note']}", indent="  ")
+    rows = []
+    for t in doc["trials"]:
+        rows.append([str(t["number"]), t["stage"], clean(settings_text(t["settings"])),
+                     "" if t["samples_per_second"] is None else f"{t['samples_per_second']:.2f}",
+                     "" if t["ci_percent"] is None else f"±{t['ci_percent']:.2f}%",
+                     "" if t["joules_per_sample"] is None else f"{t['joules_per_sample']:.3f}",
+                     "" if t["power_watts"] is None else f"{t['power_watts']:.0f}",
+                     "/".join(str(v) for v in t["sm_mhz"].values()),
+                     t["status"] + ("*" if t["frontier"] else "")])
+    unit = doc["unit"]
+    table(["#", "Stage", "Settings", f"{unit}/s", "95% CI", f"J/{unit[:-1]}", "W (all)", "SM MHz", "Status"], rows,
+          title=f"{plural(doc['trial_count'], 'trial')} (Zeus's 25 W linear sweep: {doc['linear_sweep_trials']}); "
+                "* on the frontier")
+    for line in text_chart(doc):
+        print(line)
+    echo_wrapped(clean(summary(doc)))
+    if not doc["confidence"]["reached"]:
+        echo_wrapped(f"note: some trials did not reach ±{doc['confidence']['bound_percent']:g} % at 95 % confidence "
+                     "in their windows (the table's CI column)")
+    for note in doc["notes"]:
+        echo_wrapped(f"note: {clean(note)}")
+    print(f"GPUs put back: {plural(len(doc['restored']), 'setting')} restored")
+    for line in doc["restored"]:
+        if line.startswith("NOT"):
+            sys.stderr.write(f"gpud: {clean(line)}\n")
+
+
+def tune(
+    goal: Annotated[str, typer.Option("--goal", metavar="throughput|energy|quiet",
+                                      help="Maximise samples/s, minimise energy per sample, or minimise power "
+                                           "(heat, so fan noise) within the slowdown.")] = "energy",
+    max_slowdown: Annotated[float, typer.Option("--max-slowdown", metavar="PCT",
+                                                help="Slowdown allowed against the GPUs as they are, %.")] = 5.0,
+    workload: Annotated[str, typer.Option("--workload", metavar='probe|"COMMAND"',
+                                          help="The probe's DDP training step, or your command (run once per "
+                                               "window, its wall time and energy measured).")] = "probe",
+    knobs: Annotated[str, typer.Option("--knobs", metavar="power,clocks",
+                                       help="What the search sets: power limits, locked SM clocks.")] = "power",
+    gpus: Annotated[str | None, typer.Option("--gpus", metavar="LIST", help="GPUs to tune: 0,2-3 (default all).")
+                    ] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="PROFILE.toml",
+                                                help="Write the chosen settings as a profile (with what was "
+                                                     "measured).")] = None,
+    apply_: Annotated[bool, typer.Option("--apply", help="Apply the chosen profile (through the daemon when one "
+                                                         "runs).")] = False,
+    report: Annotated[Path | None, typer.Option("--report", metavar="FILE.html",
+                                                help="Write a self-contained HTML report with the chart.")] = None,
+    allow_busy: Annotated[bool, typer.Option("--allow-busy", help="Tune GPUs other processes use.")] = False,
+    json: Json = False,
+    simulate: Simulate = None,
+    config: Config = None,
+) -> None:
+    """Measure which power (and clock) settings make training fastest or cheapest here: a baseline,
+    a bracketing search with every trial measured to a stated confidence, the GPUs put back at the
+    end (and by `gpud restore` after a crash). Exit 0 done, 1 refused or failed, 2 invalid input."""
+    from gpud import __version__
+    from gpud.cli.burnin import parse_gpus
+    from gpud.model import document
+    from gpud.tune import report as rep
+    from gpud.tune.run import LocalApplier, check_start, run_tune
+    from gpud.tune.search import GOALS
+    from gpud.tune.trial import Measure
+    from gpud.tune.workload import Command, Probe, Workload
+
+    if goal not in GOALS:
+        raise InvalidInput("--goal", "", f"must be one of {', '.join(GOALS)}, not {goal!r}")
+    if not 0.0 <= max_slowdown < 100.0:
+        raise InvalidInput("--max-slowdown", "", f"must be a percentage from 0 to below 100, not {max_slowdown:g}")
+    chosen_knobs = _knobs(knobs)
+    if report is not None and (report.suffix.lower() not in (".html", ".htm") or not report.parent.is_dir()):
+        raise InvalidInput("--report", "", f"{report}: want FILE.html in an existing directory")
+    if output is not None and (output.suffix.lower() != ".toml" or not output.parent.is_dir()):
+        raise InvalidInput("-o", "", f"{output}: want PROFILE.toml in an existing directory")
+    t = Target(simulate, config)
+    m = t.machine
+    snap = m.snapshot()
+    chosen = parse_gpus(gpus, len(snap.samples)) if gpus is not None else list(range(len(snap.samples)))
+    infos = {i.index: i for i in snap.gpus}
+    if workload == "probe":
+        from gpud.backends import open_training
+
+        load: Workload = open_training(m) or Probe(m, m.label)
+    else:
+        load = Command(workload, "cpu" if m.simulation is not None else "gpu",
+                       {g: infos[g].uuid for g in chosen if g in infos})
+    daemon = _daemon_drives(t)
+    say = _progress()
+    with tempfile.TemporaryDirectory(prefix="gpud-tune-") as tmp:
+        lock = None if daemon else tuning_lock("gpud tune")
+        try:
+            check_start(m, chosen, allow_busy)
+            applier = DaemonApplier(t, Path(tmp)) if daemon else LocalApplier(m)
+            out = run_tune(m, load, applier, goal=goal, max_slowdown=max_slowdown / 100.0,  # type: ignore[arg-type]
+                           knobs=chosen_knobs, gpus=chosen, measure=Measure(), say=say)
+        finally:
+            if lock is not None:
+                lock.release()
+            if sys.stderr.isatty():
+                sys.stderr.write("\r\033[K")
+    body = rep.body(out)
+    body["gpu_names"] = [f"{infos[g].name} {infos[g].uuid}" for g in chosen if g in infos]
+    body["profile"] = None
+    body["applied"] = False
+    doc = document("tune", __version__, host(m, snap), **body)
+    changed = out.chosen is not None and out.baseline is not None and out.chosen is not out.baseline
+    target_path = output
+    if apply_ and target_path is None and changed:
+        from gpud.paths import state_dir
+
+        target_path = state_dir() / "tuned.toml"
+    if target_path is not None and not out.interrupted:
+        from gpud.paths import atomic_write
+
+        settings = (out.chosen.settings if changed and out.chosen is not None else out.baseline_settings)
+        comment = (f"Written by gpud tune on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} for "
+                   f"{clean(str(doc['host']['name']))}: {rep.summary(doc)}\nFigures {doc['figures_note']}.")
+        atomic_write(target_path, rep.profile_toml(
+            settings, f"gpud tune, goal {goal}: {rep.summary(doc)}"[:200], rep.measured_record(doc), comment))
+        doc["profile"] = str(target_path)
+    if report is not None:
+        from gpud.paths import atomic_write
+
+        atomic_write(report, rep.html(doc))
+    if apply_ and changed and target_path is not None and not out.interrupted:
+        doc["applied"] = _apply(t, target_path, daemon)
+    if json:
+        from gpud.cli.output import emit_json
+
+        emit_json(doc)
+    else:
+        render(doc)
+        if doc["profile"]:
+            print(f"profile: {doc['profile']}")
+        if report is not None:
+            print(f"report: {report}")
+        if apply_:
+            print("applied " + ("through the gpud daemon" if daemon else "") if doc["applied"] else
+                  "not applied: nothing measured better than the GPUs as they were")
+    if out.interrupted:
+        raise typer.Exit(130)
+
+
+def _apply(t: Target, path: Path, daemon: bool) -> bool:
+    from gpud.cli.tune import _local_apply
+
+    if daemon:
+        reply = t.daemon("apply", profile=str(path.resolve()), dry_run=False)
+        ok = bool(reply and reply.get("ok"))
+        error = None if reply is None else reply.get("error")
+    else:
+        result = _local_apply(str(path.resolve()), False, t)
+        ok, error = bool(result.get("ok")), result.get("error")
+    if not ok:
+        raise GpudError(f"the chosen profile {path} did not apply: {error}")
+    return True
+
+
+def register(app: Any) -> None:
+    app.command("tune")(tune)
+

@@ -1,0 +1,230 @@
+"""The tune: refuse what is unsafe, measure the baseline, search, put every GPU back, choose.
+
+Every trial's settings go through the tuning engine (``LocalApplier``, or the daemon's control
+socket: the CLI's applier), which saves the originals to the state file before the first write, so
+a tune killed at any moment is undone by ``gpud restore`` (or by the daemon). At the end, whatever
+happened (Ctrl-C included), the load is stopped and the originals are written back.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpud.errors import GpudError, InvalidInput
+from gpud.hw.machine import Machine
+from gpud.tune import search
+from gpud.tune.search import Constraint, Goal
+from gpud.tune.trial import Applier, Measure, Settings, Trial, run_trial
+from gpud.tune.workload import Workload
+from gpud.tuning import engine
+from gpud.tuning.profile import Profile
+
+KNOBS = ("power", "clocks")  # what the search sets (docs/tune.md: memory clocks and fans are not searched yet)
+MATCH_SPREAD = 0.02  # GPUs whose clocks differ by more than this share are matched in a trial of their own
+CLOCK_SPAN = (0.6, 1.1)  # the locked-clock search spans these shares of the clock the chosen limit left
+
+
+class TuneRefused(GpudError):
+    """The tune will not start: GPUs in use, a profile applied, a lost GPU, no power management."""
+
+
+@dataclass
+class Outcome:
+    goal: str
+    max_slowdown: float
+    knobs: list[str]
+    gpus: list[int]
+    workload: str
+    figures: str
+    unit: str
+    trials: list[Trial] = field(default_factory=list)
+    baseline: Trial | None = None
+    chosen: Trial | None = None
+    baseline_settings: Settings = field(default_factory=dict)
+    restored: list[str] = field(default_factory=list)
+    zeus_trials: int = 0
+    measure: Measure = field(default_factory=Measure)
+    interrupted: bool = False
+    started_at: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def energy_saving(self) -> float | None:
+        b, c = self.baseline, self.chosen
+        if b is None or c is None or not b.joules_per_sample or c.joules_per_sample is None:
+            return None
+        return 1.0 - c.joules_per_sample / b.joules_per_sample
+
+    @property
+    def slowdown(self) -> float | None:
+        b, c = self.baseline, self.chosen
+        if b is None or c is None or not b.samples_per_second or c.samples_per_second is None:
+            return None
+        return 1.0 - c.samples_per_second / b.samples_per_second
+
+
+class LocalApplier:
+    """Trials applied by this process through the tuning engine (the caller holds the tuning lock)."""
+
+    def __init__(self, machine: Machine) -> None:
+        self.machine = machine
+
+    def apply(self, settings: Settings, label: str) -> None:
+        p = trial_profile(settings, label)
+        changes, desired = engine.plan(self.machine, p)
+        skipped = [c for c in changes if c.action == "skip" and c.setting != "persistence_mode"]
+        if skipped:
+            c = skipped[0]
+            raise GpudError(f"{c.where}: {c.setting}: {c.note}")
+        out = engine.apply(self.machine, p, changes, desired)
+        if not out.ok:
+            raise GpudError(out.error or "apply failed")
+
+    def restore(self) -> list[str]:
+        done, failed = engine.restore(self.machine)
+        return done + [f"NOT restored: {f}" for f in failed]
+
+
+def trial_profile(settings: Settings, label: str) -> Profile:
+    """A trial's settings as a profile of the engine (one selection per GPU; persistence on, so the
+    driver keeps them while no gpud runs; restore puts it back)."""
+    source = f"gpud tune ({label})"
+    gpus = tuple({"select": [g], "persistence_mode": True, **s, "_where": f"gpus[{k}]", "_file": source}
+                 for k, (g, s) in enumerate(sorted(settings.items())))
+    return Profile(name="gpud-tune", source=source, description=f"gpud tune: {label}", all={}, gpus=gpus, host={},
+                   chain=("gpud-tune",))
+
+
+def check_start(machine: Machine, gpus: list[int], allow_busy: bool) -> None:
+    """Refuse a tune that would measure someone else's work or lose someone's settings."""
+    data = engine.read_state(machine)
+    if data is not None:
+        what = "an unfinished apply or tune" if data.pending else f"profile {data.profile!r}"
+        busy = TuningBusy(f"{what} is applied: a tune would put the GPUs back to the settings before it at the end")
+        busy.remedy = "`gpud restore` first (it writes the originals back), then tune, then apply what you chose"
+        raise busy
+    snap = machine.snapshot()
+    for g in gpus:
+        s = snap.samples[g]
+        if s.lost:
+            raise TuneRefused(f"GPU {g} is lost: cannot tune it")
+        if s.processes and not allow_busy:
+            procs = ", ".join(f"{p.pid} ({p.command or '?'})" for p in s.processes)
+            err = TuneRefused(f"GPU {g} is in use by {procs}: its figures would not be the tune's alone, and its "
+                              "settings would change under that work")
+            err.remedy = "stop the processes (gpud ps), or pass --allow-busy"
+            raise err
+
+
+class TuningBusy(TuneRefused):
+    """A profile (or an unfinished apply) is recorded in the tuning state."""
+
+
+def _limits(machine: Machine, gpus: list[int]) -> dict[int, tuple[float, float, float]]:
+    """(minimum, maximum, default) power limit per GPU."""
+    out = {}
+    for g in gpus:
+        i = machine.info(g)
+        lo, hi = (i.power_min_limit_watts, i.power_max_limit_watts) if i else (None, None)
+        default = i.power_default_limit_watts if i else None
+        if lo is None or hi is None or default is None:
+            raise TuneRefused(f"GPU {g} reports no power limits: NVML cannot cap its power")
+        out[g] = (float(lo), float(hi), float(default))
+    return out
+
+
+def run_tune(machine: Machine, workload: Workload, applier: Applier, *, goal: Goal, max_slowdown: float,
+             knobs: list[str], gpus: list[int], measure: Measure, say: Callable[[str], None] | None = None) -> Outcome:
+    """The whole tune. The caller has called ``check_start`` and holds the tuning lock (or drives a daemon)."""
+    for k in knobs:
+        if k not in KNOBS:
+            raise InvalidInput("--knobs", "", f"{k!r}: the search sets {', '.join(KNOBS)}")
+    limits = _limits(machine, gpus)
+    out = Outcome(goal, max_slowdown, list(knobs), list(gpus), workload.name, workload.figures, workload.unit,
+                  measure=measure, started_at=time.time())
+    out.zeus_trials = max(search.zeus_sweep_trials(lo, hi) for lo, hi, _ in limits.values())
+    snap = machine.snapshot()
+    out.baseline_settings = {g: {"power_limit": snap.samples[g].power_management_limit_watts} for g in gpus}
+    cache: dict[tuple[Any, ...], Trial] = {}
+
+    def trial(stage: str, settings: Settings) -> Trial:
+        key = tuple(sorted((g, tuple(sorted((k, str(v)) for k, v in s.items()))) for g, s in settings.items()))
+        if key in cache:
+            return cache[key]
+        t = run_trial(machine, workload, applier, gpus, len(out.trials), stage, settings, measure, say)
+        out.trials.append(t)
+        cache[key] = t
+        return t
+
+    workload.start(gpus)
+    try:
+        base = trial("baseline", {})
+        out.baseline = base
+        if not base.ok or not base.samples_per_second:
+            raise GpudError(f"the baseline did not measure: {base.status}: {base.note}")
+        c = Constraint(goal, max_slowdown, base.samples_per_second)
+
+        def at_share(permille: int, clocks: dict[int, list[int]] | None = None) -> Settings:
+            s: Settings = {}
+            for g, (lo, hi, _) in limits.items():
+                s[g] = {"power_limit": float(min(hi, max(lo, round(hi * permille / 1000))))}
+                if "clocks" in knobs:
+                    s[g]["gpu_clocks"] = clocks[g] if clocks and g in clocks else "reset"
+            return s
+
+        if "power" in knobs:
+            if goal == "throughput":
+                trial("power", at_share(1000))
+            else:
+                lo_permille = max(round(1000 * lo / hi) for lo, hi, _ in limits.values())
+                tol = search.POWER_RESOLUTION * 1000
+                search.golden(lambda k: search.objective(trial("power", at_share(k)), c), lo_permille, 1000, tol)
+        chosen = search.best(out.trials, c) or base
+        if "clocks" in knobs:
+            cap = chosen.settings or at_share(1000)
+            power = {g: cap[g]["power_limit"] for g in gpus} if chosen.settings else {
+                g: float(limits[g][1]) for g in gpus}
+            infos = {g: machine.info(g) for g in gpus}
+            top = {g: (i.max_clocks_mhz.get("sm") if i is not None else None) for g, i in infos.items()}
+            if all(top.values()) and chosen.sm_mhz:
+                if goal == "throughput":
+                    trial("clocks", {g: {"power_limit": power[g], "gpu_clocks": [int(top[g] or 0)] * 2}
+                                     for g in gpus})
+                else:
+                    share = min(chosen.sm_mhz.get(g, 0.0) / float(top[g] or 1) for g in gpus)
+                    lo_k = max(1, round(1000 * share * CLOCK_SPAN[0]))
+                    hi_k = min(1000, round(1000 * share * CLOCK_SPAN[1]))
+
+                    def locked(k: int) -> Settings:
+                        return {g: {"power_limit": float(limits[g][1]),
+                                    "gpu_clocks": [round(float(top[g] or 0) * k / 1000)] * 2} for g in gpus}
+
+                    search.golden(lambda k: search.objective(trial("clocks", locked(k)), c), lo_k, hi_k,
+                                  search.CLOCK_RESOLUTION * 1000)
+                chosen = search.best(out.trials, c) or base
+                clocks = chosen.sm_mhz
+                if clocks and min(clocks.values()) < (1 - MATCH_SPREAD) * max(clocks.values()) and len(gpus) > 1:
+                    pace = round(min(clocks.values()))  # the slowest GPU's clock: the others wait for it anyway
+                    settings = {g: dict(chosen.settings.get(g, {"power_limit": power[g]})) for g in gpus}
+                    for g in gpus:
+                        if clocks.get(g, 0) > pace:
+                            settings[g]["gpu_clocks"] = [pace, pace]
+                    trial("match", settings)
+            else:
+                out.notes.append("the GPUs report no maximum SM clock or no clock readings: clocks not searched")
+        elif chosen.sm_mhz and len(gpus) > 1 and min(chosen.sm_mhz.values()) < (1 - MATCH_SPREAD) * max(
+                chosen.sm_mhz.values()):
+            out.notes.append("the GPUs ran at different clocks: the slowest sets a DDP job's pace; "
+                             "--knobs power,clocks measures locking the faster ones to match")
+        out.chosen = search.best(out.trials, c) or base
+    except KeyboardInterrupt:
+        out.interrupted = True
+    finally:
+        workload.stop()
+        out.restored = applier.restore()
+    if out.chosen is None:
+        out.chosen = out.baseline
+    return out

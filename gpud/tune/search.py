@@ -1,0 +1,89 @@
+"""The search: which settings to try, given what the trials so far measured (pure: the trials come
+from a callback).
+
+Zeus sweeps the power limit from the maximum to the minimum in 25 W steps. gpud brackets instead:
+a golden-section search over the power limit for the goal's objective, the slowdown constraint
+folded in as a penalty (throughput falls monotonically with the limit, energy per sample is
+unimodal over it), stopped when the bracket is narrower than NVML's ±5 % power accuracy of the
+maximum limit. Then, with the ``clocks`` knob, the same search over a locked maximum SM clock
+around the clock the chosen limit left; and where GPUs of one job run at different clocks, a
+trial that locks the faster ones at the slowest's pace (measured, not assumed).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from gpud.tune.trial import Trial
+
+Goal = Literal["throughput", "energy", "quiet"]
+GOALS: tuple[str, ...] = ("throughput", "energy", "quiet")
+INV_PHI = (math.sqrt(5.0) - 1.0) / 2.0
+# nvml.h, nvmlDeviceGetPowerUsage: "accurate to within +/- 5% of current power draw": a bracket
+# narrower than 5 % of the maximum limit cannot be told apart by the readings.
+POWER_RESOLUTION = 0.05
+CLOCK_RESOLUTION = 0.05  # the same share of the maximum SM clock for a locked-clock search
+PENALTY = 20.0  # the objective grows by this much per unit of slowdown beyond the allowed one
+ZEUS_STEP_W = 25.0
+
+
+@dataclass(frozen=True)
+class Constraint:
+    goal: Goal
+    max_slowdown: float  # a share: 0.05 for 5 %
+    baseline_rate: float
+
+
+def slowdown(t: Trial, baseline_rate: float) -> float:
+    """Share of the baseline's samples per second lost (negative: faster)."""
+    if t.samples_per_second is None or baseline_rate <= 0:
+        return math.inf
+    return 1.0 - t.samples_per_second / baseline_rate
+
+
+def feasible(t: Trial, c: Constraint) -> bool:
+    return t.ok and (c.goal == "throughput" or slowdown(t, c.baseline_rate) <= c.max_slowdown + 1e-12)
+
+
+def objective(t: Trial, c: Constraint) -> float:
+    """What the goal minimises: J per sample (energy), draw in W (quiet: heat, so fan speed), or minus
+    samples per second (throughput); a failed trial is infinite; beyond the slowdown, a penalty."""
+    if not t.ok:
+        return math.inf
+    assert t.samples_per_second is not None and t.joules_per_sample is not None
+    if c.goal == "throughput":
+        return -t.samples_per_second
+    value = t.joules_per_sample if c.goal == "energy" else (t.power_w or math.inf)
+    excess = max(0.0, slowdown(t, c.baseline_rate) - c.max_slowdown)
+    return value * (1.0 + PENALTY * excess)
+
+
+def best(trials: list[Trial], c: Constraint) -> Trial | None:
+    """The feasible trial with the lowest objective (ties: the earliest)."""
+    ok = [t for t in trials if feasible(t, c)]
+    return min(ok, key=lambda t: (objective(t, c), t.number)) if ok else None
+
+
+def golden(f: Callable[[int], float], lo: int, hi: int, tol: float) -> None:
+    """Golden-section search for the minimum of ``f`` over whole numbers in [lo, hi], until the last
+    comparison leaves a bracket at most ``tol`` wide. ``f`` is called once per point (the caller caches)."""
+    a, b = float(lo), float(hi)
+    c, d = round(b - INV_PHI * (b - a)), round(a + INV_PHI * (b - a))
+    fc, fd = f(c), f(d)
+    while (b - a) * INV_PHI > tol and c != d:  # the next comparison leaves a bracket of (b - a) · 0.618
+        if fc <= fd:
+            b, d, fd = d, c, fc
+            c = round(b - INV_PHI * (b - a))
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = round(a + INV_PHI * (b - a))
+            fd = f(d)
+
+
+def zeus_sweep_trials(min_w: float, max_w: float, step_w: float = ZEUS_STEP_W) -> int:
+    """How many power limits Zeus's linear sweep profiles: the maximum down to the minimum in 25 W steps."""
+    return int(math.floor((max_w - min_w) / step_w + 1e-9)) + 1
