@@ -100,7 +100,9 @@ SHORT_HELP = {"status": "GPU telemetry, with what is outside its limits.",
               "ps": "Processes on the GPUs: user, container, memory.",
               "select": "Pick idle, well-connected GPUs for a job.",
               "events": "The health journal: what happened, per GPU.",
-              "burnin": "Accept a machine: stress, memory, bandwidth, thermal soak."}
+              "burnin": "Accept a machine: stress, memory, bandwidth, thermal soak.",
+              "tune": "Measure which power and clock settings train best.",
+              "health": "Health states per GPU, with repair actions."}
 for _cmd in app.registered_commands:
     _name = _cmd.name or (_cmd.callback.__name__.replace("_", "-") if _cmd.callback else None)
     if _name in SHORT_HELP and _cmd.short_help is None:
