@@ -7,8 +7,8 @@ never a crash of the daemon.
 
 Kinds: ``xid``, ``gpu_lost``, ``gpu_back``, ``fan_failsafe``, ``throttle`` (an episode, when it
 ends), ``check`` (a doctor check's status changed), ``profile_apply``, ``profile_restore``,
-``profile_drift``, ``profile_reapply``, ``probe``, ``ecc`` (ECC or row-remap counts changed),
-``reboot``, ``journal_reset``.
+``profile_drift``, ``profile_reapply``, ``profile_rule`` (a rule switched a GPU, lost, or paused),
+``probe``, ``ecc`` (ECC or row-remap counts changed), ``reboot``, ``journal_reset``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from gpud.paths import state_dir
 log = logging.getLogger(__name__)
 
 KINDS = ("xid", "gpu_lost", "gpu_back", "fan_failsafe", "throttle", "check", "profile_apply", "profile_restore",
-         "profile_drift", "profile_reapply", "probe", "ecc", "reboot", "journal_reset", "burnin")
+         "profile_drift", "profile_reapply", "profile_rule", "probe", "ecc", "reboot", "journal_reset", "burnin")
 MAX_ROWS = 20_000  # the oldest events beyond this many go
 MAX_AGE_S = 400 * 86400  # events older than this go (a year and a bit: a warranty claim's horizon)
 BUSY_WAIT_S = 10.0  # how long the daemon's start waits for another process's lock on the journal

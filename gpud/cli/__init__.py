@@ -52,7 +52,22 @@ def debug_enabled() -> bool:
 
 
 def _register() -> None:
-    from gpud.cli import burnin, daemon, doctor, events, metrics, probe, ps, report, select, sim, status, topo, tune
+    from gpud.cli import (
+        burnin,
+        daemon,
+        doctor,
+        events,
+        metrics,
+        probe,
+        ps,
+        report,
+        rules,
+        select,
+        sim,
+        status,
+        topo,
+        tune,
+    )
 
     status.register(app)
     topo.register(app)
@@ -67,6 +82,7 @@ def _register() -> None:
     select.register(app)
     events.register(app)
     burnin.register(app)
+    rules.register(app)
 
 
 _register()

@@ -41,6 +41,8 @@ class Served(Protocol):
 
     def restore(self, fans_only: bool = False, peer: Peer | None = None) -> Reply: ...
 
+    def resume_rules(self, profile: str | None = None, peer: Peer | None = None) -> Reply: ...
+
     def reload(self) -> Reply: ...
 
     def start_probe(self, why: str) -> Reply: ...
@@ -80,4 +82,7 @@ REQUESTS: dict[str, Request] = {
                      read_only=False, required=("profile",)),
     "restore": Request({"fans_only": bool}, lambda d, args, peer: d.restore(bool(args.get("fans_only")), peer),
                        read_only=False),
+    # `gpud apply --rules [PROFILE]`: the [[rules]] switch again (a person's apply paused them)
+    "rules-resume": Request({"profile": str}, lambda d, args, peer: d.resume_rules(args.get("profile"), peer),
+                            read_only=False),
 }
