@@ -9,21 +9,23 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import REPO
 from daemon_helpers import RunningDaemon
+from tuning_helpers import fingerprint, fresh
 
 from gpud import config as cfg
 from gpud.config import Rule
+from gpud.daemon.control import Peer
 from gpud.daemon.service import Daemon
 from gpud.doctor import configcheck
 from gpud.errors import InvalidInput
 from gpud.tuning import engine
 from gpud.tuning import state as st
+from gpud.tuning.profile import load
 from gpud.tuning.rules import Arbiter, Job, choose, matches
 
 POD = "0b6c1d2e-3f4a-5b6c-7d8e-9f0a1b2c3d4e"
@@ -137,3 +139,188 @@ def test_hold_off_keeps_a_restarting_job_and_ends_after_it() -> None:
     bob = Job(2, 7002, "bob", (), "python eval.py", None)
     switched = arb.step(choose([other], [bob]), 10.5)  # another rule's job: at once, no hold-off
     assert switched[2] is not None and switched[2].job.pid == 7002
+
+
+# -- the daemon's switches, in process (the rules' poll driven by hand, a simulated clock) --------
+
+SIM = "z8-fury-4x-a6000"
+UIDS = {"alice": 1001, "bob": 1002, "carol": 1003}
+RULES = """
+[[rules]]
+name = "alice-trains"
+user = "alice"
+profile = "max-performance"
+priority = 10
+
+[[rules]]
+name = "batch"
+slurm_job = true
+profile = "training"
+
+[[rules]]
+name = "notebooks"
+container = true
+command = "jupyter"
+profile = "balanced"
+"""
+
+
+class Rig:
+    """A daemon (not started: no sockets) on a simulated workstation, its rules polled by hand."""
+
+    def __init__(self, tmp_path: Path, rules: str = RULES, base: str | None = "quiet") -> None:
+        conf = tmp_path / "gpud.toml"
+        conf.write_text((f'[daemon]\nprofile = "{base}"\n' if base else "") + rules)
+        self.m = fresh()
+        self.sim = self.m.simulation
+        self.d = Daemon(self.m, cfg.load(str(conf)), str(conf))
+        self.d._load_profile_at_start()
+        self.d.rules.at_start()
+        self.now = 0.0
+        self.d.rules.runner.clock = lambda: self.now
+
+    def start(self, gpu: int, pid: int, user: str = "alice", command: str = "python train.py", **kw: Any) -> None:
+        self.sim.machine.inject("process", gpu=gpu, pid=pid, user=user, uid=UIDS[user], command=command, **kw)
+        self.sim.refresh_root()
+
+    def stop(self, pid: int) -> None:
+        self.sim.machine.inject("process_exit", pid=pid)
+        self.sim.refresh_root()
+
+    def poll(self, at: float) -> None:
+        self.now = at
+        self.d.rules.runner.poll()
+
+    def power(self) -> list[float | None]:
+        return [s.power_management_limit_watts for s in self.m.snapshot().samples]
+
+
+def watts(m: Any, profile: str) -> list[float]:
+    """Each GPU's power limit under ``profile`` (max: the board's maximum; quiet: 80 % of the default)."""
+    snap = m.snapshot()
+    return [float(engine.plan(m, load(profile), snap=snap)[1][g.index]["power_limit_watts"]) for g in snap.gpus]
+
+
+def test_each_gpu_follows_its_own_job_and_goes_back_to_the_base(tmp_path: Path, caplog: Any) -> None:
+    caplog.set_level(logging.INFO, logger="gpud.daemon")
+    rig = Rig(tmp_path)
+    quiet, maxp, training = watts(rig.m, "quiet"), watts(rig.m, "max-performance"), watts(rig.m, "training")
+    balanced = watts(rig.m, "balanced")
+    assert rig.power() == quiet
+    rig.start(2, 7001, slurm_job=1234)  # alice's Slurm job: both rules match, alice-trains has the priority
+    rig.start(0, 7100, user="bob", command="srun python eval.py", slurm_job=88)
+    rig.start(1, 7200, user="carol", command="python -m jupyter lab", container="3f9c2a1b7d4e8f6a0b5c9d2e")
+    rig.poll(0.0)
+    assert rig.power() == [training[0], balanced[1], maxp[2], quiet[3]]
+    log = caplog.text
+    assert "GPU2: max-performance (rule alice-trains: alice, pid 7001, job 1234)" in log
+    assert "GPU2: rule batch (training; alice, pid 7001, job 1234) lost to rule alice-trains" in log
+    assert "GPU0: training (rule batch: bob, pid 7100, job 88)" in log
+    assert "GPU1: balanced (rule notebooks: carol, pid 7200, container 3f9c2a1b7d4e)" in log
+    assert rig.d.rules.profiles() == ((0, "training", "batch"), (1, "balanced", "notebooks"),
+                                      (2, "max-performance", "alice-trains"), (3, "quiet", ""))
+    assert st.load().extra["rules"]["2"] == {"profile": "max-performance", "rule": "alice-trains"}
+    assert rig.d.rules.fans.controllers[2].curve.points != rig.d.rules.fans.controllers[3].curve.points
+    for pid in (7001, 7100, 7200):
+        rig.stop(pid)
+    rig.poll(1.0)
+    assert rig.power()[2] == maxp[2]  # within the hold-off (3 s): kept
+    rig.poll(3.1)
+    assert rig.power() == quiet
+    assert "GPU2: quiet (no rule matches any more)" in caplog.text
+    assert rig.d.rules.profiles() == tuple((g, "quiet", "") for g in range(4))
+    assert "rules" not in st.load().extra
+
+
+def test_a_job_restarting_within_the_hold_off_does_not_flap(tmp_path: Path, caplog: Any) -> None:
+    caplog.set_level(logging.INFO, logger="gpud.daemon")
+    rig = Rig(tmp_path)
+    rig.start(2, 7001)
+    rig.poll(0.0)
+    switches = rig.d.rules.switches
+    rig.stop(7001)
+    rig.poll(0.5)
+    rig.start(2, 7002, command="python train.py --resume")
+    rig.poll(2.0)
+    rig.stop(7002)
+    rig.poll(4.5)  # 2.5 s after it was last seen
+    assert rig.d.rules.switches == switches and "no rule matches" not in caplog.text
+    rig.poll(5.0)
+    assert rig.d.rules.switches == switches + 1 and "GPU2: quiet (no rule matches any more)" in caplog.text
+
+
+def test_without_a_base_profile_a_gpu_goes_back_to_its_originals(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, base=None)
+    before = fingerprint(rig.m)
+    rig.start(3, 7001)
+    rig.poll(0.0)
+    assert rig.power()[3] == watts(rig.m, "max-performance")[3]
+    assert fingerprint(rig.m)["2"] == before["2"]  # only the job's GPU
+    rig.stop(7001)
+    rig.poll(10.0)
+    assert fingerprint(rig.m) == before
+    assert st.load() is None  # nothing applied any more
+
+
+def test_a_profile_applied_by_a_person_pauses_the_rules_until_apply_rules(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.start(2, 7001)
+    rig.poll(0.0)
+    person = Peer(pid=4242, uid=0, gid=0)
+    assert rig.d.apply("balanced", peer=person)["ok"]
+    balanced = rig.power()
+    assert balanced[2] == balanced[0] and rig.d.rules.paused
+    rig.start(3, 7002)
+    rig.poll(1.0)
+    assert rig.power() == balanced  # paused: nothing follows the jobs
+    assert rig.d.resume_rules(peer=person)["ok"]  # gpud apply --rules: the configured base, then the rules
+    assert not rig.d.rules.paused and rig.d.profile == "quiet"
+    rig.poll(2.0)
+    quiet, maxp = watts(rig.m, "quiet"), watts(rig.m, "max-performance")
+    assert rig.power() == [quiet[0], quiet[1], maxp[2], maxp[3]]
+    assert rig.d.restore(peer=person)["ok"]  # gpud restore: the originals, and the rules switch from none
+    rig.poll(3.0)
+    assert rig.power()[2] == maxp[2] and rig.d.rules.base is None
+
+
+# -- end to end: a real daemon, processes injected from outside, SIGKILL mid-switch, restore -----
+
+def test_daemon_follows_injected_jobs_and_a_sigkill_mid_switch_is_undone_by_restore(tmp_path: Path) -> None:
+    original = fingerprint(fresh())
+    env = {**os.environ, "GPUD_SIMULATE": SIM}
+
+    def gpud(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "gpud", *args], env={**env, "GPUD_SOCKET": d.sock},
+                              capture_output=True, text=True, timeout=60, cwd=REPO)
+
+    d = RunningDaemon(tmp_path, SIM, 'profile = "quiet"\nrules_hold_off_seconds = 0.5\nrules_poll_seconds = 0.1\n'
+                      '[[rules]]\nname = "alice-trains"\nuser = "alice"\nprofile = "max-performance"\n')
+    try:
+        r = gpud("sim", "inject", "process", "gpu=2", "pid=7001", "user=alice", "command='python train.py'",
+                 "slurm_job=1234")
+        assert r.returncode == 0, r.stderr
+        d.wait_for(lambda: d.value("gpud_gpu_profile_active", gpu="2", rule="alice-trains") == 1, 20,
+                   "GPU2 on alice's rule")
+        assert d.value("gpud_gpu_profile_active", gpu="1", profile="quiet", rule="") == 1
+        r = gpud("rules", "test", "--json", "--config", str(d.config))
+        doc = json.loads(r.stdout)
+        assert doc["kind"] == "rules_test" and doc["schema_version"] == 2
+        assert doc["gpus"][2] == {"gpu": 2, "profile": "max-performance", "rule": "alice-trains", "pid": 7001,
+                                  "lost": []}
+        r = gpud("sim", "inject", "process_exit", "pid=7001")
+        d.wait_for(lambda: d.value("gpud_gpu_profile_active", gpu="2", profile="quiet") == 1, 20, "GPU2 back")
+        sim = fresh().simulation.machine
+        sim.inject("crash", at_write=int(sim.state["writes"]) + 2)  # the daemon dies between two writes
+        gpud("sim", "inject", "process", "gpu=3", "pid=7002", "user=alice", "command=python")
+        d.proc.wait(30)
+        assert d.proc.returncode == -signal.SIGKILL, d.logs()
+    finally:
+        d.stop()
+    events = gpud("events", "--kind", "profile_rule")
+    assert "GPU2: max-performance (rule alice-trains: alice, pid 7001, job 1234)" in events.stdout, events.stdout
+    assert "GPU2: quiet (no rule matches any more)" in events.stdout
+    assert st.load().pending is True  # the switch saved the originals before its first write
+    fresh().simulation.machine.clear_faults()
+    r = gpud("restore")
+    assert r.returncode == 0, r.stderr
+    assert fingerprint(fresh()) == original and st.load() is None

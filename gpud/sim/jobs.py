@@ -37,6 +37,7 @@ PROCESS_KEYS: dict[str, tuple[Any, Any]] = {
     "unit": (str, None),
 }
 PLACES = ("container", "pod", "slurm_job", "unit")
+PROCESS_KINDS = ("process", "process_exit")  # the fault kinds that start and end processes
 
 
 @dataclass(frozen=True)
