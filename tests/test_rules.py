@@ -175,8 +175,8 @@ class Rig:
         self.m = fresh()
         self.sim = self.m.simulation
         self.d = Daemon(self.m, cfg.load(str(conf)), str(conf))
-        self.d._load_profile_at_start()
         self.d.rules.at_start()
+        self.d._load_profile_at_start()
         self.now = 0.0
         self.d.rules.runner.clock = lambda: self.now
 
@@ -261,6 +261,12 @@ def test_without_a_base_profile_a_gpu_goes_back_to_its_originals(tmp_path: Path)
     rig.poll(10.0)
     assert fingerprint(rig.m) == before
     assert st.load() is None  # nothing applied any more
+    rig.start(1, 7002)
+    rig.poll(11.0)
+    assert fingerprint(rig.m) != before and st.load().extra["rules"] == {
+        "1": {"profile": "max-performance", "rule": "alice-trains"}}
+    again = Rig(tmp_path, base=None)  # a daemon killed with GPU1 switched, started again: GPU1 put back first
+    assert fingerprint(again.m) == before and st.load() is None
 
 
 def test_a_profile_applied_by_a_person_pauses_the_rules_until_apply_rules(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from gpud.daemon.recorder import Recorder
 from gpud.errors import GpudError
 from gpud.hw.machine import Machine
 from gpud.tuning.enforce import Enforcer
+from gpud.tuning import engine
 from gpud.tuning.engine import Change, Desired, Outcome
 from gpud.tuning.fanloop import FanControl
 from gpud.tuning.profile import Profile
@@ -269,29 +270,38 @@ class ProfileRules:
                 self.switch({g: None for g in self.held}, why="release")
 
     def at_start(self) -> None:
-        """GPUs the state file says a rule switched (a daemon that was killed): back to the base."""
+        """GPUs the state file says a rule switched (a daemon that was killed): back to their originals
+        first, before the base profile is applied to every GPU (so nothing the rule's profile set and
+        the base does not mention stays)."""
         try:
             held = switched(self.machine)
+            data = engine.read_state(self.machine)
         except GpudError as err:
             log.error("profile rules: %s", err)
             return
-        if not held:
+        if not held or data is None:
             return
-        log.warning("GPU(s) %s were left on a rule's profile by an earlier daemon: back to %s",
-                    ",".join(map(str, sorted(held))), self.base or "no profile")
+        log.warning("GPU(s) %s were left on a rule's profile by an earlier daemon: putting them back",
+                    ",".join(map(str, sorted(held))))
         with self.lock:
-            base = self.load(self.base) if self.base else None
-            out, desired = switch(self.machine, base, {g: base for g in held}, {})
+            name = data.source or data.profile
+            try:
+                base = self.load(name) if name else None
+            except GpudError:
+                base = None
+            out, _ = switch(self.machine, base, {g: None for g in held}, {})
             if not out.ok:
                 log.error("profile rules: GPUs left by an earlier daemon not put back: %s", out.error)
-                return
-            if desired or self.base:
-                self.enforcer.follow(self.base or "", desired,
-                                     dict(self.enforcer.state.desired.get("host", {})) if self.enforcer.state else {})
-            else:
-                self.enforcer.follow(None, {})
+            elif base is None:
                 drop_if_empty(self.machine)
-            self.fans.configure(desired)
+
+    def stop(self) -> None:
+        """The daemon stops: nothing will switch the GPUs back, so a rule's GPUs go back to the base now."""
+        self.runner.pause()
+        try:
+            self.release()
+        except Exception:  # noqa: BLE001 - logged; the fans are handed back next, whatever happened
+            log.exception("profile rules: GPUs not put back at stop")
 
     def pause(self, who: str) -> None:
         """A person applied a profile: the rules' GPUs go back to the base, and nothing switches until

@@ -248,8 +248,8 @@ class Daemon:
         if note:
             log.warning("%s", note)
         self._open_journal()
+        self.rules.at_start()  # GPUs a killed daemon left on a rule's profile: back to their originals first
         self._load_profile_at_start()
-        self.rules.at_start()  # GPUs a killed daemon left on a rule's profile: back to the base first
         try:  # blocking readings (PCIe throughput, processes): a thread off the tick, first round now
             self.machine.nvml.start_sampler(self.stop_event)
         except GpudError as err:
@@ -290,6 +290,7 @@ class Daemon:
     def shutdown(self) -> int:
         notify("STOPPING=1")
         with self.tuning_lock:
+            self.rules.stop()  # no daemon, no switch back: a rule's GPUs go back to the base now
             self.fans.release()  # fans back to the driver first, whatever else happens
             if self.config.daemon.restore_on_stop:
                 try:
