@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from conftest import REPO
 from daemon_helpers import RunningDaemon
-from tuning_helpers import fingerprint, fresh
+from tuning_helpers import cli, fingerprint, fresh
 
 from gpud import config as cfg
 from gpud.config import Rule
@@ -202,7 +202,7 @@ def watts(m: Any, profile: str) -> list[float]:
     return [float(engine.plan(m, load(profile), snap=snap)[1][g.index]["power_limit_watts"]) for g in snap.gpus]
 
 
-def test_each_gpu_follows_its_own_job_and_goes_back_to_the_base(tmp_path: Path, caplog: Any) -> None:
+def test_each_gpu_follows_its_own_job_and_goes_back_to_the_base(tmp_path: Path, caplog: Any, capsys: Any) -> None:
     caplog.set_level(logging.INFO, logger="gpud.daemon")
     rig = Rig(tmp_path)
     quiet, maxp, training = watts(rig.m, "quiet"), watts(rig.m, "max-performance"), watts(rig.m, "training")
@@ -221,6 +221,11 @@ def test_each_gpu_follows_its_own_job_and_goes_back_to_the_base(tmp_path: Path, 
     assert rig.d.rules.profiles() == ((0, "training", "batch"), (1, "balanced", "notebooks"),
                                       (2, "max-performance", "alice-trains"), (3, "quiet", ""))
     assert st.load().extra["rules"]["2"] == {"profile": "max-performance", "rule": "alice-trains"}
+    code, out, _ = cli(capsys, "status", "--simulate", SIM)
+    assert ("Profiles: GPU0 training (rule batch); GPU1 balanced (rule notebooks); GPU2 max-performance "
+            "(rule alice-trains); GPU3 quiet") in out, out
+    code, out, _ = cli(capsys, "rules", "test", "--simulate", SIM, "--config", str(tmp_path / "gpud.toml"))
+    assert code == 0 and "GPU2  max-performance (rule alice-trains: alice, pid 7001, job 1234)" in out, out
     assert rig.d.rules.fans.controllers[2].curve.points != rig.d.rules.fans.controllers[3].curve.points
     for pid in (7001, 7100, 7200):
         rig.stop(pid)
