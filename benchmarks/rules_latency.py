@@ -93,7 +93,8 @@ def measure(runs: int, state: str) -> dict[str, Any]:
 
 def rows(result: dict[str, Any]) -> list[tuple[str, float, str, str, bool | None, str]]:
     """(figure, value, unit, target, ok, how) for the benchmark table."""
-    n, how = result["runs"], f"{result['runs']} runs, journal time − injection time, defaults (0.5 s poll, 3 s hold-off)"
+    n = result["runs"]
+    how = f"{n} runs, journal time − injection time, defaults (0.5 s poll, 3 s hold-off)"
     s, b = result["switch"], result["back"]
     return [
         ("rule switch latency p50", pct(s, 0.5), "s", f"≤ {SWITCH_TARGET_S:g}", pct(s, 0.5) <= SWITCH_TARGET_S, how),

@@ -23,8 +23,8 @@ from gpud.config import Config, Rule
 from gpud.daemon.recorder import Recorder
 from gpud.errors import GpudError
 from gpud.hw.machine import Machine
-from gpud.tuning.enforce import Enforcer
 from gpud.tuning import engine
+from gpud.tuning.enforce import Enforcer
 from gpud.tuning.engine import Change, Desired, Outcome
 from gpud.tuning.fanloop import FanControl
 from gpud.tuning.profile import Profile
