@@ -10,15 +10,44 @@ creates its CUDA context.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gpud.errors import InvalidInput
 from gpud.schema import REQUIRED as _ANY
 
-if TYPE_CHECKING:
-    from gpud.sim.faults import Fault
-    from gpud.sim.machine import SimMachine
+
+class Fault(Protocol):
+    """A fault as this module reads it (``gpud.sim.faults.Fault``, which stands above it)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def params(self) -> Mapping[str, Any]: ...
+
+
+class GpuSpec(Protocol):
+    @property
+    def processes(self) -> tuple[Process, ...]: ...
+
+
+class Description(Protocol):
+    @property
+    def gpus(self) -> Sequence[GpuSpec]: ...
+
+
+class SimMachine(Protocol):
+    """What the hooks and ``running`` read of the simulated machine (``SimMachine``, which stands above)."""
+
+    state: dict[str, Any]
+
+    @property
+    def desc(self) -> Description: ...
+
+    @property
+    def faults(self) -> Sequence[Fault]: ...
 
 PROCESS_KEYS: dict[str, tuple[Any, Any]] = {
     "pid": (int, _ANY),
