@@ -336,3 +336,24 @@ def test_daemon_follows_injected_jobs_and_a_sigkill_mid_switch_is_undone_by_rest
     r = gpud("restore")
     assert r.returncode == 0, r.stderr
     assert fingerprint(fresh()) == original and st.load() is None
+
+
+def test_the_daemon_reads_each_identity_a_rule_matches_on_from_nvml_and_proc() -> None:
+    """What the rules' poll reads of each GPU process: NVML's compute list, then /proc/PID once."""
+    from gpud.daemon.rules import Jobs, process_lists
+
+    m = fresh()
+    sim = m.simulation
+    sim.machine.inject("process", gpu=0, pid=7300, user="dave", uid=1004, command="python serve.py",
+                       pod="0b6c1d2e-3f4a-5b6c-7d8e-9f0a1b2c3d4e")
+    sim.machine.inject("process", gpu=1, pid=7301, user="erin", uid=1005, command="python nb.py",
+                       unit="jupyter.service")
+    sim.machine.inject("process", gpu=3, pid=7302, user="xorg", uid=0, command="Xorg :0", graphics=True)
+    sim.refresh_root()
+    jobs = {j.pid: j for j in Jobs(m).read(process_lists(m))}
+    assert set(jobs) == {7300, 7301}  # the compute list: a graphics-only process is no job
+    assert jobs[7300] == Job(0, 7300, "dave", ("dave",), "python serve.py", f"pod:{POD}")
+    assert jobs[7301].workload == "unit:jupyter.service" and jobs[7301].groups == ("erin",)
+    for keys, pid in (({"group": "dave"}, 7300), ({"pod": POD}, 7300), ({"unit": "jupyter"}, 7301),
+                      ({"any_compute": True, "gpus": [1]}, 7301)):
+        assert [j.pid for j in jobs.values() if matches(rule(**keys), j)] == [pid], keys
