@@ -1,11 +1,12 @@
 """gpud's benchmarks: what it costs and how fast it answers, beside a peer. Prints a table
 (figure, target, verdict) and writes the same as JSON.
 
-    python benchmarks/bench.py [--json PATH] [--quick]
+    python benchmarks/bench.py [--json PATH] [--quick] [--rule-runs N]
 
 Everything runs here, in one run, on simulated workstations (private state directory):
 tick cost in-process; the daemon as a child process for footprint, scrape latency and tick
-jitter; Debian's prometheus-node-exporter on loopback as the peer for scrape latency; the probe's
+jitter; the profile rules' switch and switch-back latency (benchmarks/rules_latency.py); Debian's
+prometheus-node-exporter on loopback as the peer for scrape latency; the probe's
 per-step overhead against a plain DDP loop (two gloo ranks). docs/performance.md explains each.
 """
 
@@ -269,6 +270,8 @@ def main() -> int:  # noqa: C901 - one benchmark run, step by step
     ap.add_argument("--json", default=str(REPO / "benchmarks" / "results.json"), help="where to write the results")
     ap.add_argument("--quick", action="store_true", help="shorter phases (for a smoke run; figures are noisier)")
     ap.add_argument("--tick-only", action="store_true", help="the CLI and tick figures only (about 30 s)")
+    ap.add_argument("--rule-runs", type=int, default=None, help="profile-rule switches to time (default 20, "
+                                                                "--quick 3; each waits for the 3 s hold-off)")
     args = ap.parse_args()
     q = args.quick
     state = tempfile.mkdtemp(prefix="gpud-bench-")
@@ -420,6 +423,16 @@ def main() -> int:  # noqa: C901 - one benchmark run, step by step
         if node is not None:
             node.kill()
             node.wait()
+    # -- profile rules: switch and switch-back latency ---------------------------------------------
+    from rules_latency import measure
+    from rules_latency import rows as rule_rows
+
+    rule_state = tempfile.mkdtemp(prefix="gpud-bench-rules-")
+    result = measure(args.rule_runs or (3 if q else 20), rule_state)
+    os.environ["GPUD_STATE_DIR"] = state
+    shutil.rmtree(rule_state, ignore_errors=True)
+    for figure, value, unit, target, ok, how in rule_rows(result):
+        row(figure, value, unit, target, ok, how)
     # -- the probe --------------------------------------------------------------------------------
     over = probe_overhead(env, quick=q)
     if over is not None:

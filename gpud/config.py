@@ -8,13 +8,14 @@ Every key is documented in ``docs/configuration.md``; an invalid file is rejecte
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from gpud.errors import InvalidInput
 from gpud.paths import CONFIG_DIR
-from gpud.schema import Spec, build, key, load_toml, out_of_range, spec_of
+from gpud.schema import REQUIRED, Spec, build, key, load_toml, out_of_range, spec_of
 
 DEFAULT_PATH = CONFIG_DIR / "gpud.toml"
 NUM = (int, float)
@@ -70,6 +71,40 @@ class DaemonSection:
     probe_idle_minutes: float = key(NUM, 10)
     probe_world_sizes: list[int] | None = key(list)
     status_processes: StatusProcesses = key(("protected", "always", "never"), "protected")
+    # [[rules]]: how long a GPU keeps a rule's profile after its last matching process left (a job that
+    # restarts within it does not flap the settings), and how often the GPUs' process lists are polled.
+    rules_hold_off_seconds: float = key(NUM, 3.0, between=(0, 3600, "s"))
+    rules_poll_seconds: float = key(NUM, 0.5, between=(0.05, 10, "s"))
+
+
+# What a rule matches on: present (true), absent (false) or equal to a value.
+PRESENCE = ("container", "pod", "slurm_job", "unit")
+RULE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One ``[[rules]]`` table: which processes it matches (every key given must hold) and the profile
+    the GPUs they use switch to. ``gpu_indices`` None: any GPU."""
+
+    name: str = key(str, REQUIRED)
+    profile: str = key(str, REQUIRED)
+    user: str | None = key(str)
+    group: str | None = key(str)
+    command: str | None = key(str)  # a regular expression, searched in the command line
+    container: str | bool | None = key((str, bool))
+    pod: str | bool | None = key((str, bool))
+    slurm_job: str | int | bool | None = key((str, int, bool))
+    unit: str | bool | None = key((str, bool))
+    any_compute: bool | None = key(bool)
+    priority: int = key(int, 0, between=(-1000, 1000, ""))
+    gpus: list[int] | None = key(list)
+
+    @property
+    def matchers(self) -> tuple[str, ...]:
+        """The match keys this rule gives."""
+        return tuple(k for k in ("user", "group", "command", *PRESENCE, "any_compute")
+                     if getattr(self, k) is not None)
 
 
 @dataclass(frozen=True)
@@ -92,8 +127,10 @@ DOCTOR: Spec = spec_of(DoctorSection)
 DAEMON: Spec = spec_of(DaemonSection)
 PROBE: Spec = spec_of(ProbeSection)
 HEALTH: Spec = spec_of(HealthSection)
+RULE: Spec = spec_of(Rule)
 SECTIONS: dict[str, Spec] = {"machine": MACHINE, "doctor": DOCTOR, "daemon": DAEMON, "probe": PROBE,
                              "health": HEALTH}
+ARRAYS = ("rules",)  # arrays of tables
 
 
 @dataclass(frozen=True)
@@ -104,6 +141,7 @@ class Config:
     daemon: DaemonSection = field(default_factory=DaemonSection)
     probe: ProbeSection = field(default_factory=ProbeSection)
     health: HealthSection = field(default_factory=HealthSection)
+    rules: tuple[Rule, ...] = ()
 
     def efficiency_thresholds(self) -> dict[int, float]:
         return {int(k): float(v) for k, v in self.probe.min_efficiency.items()}
@@ -116,8 +154,8 @@ class Config:
 
 def parse(data: dict[str, Any], file: str) -> Config:
     for name in data:
-        if name not in SECTIONS:
-            raise InvalidInput(file, name, f"unknown section (known: {', '.join(SECTIONS)})")
+        if name not in SECTIONS and name not in ARRAYS:
+            raise InvalidInput(file, name, f"unknown section (known: {', '.join([*SECTIONS, *ARRAYS])})")
     machine = build(MachineSection, data.get("machine", {}), file, "machine")
     doctor = build(DoctorSection, data.get("doctor", {}), file, "doctor")
     if machine.expect_gpus is not None and not 0 <= machine.expect_gpus <= 64:
@@ -192,7 +230,53 @@ def parse(data: dict[str, Any], file: str) -> Config:
     xids = health.application_xids
     if xids is not None and not all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 1023 for x in xids):
         raise InvalidInput(file, "health.application_xids", f"must be a list of Xid numbers 1..1023, not {xids!r}")
-    return Config(file, machine, doctor, daemon, probe, health)
+    out_of_range(daemon, file, "daemon")
+    return Config(file, machine, doctor, daemon, probe, health, parse_rules(data.get("rules", []), file))
+
+
+def parse_rules(raw: Any, file: str) -> tuple[Rule, ...]:
+    """``[[rules]]``: each a table of known keys, at least one match key, a unique name, a command
+    that compiles, GPU indices 0..63; ``file: rules[k].key: reason`` otherwise."""
+    if not isinstance(raw, list):
+        raise InvalidInput(file, "rules", "must be an array of tables ([[rules]])")
+    rules: list[Rule] = []
+    names: dict[str, int] = {}
+    for k, table in enumerate(raw):
+        where = f"rules[{k}]"
+        rule = build(Rule, table, file, where)
+        out_of_range(rule, file, where)
+        if not RULE_NAME.match(rule.name):
+            raise InvalidInput(file, f"{where}.name", "letters, digits, '.', '_' and '-' (at most 64), "
+                                                      f"starting with a letter or digit, not {rule.name!r}")
+        if rule.name in names:
+            raise InvalidInput(file, f"{where}.name", f"{rule.name!r} is already rules[{names[rule.name]}]")
+        names[rule.name] = k
+        if not rule.profile or "\0" in rule.profile or len(rule.profile) > 4096:
+            raise InvalidInput(file, f"{where}.profile", "must be a profile name or path")
+        if not rule.matchers:
+            raise InvalidInput(file, where, "matches nothing: give at least one of user, group, command, "
+                                            "container, pod, slurm_job, unit, any_compute")
+        if rule.any_compute is False:
+            raise InvalidInput(file, f"{where}.any_compute", "only true means something (leave it out)")
+        for name in ("user", "group", "command", *PRESENCE):
+            value = getattr(rule, name)
+            if isinstance(value, str) and (not value or any(ord(c) < 32 for c in value) or len(value) > 4096):
+                raise InvalidInput(file, f"{where}.{name}", "must be a non-empty line of text")
+        if isinstance(rule.slurm_job, int) and not isinstance(rule.slurm_job, bool) and rule.slurm_job < 0:
+            raise InvalidInput(file, f"{where}.slurm_job", "a Slurm job id is at least 0")
+        if isinstance(rule.slurm_job, str) and not rule.slurm_job.isdigit():
+            raise InvalidInput(file, f"{where}.slurm_job", f"a Slurm job id is a number, not {rule.slurm_job!r}")
+        if rule.command is not None:
+            try:
+                re.compile(rule.command)
+            except re.error as err:
+                raise InvalidInput(file, f"{where}.command", f"not a regular expression: {err}") from err
+        gpus = rule.gpus
+        if gpus is not None and (not gpus or not all(isinstance(g, int) and not isinstance(g, bool) and 0 <= g < 64
+                                                     for g in gpus) or len(set(gpus)) != len(gpus)):
+            raise InvalidInput(file, f"{where}.gpus", f"must be a list of different GPU indices 0..63, not {gpus!r}")
+        rules.append(rule)
+    return tuple(rules)
 
 
 def parse_listen(text: str) -> tuple[str, int]:

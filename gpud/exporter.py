@@ -66,6 +66,8 @@ class Observation:
     usage: Usage | None = None  # the daemon's time accounting (None for a one-shot `gpud metrics`)
     burnin: Mapping[str, Any] | None = None  # the last `gpud burnin` document (docs/json.md), or None
     health: tuple[Health, ...] = ()  # gpud.doctor.health: per GPU and component
+    # (gpu, profile, rule) of each GPU with a profile: the rule that switched it, "" for the base profile
+    profiles: tuple[tuple[int, str, str], ...] = ()
 
 
 def _gpu_labels(i: int, uuid: str) -> list[str]:
@@ -79,7 +81,7 @@ SLOW_FAMILIES = {
     "gpud_gpu_shutdown_temperature_celsius", "gpud_gpu_power_default_limit_watts", "gpud_gpu_power_min_limit_watts",
     "gpud_gpu_power_max_limit_watts", "gpud_gpu_max_clock_hertz", "gpud_gpu_xid_errors", "gpud_xid_info",
     "gpud_check_status",
-    "gpud_profile_info", "gpud_health_state", "gpud_health_info",
+    "gpud_profile_info", "gpud_health_state", "gpud_health_info", "gpud_gpu_profile_active",
 }
 
 
@@ -329,6 +331,13 @@ class GpudCollector(Collector):
                                  labels=["profile"])
         prof.add_metric([obs.profile or "none"], 1)
         yield prof
+        uuids = {x.index: x.uuid for x in obs.snapshot.samples} if obs.snapshot is not None else {}
+        active = GaugeMetricFamily("gpud_gpu_profile_active", "1 for the profile each GPU follows now and the rule "
+                                   "that switched it (rule \"\": the base profile)",
+                                   labels=["gpu", "uuid", "profile", "rule"])
+        for gpu_index, name, rule in obs.profiles:
+            active.add_metric([*_gpu_labels(gpu_index, uuids.get(gpu_index, "")), name, rule], 1)
+        yield active
         # The same meaning in the daemon and in `gpud metrics`: the setting differs from the applied
         # profile now (in the daemon: after this tick's re-apply), per GPU ("" for the host) and setting.
         drift = GaugeMetricFamily("gpud_profile_drift", "1 if the setting differs from the applied profile now",
@@ -463,7 +472,7 @@ class Renderer:
     def render(self, obs: Observation) -> bytes:
         snap = obs.snapshot
         key = (tuple(id(g) for g in snap.gpus) if snap else (), snap.versions if snap else None, id(obs.checks),
-               obs.xids, id(obs.probe), obs.profile, id(obs.burnin), id(obs.health))
+               obs.xids, id(obs.probe), obs.profile, id(obs.burnin), id(obs.health), obs.profiles)
         if key != self._key:
             self._slow = generate_latest(registry(lambda: obs, "slow"))
             self._key = key

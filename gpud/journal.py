@@ -7,9 +7,9 @@ never a crash of the daemon.
 
 Kinds: ``xid``, ``gpu_lost``, ``gpu_back``, ``fan_failsafe``, ``throttle`` (an episode, when it
 ends), ``check`` (a doctor check's status changed), ``profile_apply``, ``profile_restore``,
-``profile_drift``, ``profile_reapply``, ``probe``, ``ecc`` (ECC or row-remap counts changed),
-``reboot``, ``journal_reset``, ``set_healthy`` (``gpud health set-healthy``: who and why), ``job_end``
-(``gpud doctor --epilog``: the Xids a Slurm job saw).
+``profile_drift``, ``profile_reapply``, ``profile_rule`` (a rule switched a GPU, lost, or paused),
+``probe``, ``ecc`` (ECC or row-remap counts changed), ``reboot``, ``journal_reset``, ``set_healthy``
+(``gpud health set-healthy``: who and why), ``job_end`` (``gpud doctor --epilog``: the Xids a Slurm job saw).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from gpud.paths import state_dir
 log = logging.getLogger(__name__)
 
 KINDS = ("xid", "gpu_lost", "gpu_back", "fan_failsafe", "throttle", "check", "profile_apply", "profile_restore",
-         "profile_drift", "profile_reapply", "probe", "ecc", "reboot", "journal_reset", "burnin", "set_healthy",
-         "job_end")
+         "profile_drift", "profile_reapply", "profile_rule", "probe", "ecc", "reboot", "journal_reset", "burnin",
+         "set_healthy", "job_end")
 MAX_ROWS = 20_000  # the oldest events beyond this many go
 MAX_AGE_S = 400 * 86400  # events older than this go (a year and a bit: a warranty claim's horizon)
 BUSY_WAIT_S = 10.0  # how long the daemon's start waits for another process's lock on the journal

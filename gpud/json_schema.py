@@ -172,7 +172,9 @@ def _some(kind: str, required: dict[str, Schema], optional: dict[str, Schema]) -
 
 
 SCHEMAS: dict[str, Schema] = {
-    "status": _document("status", {"timestamp": {"type": "number"}, "gpus": {"type": "array", "items": GPU}}),
+    "status": _document("status", {"timestamp": {"type": "number"}, "gpus": {"type": "array", "items": GPU},
+                                   "profiles": {"type": "array", "items": _obj({
+                                       "gpu": {"type": "integer"}, "profile": {"type": "string"}, "rule": STR})}}),
     "topo": _document("topo", {
         "gpus": {"type": "array", "items": _obj({
             "index": {"type": "integer"}, "uuid": STR, "name": STR, "pci_bus_id": STR, "lost": {"type": "boolean"},
@@ -216,6 +218,15 @@ SCHEMAS: dict[str, Schema] = {
             "type": "object", "properties": {"gpu": INT, "setting": {"type": "string"}, "status": {"type": "string"}},
             "required": ["gpu", "setting", "current", "desired", "status"]}}}),
     "restore": _document("restore", {"restored": STRS, "failed": STRS, "target": STR}),
+    "rules_test": _document("rules_test", {
+        "base": STR, "rules": STRS,
+        "gpus": {"type": "array", "items": _obj({"gpu": {"type": "integer"}, "profile": STR, "rule": STR, "pid": INT,
+                                                 "lost": {"type": "array", "items": _obj({
+                                                     "rule": {"type": "string"}, "profile": {"type": "string"},
+                                                     "pid": {"type": "integer"}})}})},
+        "processes": {"type": "array", "items": _obj({
+            "gpu": {"type": "integer"}, "pid": {"type": "integer"}, "user": STR, "groups": STRS, "command": STR,
+            "container": STR, "kind": {"type": "string"}, "rules": STRS})}}),
     "profile_list": _document("profile_list", {"profiles": {"type": "array", "items": _obj({
         "name": {"type": "string"}, "path": {"type": "string"}, "description": {"type": "string"}})}}),
     "profile": _document("profile", {"name": {"type": "string"}, "source": STR, "chain": STRS, "description": STR,

@@ -57,14 +57,16 @@ def observe(machine: Machine, config: Config | None, *, snapshot: Snapshot | Non
             tuning: tuple[str | None, Drift] | None = None,
             probe: Callable[[], ProbeReport | None] = history.latest,
             running: Running | None = None, daemon_fans: bool = False,
-            health: tuple[Health, ...] | None = None) -> Observation:
+            health: tuple[Health, ...] | None = None,
+            profiles: tuple[tuple[int, str, str], ...] | None = None) -> Observation:
     """The observation of ``machine``: what is not given is read now.
 
     Without ``running`` (``gpud metrics``): a missing snapshot is taken, doctor runs (``config``), the
     Xids come from the kernel log, the drift from ``tuning.verify`` and the profile from the state
     file. With ``running`` (the daemon): ``snapshot`` may be None (no reading yet) and is never taken
     here; ``tuning`` is (the profile the daemon enforces, its drift). ``daemon_fans``: a daemon drives
-    the fans, so ``gpud metrics`` compares their curves as the daemon does."""
+    the fans, so ``gpud metrics`` compares their curves as the daemon does. ``profiles``: (gpu, profile,
+    rule) per GPU, as the daemon holds them; read from the state file when not given."""
     snap = snapshot if snapshot is not None or running is not None else machine.snapshot()
     if checks is None:
         checks = diagnose(machine, config if config is not None else Config(), snapshot=snap, in_daemon=True).checks
@@ -81,12 +83,31 @@ def observe(machine: Machine, config: Config | None, *, snapshot: Snapshot | Non
         xids = tuple(machine.host.xid_events() or ())
     if health is None:  # `gpud metrics`: from these checks and Xids, and the journal
         health = gather(machine, config if config is not None else Config(), checks, snap, xids=xids)
+    if profiles is None:
+        profiles = profiles_of(tuning_state.load())
     run = running if running is not None else Running()
     return Observation(snapshot=snap, xids=xids, checks=checks, profile=profile, drift=drifts,
                        reapply_total=run.reapply_total, reapply_failures_total=run.reapply_failures_total,
                        fan_failsafe_total=run.fan_failsafe_total, probe=probe(),
                        nvml_errors=dict(machine.nvml.errors), tick=run.tick, last_tick=run.last_tick,
-                       usage=run.usage, burnin=last_burnin(), health=health)
+                       usage=run.usage, burnin=last_burnin(), health=health, profiles=profiles)
+
+
+def profiles_of(data: tuning_state.TuningState | None) -> tuple[tuple[int, str, str], ...]:
+    """(gpu, profile, rule) of each GPU the state file gives settings: the rule that switched it
+    (``extra["rules"]``, written by the daemon's rules), else the applied profile with rule ""."""
+    if data is None:
+        return ()
+    raw = data.extra.get("rules")
+    rules = raw if isinstance(raw, dict) else {}
+    out = []
+    for key in sorted(set(data.gpu_desired()) | {int(k) for k in rules if str(k).isdigit()}):
+        got = rules.get(str(key))
+        if isinstance(got, dict) and isinstance(got.get("profile"), str):
+            out.append((key, str(got["profile"]), str(got.get("rule") or "")))
+        elif data.profile:
+            out.append((key, data.profile, ""))
+    return tuple(out)
 
 
 _burnin_cache: dict[str, Any] = {"key": None, "doc": None}

@@ -66,7 +66,7 @@ def parse_toml_value(raw: str) -> Any:
 def _type_ok(value: Any, kind: Any) -> bool:
     if isinstance(kind, tuple) and kind and isinstance(kind[0], str):
         return value in kind
-    if kind is int or (isinstance(kind, tuple) and int in kind and float not in kind):
+    if kind is int or (isinstance(kind, tuple) and int in kind and float not in kind and bool not in kind):
         if isinstance(value, bool):
             return False
     if isinstance(kind, tuple) and float in kind and isinstance(value, bool):

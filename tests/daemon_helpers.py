@@ -30,7 +30,7 @@ METRICS = [
     "gpud_probe_allreduce_busbw_bytes_per_second", "gpud_probe_p2p_bandwidth_bytes_per_second",
     "gpud_probe_last_run_timestamp_seconds", "gpud_probe_success",
     "gpud_gpu_clock_event_seconds_total", "gpud_gpu_throttled_seconds_total", "gpud_gpu_watched_seconds_total",
-    "gpud_last_tick_timestamp_seconds", "gpud_health_state", "gpud_health_info",
+    "gpud_last_tick_timestamp_seconds", "gpud_health_state", "gpud_health_info", "gpud_gpu_profile_active",
 ]
 
 

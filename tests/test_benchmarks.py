@@ -11,7 +11,8 @@ from conftest import REPO
 
 def test_benchmark_command_prints_every_row(tmp_path) -> None:
     out = tmp_path / "results.json"
-    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench.py"), "--quick", "--json", str(out)],
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench.py"), "--quick", "--rule-runs", "2",
+                        "--json", str(out)],
                        capture_output=True, text=True, timeout=600, cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
@@ -23,7 +24,8 @@ def test_benchmark_command_prints_every_row(tmp_path) -> None:
                    "tick period error p99, 50 scrapers",
                    "/metrics p99, 100 idle or partial connections open",
                    "probe per-step overhead against a plain DDP loop",
-                   "render a 100 000-character command and journal summary at 80 columns"):
+                   "render a 100 000-character command and journal summary at 80 columns",
+                   "rule switch latency p95", "rule switch-back latency p95"):
         assert needle in figures, needle
         assert needle in r.stdout
     assert all(row["verdict"] in ("ok", "MISSED", "n/a") for row in rows)

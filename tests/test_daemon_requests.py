@@ -47,7 +47,7 @@ def test_the_dispatch_table_is_the_one_list_of_requests(state_dir) -> None:
     from gpud.daemon.requests import REQUESTS
     from gpud.daemon.service import Daemon
 
-    names = ["ping", "status", "verify", "reload", "probe-now", "apply", "restore", "set-healthy"]
+    names = ["ping", "status", "verify", "reload", "probe-now", "apply", "restore", "set-healthy", "rules-resume"]
     assert list(COMMANDS) == list(REQUESTS) == names
     assert check_request({"cmd": "nope"}) == f"unknown command (known: {', '.join(names)})"
     assert {n for n, r in REQUESTS.items() if r.read_only} == {"ping", "status", "verify"}
@@ -71,6 +71,8 @@ def test_the_dispatch_table_is_the_one_list_of_requests(state_dir) -> None:
     assert "bad request" in d.handle({"cmd": "set-healthy", "args": {"gpu": 0, "reason": "x"}})["error"]
     reply = d.handle({"cmd": "set-healthy", "args": {"gpu": "0", "reason": "reseated"}})
     assert not reply["ok"] and "journal" in reply["error"]
+    reply = d.handle({"cmd": "rules-resume", "args": {"profile": "quiet"}})  # gpud apply --rules quiet
+    assert reply["ok"] and d.profile == "quiet" and d.rules.base == "quiet", reply
 
 
 def test_the_daemon_applies_a_fan_curve_profile_on_gpus_without_fans(state_dir) -> None:

@@ -112,10 +112,11 @@ def test_every_other_json_output_has_the_envelope_and_follows_the_schema(desc: s
         "ps": _doc("ps", *sim), "select": _doc("select", *sim), "apply": _doc("apply", "quiet", "--dry-run", *sim),
         "profile": _doc("profile", "show", "quiet", *sim), "profile_list": _doc("profile", "list"),
         "sim_list": _doc("sim", "list"), "verify": _doc("verify", *sim), "restore": _doc("restore", *sim),
+        "rules_test": _doc("rules", "test", *sim),
     }
     for kind, doc in docs.items():
         assert doc["kind"] == kind and check(doc) == [], (desc, kind, check(doc))
-    for kind in ("ps", "select", "apply", "profile", "verify", "restore"):
+    for kind in ("ps", "select", "apply", "profile", "verify", "restore", "rules_test"):
         assert docs[kind]["host"] == host, kind
     applied = _doc("apply", "quiet", *sim)
     assert applied["dry_run"] is False and check(applied) == [], check(applied)

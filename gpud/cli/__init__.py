@@ -62,6 +62,7 @@ def _register() -> None:
         probe,
         ps,
         report,
+        rules,
         select,
         sim,
         status,
@@ -85,6 +86,7 @@ def _register() -> None:
     burnin.register(app)
     tuner.register(app)
     health.register(app)
+    rules.register(app)
 
 
 _register()

@@ -56,7 +56,8 @@ def sim_reset(name: Annotated[str | None, typer.Argument(help="Name or path (def
 @sim_app.command("inject")
 def sim_inject(
     kind: Annotated[str, typer.Argument(help="gpu_lost, unsupported, no_permission, link_degraded, nvlink_down, "
-                                             "p2p, clock_events, xid, fan_stuck")],
+                                             "p2p, clock_events, xid, fan_stuck, process, process_exit, … "
+                                             "(docs/simulation.md)")],
     params: Annotated[List[str] | None, typer.Argument(help='KEY=VALUE, values in TOML: gpu=2 gpus=[2,3] '
                                                                'call="nvmlDeviceGetTemperature"')] = None,
     simulate: Simulate = None,

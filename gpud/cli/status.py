@@ -11,7 +11,7 @@ import typer
 
 from gpud import __version__
 from gpud.cli.common import GpuIds, Json, Simulate, gpu_ids, gpus_of, host, machine, narrow
-from gpud.cli.output import clear_screen, colour, emit_json, fmt, is_tty, plural, table, visible_len, width, wrap
+from gpud.cli.output import clean, clear_screen, colour, emit_json, fmt, is_tty, plural, table, visible_len, width, wrap
 from gpud.hw.machine import Machine
 from gpud.model import CheckResult, GpuInfo, GpuSample, Snapshot, document, sample_json, slow_open, to_jsonable
 
@@ -199,9 +199,34 @@ def render(label: str, snap: Snapshot, when: float | None = None, view: str = "a
 
 def status_document(m: Machine, snap: Snapshot) -> dict[str, Any]:
     infos = {g.index: g for g in snap.gpus}
+    shown = {s.index for s in snap.samples}
     return document("status", __version__, host(m, snap), timestamp=snap.timestamp,
                     gpus=[{"info": to_jsonable(infos.get(s.index)), "sample": sample_json(s)}
-                          for s in snap.samples])
+                          for s in snap.samples],
+                    profiles=[{"gpu": g, "profile": p, "rule": r or None} for g, p, r in active_profiles()
+                              if g in shown])
+
+
+def active_profiles() -> tuple[tuple[int, str, str], ...]:
+    """(gpu, profile, rule) of each GPU with a profile, from the state file (a rule's, or the applied one)."""
+    from gpud.observe import profiles_of
+    from gpud.tuning import state as tuning_state
+
+    return profiles_of(tuning_state.load())
+
+
+def profiles_line(snap: Snapshot) -> str | None:
+    """``Profiles: GPU0-1,3 quiet; GPU2 max-performance (rule alice-trains)``; None when none is applied."""
+    shown = {s.index for s in snap.samples}
+    groups: dict[tuple[str, str], list[int]] = {}
+    for gpu, name, rule in active_profiles():
+        if gpu in shown:
+            groups.setdefault((name, rule), []).append(gpu)
+    if not groups:
+        return None
+    parts = [f"GPU{','.join(map(str, gpus))} {clean(name)}" + (f" (rule {clean(rule)})" if rule else "")
+             for (name, rule), gpus in sorted(groups.items(), key=lambda kv: kv[1][0])]
+    return "Profiles: " + "; ".join(parts)
 
 
 def status(
@@ -232,6 +257,9 @@ def status(
                 clear_screen()
             render(m.label, snap, time.time() if watch else None,
                    "compact" if compact else "wide" if wide else "auto", verdicts(m, snap))
+            line = profiles_line(snap)
+            if line:
+                sys.stdout.write(line + "\n")
             if watch:
                 sys.stdout.flush()
         if not watch:

@@ -228,21 +228,47 @@ def _local_apply(profile: str, dry_run: bool, t: Target) -> dict[str, Any]:
 
 
 def apply(
-    profile: Annotated[str, typer.Argument(help="Profile name (see `gpud profile list`) or path to a TOML file.",
-                                           autocompletion=complete.profiles)],
+    profile: Annotated[str | None, typer.Argument(help="Profile name (see `gpud profile list`) or path to a TOML "
+                                                       "file.", autocompletion=complete.profiles)] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the plan; write nothing.")] = False,
+    rules: Annotated[bool, typer.Option("--rules", help="Hand the GPUs back to the daemon's [[rules]] (paused by a "
+                                                        "profile applied by hand), PROFILE (or the configured "
+                                                        "one) as the base.")] = False,
     json: Json = False,
     simulate: Simulate = None,
     config: Config = None,
 ) -> None:
     """Apply a tuning profile: plan, save originals, write, read back; roll back on any failure.
 
-    With the daemon running, the daemon applies it (and drives the fan curves).
+    With the daemon running, the daemon applies it (and drives the fan curves); a profile applied by
+    hand pauses the daemon's [[rules]] until `gpud restore` or `gpud apply --rules`.
     """
     import os
 
+    from gpud.errors import GpudError, InvalidInput
+
     t = Target(simulate, config)
-    result = t.daemon("apply", profile=os.path.abspath(profile) if "/" in profile else profile, dry_run=dry_run)
+    where = os.path.abspath(profile) if profile is not None and "/" in profile else profile
+    if rules:
+        if dry_run:
+            raise InvalidInput("--rules", "", "cannot be combined with --dry-run")
+        result = t.daemon("rules-resume", **({"profile": where} if where else {}))
+        if result is None:
+            err = GpudError("the [[rules]] are the daemon's: no gpud daemon drives this machine")
+            err.remedy = "start it (`systemctl start gpud`)"
+            raise err
+        result["daemon"] = True
+        if result.get("ok") and result.get("profile") is None:
+            if json:
+                emit_document("apply", machine_host(t.machine), **_public({**result, "chain": [], "dry_run": False}))
+            else:
+                echo_wrapped(f"rules resumed on {result['target']} (no base profile)")
+            return
+        if "plan" not in result:
+            raise typer.Exit(_fail(result, json))
+    if profile is None:
+        raise InvalidInput("gpud apply", "PROFILE", "name a profile (`gpud profile list`), or give --rules")
+    result = t.daemon("apply", profile=where, dry_run=dry_run) if not rules else result
     if result is not None:
         result["daemon"] = True
         if "plan" not in result:  # refused before planning

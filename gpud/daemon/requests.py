@@ -41,6 +41,8 @@ class Served(Protocol):
 
     def restore(self, fans_only: bool = False, peer: Peer | None = None) -> Reply: ...
 
+    def resume_rules(self, profile: str | None = None, peer: Peer | None = None) -> Reply: ...
+
     def reload(self) -> Reply: ...
 
     def start_probe(self, why: str) -> Reply: ...
@@ -85,4 +87,7 @@ REQUESTS: dict[str, Request] = {
     "set-healthy": Request({"gpu": str, "reason": str},
                            lambda d, args, peer: d.set_healthy(str(args["gpu"]), str(args["reason"]), peer),
                            read_only=False, required=("gpu", "reason")),
+    # `gpud apply --rules [PROFILE]`: the [[rules]] switch again (a person's apply paused them)
+    "rules-resume": Request({"profile": str}, lambda d, args, peer: d.resume_rules(args.get("profile"), peer),
+                            read_only=False),
 }

@@ -23,6 +23,7 @@ from gpud import config as cfg
 from gpud.daemon import control, http
 from gpud.daemon.recorder import Recorder
 from gpud.daemon.requests import REQUESTS
+from gpud.daemon.rules import ProfileRules
 from gpud.daemon.schedule import Schedule
 from gpud.daemon.status import Report
 from gpud.daemon.systemd import notify, watchdog_seconds
@@ -205,12 +206,15 @@ class Daemon:
                              float(config.daemon.interval_seconds))
         self.front = Front(self.handle)
         self.report = Report(machine)
+        # [[rules]]: a thread polls the GPUs' processes and switches the GPUs whose rule changed
+        self.rules = ProfileRules(machine, self.tuning_lock, self.enforcer, self.fans, lambda: self.recorder,
+                                  lambda: self.config, load_trusted_profile)
 
     # The parts' state, where callers (and tests) have always read it.
     @property
     def profile(self) -> str | None:
         """The profile the daemon applied and enforces (the enforcer holds it)."""
-        return self.enforcer.state.profile if self.enforcer.state is not None else None
+        return (self.enforcer.state.profile or None) if self.enforcer.state is not None else None
 
     @property
     def config(self) -> cfg.Config:
@@ -244,12 +248,14 @@ class Daemon:
         if note:
             log.warning("%s", note)
         self._open_journal()
+        self.rules.at_start()  # GPUs a killed daemon left on a rule's profile: back to their originals first
         self._load_profile_at_start()
         try:  # blocking readings (PCIe throughput, processes): a thread off the tick, first round now
             self.machine.nvml.start_sampler(self.stop_event)
         except GpudError as err:
             log.warning("off-tick sampler not started: %s", err)
         self.tick()
+        self.rules.start(self.stop_event)
         log.info("gpud %s serving %s/metrics, control socket %s, %d GPU(s) of %s, profile %s", __version__,
                  self.url(), self.socket_path(), len(self.snapshot.samples) if self.snapshot else 0,
                  engine.target(self.machine), self.profile or "none")
@@ -284,6 +290,7 @@ class Daemon:
     def shutdown(self) -> int:
         notify("STOPPING=1")
         with self.tuning_lock:
+            self.rules.stop()  # no daemon, no switch back: a rule's GPUs go back to the base now
             self.fans.release()  # fans back to the driver first, whatever else happens
             if self.config.daemon.restore_on_stop:
                 try:
@@ -350,7 +357,7 @@ class Daemon:
 
     def _tuning_facts(self) -> TuningFacts:
         return TuningFacts(self.profile, self.enforcer.reapply_total, self.enforcer.reapply_failures_total,
-                           self.fans.failsafes)
+                           self.fans.failsafes, self.rules.profiles())
 
     def _enforce(self, snap: Snapshot) -> DriftMetric:
         return self.enforcer.enforce(snap)  # gpud.tuning.enforce: drift, re-apply, what still differs
@@ -378,9 +385,17 @@ class Daemon:
         except GpudError as err:
             log.error("profile %s not applied at start: %s", name, err)
 
-    def apply(self, name: str, dry_run: bool = False, peer: control.Peer | None = None) -> dict[str, Any]:
+    def apply(self, name: str, dry_run: bool = False, peer: control.Peer | None = None,
+              rules: bool = False) -> dict[str, Any]:
+        """Apply a profile. By a person (``peer``): the rules pause until ``gpud restore`` or ``gpud apply
+        --rules``; by the daemon, or with ``rules``: it becomes the base profile the rules switch from."""
         with self.tuning_lock:
             p = load_trusted_profile(name, peer)
+            if not dry_run:
+                if peer is not None and not rules:
+                    self.rules.pause(f"profile {p.name} applied by uid {peer.uid} (pid {peer.pid})")
+                else:
+                    self.rules.release()
             changes, desired = engine.plan(self.machine, p)
             reply: dict[str, Any] = {"ok": True, "profile": p.name, "chain": list(p.chain), "source": p.source,
                                      "plan": [c.as_dict() for c in changes], "dry_run": dry_run,
@@ -393,11 +408,27 @@ class Daemon:
                 desired = engine.unsupported_removed(desired, out)  # neither enforced nor verified
                 self.enforcer.follow(p.name, desired, engine.host_unsupported_removed(p.host, out))
                 self.fans.configure(desired)
+                self.rules.base = name if peer is None or rules else None
+                if rules:
+                    self.rules.resume(f"profile {p.name} applied as the base by uid "
+                                      f"{peer.uid if peer else os.getuid()}")
                 log.info("profile %s applied", p.name)
                 who = f"uid {peer.uid} (pid {peer.pid})" if peer is not None else "the daemon"
                 self.recorder.profile("profile_apply", f"profile {p.name} applied by {who}", profile=p.name,
                                       uid=peer.uid if peer else None, written=len(out.written))
             return reply
+
+    def resume_rules(self, profile: str | None = None, peer: control.Peer | None = None) -> dict[str, Any]:
+        """``gpud apply --rules [PROFILE]``: the rules switch again, from PROFILE as the base (else the
+        configured ``[daemon] profile``, else the profile applied now)."""
+        name = profile or self.config.daemon.profile or self.rules.base or self.profile
+        if name:
+            return self.apply(name, peer=peer, rules=True)
+        with self.tuning_lock:
+            who = f"uid {peer.uid} (pid {peer.pid})" if peer is not None else "the daemon"
+            self.rules.resume(f"asked by {who}, no base profile")
+        return {"ok": True, "profile": None, "plan": [], "written": 0,
+                "target": engine.target(self.machine)}
 
     def restore(self, fans_only: bool = False, peer: control.Peer | None = None) -> dict[str, Any]:
         with self.tuning_lock:
@@ -410,6 +441,9 @@ class Daemon:
                 self.enforcer.forget("fan")
             done, failed = engine.restore(self.machine, fans_only=fans_only)
             who = f"uid {peer.uid} (pid {peer.pid})" if peer is not None else "the daemon"
+            if not fans_only:
+                self.rules.base = None
+                self.rules.resume(f"settings restored by {who}")
             self.recorder.profile("profile_restore", f"{'fans' if fans_only else 'settings'} restored by {who}"
                                   + (f"; failed: {failed}" if failed else ""), uid=peer.uid if peer else None,
                                   fans_only=fans_only)

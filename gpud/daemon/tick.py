@@ -35,6 +35,7 @@ class TuningFacts(NamedTuple):
     reapply_total: int
     reapply_failures_total: int
     fan_failsafe_total: int
+    profiles: tuple[tuple[int, str, str], ...] = ()  # (gpu, profile, rule): what each GPU follows
 
 
 
@@ -124,7 +125,7 @@ class Ticker:
                                       xids, now),
             running=Running(reapply_total=facts.reapply_total, reapply_failures_total=facts.reapply_failures_total,
                             fan_failsafe_total=facts.fan_failsafe_total, tick=self.timing.copy(),
-                            last_tick=now, usage=self.accounting.frozen()))
+                            last_tick=now, usage=self.accounting.frozen()), profiles=facts.profiles)
 
     def _log_lost(self, snap: Snapshot) -> None:
         """A lost GPU is logged when it is lost and when it is back, not on every tick."""

@@ -3,7 +3,8 @@
 ``gpud.config.parse`` checks what the file alone can say (types, ranges, duplicate pairs); this
 checks what needs the machine or the rest of gpud: ``[doctor] skip`` globs that select no check,
 ``[machine] nvlink_pairs`` naming a GPU the machine does not have, a ``[daemon] socket_group`` that
-does not exist and a ``[daemon] profile`` that cannot be loaded. Anything wrong is
+does not exist, a ``[daemon] profile`` that cannot be loaded, and ``[[rules]]`` whose profile cannot be
+loaded or whose ``gpus`` the machine does not have. Anything wrong is
 ``InvalidInput`` (``file: key: reason``, exit 2): the daemon does not start on a file doctor refuses.
 """
 
@@ -72,11 +73,28 @@ def daemon_keys(conf: Config) -> None:
             raise InvalidInput(file, "daemon.profile", f"{d.profile!r} cannot be loaded: {err}") from err
 
 
+def rules_valid(conf: Config, gpus: int) -> None:
+    """Each ``[[rules]]`` profile must load, and a rule's ``gpus`` must exist on this machine."""
+    from gpud.tuning.profile import load
+
+    file = conf.path or "gpud.toml"
+    for k, rule in enumerate(conf.rules):
+        try:
+            load(rule.profile)
+        except GpudError as err:
+            raise InvalidInput(file, f"rules[{k}].profile", f"{rule.profile!r} cannot be loaded: {err}") from err
+        for g in rule.gpus or []:
+            if gpus and g >= gpus:
+                raise InvalidInput(file, f"rules[{k}].gpus", f"GPU {g} does not exist: this machine has {gpus} "
+                                                              "GPU(s) on the PCI bus")
+
+
 def check(conf: Config, gpus: int, *, only: Sequence[str] = (), skip: Sequence[str] = ()) -> None:
     """Everything above, for doctor and the daemon alike; InvalidInput at the first problem."""
     globs_match(conf, only, skip)
     pairs_exist(conf, gpus)
     daemon_keys(conf)
+    rules_valid(conf, gpus)
 
 
-__all__ = ["check", "check_ids", "daemon_keys", "globs_match", "group_note", "pairs_exist"]
+__all__ = ["check", "check_ids", "daemon_keys", "globs_match", "group_note", "pairs_exist", "rules_valid"]

@@ -21,6 +21,7 @@ from gpud.errors import InvalidInput
 from gpud.schema import REQUIRED as _ANY
 from gpud.schema import load_toml, take
 from gpud.sim.faults import FAULTS, PCIE_GENERATIONS, PCIE_WIDTHS, Fault, gpu_pair, validate_fault
+from gpud.sim.jobs import PROCESS_KEYS, Process, check_process
 from gpud.sim.presets import GPU_MODELS, Preset
 
 SHIPPED = Path(__file__).parent / "descriptions"
@@ -140,22 +141,6 @@ MODEL_KEYS: dict[str, tuple[Any, Any]] = {
     "nvlink_throughput": (bool, None),
     "target_celsius": (int, None),
 }
-PROCESS_KEYS: dict[str, tuple[Any, Any]] = {
-    "pid": (int, _ANY),
-    "used_mib": (int, 0),
-    "user": (str, "researcher"),
-    "uid": (int, 1000),
-    "command": (str, "python train.py"),
-    "graphics": (bool, False),  # a graphics process (nvmlDeviceGetGraphicsRunningProcesses), not compute
-    "compute": (bool, None),  # in the compute list too (nvidia-smi's "C+G"); default: not graphics
-    # Where the process runs, as /proc/PID/cgroup shows it (at most one of these): a container id
-    # (container_runtime "docker" or "podman"), a Kubernetes pod uid, a Slurm job id, a systemd unit.
-    "container": (str, None),
-    "container_runtime": (("docker", "podman"), "docker"),
-    "pod": (str, None),
-    "slurm_job": (int, None),
-    "unit": (str, None),
-}
 NVLINK_KEYS: dict[str, tuple[Any, Any]] = {"gpus": (list, _ANY), "links": (int, None)}
 XORG_KEYS: dict[str, tuple[Any, Any]] = {"conf": (str, None), "files": (dict, {}), "log": (str, None)}
 
@@ -189,24 +174,6 @@ class MachineSpec:
     nvswitches: tuple[str, ...]
     driver_lacks: tuple[str, ...]
     process_entry_bytes: int
-
-
-@dataclass(frozen=True)
-class Process:
-    """One process on a GPU (``PROCESS_KEYS``)."""
-
-    pid: int
-    used_mib: int
-    user: str
-    uid: int
-    command: str
-    graphics: bool
-    compute: bool | None
-    container: str | None
-    container_runtime: str
-    pod: str | None
-    slurm_job: int | None
-    unit: str | None
 
 
 @dataclass(frozen=True)
@@ -437,12 +404,7 @@ def parse(data: dict[str, Any], file: str, digest: str = "") -> Description:
         gpu["processes"] = [take(p, PROCESS_KEYS, file, f"{where}.processes[{k}]")
                             for k, p in enumerate(gpu["processes"])]
         for k, proc in enumerate(gpu["processes"]):
-            if proc["pid"] < 1 or proc["uid"] < 0 or proc["used_mib"] < 0:
-                raise InvalidInput(file, f"{where}.processes[{k}]",
-                                   "pid must be positive, uid and used_mib not negative")
-            if sum(proc[key] is not None for key in ("container", "pod", "slurm_job", "unit")) > 1:
-                raise InvalidInput(file, f"{where}.processes[{k}]",
-                                   "at most one of container, pod, slurm_job, unit")
+            check_process(proc, file, f"{where}.processes[{k}]")
         gpu["uuid"] = gpu["uuid"] or _uuid(machine["name"], i)
         gpu["serial"] = gpu["serial"] or str(1320021000000 + int(_uuid(machine["name"], i)[4:12], 16) % 10**9)
         gpus.append(gpu)

@@ -18,14 +18,25 @@ from gpud.errors import InvalidInput
 from gpud.model import CLOCK_EVENT_REASONS, P2P_STATUSES
 from gpud.schema import REQUIRED as _ANY
 from gpud.schema import take
+from gpud.sim import jobs
 from gpud.sim.entries import ENTRIES, base_name
+from gpud.sim.jobs import PROCESS_KEYS, check_injected, on_exit, on_process
 
 
 class Machine(Protocol):
-    """What a fault's injection hook changes: the simulator's settings (``SimMachine``; the faults stand
-    below the machine, which imports them)."""
+    """What a fault's injection hook changes: the simulator's settings, its persisted state (the faults
+    injected so far), its description (``SimMachine``; the faults stand below the machine, which imports
+    them)."""
+
+    state: dict[str, Any]
 
     def settings(self, gpu: int) -> dict[str, Any]: ...
+
+    @property
+    def desc(self) -> jobs.Description: ...
+
+    @property
+    def faults(self) -> Sequence[jobs.Fault]: ...
 
 
 class Gpu(Protocol):
@@ -232,6 +243,11 @@ FAULTS: dict[str, FaultKind] = {
     "memory_errors": FaultKind({"gpu": (int, _ANY)}, "backends (SimBench.device_faults: the CPU standing in for "
                                                      "the GPU flips a bit in the memory test)"),
 }
+FAULTS["process"] = FaultKind({"gpu": (int, _ANY), **PROCESS_KEYS},
+                              "jobs (running: libnvml's process lists, rootfs's /proc/PID)",
+                              check=check_injected, on_inject=on_process)
+FAULTS["process_exit"] = FaultKind({"pid": (int, _ANY)}, "jobs (running: the process is gone from both)",
+                                   on_inject=on_exit)
 FAULT_KEYS: dict[str, dict[str, tuple[Any, Any]]] = {name: kind.keys for name, kind in FAULTS.items()}
 
 

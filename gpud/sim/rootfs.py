@@ -11,8 +11,9 @@ import os
 import shutil
 from pathlib import Path
 
-from gpud.sim.description import GpuSpec, MachineSpec, Process, Xorg
+from gpud.sim.description import GpuSpec, MachineSpec, Xorg
 from gpud.sim.faults import DEFAULT_XID_TEXT
+from gpud.sim.jobs import PROCESS_KINDS, Process, running
 from gpud.sim.machine import SimMachine
 from gpud.sim.topology import downstream_port, host_bridge, link_state, node_cpus
 
@@ -43,7 +44,9 @@ def _config_space(acs_ctrl: int | None) -> bytes:
 
 
 def stamp_of(sim: SimMachine) -> str:
-    faults = [(f.kind, sorted(f.params.items())) for f in sim.faults]
+    """What the tree is built from; processes starting and exiting are not in it (``sync_processes``
+    updates their few files in place, not the whole tree)."""
+    faults = [(f.kind, sorted(f.params.items())) for f in sim.faults if f.kind not in PROCESS_KINDS]
     return hashlib.sha256(json.dumps([sim.desc.digest, faults, sim.boot_id()], default=str).encode()).hexdigest()[:16]
 
 
@@ -52,6 +55,7 @@ def ensure_root(sim: SimMachine, dest: Path) -> Path:
     stamp = stamp_of(sim)
     try:
         if (dest / STAMP).read_text() == stamp:
+            sync_processes(sim, dest)
             return dest
     except OSError:
         pass
@@ -82,6 +86,7 @@ def _private_root(sim: SimMachine, stamp: str) -> Path:
 
     root = _PRIVATE.get(sim.desc.name)
     if root is not None and (root / STAMP).is_file() and (root / STAMP).read_text() == stamp:
+        sync_processes(sim, root)
         return root
     if root is not None:
         shutil.rmtree(root, ignore_errors=True)
@@ -105,16 +110,44 @@ def build(sim: SimMachine, root: Path) -> None:
     _write(root, "/proc/sys/kernel/random/boot_id", sim.boot_id() + "\n")
     _write(root, "/proc/stat", f"cpu  0 0 0 0 0 0 0 0 0 0\nbtime {sim.boot_time()}\n")
     (root / "dev/shm").mkdir(parents=True, exist_ok=True)
+    sync_processes(sim, root)
+
+
+def _replace(root: Path, rel: str, text: str) -> None:
+    """Write a file another process may be reading: whole or not at all (a temporary file renamed over
+    it), and not at all when it already holds ``text``."""
+    p = root / rel.lstrip("/")
+    try:
+        if p.read_text() == text:
+            return
+    except OSError:
+        pass
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, p)
+
+
+def sync_processes(sim: SimMachine, root: Path) -> None:
+    """``/proc/PID`` (status with its uid and gid, cmdline, cgroup) of every process running now, the
+    entries of those that exited removed, and ``/etc/passwd`` and ``/etc/group`` (each user with a
+    group of its own name and id, as useradd makes them)."""
     users = {0: "root"}
-    for g in desc.gpus:
-        for p in g.processes:
-            users[p.uid] = p.user
-            _write(root, f"/proc/{p.pid}/status", f"Name:\t{p.command.split()[0]}\nPid:\t{p.pid}\n"
-                   f"Uid:\t{p.uid}\t{p.uid}\t{p.uid}\t{p.uid}\n")
-            _write(root, f"/proc/{p.pid}/cmdline", p.command.replace(" ", "\0") + "\0")
-            _write(root, f"/proc/{p.pid}/cgroup", f"0::{cgroup_path(p)}\n")
-    _write(root, "/etc/passwd", "".join(f"{name}:x:{uid}:{uid}::/home/{name}:/bin/bash\n"
-                                        for uid, name in sorted(users.items())))
+    live = set()
+    for _, p in running(sim):
+        users[p.uid] = p.user
+        live.add(str(p.pid))
+        _replace(root, f"/proc/{p.pid}/status", f"Name:\t{(p.command.split() or ['?'])[0][:15]}\nPid:\t{p.pid}\n"
+                 f"Uid:\t{p.uid}\t{p.uid}\t{p.uid}\t{p.uid}\nGid:\t{p.uid}\t{p.uid}\t{p.uid}\t{p.uid}\n"
+                 f"Groups:\t{p.uid}\n")
+        _replace(root, f"/proc/{p.pid}/cmdline", p.command.replace(" ", "\0") + "\0")
+        _replace(root, f"/proc/{p.pid}/cgroup", f"0::{cgroup_path(p)}\n")
+    for d in (root / "proc").iterdir() if (root / "proc").is_dir() else ():
+        if d.name.isdigit() and d.name not in live:
+            shutil.rmtree(d, ignore_errors=True)
+    _replace(root, "/etc/passwd", "".join(f"{name}:x:{uid}:{uid}::/home/{name}:/bin/bash\n"
+                                          for uid, name in sorted(users.items())))
+    _replace(root, "/etc/group", "".join(f"{name}:x:{uid}:\n" for uid, name in sorted(users.items())))
 
 
 def cgroup_path(p: Process) -> str:

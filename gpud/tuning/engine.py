@@ -136,9 +136,11 @@ class Drift:
 
 # -- plan ------------------------------------------------------------------------------------
 
-def plan(machine: Machine, profile: Profile, daemon: bool = False) -> tuple[list[Change], Desired]:
-    """What applying ``profile`` would change, per GPU; validates against the machine first."""
-    snap = machine.snapshot()
+def plan(machine: Machine, profile: Profile, daemon: bool = False, snap: Snapshot | None = None
+         ) -> tuple[list[Change], Desired]:
+    """What applying ``profile`` would change, per GPU; validates against the machine first.
+    ``snap``: a reading just taken (the daemon's rules plan several profiles on one)."""
+    snap = snap if snap is not None else machine.snapshot()
     infos = {g.index: g for g in snap.gpus}
     desired = resolve(profile, [infos[i] for i in sorted(infos)])
     tuned = st.profile_settings(read_state(machine))
@@ -204,10 +206,11 @@ def _undo(c: Change, host_before: dict[int, str] | None) -> Any:
 
 
 def apply(machine: Machine, profile: Profile, changes: list[Change], desired: Desired,
-          host_before: dict[int, str] | None = None) -> Outcome:
+          host_before: dict[int, str] | None = None, extra: Mapping[str, Any] | None = None) -> Outcome:
     """Save originals, write, read back; roll back this apply's writes on any failure.
 
-    The caller holds the tuning lock (``paths.TuningLock``) from the plan to the end.
+    The caller holds the tuning lock (``paths.TuningLock``) from the plan to the end. ``extra``: more
+    keys for the state file (the daemon's rules record which GPUs they switched).
     """
     out = Outcome(plan=changes)
     missing = [c for c in changes if c.action == "skip" and c.required]
@@ -228,7 +231,8 @@ def apply(machine: Machine, profile: Profile, changes: list[Change], desired: De
         wanted["host"] = dict(profile.host)
     _mark_skipped(wanted, changes)  # what is skipped is neither enforced nor verified
     record = TuningState(profile=profile.name, source=profile.source, chain=tuple(profile.chain), desired=wanted,
-                         originals=originals, pending=True, started_at=time.time(), target=target(machine))
+                         originals=originals, pending=True, started_at=time.time(), target=target(machine),
+                         extra=dict(extra or {}))
     try:
         st.save(record)  # before the first write: a crash from here on is undone by `gpud restore`
     except st.StateError as err:

@@ -134,6 +134,12 @@ class NvmlProcesses(NvmlInfo):
             out.append(GpuProcessEntry(pid, None if mem == NOT_AVAILABLE_ULL else mem))
         return out
 
+    def running_processes(self, index: int) -> list[GpuProcessEntry]:
+        """The GPU's compute processes now (``nvmlDeviceGetComputeRunningProcesses``, gpud's own buffer: one
+        call when there are none), without gpud's lock and never while a tick reads (``TickGate``): what
+        the daemon's profile rules poll. Empty when the list cannot be read."""
+        return list(self._process_list(index, self.handle(index), False, PROCESS_CALLS) or [])
+
     def _offtick_processes(self, index: int, now: float) -> Any:
         got = self._procs.get(index)
         return got[1] if got is not None and now - got[0] <= 3 * OFFTICK_EVERY_S else None

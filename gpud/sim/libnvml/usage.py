@@ -10,6 +10,7 @@ from typing import Any
 
 from gpud.sim.description import GpuSpec
 from gpud.sim.entries import entry
+from gpud.sim.jobs import on_gpu
 from gpud.sim.libnvml.library import SimLibrary, driver_major, driver_release
 from gpud.sim.libnvml.returns import (
     ARGUMENT_VERSION_MISMATCH,
@@ -60,7 +61,7 @@ def _memory_parts(lib: SimLibrary, i: int) -> tuple[int, int, int]:
     g = lib.gpu(i)
     total = memory_total_mib(g) << 20
     reserved = min(int(g.memory_reserved_mib) << 20, total)
-    allocated = min((g.memory_used_mib + sum(p.used_mib for p in g.processes)) << 20, total - reserved)
+    allocated = min((g.memory_used_mib + sum(p.used_mib for p in on_gpu(lib.sim, i))) << 20, total - reserved)
     return total, reserved, allocated
 
 
@@ -99,7 +100,7 @@ def _processes(lib: SimLibrary, i: int, count: Any, out: Any, graphics: bool = F
     written as the driver lays them out — nvml.h's 24 bytes (pid, pad, usedGpuMemory, gpuInstanceId,
     computeInstanceId), or 32 with usedGpuCcProtectedMemory (``process_entry_bytes``, early R535) —
     whatever struct the bindings declared. Compute and graphics lists share the layout (nvml.h)."""
-    procs = [p for p in lib.gpu(i).processes
+    procs = [p for p in on_gpu(lib.sim, i)
              if (p.graphics if graphics else (p.compute if p.compute is not None else not p.graphics))]
     n = _target(count)
     if out is None or n.value < len(procs):
@@ -238,7 +239,7 @@ def _process_utilization(lib: SimLibrary, i: int, out: Any, count: Any, last_see
     device's figure."""
     seen = int(value_of(last_seen))
     util = lib.sim.utilization(i)
-    procs = lib.gpu(i).processes
+    procs = on_gpu(lib.sim, i)
     total = sum(max(int(p.used_mib), 1) for p in procs)
     shares = [(p.pid, util * max(int(p.used_mib), 1) // total) for p in procs] if procs else []
     now_s = int(time.time() + lib.sim.offset)

@@ -1,0 +1,322 @@
+"""The daemon's profile rules: a thread that polls the GPUs' compute-process lists, matches the
+``[[rules]]`` of ``gpud.toml`` (``gpud.tuning.rules``) and asks the daemon to switch the GPUs whose
+rule changed.
+
+Why a poll of its own: the tick reads every GPU (tens of NVML calls each) once per
+``interval_seconds``, and the daemon reads the process lists off the tick only every 5 s
+(``OFFTICK_EVERY_S``), both too slow for a switch within 1 s. This thread asks only
+``nvmlDeviceGetComputeRunningProcesses`` per GPU every ``[daemon] rules_poll_seconds`` (0.5 s by
+default), through the same gate as the other off-tick readings (``TickGate``: never while a tick reads),
+so a tick waits for at most one such call. Only when a pid is new is ``/proc/PID`` read (owner,
+groups, command line, cgroup); a process is kept while NVML lists it. Without rules a poll reads nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from gpud.config import Config, Rule
+from gpud.daemon.recorder import Recorder
+from gpud.errors import GpudError
+from gpud.hw.machine import Machine
+from gpud.tuning import engine
+from gpud.tuning.enforce import Enforcer
+from gpud.tuning.engine import Change, Desired, Outcome
+from gpud.tuning.fanloop import FanControl
+from gpud.tuning.profile import Profile
+from gpud.tuning.rules import Arbiter, Choice, Job, choose
+from gpud.tuning.switch import drop_if_empty, switch, switched
+
+log = logging.getLogger("gpud.daemon")
+
+# (GPU → new choice or None) → whether it switched; the daemon switches the GPUs under its tuning lock.
+Switch = Callable[[dict[int, Choice | None]], bool]
+
+
+def groups(machine: Machine, pid: int) -> tuple[str, ...]:
+    """The names of a process's real group and supplementary groups (``/proc/PID/status`` ``Gid:`` and
+    ``Groups:``, names from ``/etc/group`` under the machine's root; a gid without a name as a number)."""
+    status = machine.host.read(f"/proc/{pid}/status") or ""
+    gids: list[str] = []
+    for line in status.splitlines():
+        if line.startswith("Gid:") and len(line.split()) > 1:
+            gids.append(line.split()[1])
+        elif line.startswith("Groups:"):
+            gids += line.split()[1:]
+    names: dict[str, str] = {}
+    for line in (machine.host.read("/etc/group") or "").splitlines():
+        parts = line.split(":")
+        if len(parts) > 2:
+            names.setdefault(parts[2], parts[0])
+    return tuple(dict.fromkeys(names.get(g, g) for g in gids if g.isdigit()))
+
+
+@dataclass
+class Jobs:
+    """The GPU processes as the rules see them: ``/proc/PID`` read once per pid while NVML lists it
+    (again while its owner could not be read: a process just starting)."""
+
+    machine: Machine
+    known: dict[int, Job] = field(default_factory=dict)
+
+    def read(self, lists: dict[int, list[tuple[int, str]]]) -> list[Job]:
+        """``lists``: GPU → (pid, kind) as NVML lists them."""
+        out: list[Job] = []
+        seen: dict[int, Job] = {}
+        for gpu, procs in lists.items():
+            for pid, kind in procs:
+                job = seen.get(pid) or self.known.get(pid)
+                if job is None or job.user is None:
+                    user, command = self.machine.host.process(pid)
+                    job = Job(gpu, pid, user, groups(self.machine, pid), command, self.machine.host.workload(pid))
+                seen[pid] = job
+                out.append(Job(gpu, pid, job.user, job.groups, job.command, job.workload, kind))
+        self.known = seen
+        return out
+
+
+def process_lists(machine: Machine) -> dict[int, list[tuple[int, str]]]:
+    """GPU → (pid, kind) of each process on NVML's compute list (a lost GPU: none)."""
+    out: dict[int, list[tuple[int, str]]] = {}
+    for gpu in range(machine.nvml.device_count()):
+        try:
+            out[gpu] = [(p.pid, "compute") for p in machine.nvml.running_processes(gpu)]
+        except GpudError:
+            out[gpu] = []
+    return out
+
+
+class RuleRunner:
+    """Polls, matches and asks ``switch`` for the GPUs whose rule changed. ``paused`` (a person
+    applied a profile): it keeps reading but switches nothing; ``resume`` starts from scratch, so every
+    GPU with a matching job is switched again."""
+
+    def __init__(self, machine: Machine, rules: Callable[[], Sequence[Rule]], hold_off_s: Callable[[], float],
+                 switch: Switch, clock: Callable[[], float] = time.monotonic) -> None:
+        self.machine = machine
+        self.rules = rules
+        self.hold_off_s = hold_off_s
+        self.switch = switch
+        self.clock = clock
+        self.jobs = Jobs(machine)
+        self.arbiter = Arbiter(hold_off_s())
+        self.paused = False
+        self.lock = threading.Lock()
+        self.choices: dict[int, Choice] = {}  # the latest matches, per GPU (held or not)
+        self.polls = 0
+        self.poll_seconds_total = 0.0
+
+    def poll(self) -> None:
+        """One round: read, match, step the hold-off, switch what changed."""
+        t0 = time.perf_counter()
+        with self.lock:
+            rules = list(self.rules())
+            jobs = self.jobs.read(process_lists(self.machine)) if rules else []
+            choices = choose(rules, jobs)
+            self.arbiter.hold_off_s = self.hold_off_s()
+            self.choices = choices
+            if self.paused:
+                return
+            changed = self.arbiter.step(choices, self.clock())
+        self.polls += 1
+        self.poll_seconds_total += time.perf_counter() - t0
+        if changed:
+            self.switch(changed)
+
+    def active(self) -> dict[int, Choice]:
+        """The rule each GPU follows now (held within the hold-off included)."""
+        with self.lock:
+            return {g: h.choice for g, h in self.arbiter.active.items()}
+
+    def pause(self) -> dict[int, Choice]:
+        """Stop switching; returns the GPUs a rule held (the daemon puts them back first)."""
+        with self.lock:
+            self.paused = True
+            held = {g: h.choice for g, h in self.arbiter.active.items()}
+            self.arbiter.active.clear()
+            return held
+
+    def resume(self) -> None:
+        with self.lock:
+            self.paused = False
+            self.arbiter.active.clear()
+
+    def start(self, stop: threading.Event, every_s: Callable[[], float]) -> threading.Thread:
+        def loop() -> None:
+            while not stop.wait(every_s()):
+                try:
+                    self.poll()
+                except Exception:  # noqa: BLE001 - logged; the next poll tries again
+                    log.exception("profile rules: poll failed")
+
+        thread = threading.Thread(target=loop, name="gpud-rules", daemon=True)
+        thread.start()
+        return thread
+
+
+__all__ = ["Jobs", "RuleRunner", "groups", "process_lists"]
+
+
+class ProfileRules:
+    """The daemon's side of the rules: the base profile, the GPUs a rule switched, the switch itself
+    (under the daemon's tuning lock, with the enforcement and the fan loop following), the journal
+    lines, pausing while a person's profile stands."""
+
+    def __init__(self, machine: Machine, lock: threading.RLock, enforcer: Enforcer, fans: FanControl,
+                 recorder: Callable[[], Recorder], config: Callable[[], Config],
+                 load: Callable[[str], Profile]) -> None:
+        self.machine = machine
+        self.lock = lock
+        self.enforcer = enforcer
+        self.fans = fans
+        self.recorder = recorder
+        self.config = config
+        self.load = load
+        self.base: str | None = None  # the base profile's name, as the daemon applied it
+        self.held: dict[int, Choice] = {}  # the GPUs a rule switched (applied)
+        self.switches = 0
+        self.runner = RuleRunner(machine, lambda: self.config().rules,
+                                 lambda: float(self.config().daemon.rules_hold_off_seconds), self.switch)
+
+    @property
+    def paused(self) -> bool:
+        return self.runner.paused
+
+    def start(self, stop: threading.Event) -> threading.Thread:
+        return self.runner.start(stop, lambda: float(self.config().daemon.rules_poll_seconds))
+
+    def profiles(self) -> tuple[tuple[int, str, str], ...]:
+        """(gpu, profile, rule) per GPU with a profile: a rule's, else the base profile (rule "")."""
+        state = self.enforcer.state
+        gpus = {int(k) for k in state.desired if k.isdigit()} if state is not None else set()
+        out = []
+        for gpu in sorted(gpus | set(self.held)):
+            choice = self.held.get(gpu)
+            if choice is not None:
+                out.append((gpu, choice.rule.profile, choice.rule.name))
+            elif self.base:
+                out.append((gpu, self.base, ""))
+        return tuple(out)
+
+    def switch(self, changed: dict[int, Choice | None], why: str = "") -> bool:
+        """Switch each GPU of ``changed`` to its rule's profile, or back to the base (None)."""
+        with self.lock:
+            if self.runner.paused and why != "release":
+                return False
+            held = dict(self.held)
+            targets: dict[int, Profile | None] = {}
+            out: Outcome | None = None
+            desired: Desired = {}
+            try:
+                base = self.load(self.base) if self.base else None
+                for gpu, choice in sorted(changed.items()):
+                    targets[gpu] = self.load(choice.rule.profile) if choice is not None else base
+                    if choice is not None:
+                        held[gpu] = choice
+                    else:
+                        held.pop(gpu, None)
+                record = {g: {"profile": c.rule.profile, "rule": c.rule.name} for g, c in held.items()}
+                out, desired = switch(self.machine, base, targets, record)
+                error = out.error or ""
+            except GpudError as err:
+                error = str(err)
+            if out is None or not out.ok:
+                for gpu, choice in sorted(changed.items()):
+                    what = choice.describe() if choice is not None else f"back to {self.base or 'no profile'}"
+                    log.error("GPU%d: %s not applied: %s", gpu, what, error)
+                    self.recorder().profile("profile_rule", f"GPU{gpu}: {what} not applied: {error}", gpu,
+                                            ok=False, rule=choice.rule.name if choice else None)
+                return False
+            self.held = held
+            self.switches += 1
+            host = dict(self.enforcer.state.desired.get("host", {})) if self.enforcer.state is not None else {}
+            if desired or host or self.base:
+                self.enforcer.follow(self.base or "", desired, host)
+            else:
+                self.enforcer.follow(None, {})
+                drop_if_empty(self.machine)
+            self.fans.configure(desired)
+            for gpu, choice in sorted(changed.items()):
+                self._journal(gpu, choice, out.skipped)
+            return True
+
+    def _journal(self, gpu: int, choice: Choice | None, skipped: Sequence[Change]) -> None:
+        record = self.recorder()
+        left = [c.setting for c in skipped if c.gpu == gpu]
+        note = f"; skipped (this GPU cannot take them): {', '.join(left)}" if left else ""
+        if choice is None:
+            summary = f"GPU{gpu}: {self.base or 'no profile'} (no rule matches any more)"
+            log.info("%s%s", summary, note)
+            record.profile("profile_rule", summary + note, gpu, ok=True, rule=None, profile=self.base)
+            return
+        summary = f"GPU{gpu}: {choice.describe()}"
+        log.info("%s%s", summary, note)
+        record.profile("profile_rule", summary + note, gpu, ok=True, rule=choice.rule.name,
+                       profile=choice.rule.profile, pid=choice.job.pid, user=choice.job.user)
+        for rule, job in choice.lost:
+            line = (f"GPU{gpu}: rule {rule.name} ({rule.profile}; {job.describe()}) lost to rule "
+                    f"{choice.rule.name} (priority {choice.rule.priority} against {rule.priority})")
+            log.info("%s", line)
+            record.profile("profile_rule", line, gpu, ok=True, rule=rule.name, lost_to=choice.rule.name)
+
+    def release(self) -> None:
+        """Every GPU a rule holds back to the base profile (before a person's apply, at start)."""
+        with self.lock:
+            if self.held:
+                self.switch({g: None for g in self.held}, why="release")
+
+    def at_start(self) -> None:
+        """GPUs the state file says a rule switched (a daemon that was killed): back to their originals
+        first, before the base profile is applied to every GPU (so nothing the rule's profile set and
+        the base does not mention stays)."""
+        try:
+            held = switched(self.machine)
+            data = engine.read_state(self.machine)
+        except GpudError as err:
+            log.error("profile rules: %s", err)
+            return
+        if not held or data is None:
+            return
+        log.warning("GPU(s) %s were left on a rule's profile by an earlier daemon: putting them back",
+                    ",".join(map(str, sorted(held))))
+        with self.lock:
+            name = data.source or data.profile
+            try:
+                base = self.load(name) if name else None
+            except GpudError:
+                base = None
+            out, _ = switch(self.machine, base, {g: None for g in held}, {})
+            if not out.ok:
+                log.error("profile rules: GPUs left by an earlier daemon not put back: %s", out.error)
+            elif base is None:
+                drop_if_empty(self.machine)
+
+    def stop(self) -> None:
+        """The daemon stops: nothing will switch the GPUs back, so a rule's GPUs go back to the base now."""
+        self.runner.pause()
+        try:
+            self.release()
+        except Exception:  # noqa: BLE001 - logged; the fans are handed back next, whatever happened
+            log.exception("profile rules: GPUs not put back at stop")
+
+    def pause(self, who: str) -> None:
+        """A person applied a profile: the rules' GPUs go back to the base, and nothing switches until
+        ``gpud restore`` or ``gpud apply --rules``."""
+        if not self.config().rules:
+            return
+        self.release()
+        self.runner.pause()
+        log.info("profile rules paused: %s", who)
+        self.recorder().profile("profile_rule", f"rules paused: {who}", None, ok=True, paused=True)
+
+    def resume(self, who: str) -> None:
+        was = self.runner.paused
+        self.held = {}
+        self.runner.resume()
+        if was and self.config().rules:
+            log.info("profile rules resumed: %s", who)
+            self.recorder().profile("profile_rule", f"rules resumed: {who}", None, ok=True, paused=False)
