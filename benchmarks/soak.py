@@ -105,7 +105,9 @@ class Soak:
             elif not reply.get("ok", False):
                 self.add("refusals")
                 with self.lock:
-                    self.refusals.add(f"{cmd}: {str(reply.get('error'))[:120]}")
+                    # a refusal says why in `error`; a restore that could not put everything back lists `failed`
+                    why = reply.get("error") or "; ".join(map(str, reply.get("failed") or [])) or "no reason given"
+                    self.refusals.add(f"{cmd}: {str(why)[:120]}")
 
     def faults(self) -> None:
         from gpud.backends import open_machine
