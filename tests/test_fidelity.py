@@ -665,7 +665,7 @@ def test_nvlink_data_counters_on_nvswitch_gpus_not_on_bridged_workstation_cards(
 def test_process_utilization_samples_since_the_last_read(tmp_path, monkeypatch) -> None:
     """nvmlDeviceGetProcessUtilization: samples newer than lastSeenTimeStamp only, NOT_FOUND when there is
     none (no figure, not 0); a process without SM use has no sample; the shares never exceed the device."""
-    import gpud.sim.libnvml as libnvml
+    from gpud.sim.libnvml import usage
 
     desc = describe(tmp_path, name="pu", gpu0="utilization_percent = 90\npower_watts = 250\nprocesses = ["
                     "{ pid = 4101, used_mib = 20000 }, { pid = 4102, used_mib = 10000 }]",
@@ -673,8 +673,8 @@ def test_process_utilization_samples_since_the_last_read(tmp_path, monkeypatch) 
     m = open_machine(desc)
     mod = m.simulation.module
     mod.nvmlInit()
-    frozen = libnvml.time.time()
-    monkeypatch.setattr(libnvml.time, "time", lambda: frozen)
+    frozen = usage.time.time()
+    monkeypatch.setattr(usage.time, "time", lambda: frozen)
     with pytest.raises(mod.NVMLError_NotFound):  # GPU1 is idle: its process has no sample
         mod.nvmlDeviceGetProcessUtilization(mod.nvmlDeviceGetHandleByIndex(1), 0)
     s = m.snapshot().samples
@@ -692,11 +692,12 @@ def test_nvlink_data_counters_not_supported_at_start_are_asked_again_later(monke
     """A daemon may start before an NVSwitch fabric is trained: NVLink data counters that every link
     answered Not Supported once are asked again after NVLINK_DATA_RETRY_S, not never."""
     import gpud.hw.nvml as nvml_mod
+    from gpud.hw.nvml import counters
 
     m = open_machine("hgx-8x-h200")
     nv = m.nvml
     clock = [1000.0]
-    monkeypatch.setattr(nvml_mod.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(counters.time, "monotonic", lambda: clock[0])
     real_call = nv.call
     untrained = [True]
 

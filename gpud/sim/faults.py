@@ -12,16 +12,28 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gpud.errors import InvalidInput
 from gpud.model import CLOCK_EVENT_REASONS, P2P_STATUSES
 from gpud.schema import REQUIRED as _ANY
 from gpud.schema import take
+from gpud.sim.entries import ENTRIES, base_name
 
-if TYPE_CHECKING:
-    from gpud.sim.description import GpuSpec
-    from gpud.sim.machine import SimMachine
+
+class Machine(Protocol):
+    """What a fault's injection hook changes: the simulator's settings (``SimMachine``; the faults stand
+    below the machine, which imports them)."""
+
+    def settings(self, gpu: int) -> dict[str, Any]: ...
+
+
+class Gpu(Protocol):
+    """What a fault's check reads of a described GPU (``GpuSpec``; the faults stand below the description)."""
+
+    @property
+    def fans(self) -> int: ...
+
 
 EVENT_NAMES = tuple(name for _, name in CLOCK_EVENT_REASONS)
 
@@ -150,11 +162,11 @@ class FaultKind:
     keys: dict[str, tuple[Any, Any]]  # key: (type or allowed values, default; _ANY = required), for take()
     acts_in: str  # where the effect is modelled (it reads the machine's faults there)
     check: Callable[[Fault, str, str], None] | None = None  # beyond the keys' types: (fault, file, where)
-    on_inject: Callable[[SimMachine, Fault], None] | None = None  # at injection, under the state lock
-    check_gpus: Callable[[Fault, Sequence[GpuSpec], str, str], None] | None = None  # against a description's GPUs
+    on_inject: Callable[[Machine, Fault], None] | None = None  # at injection, under the state lock
+    check_gpus: Callable[[Fault, Sequence[Gpu], str, str], None] | None = None  # against a description's GPUs
 
 
-def _fans_to_auto(sim: SimMachine, fault: Fault) -> None:
+def _fans_to_auto(sim: Machine, fault: Fault) -> None:
     """A GPU that falls off the bus stops listening to the driver: its board firmware runs the fans
     on their own automatic curve again."""
     if fault.at_write is None and fault.gpu is not None:
@@ -172,7 +184,7 @@ def _fan_stuck(fault: Fault, file: str, where: str) -> None:
         raise InvalidInput(file, f"{where}.percent", "must be 0..100")
 
 
-def _fan_exists(fault: Fault, gpus: Sequence[GpuSpec], file: str, where: str) -> None:
+def _fan_exists(fault: Fault, gpus: Sequence[Gpu], file: str, where: str) -> None:
     gpu = int(fault.gpu or 0)
     if fault.fan >= gpus[gpu].fans:
         raise InvalidInput(file, f"{where}.fan", f"GPU {gpu} has {gpus[gpu].fans} fan(s): the fault could never fire")
@@ -272,7 +284,6 @@ def validate_fault(raw: Any, n: int, file: str, where: str) -> Fault:
 
 
 def _nvml_call(name: str) -> bool:
-    """An entry point the simulated library exports, named with or without its ``_vN`` suffix."""
-    from gpud.sim.libnvml import ENTRIES, base_name  # imported late: libnvml builds on the machine
-
+    """An entry point the simulated library exports, named with or without its ``_vN`` suffix (the
+    registry ``gpud.sim.libnvml`` fills as it loads; the ``gpud.sim`` package loads it first)."""
     return name in ENTRIES or name in {base_name(e) for e in ENTRIES}

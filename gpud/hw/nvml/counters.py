@@ -1,0 +1,145 @@
+"""The slow readings: ECC, retired pages, remapped rows, PCIe replays, violation counters, NVLink
+counters (field values).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from gpud.errors import (
+    DriverNotLoaded,
+    GpuLost,
+    GpuUnusable,
+    NvmlError,
+)
+from gpud.hw.nvml.constants import (
+    CLOCK_TYPES,
+    ECC_AGGREGATE,
+    ECC_CORRECTED,
+    ECC_UNCORRECTED,
+    ECC_VOLATILE,
+    FI_NVLINK_DATA,
+    NVLINK_DATA_RETRY_S,
+    NVLINK_ERROR_COUNTERS,
+    PERF_POLICIES,
+    RETIRE_DBE,
+    RETIRE_SBE,
+    SLOW_EVERY_S,
+)
+from gpud.hw.nvml.processes import NvmlProcesses
+from gpud.hw.nvml.values import field_int, violation_fields
+from gpud.model import (
+    EccCounts,
+    GpuInfo,
+)
+
+
+class NvmlCounters(NvmlProcesses):
+    """The slow readings: ECC, retired pages, remapped rows, PCIe replays, violation counters, NVLink
+    counters (field values)."""
+
+    def _slow_fields(self, index: int, h: Any, info: GpuInfo, now: float) -> dict[str, Any]:
+        """What changes only when someone sets it, or slowly: health counters (ECC, page retirement, row
+        remapping, PCIe replays), modes, the management power limit, application clocks, fan policies
+        and the trained link width. Read every SLOW_EVERY_S seconds, not every tick; gpud's own setters
+        read them afresh (the enforced limit, clocks, link generation and NVLink state stay per tick)."""
+        cached = self._slow.get(index)
+        if cached is not None and now - cached[0] < SLOW_EVERY_S:
+            return cached[1]
+
+        def get(name: str, *args: Any) -> Any:
+            return self.get(name, h, *args, gpu=index)
+
+        policies = []
+        for fan in range(info.fan_count or 0):
+            out = self.get_out("nvmlDeviceGetFanControlPolicy_v2", h, fan, gpu=index)
+            policies.append(out[0] if out is not None else None)
+        ecc_mode = get("nvmlDeviceGetEccMode")
+        ecc = None
+        if ecc_mode is not None and ecc_mode[0]:
+            ecc = EccCounts(
+                volatile_corrected=get("nvmlDeviceGetTotalEccErrors", ECC_CORRECTED, ECC_VOLATILE),
+                volatile_uncorrected=get("nvmlDeviceGetTotalEccErrors", ECC_UNCORRECTED, ECC_VOLATILE),
+                aggregate_corrected=get("nvmlDeviceGetTotalEccErrors", ECC_CORRECTED, ECC_AGGREGATE),
+                aggregate_uncorrected=get("nvmlDeviceGetTotalEccErrors", ECC_UNCORRECTED, ECC_AGGREGATE),
+            )
+        fields = {"ecc_mode": ecc_mode, "ecc": ecc, "sbe": get("nvmlDeviceGetRetiredPages", RETIRE_SBE),
+                  "dbe": get("nvmlDeviceGetRetiredPages", RETIRE_DBE),
+                  "retired_pending": get("nvmlDeviceGetRetiredPagesPendingStatus"),
+                  "remap": get("nvmlDeviceGetRemappedRows"), "replay": get("nvmlDeviceGetPcieReplayCounter"),
+                  "fan_policies": policies, "persistence": get("nvmlDeviceGetPersistenceMode"),
+                  "compute": get("nvmlDeviceGetComputeMode"), "mig": get("nvmlDeviceGetMigMode"),
+                  "management_limit": get("nvmlDeviceGetPowerManagementLimit"),
+                  "applications_clocks": {k: get("nvmlDeviceGetApplicationsClock", CLOCK_TYPES[k])
+                                          for k in ("graphics", "memory")},
+                  "pcie_width": get("nvmlDeviceGetCurrPcieLinkWidth"),
+                  "nvlink_errors": self._nvlink_errors(index, h, info),
+                  "violations": self._violations(index, h), "nvlink_data": self._nvlink_data(index, h, info)}
+        self._slow[index] = (now, fields)
+        return fields
+
+    def _violations(self, index: int, h: Any) -> dict[str, int] | None:
+        """NVML's violation counters, ns per clock-event reason: one field-value call for every id; a
+        reason no field gives (a driver that does not know the id) from nvmlDeviceGetViolationStatus
+        where a policy counts it. None when the GPU keeps none (the caller counts per tick then)."""
+        out: dict[str, int] = {}
+        ids = violation_fields(self.versions().driver)
+        # every id Not Supported: a capability, not asked again
+        for v in self._field_values(index, h, list(ids), "violations", retry_s=None) or ():
+            got = field_int(v)
+            if got is not None and int(v.fieldId) in ids:
+                out[ids[int(v.fieldId)]] = got[0]
+        for policy, reason in PERF_POLICIES.items():
+            if reason not in out:
+                t = self.get("nvmlDeviceGetViolationStatus", h, policy, gpu=index)
+                if t is not None:
+                    out[reason] = int(t.violationTime)
+        return out or None
+
+    def _nvlink_data(self, index: int, h: Any, info: GpuInfo) -> tuple[tuple[int, str, int], ...] | None:
+        """Data bytes each link sent and received since the driver loaded (field values 138/139 per link,
+        KiB); None where the GPU gives none."""
+        if not info.nvlink_count:
+            return None
+        ids = [(fid, link) for link in range(info.nvlink_count) for fid in FI_NVLINK_DATA]
+        # No link counts data (a workstation bridge, or links not trained yet): asked again later.
+        values = self._field_values(index, h, ids, "nvlink_data", retry_s=NVLINK_DATA_RETRY_S)
+        out = []
+        for v in values or ():
+            got = field_int(v)
+            if got is not None and int(v.fieldId) in FI_NVLINK_DATA:
+                out.append((int(v.scopeId), FI_NVLINK_DATA[int(v.fieldId)], got[0] * 1024))
+        return tuple(out) if out else None
+
+    def _field_values(self, index: int, h: Any, ids: list[Any], what: str, retry_s: float | None) -> Any:
+        """One ``nvmlDeviceGetFieldValues`` call for ``ids``; None when it cannot be read. A GPU that
+        answers every id Not Supported is not asked again for ``retry_s`` seconds (None: never)."""
+        if time.monotonic() < self._fields_retry.get((index, what), 0.0):
+            return None
+        try:
+            values = self.call("nvmlDeviceGetFieldValues", h, ids, gpu=index)
+        except (GpuLost, DriverNotLoaded, GpuUnusable):
+            raise
+        except NvmlError as err:
+            # The call failed whole: nvml.h gives each field its own answer (nvmlReturn), so this says
+            # nothing about the fields (asked again next time) unless the function itself is missing.
+            if err.code in (13, None):
+                self._gone.add("nvmlDeviceGetFieldValues")
+                self._fields_retry[(index, what)] = math.inf
+            return None
+        if values is not None and all(int(v.nvmlReturn) == 3 for v in values):
+            self._fields_retry[(index, what)] = math.inf if retry_s is None else time.monotonic() + retry_s
+            return None
+        return values
+
+    def _nvlink_errors(self, index: int, h: Any, info: GpuInfo) -> tuple[tuple[int, str, int], ...] | None:
+        """Each link's error counters (``nvidia-smi nvlink -e``); None where the GPU gives none."""
+        out = []
+        for link in range(info.nvlink_count):
+            for name, counter in NVLINK_ERROR_COUNTERS.items():
+                n = self.get("nvmlDeviceGetNvLinkErrorCounter", h, link, counter, gpu=index)
+                if n is not None:
+                    out.append((link, name, int(n)))
+        return tuple(out) if out else None

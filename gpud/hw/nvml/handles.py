@@ -1,0 +1,285 @@
+"""The choke point: lazy ``nvmlInit`` under a lock, calls counted and their errors translated,
+Not Supported remembered, handles and the versions cached.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any, Callable
+
+from gpud.errors import (
+    DriverMismatch,
+    DriverNotLoaded,
+    GpuLost,
+    GpuUnusable,
+    NvmlError,
+    PermissionDenied,
+    Unsupported,
+)
+from gpud.hw.nvml.constants import (
+    _GPU_LOST,
+    _NO_DRIVER,
+    _NO_PERMISSION,
+    _NOT_SUPPORTED,
+    _RM_MISMATCH,
+    _UNINITIALIZED,
+    _UNUSABLE,
+    CHANGING_SUPPORT,
+)
+from gpud.hw.nvml.values import _hashable, _text
+from gpud.model import (
+    GpuInfo,
+    Versions,
+)
+
+
+class TickGate:
+    """Keeps the sampler's blocking calls out of a tick. The driver serialises NVML calls on its RM lock, so
+    a tick whose calls met the sampler's would wait for one slow call (20 ms of PCIe throughput, a process
+    list) each. A snapshot holds ``tick()`` while it reads every GPU; each sampler call holds ``call()``:
+    one at a time, none while a tick runs or waits, so a tick waits for at most the one in progress. A
+    sampler call made inside a tick's own thread (a one-shot read before the sampler runs) passes."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._ticks: dict[int, int] = {}  # thread → snapshots it runs (running or waiting)
+        self._calling = False
+
+    @contextlib.contextmanager
+    def tick(self) -> Iterator[None]:
+        me = threading.get_ident()
+        with self._cond:
+            self._ticks[me] = self._ticks.get(me, 0) + 1
+            while self._calling:
+                self._cond.wait()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._ticks[me] -= 1
+                if not self._ticks[me]:
+                    del self._ticks[me]
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def call(self) -> Iterator[None]:
+        if threading.get_ident() in self._ticks:
+            yield
+            return
+        with self._cond:
+            while self._ticks or self._calling:
+                self._cond.wait()
+            self._calling = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._calling = False
+                self._cond.notify_all()
+
+
+class NvmlHandles:
+    """The choke point: lazy ``nvmlInit`` under a lock, calls counted and their errors translated,
+    Not Supported remembered, handles and the versions cached."""
+
+    def __init__(self, module: Any = None) -> None:
+        if module is None:
+            import pynvml  # the one place gpud imports the real bindings
+
+            module = pynvml
+        self._m = module
+        self._lock = threading.RLock()
+        self._initialized = False
+        self._handles: dict[int, Any] = {}
+        self._open_seconds: dict[int, float] = {}  # how long this process's first handle lookup took, per GPU
+        self._info: dict[int, GpuInfo] = {}
+        self._sli: dict[int, tuple[bool | None, ...]] = {}
+        self._pairs: dict[tuple[int, int], tuple[str, str, str, str]] = {}
+        self._versions: Versions | None = None
+        self._slow: dict[int, tuple[float, dict[str, Any]]] = {}
+        self._remotes: dict[int, dict[int, tuple[str, bool | None]]] = {}
+        self._pcie_counts: dict[int, tuple[float, int, int]] = {}  # cumulative byte counters, last tick
+        self._pcie_sampled: dict[int, tuple[float, int, int]] = {}  # (when, TX B/s, RX B/s) off the tick
+        self._procs: dict[int, tuple[float, Any]] = {}  # (when, processes) read off the tick
+        self._util_seen: dict[int, int] = {}  # newest process-utilisation sample read per GPU (µs)
+        self._pcie_counter_ok: set[int] = set()  # GPUs whose cumulative PCIe byte counters answer
+        self._gone: set[str] = set()  # functions the driver or the bindings do not have
+        self.offtick = False  # a sampler thread reads the blocking readings; the tick uses its results
+        self._gate = TickGate()  # the sampler's blocking calls only between ticks (the driver's RM lock)
+        self._unsupported: set[tuple[Any, ...]] = set()  # (function, GPU, arguments) that said NotSupported
+        self._fields_retry: dict[tuple[int, str], float] = {}  # (GPU, field group) → when to ask it again
+        self.calls = 0  # NVML calls made (for the benchmarks)
+        self.errors: Counter[str] = Counter()  # NVML errors per function name
+
+    # -- the choke point ---------------------------------------------------------------
+    def _translate(self, err: Exception, call: str, gpu: int | None) -> NvmlError:
+        code = getattr(err, "value", None)
+        where = f"GPU {gpu}: " if gpu is not None else ""
+        msg = f"{where}{call}: {err}"
+        if code in _NOT_SUPPORTED:
+            return Unsupported(msg, call=call, gpu=gpu, code=code)
+        if code in _NO_PERMISSION:
+            return PermissionDenied(msg, call=call, gpu=gpu, code=code)
+        if code in _GPU_LOST:
+            return GpuLost(msg, call=call, gpu=gpu, code=code)
+        if code in _UNUSABLE:
+            return _UNUSABLE[code](msg, call=call, gpu=gpu, code=code)
+        if code == _RM_MISMATCH:
+            return DriverMismatch(f"NVML library and kernel module differ in version ({err})", call=call, gpu=gpu,
+                                  code=code)
+        if code in _NO_DRIVER or (code == _UNINITIALIZED and call == "nvmlInit"):
+            return DriverNotLoaded(
+                f"NVIDIA driver/NVML not available ({err})", call=call, gpu=gpu, code=code
+            )
+        return NvmlError(msg, call=call, gpu=gpu, code=code)
+
+    def _raw(self, name: str, *args: Any, gpu: int | None = None) -> Any:
+        """One binding call. Nothing but gpud errors leaves here: an ``NVMLError`` is translated by
+        its code; a binding that lacks the function, or whose wrapper does not fit the driver
+        (``NVMLLibraryMismatchError``), is Unsupported; anything else the bindings raise (a
+        ``TypeError`` from an argument list that changed between nvidia-ml-py releases, a ctypes
+        error) is an NvmlError naming the call."""
+        fn = getattr(self._m, name, None)
+        if fn is None:
+            raise Unsupported(f"{name}: not in these NVML bindings", call=name, gpu=gpu)
+        self.calls += 1
+        try:
+            return fn(*args)
+        except self._m.NVMLError as err:
+            self.errors[name] += 1
+            raise self._translate(err, name, gpu) from err
+        except Exception as err:  # noqa: BLE001 - the boundary: no binding exception escapes gpud.hw
+            self.errors[name] += 1
+            where = f"GPU {gpu}: " if gpu is not None else ""
+            if type(err).__name__ == "NVMLLibraryMismatchError":
+                raise Unsupported(f"{where}{name}: {err}", call=name, gpu=gpu) from err
+            raise NvmlError(f"{where}{name}: {type(err).__name__}: {err}", call=name, gpu=gpu) from err
+
+    def init(self) -> None:
+        """``nvmlInit`` once; raises DriverNotLoaded when there is no driver."""
+        with self._lock:
+            if not self._initialized:
+                self._raw("nvmlInit")
+                self._initialized = True
+
+    def shutdown(self) -> None:
+        with self._lock:
+            if self._initialized:
+                self._initialized = False
+                self._handles.clear()
+                try:
+                    self._raw("nvmlShutdown")
+                except NvmlError:
+                    pass
+
+    def call(self, name: str, *args: Any, gpu: int | None = None) -> Any:
+        """Call an NVML function; gpud errors only."""
+        with self._lock:
+            if not self._initialized:
+                self.init()
+            return self._raw(name, *args, gpu=gpu)
+
+    def get(self, name: str, *args: Any, gpu: int | None = None) -> Any:
+        """Like ``call`` for an optional reading: None when NVML cannot give it here.
+
+        A lost GPU or a missing driver still raise: those are not "unsupported". What a GPU said
+        it does not support is not asked again (a capability does not come back by itself): no
+        wasted call and no error counted every tick for, say, page retirement on an Ampere card.
+        """
+        plain = tuple(_hashable(a) for a in args)
+        key = (name, gpu, plain[1:]) if gpu is not None else (name, gpu, plain)  # args[0]: the GPU's handle
+        return self._optional(key, lambda: self.call(name, *args, gpu=gpu))
+
+    def _optional(self, key: tuple[Any, ...], read: Callable[[], Any]) -> Any:
+        name = key[0]
+        if key in self._unsupported:
+            return None
+        try:
+            return read()
+        except (GpuLost, DriverNotLoaded):
+            raise
+        except Unsupported as err:
+            if name not in CHANGING_SUPPORT:
+                self._unsupported.add(key)
+            if err.code in (13, None):  # FUNCTION_NOT_FOUND, or not in these bindings: gone for good
+                self._gone.add(name)
+            return None
+        except NvmlError:
+            return None
+
+    def get_out(self, name: str, h: Any, *inputs: Any, outputs: int = 1, gpu: int) -> tuple[int, ...] | None:
+        """An optional reading whose outputs gpud passes as pointers and reads back (unsigned ints).
+
+        nvidia-ml-py 12.535–12.560 declare the outputs of ``nvmlDeviceGetMinMaxFanSpeed`` and
+        ``nvmlDeviceGetFanControlPolicy_v2`` as required arguments and hand them to the C library as
+        given; later releases accept the same pointers (and return NVML_SUCCESS). Passing
+        ``byref(c_uint())`` works with both.
+        """
+        cells = [ctypes.c_uint() for _ in range(outputs)]
+
+        def read() -> tuple[int, ...]:
+            self.call(name, h, *inputs, *(ctypes.byref(c) for c in cells), gpu=gpu)
+            return tuple(int(c.value) for c in cells)
+
+        out: tuple[int, ...] | None = self._optional((name, gpu, inputs), read)
+        return out
+
+    # -- system ------------------------------------------------------------------------
+    def versions(self) -> Versions:
+        if self._versions is None:
+            cuda = self.get("nvmlSystemGetCudaDriverVersion_v2")
+            drv = self.get("nvmlSystemGetDriverVersion")
+            nvml = self.get("nvmlSystemGetNVMLVersion")
+            self._versions = Versions(
+                driver=_text(drv) if drv is not None else None,
+                cuda_driver=f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else None,
+                nvml=_text(nvml) if nvml is not None else None,
+            )
+        return self._versions
+
+    def device_count(self) -> int:
+        return int(self.call("nvmlDeviceGetCount"))
+
+    def handle(self, index: int) -> Any:
+        """The GPU's handle. A GPU that NVML counts but cannot open — a GPU fallen off the bus answers
+        ``NVML_ERROR_UNKNOWN`` (999) or ``GPU_IS_LOST`` here, and ``nvidia-smi`` prints "Unable to
+        determine the device handle for GPU …" — is lost, whatever the code; but for the answers that name
+        another cause (no permission; its power cables, an interrupt problem: ``GpuUnusable``)."""
+        with self._lock:
+            h = self._handles.get(index)
+            if h is None:
+                started = time.perf_counter()
+                try:
+                    h = self.call("nvmlDeviceGetHandleByIndex", index, gpu=index)
+                except (GpuLost, DriverNotLoaded, PermissionDenied, GpuUnusable):
+                    raise  # NO_PERMISSION: a device node this user may not open (nvml.h), not a lost GPU
+                except NvmlError as err:
+                    raise GpuLost(str(err), call=err.call, gpu=index, code=err.code) from err
+                self._handles[index] = h
+                # The first lookup initialises a GPU nobody holds open (persistence mode off): seconds.
+                self._open_seconds.setdefault(index, time.perf_counter() - started)
+            return h
+
+    # -- static facts, read once ------------------------------------------------------
+    def cached_info(self, index: int) -> GpuInfo | None:
+        """The static facts if they were read already (also for a GPU lost since)."""
+        return self._info.get(index)
+
+    def _c_function(self, name: str, gpu: int | None) -> Any:
+        """An entry point of the C library itself, through the bindings' resolver (all versions)."""
+        try:
+            return self._m._nvmlGetFunctionPointer(name)
+        except self._m.NVMLError as err:
+            raise self._translate(err, name, gpu) from err
+        except AttributeError as err:
+            raise Unsupported(f"{name}: the bindings cannot resolve C functions", call=name, gpu=gpu) from err
+
+    def _c_check(self, ret: int, name: str, gpu: int | None) -> None:
+        if ret != 0:
+            self.errors[name] += 1
+            raise self._translate(self._m.NVMLError(ret), name, gpu)

@@ -1,0 +1,156 @@
+"""A GPU's static information (read once, cached), its thresholds and temperature."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from gpud.errors import (
+    DriverNotLoaded,
+    GpuLost,
+    NvmlError,
+)
+from gpud.hw.nvml.constants import (
+    AFFINITY_SCOPE_NODE,
+    ARCHITECTURES,
+    CLOCK_TYPES,
+    CPU_SET_WORDS,
+    FI_TLIMIT,
+    MAX_NVLINKS,
+    NVLINK_CAP_SLI_BRIDGE,
+    TEMPERATURE_GPU,
+    THRESHOLD_ACOUSTIC_CURR,
+    THRESHOLD_GPU_MAX,
+    THRESHOLD_SHUTDOWN,
+    THRESHOLD_SLOWDOWN,
+)
+from gpud.hw.nvml.handles import NvmlHandles
+from gpud.hw.nvml.values import _bits, _text, field_int, normalize_bus_id
+from gpud.model import (
+    SLOW_OPEN_S,
+    GpuInfo,
+)
+
+
+class NvmlInfo(NvmlHandles):
+    """A GPU's static information (read once, cached), its thresholds and temperature."""
+
+    def info(self, index: int) -> GpuInfo:
+        cached = self._info.get(index)
+        if cached is not None:
+            return cached
+        h = self.handle(index)
+
+        def get(name: str, *args: Any) -> Any:
+            return self.get(name, h, *args, gpu=index)
+
+        def watts(mw: Any) -> float | None:
+            return mw / 1000.0 if mw is not None else None
+
+        pci = self.call("nvmlDeviceGetPciInfo", h, gpu=index)
+        constraints = get("nvmlDeviceGetPowerManagementLimitConstraints") or (None, None)
+        fan_count = get("nvmlDeviceGetNumFans")
+        fan_range = (self.get_out("nvmlDeviceGetMinMaxFanSpeed", h, outputs=2, gpu=index) if fan_count
+                     else None) or (None, None)
+        mem = get("nvmlDeviceGetMemoryInfo")
+        serial = get("nvmlDeviceGetSerial")
+        vbios = get("nvmlDeviceGetVbiosVersion")
+        numa = get("nvmlDeviceGetMemoryAffinity", 1, AFFINITY_SCOPE_NODE)
+        numa_nodes = _bits(numa) if numa is not None else ()
+        if not numa_nodes:
+            node = get("nvmlDeviceGetNumaNodeId")
+            numa_nodes = (node,) if node is not None and node >= 0 else ()
+        cpus = get("nvmlDeviceGetCpuAffinity", CPU_SET_WORDS)
+        thresholds = {
+            "slowdown": get("nvmlDeviceGetTemperatureThreshold", THRESHOLD_SLOWDOWN),
+            "shutdown": get("nvmlDeviceGetTemperatureThreshold", THRESHOLD_SHUTDOWN),
+            "max_operating": get("nvmlDeviceGetTemperatureThreshold", THRESHOLD_GPU_MAX),
+        }
+        if None in thresholds.values():
+            for k, v in self._tlimit_thresholds(index, h).items():
+                thresholds[k] = thresholds[k] if thresholds[k] is not None else v
+        links: list[bool | None] = []
+        for link in range(MAX_NVLINKS):
+            try:
+                self.call("nvmlDeviceGetNvLinkState", h, link, gpu=index)
+            except (GpuLost, DriverNotLoaded):
+                raise
+            except NvmlError:
+                break
+            cap = get("nvmlDeviceGetNvLinkCapability", link, NVLINK_CAP_SLI_BRIDGE)
+            links.append(bool(cap) if cap is not None else None)
+        self._sli[index] = tuple(links)
+        info = GpuInfo(
+            index=index,
+            uuid=_text(self.call("nvmlDeviceGetUUID", h, gpu=index)),
+            name=_text(self.call("nvmlDeviceGetName", h, gpu=index)),
+            serial=_text(serial) if serial else None,
+            pci_bus_id=normalize_bus_id(pci.busId),
+            pci_device_id=getattr(pci, "pciDeviceId", None),
+            architecture=ARCHITECTURES.get(arch, str(arch)) if (arch := get("nvmlDeviceGetArchitecture")) is not None
+            else None,
+            vbios_version=_text(vbios) if vbios is not None else None,
+            memory_total_bytes=mem.total if mem is not None else None,
+            pcie_max_generation=get("nvmlDeviceGetMaxPcieLinkGeneration"),
+            pcie_max_width=get("nvmlDeviceGetMaxPcieLinkWidth"),
+            power_default_limit_watts=watts(get("nvmlDeviceGetPowerManagementDefaultLimit")),
+            power_min_limit_watts=watts(constraints[0]),
+            power_max_limit_watts=watts(constraints[1]),
+            temperature_slowdown_celsius=thresholds["slowdown"],
+            temperature_shutdown_celsius=thresholds["shutdown"],
+            max_clocks_mhz={k: get("nvmlDeviceGetMaxClockInfo", v) for k, v in CLOCK_TYPES.items()},
+            fan_count=fan_count,
+            fan_min_speed_percent=fan_range[0],
+            fan_max_speed_percent=fan_range[1],
+            nvlink_count=len(links),
+            numa_node=numa_nodes[0] if numa_nodes else None,
+            cpu_affinity=_bits(cpus) if cpus is not None else None,
+            pcie_gpu_max_generation=get("nvmlDeviceGetGpuMaxPcieLinkGeneration"),
+            temperature_max_operating_celsius=thresholds["max_operating"],
+            temperature_target_celsius=get("nvmlDeviceGetTemperatureThreshold", THRESHOLD_ACOUSTIC_CURR),
+            default_applications_clocks_mhz={
+                k: get("nvmlDeviceGetDefaultApplicationsClock", CLOCK_TYPES[k]) for k in ("graphics", "memory")
+            },
+            open_seconds=slow if (slow := round(self._open_seconds.get(index, 0.0), 1)) >= SLOW_OPEN_S else None,
+        )
+        self._info[index] = info
+        return info
+
+    def _tlimit_thresholds(self, index: int, h: Any) -> dict[str, int | None]:
+        """Absolute thresholds from T.Limit offsets: threshold = temperature + margin − offset (the
+        offset is where the margin stands when the threshold is reached). Empty without the margin
+        call (nvidia-ml-py before 12.570) or the fields."""
+        margin = self._optional(("nvmlDeviceGetMarginTemperature", index, ()), lambda: self._margin(h, index))
+        temp = self._temperature(h, index)
+        values = self.get("nvmlDeviceGetFieldValues", h, list(FI_TLIMIT.values()), gpu=index)
+        if margin is None or temp is None or values is None:
+            return {}
+        out: dict[str, int | None] = {}
+        for (key, _), v in zip(FI_TLIMIT.items(), values, strict=False):
+            got = field_int(v)
+            if got is not None:
+                out[key] = int(temp) + int(margin) - got[0]
+        return out
+
+    def _margin(self, h: Any, index: int) -> int:
+        """``nvmlDeviceGetMarginTemperature`` — through the C function with nvml.h's versioned struct
+        where the bindings (nvidia-ml-py before 12.570) have no wrapper for it."""
+        if hasattr(self._m, "nvmlDeviceGetMarginTemperature"):
+            return int(self.call("nvmlDeviceGetMarginTemperature", h, gpu=index))
+
+        class Margin(ctypes.Structure):
+            _fields_ = [("version", ctypes.c_uint), ("marginTemperature", ctypes.c_int)]
+
+        out = Margin(version=ctypes.sizeof(Margin) | 1 << 24)  # NVML_STRUCT_VERSION(MarginTemperature, 1)
+        fn = self._c_function("nvmlDeviceGetMarginTemperature", index)
+        self.calls += 1
+        self._c_check(fn(h, ctypes.byref(out)), "nvmlDeviceGetMarginTemperature", index)
+        return int(out.marginTemperature)
+
+    def _temperature(self, h: Any, index: int) -> int | None:
+        """GPU temperature: ``nvmlDeviceGetTemperature``, deprecated ("will be removed in CUDA 14.0"),
+        then its successor ``nvmlDeviceGetTemperatureV`` where the first is gone."""
+        t = self.get("nvmlDeviceGetTemperature", h, TEMPERATURE_GPU, gpu=index)
+        if t is None and "nvmlDeviceGetTemperature" in self._gone:
+            t = self.get("nvmlDeviceGetTemperatureV", h, TEMPERATURE_GPU, gpu=index)
+        return int(t) if t is not None else None

@@ -1,0 +1,117 @@
+"""NVLinks and the pairs of GPUs: links, peers, P2P status and the topology matrix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpud.hw.nvml.constants import NVLINK_DEVICE_SWITCH, P2P_NVLINK, P2P_READ, P2P_STATUS, P2P_WRITE, TOPO_LEVEL
+from gpud.hw.nvml.counters import NvmlCounters
+from gpud.hw.nvml.values import normalize_bus_id
+from gpud.model import (
+    GpuSample,
+    NvLinkInfo,
+    Topology,
+)
+
+
+class NvmlPairs(NvmlCounters):
+    """NVLinks and the pairs of GPUs: links, peers, P2P status and the topology matrix."""
+
+    def _nvlinks(self, index: int, h: Any) -> tuple[NvLinkInfo, ...]:
+        """Link states every tick; a link's remote end is read when it comes up, then kept."""
+        out = []
+        remotes = self._remotes.setdefault(index, {})
+        for link, sli in enumerate(self._sli.get(index, ())):
+            state = self.get("nvmlDeviceGetNvLinkState", h, link, gpu=index)
+            up = bool(state)
+            remote: str | None = None
+            switch: bool | None = None
+            if up:
+                known = remotes.get(link)
+                if known is None:
+                    pci = self.get("nvmlDeviceGetNvLinkRemotePciInfo", h, link, gpu=index)
+                    if pci is not None:
+                        kind = self.get("nvmlDeviceGetNvLinkRemoteDeviceType", h, link, gpu=index)
+                        known = (normalize_bus_id(pci.busId), kind == NVLINK_DEVICE_SWITCH if kind is not None
+                                 else None)
+                        remotes[link] = known
+                if known is not None:
+                    remote, switch = known
+            else:
+                remotes.pop(link, None)
+            out.append(NvLinkInfo(link=link, up=up, remote_pci_bus_id=remote, sli_bridge=sli,
+                                  remote_is_switch=switch))
+        return tuple(out)
+
+    # -- pairs ------------------------------------------------------------------------
+    def _pair(self, i: int, j: int) -> tuple[str, str, str, str]:
+        """(PCIe level, P2P read, P2P write, P2P NVLink) between GPUs i and j, cached."""
+        key = (min(i, j), max(i, j))
+        cached = self._pairs.get(key)
+        if cached is None:
+            hi, hj = self.handle(key[0]), self.handle(key[1])
+            anc = self.get("nvmlDeviceGetTopologyCommonAncestor", hi, hj, gpu=i)
+
+            def p2p(idx: int) -> str:
+                st = self.get("nvmlDeviceGetP2PStatus", hi, hj, idx, gpu=i)
+                return P2P_STATUS.get(st, "unknown") if st is not None else "unknown"
+
+            cached = (
+                TOPO_LEVEL.get(anc, "SYS") if anc is not None else "?",
+                p2p(P2P_READ),
+                p2p(P2P_WRITE),
+                p2p(P2P_NVLINK),
+            )
+            self._pairs[key] = cached
+        return cached
+
+    def topology(self, samples: list[GpuSample] | tuple[GpuSample, ...]) -> Topology:
+        """Pairwise topology; NV# counts the links up in ``samples`` (one per GPU)."""
+        idx = tuple(s.index for s in samples)
+        bus = {i: self.info(i).pci_bus_id for i in idx if not self._lost(samples, i)}
+        n = len(idx)
+        level, pcie, nvl, rd, wr, nv = ([["X"] * n for _ in range(n)] for _ in range(6))
+        for a in range(n):
+            nvl[a][a] = 0  # type: ignore[call-overload]
+        for a, i in enumerate(idx):
+            for b, j in enumerate(idx):
+                if a == b:
+                    continue
+                if i not in bus or j not in bus:
+                    level[a][b] = pcie[a][b] = "?"
+                    nvl[a][b] = 0  # type: ignore[call-overload]
+                    rd[a][b] = wr[a][b] = nv[a][b] = "unknown"
+                    continue
+                lvl, r, w, v = self._pair(i, j)
+                links = sum(1 for ln in samples[a].nvlinks if ln.up and ln.remote_pci_bus_id == bus[j])
+                if not links:  # NVSwitch fabric (HGX): GPUs reach each other over their switch links
+                    links = min(self._switch_links(samples[a], bus), self._switch_links(samples[b], bus))
+                pcie[a][b] = lvl
+                level[a][b] = f"NV{links}" if links else lvl
+                nvl[a][b] = links  # type: ignore[call-overload]
+                rd[a][b], wr[a][b], nv[a][b] = r, w, v
+
+        def freeze(m: list[list[Any]]) -> tuple[tuple[Any, ...], ...]:
+            return tuple(tuple(row) for row in m)
+
+        return Topology(
+            gpus=idx,
+            level=freeze(level),
+            pcie_level=freeze(pcie),
+            nvlinks=freeze(nvl),
+            p2p_read=freeze(rd),
+            p2p_write=freeze(wr),
+            p2p_nvlink=freeze(nv),
+        )
+
+    @staticmethod
+    def _switch_links(sample: GpuSample, gpu_buses: dict[int, str]) -> int:
+        """Links up to an NVSwitch: the remote says so, or (bindings without the device-type call) the
+        remote end is no GPU of this machine."""
+        others = set(gpu_buses.values())
+        return sum(1 for ln in sample.nvlinks if ln.up and ln.remote_pci_bus_id is not None and (
+            ln.remote_is_switch or (ln.remote_is_switch is None and ln.remote_pci_bus_id not in others)))
+
+    @staticmethod
+    def _lost(samples: Any, index: int) -> bool:
+        return any(s.index == index and s.lost for s in samples)

@@ -1,0 +1,139 @@
+"""The processes on a GPU: compute and graphics lists, per-process SM use."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Any, Callable
+
+from gpud.hw.nvml.constants import (
+    GRAPHICS_CALLS,
+    INSUFFICIENT_SIZE,
+    NOT_AVAILABLE_ULL,
+    NOT_FOUND,
+    OFFTICK_EVERY_S,
+    PROCESS_CALLS,
+    PROCESS_ENTRY_MAX,
+    SENTINEL,
+    ProcessUtilizationSample,
+    T,
+)
+from gpud.hw.nvml.info import NvmlInfo
+from gpud.hw.nvml.values import GpuProcessEntry
+
+
+class NvmlProcesses(NvmlInfo):
+    """The processes on a GPU: compute and graphics lists, per-process SM use."""
+
+    def _processes(self, index: int, h: Any, locked: bool = True) -> Any:
+        """The GPU's compute and graphics processes (one entry per pid: a process in both lists is
+        ``compute+graphics``, as nvidia-smi's "C+G"). None when the compute list cannot be read."""
+        compute = self._process_list(index, h, locked, PROCESS_CALLS)
+        if compute is None:
+            return None
+        graphics = self._process_list(index, h, locked, GRAPHICS_CALLS) or []
+        by_pid = {p.pid: p for p in compute}
+        for g in graphics:
+            seen = by_pid.get(g.pid)
+            if seen is not None:
+                seen.kind = "compute+graphics"
+            else:
+                g.kind = "graphics"
+                by_pid[g.pid] = g
+        sm = self._process_sm(index, h, locked) if by_pid else None  # no process: nothing to ask
+        for p in by_pid.values():
+            # NVML samples only processes with non-zero use: in a window that has samples, a process
+            # without one used no SM (0); with no sample at all (NOT_FOUND) there is no figure.
+            p.sm = None if not sm else sm.get(p.pid, 0)
+        return list(by_pid.values())
+
+    def _process_sm(self, index: int, h: Any, locked: bool) -> dict[int, int] | None:
+        """Each process's SM use over the samples since the last read (the mean of its samples); empty
+        when NVML has no newer sample. None when the GPU does not give it."""
+        name = "nvmlDeviceGetProcessUtilization"
+
+        out: dict[int, int] | None = self._optional(
+            (name, index, ()), lambda: self._maybe_locked(locked, self._utilization_samples, name, h, index))
+        return out
+
+    def _utilization_samples(self, name: str, h: Any, index: int) -> dict[int, int]:
+        """``nvmlDeviceGetProcessUtilization`` with gpud's own buffer: the bindings' wrapper raises on the
+        size call's SUCCESS and NOT_FOUND answers (nvidia-ml-py 12.535 and 13.x alike). NOT_FOUND ("no
+        valid sample entries are found since the lastSeenTimeStamp", nvml.h) means no figure, not 0."""
+        fn = self._c_function(name, index)
+        last = ctypes.c_ulonglong(self._util_seen.get(index, 0))
+        count = ctypes.c_uint(0)
+        self.calls += 1
+        ret = fn(h, None, ctypes.byref(count), last)
+        if ret in (0, NOT_FOUND):
+            return {}
+        if ret != INSUFFICIENT_SIZE:
+            self._c_check(ret, name, index)
+        room = count.value * 2 + 5  # processes may start between the two calls
+        buf = (ProcessUtilizationSample * room)()
+        count.value = room
+        self.calls += 1
+        ret = fn(h, buf, ctypes.byref(count), last)
+        if ret == NOT_FOUND:
+            return {}
+        self._c_check(ret, name, index)
+        samples = buf[:min(count.value, room)]
+        per: dict[int, list[int]] = {}
+        for smp in samples:
+            per.setdefault(int(smp.pid), []).append(min(int(smp.smUtil), 100))
+        if samples:
+            self._util_seen[index] = max(int(smp.timeStamp) for smp in samples)
+        return {pid: round(sum(v) / len(v)) for pid, v in per.items()}
+
+    def _maybe_locked(self, locked: bool, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` under gpud's NVML lock, or without it (the off-tick sampler: NVML is thread-safe),
+        between two ticks' reads."""
+        if not locked:
+            with self._gate.call():
+                return fn(*args)
+        with self._lock:
+            return fn(*args)
+
+    def _process_list(self, index: int, h: Any, locked: bool, calls: tuple[str, ...]) -> Any:
+        """One of NVML's process lists, from the newest entry point the driver exports."""
+        for name in calls:
+            if (name, index, ()) in self._unsupported:
+                continue
+
+            procs = self._optional((name, index, ()),
+                                   functools.partial(self._maybe_locked, locked, self._process_entries, name, h, index))
+            if procs is not None:
+                return procs
+        return None
+
+    def _process_entries(self, name: str, h: Any, index: int) -> list[GpuProcessEntry]:
+        """Call the process-list entry point with gpud's own buffer: sized for the largest entry any
+        driver writes and filled with a sentinel, so the entry size the driver used is seen in the
+        bytes it left untouched (a pid or a memory size is never 0xA5A5…)."""
+        fn = self._c_function(name, index)
+        count = ctypes.c_uint(0)
+        self.calls += 1
+        ret = fn(h, ctypes.byref(count), None)
+        if ret == 0:
+            return []
+        if ret != INSUFFICIENT_SIZE:
+            self._c_check(ret, name, index)
+        room = count.value * 2 + 5  # processes may start between the two calls
+        buf = (ctypes.c_ubyte * (room * PROCESS_ENTRY_MAX))()
+        ctypes.memset(buf, SENTINEL, ctypes.sizeof(buf))
+        count.value = room
+        self.calls += 1
+        self._c_check(fn(h, ctypes.byref(count), buf), name, index)
+        n = count.value
+        raw = bytes(buf)
+        size = 24 if n == 0 or raw[24 * n:32 * n] == bytes([SENTINEL]) * (8 * n) else 32
+        out = []
+        for k in range(n):
+            pid = int.from_bytes(raw[k * size:k * size + 4], "little")
+            mem = int.from_bytes(raw[k * size + 8:k * size + 16], "little")
+            out.append(GpuProcessEntry(pid, None if mem == NOT_AVAILABLE_ULL else mem))
+        return out
+
+    def _offtick_processes(self, index: int, now: float) -> Any:
+        got = self._procs.get(index)
+        return got[1] if got is not None and now - got[0] <= 3 * OFFTICK_EVERY_S else None

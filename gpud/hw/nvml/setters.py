@@ -1,0 +1,84 @@
+"""Setters, each with a read-back of what the driver took."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from gpud.hw.nvml.constants import CLOCK_TYPES, COMPUTE_MODES, FAN_POLICY, FAN_POLICY_AUTO, T
+from gpud.hw.nvml.readings import NvmlReadings
+
+
+class NvmlSetters(NvmlReadings):
+    """Setters, each with a read-back of what the driver took."""
+
+    # -- setters, each followed by a read-back where NVML has a getter ----------------
+    def _set(self, index: int, setter: str, args: tuple[Any, ...], getter: str | None = None,
+             getter_args: tuple[Any, ...] = (), convert: Callable[[Any], T] | None = None) -> Any:
+        h = self.handle(index)
+        self._slow.pop(index, None)
+        self.call(setter, h, *args, gpu=index)
+        if getter is None:
+            return None
+        value = self.call(getter, h, *getter_args, gpu=index)
+        return convert(value) if convert is not None else value
+
+    def set_power_limit(self, index: int, watts: float) -> float:
+        """``nvidia-smi -i N -pl W``; returns the limit read back (W)."""
+        return float(self._set(index, "nvmlDeviceSetPowerManagementLimit", (int(round(watts * 1000)),),
+                         "nvmlDeviceGetPowerManagementLimit", convert=lambda mw: mw / 1000.0))
+
+    def set_locked_gpu_clocks(self, index: int, min_mhz: int, max_mhz: int) -> None:
+        """``nvidia-smi -i N -lgc MIN,MAX``. NVML has no getter: nothing to read back."""
+        self._set(index, "nvmlDeviceSetGpuLockedClocks", (min_mhz, max_mhz))
+
+    def reset_locked_gpu_clocks(self, index: int) -> None:
+        """``nvidia-smi -i N -rgc``."""
+        self._set(index, "nvmlDeviceResetGpuLockedClocks", ())
+
+    def set_locked_memory_clocks(self, index: int, min_mhz: int, max_mhz: int) -> None:
+        """``nvidia-smi -i N -lmc MIN,MAX``. No getter."""
+        self._set(index, "nvmlDeviceSetMemoryLockedClocks", (min_mhz, max_mhz))
+
+    def reset_locked_memory_clocks(self, index: int) -> None:
+        """``nvidia-smi -i N -rmc``."""
+        self._set(index, "nvmlDeviceResetMemoryLockedClocks", ())
+
+    def set_applications_clocks(self, index: int, memory_mhz: int, graphics_mhz: int) -> tuple[int, int]:
+        """``nvidia-smi -i N -ac MEM,GFX``; returns (memory, graphics) read back."""
+        self._set(index, "nvmlDeviceSetApplicationsClocks", (memory_mhz, graphics_mhz))
+        h = self.handle(index)
+        return (
+            self.call("nvmlDeviceGetApplicationsClock", h, CLOCK_TYPES["memory"], gpu=index),
+            self.call("nvmlDeviceGetApplicationsClock", h, CLOCK_TYPES["graphics"], gpu=index),
+        )
+
+    def reset_applications_clocks(self, index: int) -> None:
+        """``nvidia-smi -i N -rac``."""
+        self._set(index, "nvmlDeviceResetApplicationsClocks", ())
+
+    def set_persistence_mode(self, index: int, enabled: bool) -> bool:
+        """``nvidia-smi -i N -pm 1|0``; returns the mode read back."""
+        return bool(self._set(index, "nvmlDeviceSetPersistenceMode", (1 if enabled else 0,),
+                         "nvmlDeviceGetPersistenceMode", convert=bool))
+
+    def set_compute_mode(self, index: int, mode: str) -> str:
+        """``nvidia-smi -i N -c MODE``; returns the mode read back."""
+        code = {v: k for k, v in COMPUTE_MODES.items()}[mode]
+        return str(self._set(index, "nvmlDeviceSetComputeMode", (code,), "nvmlDeviceGetComputeMode",
+                         convert=lambda c: COMPUTE_MODES.get(c, str(c))))
+
+    def set_fan_speed(self, index: int, fan: int, percent: int) -> int:
+        """Manual fan duty (``nvidia-settings -a GPUTargetFanSpeed``); returns the target read back."""
+        return int(self._set(index, "nvmlDeviceSetFanSpeed_v2", (fan, int(percent)),
+                         "nvmlDeviceGetTargetFanSpeed", (fan,), convert=int))
+
+    def set_fan_auto(self, index: int, fan: int) -> str:
+        """Hand the fan back to the driver's automatic policy; returns the policy read back."""
+        h = self.handle(index)
+        self._slow.pop(index, None)
+        self.call("nvmlDeviceSetDefaultFanSpeed_v2", h, fan, gpu=index)
+        out = self.get_out("nvmlDeviceGetFanControlPolicy_v2", h, fan, gpu=index)
+        if out is not None and out[0] != FAN_POLICY_AUTO:
+            self.call("nvmlDeviceSetFanControlPolicy", h, fan, FAN_POLICY_AUTO, gpu=index)
+            out = self.get_out("nvmlDeviceGetFanControlPolicy_v2", h, fan, gpu=index)
+        return FAN_POLICY.get(out[0], "auto") if out is not None else "auto"

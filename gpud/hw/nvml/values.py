@@ -1,0 +1,90 @@
+"""Helpers that turn NVML's answers into gpud's values (bus ids, field values, driver releases, bit sets)."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from gpud.hw.nvml.constants import FI_THERMAL_VIOLATIONS, FI_VIOLATIONS
+
+
+def normalize_bus_id(raw: str | bytes) -> str:
+    """NVML's ``00000000:17:00.0`` → sysfs's ``0000:17:00.0`` (lower case)."""
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    text = text.strip().lower()
+    parts = text.split(":")
+    if len(parts) == 3:
+        return f"{int(parts[0], 16):04x}:{parts[1]}:{parts[2]}"
+    if len(parts) == 2:  # no domain
+        return f"0000:{parts[0]}:{parts[1]}"
+    return text
+
+
+class GpuProcessEntry:
+    """One entry of NVML's process list (the fields gpud uses, as the bindings name them)."""
+
+    __slots__ = ("pid", "usedGpuMemory", "kind", "sm")
+
+    def __init__(self, pid: int, used: int | None, kind: str = "compute") -> None:
+        self.pid = pid
+        self.usedGpuMemory = used
+        self.kind = kind
+        self.sm: int | None = None  # SM use from nvmlDeviceGetProcessUtilization
+
+
+def _hashable(arg: Any) -> Any:
+    """A cache key for an argument. The real bindings' device handles are ctypes pointers, which
+    cannot be hashed: such a handle is keyed by the address it points at (stable while NVML runs)."""
+    if isinstance(arg, list):
+        return tuple(arg)
+    try:
+        hash(arg)
+        return arg
+    except TypeError:
+        if isinstance(arg, ctypes._Pointer) and arg:
+            return ("handle", ctypes.addressof(arg.contents))
+        return ("object", repr(arg))
+
+
+def _text(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+def field_int(v: Any) -> tuple[int, int] | None:
+    """(value, width in bits) of an integer ``nvmlFieldValue_t``; None when it failed or is no integer."""
+    if v.nvmlReturn != 0:
+        return None
+    kind = {1: ("uiVal", 32), 2: ("ulVal", 64), 3: ("ullVal", 64), 4: ("sllVal", 64), 5: ("siVal", 32)}.get(
+        int(v.valueType))
+    if kind is None:
+        return None
+    return int(getattr(v.value, kind[0])), kind[1]
+
+
+def driver_release(version: str | None) -> tuple[int, int] | None:
+    """``580.65.06`` → (580, 65); None when it is not a driver version."""
+    parts = (version or "").split(".")
+    if len(parts) < 2 or not parts[0].isdigit() or not parts[1].isdigit():
+        return None
+    return int(parts[0]), int(parts[1])
+
+
+def violation_fields(driver: str | None) -> dict[int, str]:
+    """The violation-counter field ids this driver gives, and the clock-event reason each counts."""
+    release = driver_release(driver)
+    out = dict(FI_VIOLATIONS)
+    for first, ids in FI_THERMAL_VIOLATIONS:
+        if release is not None and release >= first:
+            out.update(ids)
+            break
+    return out
+
+
+def _bits(words: Any) -> tuple[int, ...]:
+    out = []
+    for w, word in enumerate(words):
+        word = int(word)
+        for b in range(64):
+            if word >> b & 1:
+                out.append(w * 64 + b)
+    return tuple(out)

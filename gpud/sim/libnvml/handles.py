@@ -1,0 +1,161 @@
+"""Entry points: initialisation, the system's versions, handle lookup and each GPU's identity and affinity."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from gpud.sim.entries import entry
+from gpud.sim.libnvml.library import SimLibrary, wait_until
+from gpud.sim.libnvml.returns import (
+    ARCH_CODES,
+    DRIVER_NOT_LOADED,
+    GPU_IS_LOST,
+    HANDLE_ERRORS,
+    INSUFFICIENT_SIZE,
+    INVALID_ARGUMENT,
+    LIB_RM_VERSION_MISMATCH,
+    UNINITIALIZED,
+    UNKNOWN,
+    fail,
+    store,
+    value_of,
+)
+from gpud.sim.topology import node_cpus
+
+# -- system -------------------------------------------------------------------------------------
+
+
+def _init(lib: SimLibrary, flags: int = 0) -> None:
+    if not lib.sim.desc.machine.driver_loaded:
+        fail(DRIVER_NOT_LOADED)
+    if lib.sim.faults_of("driver_mismatch"):
+        # A driver upgraded without a reboot: the new library finds the old kernel module (nvidia-smi:
+        # "Failed to initialize NVML: Driver/library version mismatch").
+        fail(LIB_RM_VERSION_MISMATCH)
+    lib.sim.client_attach()
+    lib._init_count += 1
+
+
+entry("nvmlInitWithFlags", outs=0, handles=0)(_init)
+entry("nvmlInit_v2", outs=0, handles=0)(_init)
+
+
+@entry("nvmlShutdown", outs=0, handles=0)
+def _shutdown(lib: SimLibrary) -> None:
+    if lib._init_count <= 0:
+        fail(UNINITIALIZED)
+    lib._init_count -= 1
+    lib.sim.client_detach()
+
+
+@entry("nvmlSystemGetDriverVersion", outs="text", handles=0)
+def _driver_version(lib: SimLibrary) -> str:
+    return str(lib.sim.desc.machine.driver_version)
+
+
+@entry("nvmlSystemGetNVMLVersion", outs="text", handles=0)
+def _nvml_version(lib: SimLibrary) -> str:
+    return str(lib.sim.desc.machine.nvml_version)
+
+
+@entry("nvmlSystemGetCudaDriverVersion_v2", handles=0)
+@entry("nvmlSystemGetCudaDriverVersion", handles=0)
+def _cuda_version(lib: SimLibrary) -> int:
+    major, _, minor = str(lib.sim.desc.machine.cuda_driver_version).partition(".")
+    return int(major) * 1000 + int(minor or 0) * 10
+
+
+@entry("nvmlDeviceGetCount_v2", handles=0)
+def _count(lib: SimLibrary) -> int:
+    return len(lib.visible())
+
+
+@entry("nvmlDeviceGetHandleByIndex_v2", outs="raw", handles=0)
+def _handle_by_index(lib: SimLibrary, index: Any, out: Any) -> None:
+    visible = lib.visible()
+    i = value_of(index)
+    if not 0 <= i < len(visible):
+        fail(INVALID_ARGUMENT)
+    if lib.sim.lost(visible[i]):
+        # A GPU that fell off the bus: drivers answer the handle lookup with Unknown Error
+        # (nvidia-smi: "Unable to determine the device handle for GPU …: Unknown Error") or GPU is lost.
+        params = [p for p in lib.sim.faults_of("gpu_lost", visible[i]) if p.at_write is None]
+        fail(GPU_IS_LOST if params and params[0].handle_error == "gpu_is_lost" else UNKNOWN)
+    for refused in lib.sim.faults_of("handle_refused", visible[i]):
+        fail(HANDLE_ERRORS[refused.error])  # nvml.h: cables not attached, or an interrupt problem
+    if not lib.settings(visible[i]).get("initialised", True):
+        # nvml.h: "this API causes NVML to initialize the target GPU"; under the RM lock, so every other
+        # call waits too.
+        wait_until(time.perf_counter() + lib.latency.gpu_init_s)
+        lib.modelled_s += lib.latency.gpu_init_s
+        with lib.sim.mutate():
+            lib.settings(visible[i])["initialised"] = True
+    lib.new_handle(out, visible[i])
+
+
+# -- identity ---------------------------------------------------------------------------------
+
+
+@entry("nvmlDeviceGetUUID", outs="text")
+def _uuid(lib: SimLibrary, i: int) -> str:
+    return str(lib.gpu(i).uuid)
+
+
+@entry("nvmlDeviceGetName", outs="text")
+def _name(lib: SimLibrary, i: int) -> str:
+    return str(lib.gpu(i).name)
+
+
+@entry("nvmlDeviceGetSerial", outs="text")
+def _serial(lib: SimLibrary, i: int) -> str:
+    return str(lib.gpu(i).serial)
+
+
+@entry("nvmlDeviceGetVbiosVersion", outs="text")
+def _vbios(lib: SimLibrary, i: int) -> str:
+    return str(lib.gpu(i).vbios)
+
+
+@entry("nvmlDeviceGetArchitecture")
+def _architecture(lib: SimLibrary, i: int) -> int:
+    return ARCH_CODES.get(str(lib.gpu(i).architecture), 0xFFFFFFFF)
+
+
+def pci_info(address: str, device_id: int, subsystem_id: int) -> dict[str, Any]:
+    dom, bus, devfn = address.split(":")
+    dev, fn = devfn.split(".")
+    bus_id = f"{int(dom, 16):08X}:{bus.upper()}:{dev.upper()}.{fn}".encode()
+    return {"busId": bus_id, "busIdLegacy": bus_id[4:], "domain": int(dom, 16), "bus": int(bus, 16),
+            "device": int(dev, 16), "pciDeviceId": device_id, "pciSubSystemId": subsystem_id}
+
+
+@entry("nvmlDeviceGetPciInfo_v3")
+@entry("nvmlDeviceGetPciInfo_v2")
+def _pci_info(lib: SimLibrary, i: int) -> dict[str, Any]:
+    g = lib.gpu(i)
+    return pci_info(g.bus_id, g.pci_device_id, g.pci_subsystem_id)
+
+
+@entry("nvmlDeviceGetMemoryAffinity", outs="raw")
+def _memory_affinity(lib: SimLibrary, i: int, size: Any, out: Any, scope: Any) -> None:
+    words = [0] * value_of(size)
+    node = lib.gpu(i).numa_node
+    if node // 64 >= len(words):
+        fail(INSUFFICIENT_SIZE)
+    words[node // 64] |= 1 << (node % 64)
+    store(out, words)
+
+
+@entry("nvmlDeviceGetNumaNodeId")
+def _numa_node(lib: SimLibrary, i: int) -> int:
+    return int(lib.gpu(i).numa_node)
+
+
+@entry("nvmlDeviceGetCpuAffinity", outs="raw")
+def _cpu_affinity(lib: SimLibrary, i: int, size: Any, out: Any) -> None:
+    words = [0] * value_of(size)
+    for cpu in node_cpus(lib.sim.desc.machine, lib.gpu(i).numa_node):
+        if cpu // 64 < len(words):
+            words[cpu // 64] |= 1 << (cpu % 64)
+    store(out, words)
