@@ -967,12 +967,17 @@ def test_mig_devices_through_their_own_handles(tmp_path, monkeypatch) -> None:
     is Not Supported on it (nvidia-smi's MIG Device section shows only ids, attributes, ECC and memory)."""
     monkeypatch.setenv("GPUD_SIM_EUID", "1000")
     m = open_machine(describe(tmp_path, model="H200", gpu0=MIG_GPU, extra="mig_mode = false"))
+    m.nvml.init()
     mod = m.simulation.module
     gpu = mod.nvmlDeviceGetHandleByIndex(0)
     assert mod.nvmlDeviceGetMaxMigDeviceCount(gpu) == 7
     assert mod.nvmlDeviceGetMaxMigDeviceCount(mod.nvmlDeviceGetHandleByIndex(1)) == 0  # MIG capable, disabled
     mig = mod.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 0)
-    assert mod.nvmlDeviceIsMigDeviceHandle(mig) == 1 and mod.nvmlDeviceIsMigDeviceHandle(gpu) == 0
+    def is_mig(h: Any) -> int:  # nvidia-ml-py hands back the c_uint itself here
+        value = mod.nvmlDeviceIsMigDeviceHandle(h)
+        return int(getattr(value, "value", value))
+
+    assert is_mig(mig) == 1 and is_mig(gpu) == 0
     parent = mod.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)
     assert mod.nvmlDeviceGetUUID(parent) == mod.nvmlDeviceGetUUID(gpu)
     assert mod.nvmlDeviceGetUUID(mig).startswith("MIG-")
@@ -1002,7 +1007,9 @@ def test_mig_devices_through_their_own_handles(tmp_path, monkeypatch) -> None:
     assert sorted(p.pid for p in mod.nvmlDeviceGetComputeRunningProcesses(gpu)) == [21180, 21198]
     # On a GPU without MIG a process is in no instance: 0xFFFFFFFF (nvml.h), never instance 0
     plain = describe(tmp_path, name="plain", gpu0="processes = [{ pid = 4242, used_mib = 100 }]")
-    pm = open_machine(plain).simulation.module
+    plain_machine = open_machine(plain)
+    plain_machine.nvml.init()
+    pm = plain_machine.simulation.module
     (p,) = pm.nvmlDeviceGetComputeRunningProcesses(pm.nvmlDeviceGetHandleByIndex(0))
     assert (p.gpuInstanceId, p.computeInstanceId) == (0xFFFFFFFF, 0xFFFFFFFF)
 

@@ -20,6 +20,7 @@ from typing import Any
 from gpud.errors import InvalidInput
 from gpud.schema import REQUIRED as _ANY
 from gpud.schema import load_toml, take
+from gpud.sim.mig import MigSpec, validate_instances
 from gpud.sim.faults import FAULTS, PCIE_GENERATIONS, PCIE_WIDTHS, Fault, gpu_pair, validate_fault
 from gpud.sim.presets import GPU_MODELS, Preset
 
@@ -99,6 +100,7 @@ GPU_KEYS: dict[str, tuple[Any, Any]] = {
     "memory_reserved_mib": (int, 0),  # memory the driver reserves (nvmlMemory_v2_t.reserved)
     "power_enforced_watts": ((int, float), None),  # a board or module power budget below the limit set
     "mig_mode": (bool, None),  # MIG enabled (nvmlDeviceGetMigMode); None: a GPU without MIG (Not Supported)
+    "mig_instances": (list, []),  # with mig_mode: its MIG devices (gpud.sim.mig.MIG_INSTANCE_KEYS)
 }
 # Every preset key can be overridden per GPU.
 MODEL_KEYS: dict[str, tuple[Any, Any]] = {
@@ -155,6 +157,9 @@ PROCESS_KEYS: dict[str, tuple[Any, Any]] = {
     "pod": (str, None),
     "slurm_job": (int, None),
     "unit": (str, None),
+    # on a MIG-enabled GPU: the MIG instance the process runs in (nvmlProcessInfo_t's ids)
+    "gpu_instance_id": (int, None),
+    "compute_instance_id": (int, None),
 }
 NVLINK_KEYS: dict[str, tuple[Any, Any]] = {"gpus": (list, _ANY), "links": (int, None)}
 XORG_KEYS: dict[str, tuple[Any, Any]] = {"conf": (str, None), "files": (dict, {}), "log": (str, None)}
@@ -207,6 +212,8 @@ class Process:
     pod: str | None
     slurm_job: int | None
     unit: str | None
+    gpu_instance_id: int | None
+    compute_instance_id: int | None
 
 
 @dataclass(frozen=True)
@@ -255,6 +262,7 @@ class GpuSpec(Preset):
     memory_reserved_mib: int
     power_enforced_watts: float | None
     mig_mode: bool | None
+    mig_instances: tuple[MigSpec, ...]
 
 
 @dataclass(frozen=True)
@@ -444,6 +452,7 @@ def parse(data: dict[str, Any], file: str, digest: str = "") -> Description:
                 raise InvalidInput(file, f"{where}.processes[{k}]",
                                    "at most one of container, pod, slurm_job, unit")
         gpu["uuid"] = gpu["uuid"] or _uuid(machine["name"], i)
+        gpu["mig_instances"] = validate_instances(gpu["mig_instances"], gpu, file, where)
         gpu["serial"] = gpu["serial"] or str(1320021000000 + int(_uuid(machine["name"], i)[4:12], 16) % 10**9)
         gpus.append(gpu)
     seen = [g["bus_id"] for g in gpus]
