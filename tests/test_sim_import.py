@@ -746,12 +746,16 @@ def gpu_differences(i: int, g: dict[str, Any], got: dict[str, Any], xml: bool) -
     if fan is None and dump_value(g, xml, "name"):
         same("fans", 0, len(s["fans"]))
     same("mig_mode", flag.get(dump_value(g, xml, "mig") or ""), s.get("mig_mode"))
-    # MIG devices: ids and memory, read back through their own NVML handles; each process in its instance
-    same("mig_instances", dump_instances(g), sorted(
-        (m["gpu_instance_id"], m["compute_instance_id"], *(None if m[f"memory_{k}_bytes"] is None
-                                                           else m[f"memory_{k}_bytes"] >> 20
-                                                           for k in ("total", "reserved", "used", "free")))
-        for m in s.get("mig_instances") or ()))
+    # MIG devices: ids and memory, read back through their own NVML handles (free within 2 MiB, as the GPU's:
+    # nvidia-smi rounds each figure); each process in its instance
+    dumped = dump_instances(g)
+    twin_migs = sorted((m["gpu_instance_id"], m["compute_instance_id"], *(
+        None if m[f"memory_{k}_bytes"] is None else m[f"memory_{k}_bytes"] >> 20
+        for k in ("total", "reserved", "used", "free"))) for m in s.get("mig_instances") or ())
+    if len(dumped) == len(twin_migs):
+        twin_migs = [t[:5] + (d[5],) if d[5] is not None and t[5] is not None and abs(d[5] - t[5]) <= 2 else t
+                     for d, t in zip(dumped, twin_migs, strict=True)]
+    same("mig_instances", dumped, twin_migs)
     same("process_instances", {pid: ids for pid, ids in g["pid_instances"].items() if ids != (None, None)},
          {p["pid"]: (p["gpu_instance_id"], p["compute_instance_id"]) for p in s["processes"] or ()
           if p["gpu_instance_id"] is not None})

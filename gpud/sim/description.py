@@ -20,8 +20,8 @@ from typing import Any
 from gpud.errors import InvalidInput
 from gpud.schema import REQUIRED as _ANY
 from gpud.schema import load_toml, take
-from gpud.sim.mig import MigSpec, validate_instances
 from gpud.sim.faults import FAULTS, PCIE_GENERATIONS, PCIE_WIDTHS, Fault, gpu_pair, validate_fault
+from gpud.sim.mig import MigSpec, validate_instances
 from gpud.sim.presets import GPU_MODELS, Preset
 
 SHIPPED = Path(__file__).parent / "descriptions"
