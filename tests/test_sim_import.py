@@ -128,7 +128,8 @@ def xml_gpus(text: str) -> list[dict[str, Any]]:
     root = ET.fromstring(text)
     gpus = []
     for gpu in root.findall("gpu"):
-        migs = [{"GPU Instance ID": m.findtext("gpu_instance_id"), "Compute Instance ID": m.findtext("compute_instance_id"),
+        migs = [{"GPU Instance ID": m.findtext("gpu_instance_id"),
+                 "Compute Instance ID": m.findtext("compute_instance_id"),
                  **{f"Shared FB Memory Usage/{k.capitalize()}": m.findtext(f"fb_memory_usage/{k}")
                     for k in ("total", "reserved", "used", "free")}} for m in gpu.findall("mig_devices/mig_device")]
         g: dict[str, Any] = {"bus": gpu.get("id"), "reasons": set(), "pids": {}, "reasons_seen": False,

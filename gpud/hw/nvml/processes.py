@@ -201,8 +201,8 @@ class NvmlProcesses(NvmlInfo):
             if mem is None:
                 mem = read("nvmlDeviceGetMemoryInfo")
                 used = int(mem.used) if mem is not None else None
-            mine = None if processes is None else tuple(p for p in processes if (p.gpu_instance_id, p.compute_instance_id)
-                                                       == (gi, ci) and gi is not None)
+            mine = None if processes is None else tuple(
+                p for p in processes if gi is not None and (p.gpu_instance_id, p.compute_instance_id) == (gi, ci))
             out.append(MigInstance(
                 index=k, uuid=str(uuid or ""), gpu_instance_id=gi, compute_instance_id=ci,
                 profile=mig_profile(read("nvmlDeviceGetName")), memory_total_bytes=int(mem.total) if mem else None,

@@ -246,7 +246,8 @@ def _mig(i: int, r: Reader, g: dict[str, Any], notes: Notes) -> None:
     out = []
     for m in instances(r.gpu, r.file):
         if "memory_mib" not in m:
-            raise fail(r.file, m["line"], "MIG device without its memory total (Shared FB Memory Usage / fb_memory_usage)")
+            raise fail(r.file, m["line"], "MIG device without its memory total (Shared FB Memory Usage, "
+                                          "fb_memory_usage)")
         item: dict[str, Any] = {"gpu_instance_id": m["gpu_instance_id"],
                                 "compute_instance_id": m.get("compute_instance_id", 0), "memory_mib": m["memory_mib"]}
         theirs = sum(int(p["used_mib"]) for p in procs if (p.get("gpu_instance_id"), p.get("compute_instance_id"))
