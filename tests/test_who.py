@@ -220,3 +220,29 @@ def test_select_judges_a_mig_gpu_by_its_instances_not_its_missing_utilisation() 
     # A whole idle GPU is preferred over an instance
     snap4, topo4 = _mig_snapshot({0: (free_one,)}, {0: None, 1: 0})
     assert choose(snap4, topo4, 1).gpus == (1,) and choose(snap4, topo4, 1).instances == ()
+
+
+def test_select_and_ps_on_a_simulated_mig_gpu(tmp_path: Path) -> None:
+    """Through the simulator (the same readers as on hardware): ps names each process's instance and its
+    MIG UUID; select gives a one-GPU job the free MIG instance, by its MIG UUID, when no whole GPU is idle."""
+    text = ('[machine]\nname = "mig-who"\n[gpu_defaults]\nmodel = "H200"\n[[gpu]]\nbus_id = "0000:17:00.0"\n'
+            'root_port = "0000:16:01.0"\nmig_mode = true\nmig_instances = ['
+            '{ gpu_instance_id = 2, profile = "3g.71gb", memory_mib = 71424 }, '
+            '{ gpu_instance_id = 9, profile = "1g.18gb", memory_mib = 16384 }]\n'
+            'processes = [{ pid = 5150, used_mib = 9000, user = "alice", gpu_instance_id = 2, compute_instance_id = 0 }]\n')
+    desc = tmp_path / "mig-who.toml"
+    desc.write_text(text)
+    env = {"GPUD_SIMULATE": str(desc)}
+    ps = run_gpud("ps", "--json", env=env)
+    assert ps.returncode == 0, ps.stderr
+    [row] = json.loads(ps.stdout)["processes"]
+    assert (row["pid"], row["gpu_instance_id"], row["compute_instance_id"]) == (5150, 2, 0)
+    assert row["mig_uuid"].startswith("MIG-")
+    assert "0 GI2/CI0" in run_gpud("ps", env=env).stdout
+    sel = run_gpud("select", "-n", "1", "--json", env=env)
+    assert sel.returncode == 0, sel.stderr
+    doc = json.loads(sel.stdout)
+    assert doc["mig_instances"] == [doc["cuda_visible_devices"]] and doc["cuda_visible_devices"].startswith("MIG-")
+    assert doc["cuda_visible_devices"] != row["mig_uuid"] and "1g.18gb GI 9" in doc["reason"]
+    too_big = run_gpud("select", "-n", "1", "--min-free-memory", "20g", env=env)
+    assert too_big.returncode == 1 and "MIG enabled" in too_big.stderr
