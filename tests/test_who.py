@@ -229,7 +229,8 @@ def test_select_and_ps_on_a_simulated_mig_gpu(tmp_path: Path) -> None:
             'root_port = "0000:16:01.0"\nmig_mode = true\nmig_instances = ['
             '{ gpu_instance_id = 2, profile = "3g.71gb", memory_mib = 71424 }, '
             '{ gpu_instance_id = 9, profile = "1g.18gb", memory_mib = 16384 }]\n'
-            'processes = [{ pid = 5150, used_mib = 9000, user = "alice", gpu_instance_id = 2, compute_instance_id = 0 }]\n')
+            'processes = [{ pid = 5150, used_mib = 9000, user = "alice", gpu_instance_id = 2, '
+            'compute_instance_id = 0 }]\n')
     desc = tmp_path / "mig-who.toml"
     desc.write_text(text)
     env = {"GPUD_SIMULATE": str(desc)}
