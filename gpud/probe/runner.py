@@ -589,10 +589,10 @@ def _run(plan: Plan, machine: Machine | None, host: str, thresholds: dict[int, f
     if busy and not allow_busy:
         raise ProbeBusy("GPUs in use, the probe's figures would be wrong: " + "; ".join(busy))
     if mig_note is not None and not plan.launches:
-        err = ProbeError(mig_note)
-        err.remedy = ("add the ddp suite (one MIG instance alone), or disable MIG for the probe: "
-                      "`sudo nvidia-smi -mig 0`")
-        raise err
+        nothing = ProbeError(mig_note)
+        nothing.remedy = ("add the ddp suite (one MIG instance alone), or disable MIG for the probe: "
+                          "`sudo nvidia-smi -mig 0`")
+        raise nothing
     cores = os.cpu_count() or 1
     started = time.time()
     results: list[dict[str, Any]] = []
