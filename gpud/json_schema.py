@@ -51,7 +51,12 @@ NVLINK = _obj({"link": {"type": "integer"}, "up": {"type": "boolean"}, "remote_p
                "sli_bridge": BOOL, "remote_is_switch": BOOL})
 PROCESS = _obj({"pid": {"type": "integer"}, "used_memory_bytes": INT, "user": STR, "command": STR,
                 "kind": {"enum": ["compute", "graphics", "compute+graphics"]}, "container": STR,
-                "sm_utilization_percent": INT})
+                "sm_utilization_percent": INT, "gpu_instance_id": INT, "compute_instance_id": INT})
+# A MIG device of a MIG-enabled GPU: its ids, profile, memory and its own processes
+MIG_INSTANCE = _obj({"index": {"type": "integer"}, "uuid": {"type": "string"}, "gpu_instance_id": INT,
+                     "compute_instance_id": INT, "profile": STR, "memory_total_bytes": INT, "memory_used_bytes": INT,
+                     "memory_reserved_bytes": INT, "memory_free_bytes": INT,
+                     "processes": {"type": ["array", "null"], "items": PROCESS}})
 # NVLink error counters read every 10 s: [link, counter name, count]
 NVLINK_ERRORS = {"type": ["array", "null"],
                  "items": {"type": "array", "items": {"type": ["integer", "string"]}}}
@@ -76,7 +81,7 @@ GPU_SAMPLE = _obj({
     "clock_event_mask": INT,
     "clock_events": {"type": ["array", "null"], "items": {"enum": [n for _, n in CLOCK_EVENT_REASONS]}},
     "persistence_mode": BOOL, "compute_mode": {"enum": ["default", "exclusive_process", "prohibited", None]},
-    "mig_mode": BOOL,
+    "mig_mode": BOOL, "mig_instances": {"type": ["array", "null"], "items": MIG_INSTANCE},
     "ecc_enabled": BOOL, "ecc_pending": BOOL, "ecc_errors": ECC,
     "retired_pages_single_bit": INT, "retired_pages_double_bit": INT, "retired_pages_pending": BOOL,
     "remapped_rows_correctable": INT, "remapped_rows_uncorrectable": INT, "remapped_rows_pending": BOOL,
@@ -151,7 +156,8 @@ PLAN_ROW = _obj({"gpu": INT, "setting": {"type": "string"}, "current": ANY, "des
                  "action": {"enum": ["change", "ok", "skip", "daemon"]}, "note": STR})
 PS_ROW = _obj({"gpu": {"type": "integer"}, "uuid": STR, "pid": {"type": "integer"}, "user": STR,
                "kind": {"enum": ["compute", "graphics", "compute+graphics"]}, "used_memory_bytes": INT,
-               "container": STR, "sm_utilization_percent": INT, "command": STR})
+               "container": STR, "sm_utilization_percent": INT, "gpu_instance_id": INT, "compute_instance_id": INT,
+               "mig_uuid": STR, "command": STR})
 EVENT = _obj({"id": {"type": "integer"}, "time": {"type": "number"}, "boot_id": STR, "kind": {"type": "string"},
               "gpu": INT, "uuid": STR, "serial": STR, "summary": ANY, "data": ANY})
 
@@ -206,7 +212,7 @@ SCHEMAS: dict[str, Schema] = {
     "ps": _document("ps", {"processes": {"type": "array", "items": PS_ROW},
                            "unreadable_gpus": {"type": "array", "items": {"type": "integer"}}}),
     "select": _document("select", {"cuda_visible_devices": STR, "gpus": {"type": "array", "items": {"type": "integer"}},
-                                   "uuids": STRS, "reason": {"type": "string"}}),
+                                   "uuids": STRS, "mig_instances": STRS, "reason": {"type": "string"}}),
     "apply": _some("apply", {"ok": {"type": "boolean"}}, {
         "profile": STR, "chain": STRS, "source": STR, "dry_run": {"type": "boolean"}, "daemon": {"type": "boolean"},
         "target": STR, "plan": {"type": "array", "items": PLAN_ROW}, "skipped": {"type": "array", "items": PLAN_ROW},

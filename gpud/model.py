@@ -133,12 +133,48 @@ class GpuProcess:
     container: str | None = None  # docker:ID, podman:ID, pod:UID, slurm:JOB or unit:NAME (/proc/PID/cgroup)
     # SM use over the latest samples (nvmlDeviceGetProcessUtilization); None: no sample (idle, or unsupported)
     sm_utilization_percent: int | None = None
+    # On a MIG-enabled GPU: the GPU instance and compute instance the process runs in (nvmlProcessInfo_t's
+    # gpuInstanceId / computeInstanceId); None on a GPU without MIG
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
 
     @property
     def graphics_only(self) -> bool:
         """On NVML's graphics list alone: a display server, a desktop shell, a browser — the desktop, not a
         job. What such a process does shows in the GPU's utilisation and memory, judged by those."""
         return self.kind == "graphics"
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """One MIG device of a MIG-enabled GPU (a compute instance in its GPU instance), read through its own
+    NVML handle (nvmlDeviceGetMigDeviceHandleByIndex). CUDA sees it, not its GPU: a job is given it by
+    its UUID (``CUDA_VISIBLE_DEVICES=MIG-…``). Utilisation, clocks, power and temperature are the GPU's,
+    shared by all its instances; NVML answers them on the GPU's handle only."""
+
+    index: int  # the MIG device's index under its GPU
+    uuid: str  # MIG-…
+    gpu_instance_id: int | None
+    compute_instance_id: int | None
+    profile: str | None  # "3g.40gb": from the MIG device's name ("NVIDIA H100 80GB HBM3 MIG 3g.40gb")
+    memory_total_bytes: int | None
+    memory_used_bytes: int | None
+    memory_reserved_bytes: int | None
+    memory_free_bytes: int | None
+    processes: tuple[GpuProcess, ...] | None  # the instance's own processes; None: unreadable
+
+    @property
+    def idle(self) -> bool:
+        """No job in it: no process but a desktop's graphics (the same rule as a whole GPU's)."""
+        return self.processes is not None and all(p.graphics_only for p in self.processes)
+
+
+def mig_profile(name: str | None) -> str | None:
+    """The profile a MIG device's NVML name ends with ("… MIG 1g.10gb" → "1g.10gb"); None otherwise."""
+    if not name or " MIG " not in name:
+        return None
+    profile = name.rsplit(" MIG ", 1)[1].strip()
+    return profile or None
 
 
 @dataclass(frozen=True)
@@ -184,6 +220,9 @@ class GpuSample:
     persistence_mode: bool | None = None
     compute_mode: str | None = None  # default | exclusive_process | prohibited
     mig_mode: bool | None = None  # MIG enabled (nvmlDeviceGetMigMode current); None: not MIG-capable
+    # MIG enabled: its MIG devices (instances), each with its memory and processes; None without MIG or
+    # where they could not be read
+    mig_instances: tuple[MigInstance, ...] | None = None
     ecc_enabled: bool | None = None
     ecc_pending: bool | None = None
     ecc_errors: EccCounts | None = None

@@ -297,3 +297,17 @@ def test_a_link_faster_than_the_ports_reported_maximum_is_no_slot_problem(tmp_pa
     assert only(doctor(tmp_path, "pcie.link_gen", loaded)).status == "pass"  # the A6000 twin runs at Gen4
     slow = d(defaults="utilization_percent = 0\nidle_pcie_generation = 3")
     assert only(doctor(tmp_path, "pcie.link_gen", slow)).status == "warn"
+
+
+def test_mig_mode_lists_the_instances_and_what_a_job_gets(tmp_path: Path) -> None:
+    """MIG enabled: the finding names each instance (profile, GI/CI, memory, processes) and says that a job
+    gets one instance by its MIG UUID; a MIG GPU without instances says nothing can run on it."""
+    gpu = ('mig_mode = true\nmemory_mib = 81559\nmig_instances = [{ gpu_instance_id = 2, profile = "3g.40gb", '
+           'memory_mib = 40448 }, { gpu_instance_id = 9, profile = "1g.10gb", memory_mib = 9856 }]\n'
+           'processes = [{ pid = 4242, used_mib = 2048, gpu_instance_id = 2, compute_instance_id = 0 }]')
+    r = only(doctor(tmp_path, "config.mig_mode", d(model="H200", gpu_extra={0: gpu})))
+    assert r.status == "warn" and "MIG enabled, 2 instance(s): 3g.40gb GI 2/CI 0" in r.summary
+    assert "2.0 of 39.5 GiB used, 1 process(es)" in r.summary and "1g.10gb GI 9/CI 0" in r.summary
+    assert "free" in r.summary and "CUDA_VISIBLE_DEVICES=MIG-" in r.summary and "MIG-" in r.detail
+    empty = only(doctor(tmp_path, "config.mig_mode", d(model="H200", defaults="mig_mode = true")))
+    assert "no instance created: no CUDA process can run on it" in empty.summary

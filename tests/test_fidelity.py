@@ -949,3 +949,85 @@ def test_the_samplers_blocking_calls_wait_for_the_tick(monkeypatch) -> None:
     sampler.join()
     assert blocking() > start and len(spans) == 8
     assert all(a == b for a, b in spans), spans
+
+
+MIG_GPU = ('mig_mode = true\nmemory_mib = 81559\nmig_instances = ['
+           '{ gpu_instance_id = 2, profile = "3g.40gb", memory_mib = 40448, used_mib = 39 }, '
+           '{ gpu_instance_id = 3, profile = "2g.20gb", memory_mib = 20096, reserved_mib = 0 }]\n'
+           'processes = [{ pid = 21180, used_mib = 2296, gpu_instance_id = 2, compute_instance_id = 0 }, '
+           '{ pid = 21198, used_mib = 7484, gpu_instance_id = 2, compute_instance_id = 0, user = "bob" }]')
+
+
+def test_mig_devices_through_their_own_handles(tmp_path, monkeypatch) -> None:
+    """nvml.h: nvmlDeviceGetMaxMigDeviceCount, nvmlDeviceGetMigDeviceHandleByIndex (NOT_FOUND where no MIG
+    device is at that index), nvmlDeviceIsMigDeviceHandle, nvmlDeviceGetDeviceHandleFromMigDeviceHandle,
+    nvmlDeviceGetGpuInstanceId / ComputeInstanceId (NOT_SUPPORTED on a GPU's own handle). A MIG device
+    answers its UUID (MIG-…), its name (the GPU's, then "MIG 3g.40gb"), its memory and its processes (with
+    their gpuInstanceId / computeInstanceId); what is the GPU's — utilisation, clocks, power, temperature —
+    is Not Supported on it (nvidia-smi's MIG Device section shows only ids, attributes, ECC and memory)."""
+    monkeypatch.setenv("GPUD_SIM_EUID", "1000")
+    m = open_machine(describe(tmp_path, model="H200", gpu0=MIG_GPU, extra="mig_mode = false"))
+    m.nvml.init()
+    mod = m.simulation.module
+    gpu = mod.nvmlDeviceGetHandleByIndex(0)
+    assert mod.nvmlDeviceGetMaxMigDeviceCount(gpu) == 7
+    assert mod.nvmlDeviceGetMaxMigDeviceCount(mod.nvmlDeviceGetHandleByIndex(1)) == 0  # MIG capable, disabled
+    mig = mod.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 0)
+    def is_mig(h: Any) -> int:  # nvidia-ml-py hands back the c_uint itself here
+        value = mod.nvmlDeviceIsMigDeviceHandle(h)
+        return int(getattr(value, "value", value))
+
+    assert is_mig(mig) == 1 and is_mig(gpu) == 0
+    parent = mod.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)
+    assert mod.nvmlDeviceGetUUID(parent) == mod.nvmlDeviceGetUUID(gpu)
+    assert mod.nvmlDeviceGetUUID(mig).startswith("MIG-")
+    assert mod.nvmlDeviceGetName(mig) == mod.nvmlDeviceGetName(gpu) + " MIG 3g.40gb"
+    assert (mod.nvmlDeviceGetGpuInstanceId(mig), mod.nvmlDeviceGetComputeInstanceId(mig)) == (2, 0)
+    with pytest.raises(mod.NVMLError_NotSupported):
+        mod.nvmlDeviceGetGpuInstanceId(gpu)
+    with pytest.raises(mod.NVMLError_NotFound):
+        mod.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 2)  # two MIG devices: indices 0 and 1
+    with pytest.raises(mod.NVMLError_InvalidArgument):
+        mod.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(gpu)
+    mem = mod.nvmlDeviceGetMemoryInfo(mig, version=mod.nvmlMemory_v2)
+    assert (mem.total >> 20, mem.used >> 20) == (40448, 2296 + 7484 + 39)
+    procs = mod.nvmlDeviceGetComputeRunningProcesses(mig)
+    assert [(p.pid, p.gpuInstanceId, p.computeInstanceId) for p in procs] == [(21180, 2, 0), (21198, 2, 0)]
+    assert mod.nvmlDeviceGetComputeRunningProcesses(mod.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 1)) == []
+    for call in ("nvmlDeviceGetUtilizationRates", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetTemperature",
+                 "nvmlDeviceGetClockInfo"):
+        args = {"nvmlDeviceGetTemperature": (0,), "nvmlDeviceGetClockInfo": (1,)}.get(call, ())
+        with pytest.raises(mod.NVMLError_NotSupported):
+            getattr(mod, call)(mig, *args)
+    # The GPU's own list under MIG: "aggregate information, only if the caller has appropriate privileges"
+    # (nvml.h); without them the list is empty here (the answer that would hide every job from a reader
+    # that trusted it): gpud reads each instance's own list
+    assert mod.nvmlDeviceGetComputeRunningProcesses(gpu) == []
+    monkeypatch.setenv("GPUD_SIM_EUID", "0")
+    assert sorted(p.pid for p in mod.nvmlDeviceGetComputeRunningProcesses(gpu)) == [21180, 21198]
+    # On a GPU without MIG a process is in no instance: 0xFFFFFFFF (nvml.h), never instance 0
+    plain = describe(tmp_path, name="plain", gpu0="processes = [{ pid = 4242, used_mib = 100 }]")
+    plain_machine = open_machine(plain)
+    plain_machine.nvml.init()
+    pm = plain_machine.simulation.module
+    (p,) = pm.nvmlDeviceGetComputeRunningProcesses(pm.nvmlDeviceGetHandleByIndex(0))
+    assert (p.gpuInstanceId, p.computeInstanceId) == (0xFFFFFFFF, 0xFFFFFFFF)
+
+
+def test_gpud_reads_a_mig_gpus_instances_memory_and_processes(tmp_path, monkeypatch) -> None:
+    """Not as root (the GPU's own process list is then empty): gpud reads each MIG device through its handle
+    — UUID, profile, memory, processes with their instance — and the GPU's processes are theirs."""
+    monkeypatch.setenv("GPUD_SIM_EUID", "1000")
+    m = open_machine(describe(tmp_path, model="H200", gpu0=MIG_GPU, extra="mig_mode = false"))
+    s = m.snapshot().samples[0]
+    assert s.mig_mode is True and s.utilization_gpu_percent is None and s.mig_instances is not None
+    big, small = s.mig_instances
+    assert (big.gpu_instance_id, big.compute_instance_id, big.profile) == (2, 0, "3g.40gb")
+    assert big.uuid.startswith("MIG-") and small.profile == "2g.20gb"
+    assert big.memory_total_bytes == 40448 << 20 and big.memory_used_bytes == (2296 + 7484 + 39) << 20
+    assert small.memory_free_bytes == 20096 << 20 and small.processes == () and small.idle
+    assert [(p.pid, p.gpu_instance_id, p.compute_instance_id) for p in big.processes or ()] == [
+        (21180, 2, 0), (21198, 2, 0)]
+    assert sorted((p.pid, p.gpu_instance_id) for p in s.processes or ()) == [(21180, 2), (21198, 2)]
+    other = m.snapshot().samples[1]
+    assert other.mig_mode is False and other.mig_instances is None

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import run_gpud
 
+from gpud.model import GpuSample
 from gpud.probe import history
-from gpud.probe.runner import SUITES, ProbeError, launch, make_plan, torch_available
+from gpud.probe.runner import SUITES, ProbeError, launch, make_plan, restrict_to_mig, torch_available
 
 needs_torch = pytest.mark.skipif(not torch_available() and os.environ.get("CI") != "true",
                                  reason="PyTorch not installed: README, Run the tests, says how to add the CPU build")
@@ -274,3 +275,20 @@ def test_under_torchrun_the_report_names_each_ranks_node_and_host(state_dir, tor
     render(ProbeReport(host="z8-01", placement=res.placement))  # the fake ranks' figures are not renderable
     out = capsys.readouterr().out
     assert "node 0 (z8-01): rank 0 on GPU-aaa" in out and "node 1 (z8-02): rank 1 on GPU-bbb" in out
+
+
+def test_on_a_mig_gpu_the_probe_keeps_one_process_on_one_instance_and_says_why() -> None:
+    """NVIDIA's MIG user guide: no P2P (PCIe or NVLink) under MIG, one MIG device per CUDA process. The
+    multi-rank launches and the P2P copies are dropped, the one-device DDP baseline stays, and the note
+    says which GPU and what was skipped; a machine without MIG keeps its plan."""
+    plan = make_plan("cuda", 4, None, ["ddp", "pipeline", "allreduce", "p2p"], quick=False)
+    whole = [GpuSample(index=i, uuid=f"GPU-{i}", timestamp=0.0, mig_mode=False) for i in range(4)]
+    assert restrict_to_mig(plan, whole) is None and len(plan.launches) == 4
+    mig = [*whole[:1], GpuSample(index=1, uuid="GPU-1", timestamp=0.0, mig_mode=True), *whole[2:]]
+    note = restrict_to_mig(plan, mig)
+    assert plan.launches == [{"world_size": 1, "tasks": ["ddp"]}] and plan.world_sizes == [1]
+    assert note is not None and note.startswith("GPU1 in MIG mode: NCCL and P2P between MIG instances")
+    assert "skipped: pipeline_baseline, p2p, ddp (2 ranks), allreduce (2 ranks), pipeline (2 ranks)" in note
+    assert "one process training on one MIG instance" in note
+    only = make_plan("cuda", 2, None, ["allreduce"], quick=True)
+    assert restrict_to_mig(only, mig) is not None and only.launches == []  # _run stops with the note

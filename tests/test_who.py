@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, run_gpud
 
+from gpud.model import GpuProcess, GpuSample, MigInstance, Snapshot, Topology, Versions
+from gpud.picker import choose
 from gpud.procinfo import workload
 
 DEGRADED = {"GPUD_SIMULATE": "z8-fury-4x-a6000-degraded"}
@@ -172,3 +174,76 @@ def test_a_gpu_process_is_looked_up_in_proc_once_while_it_stays(state_dir, monke
     assert sorted(looked) == sorted(users)  # not read again
     assert {p.pid: (p.user, p.container) for s in second.samples for p in s.processes or ()} == \
         {p.pid: (p.user, p.container) for s in first.samples for p in s.processes or ()}
+
+
+def _mig_snapshot(instances_of: dict[int, tuple[MigInstance, ...] | None], util: dict[int, int | None]) -> tuple:
+    """GPUs 0… as one snapshot and an all-NVLink topology: those in ``instances_of`` MIG-enabled with those
+    instances (their processes on the GPU's list too, as gpud reads them), the others whole at ``util`` %."""
+    samples = []
+    for i in sorted(util):
+        mig = instances_of.get(i, ()) if i in instances_of else None
+        procs = tuple(p for m in mig or () for p in m.processes or ())
+        samples.append(GpuSample(index=i, uuid=f"GPU-{i}", timestamp=0.0, utilization_gpu_percent=util[i],
+                                 mig_mode=i in instances_of, mig_instances=mig, processes=procs,
+                                 memory_total_bytes=80 << 30, memory_used_bytes=0, memory_free_bytes=80 << 30))
+    n = len(samples)
+    level = tuple(tuple("X" if a == b else "NV18" for b in range(n)) for a in range(n))
+    topo = Topology(tuple(range(n)), level, level, level, level, level, level)
+    return Snapshot(0.0, Versions("590.48.01", "13.1", "13.590"), (), tuple(samples)), topo
+
+
+def _instance(index: int, gi: int, free_gib: int, pids: tuple[int, ...] = ()) -> MigInstance:
+    procs = tuple(GpuProcess(pid, 1 << 30, "alice", "python train.py", gpu_instance_id=gi, compute_instance_id=0)
+                  for pid in pids)
+    return MigInstance(index, f"MIG-{gi}-{index}", gi, 0, "3g.40gb", 40 << 30, (40 - free_gib) << 30, 0,
+                       free_gib << 30, procs)
+
+
+def test_select_judges_a_mig_gpu_by_its_instances_not_its_missing_utilisation() -> None:
+    """A MIG GPU's utilisation is Not Supported (None): it is not idle for that. One GPU asked for, no whole
+    GPU idle: the free instance is chosen, named by its MIG UUID (CUDA_VISIBLE_DEVICES names no instance by
+    index); a job running in the other instance keeps it out."""
+    busy_one, free_one = _instance(0, 2, 29, pids=(4242,)), _instance(1, 3, 20)
+    snap, topo = _mig_snapshot({0: (busy_one, free_one)}, {0: None, 1: 90})
+    got = choose(snap, topo, 1)
+    assert got.instances == ("MIG-3-1",) and got.gpus == (0,) and got.uuids == ("MIG-3-1",)
+    assert "MIG instance 3g.40gb GI 3" in got.reason and "not the GPU" in got.reason
+    # Not as a whole GPU, even when every instance is free: two GPUs cannot be two instances
+    snap2, topo2 = _mig_snapshot({0: (free_one,), 1: (_instance(0, 1, 40),)}, {0: None, 1: None})
+    two = choose(snap2, topo2, 2)
+    assert two.gpus == () and "MIG enabled: CUDA sees its instances, not the GPU" in two.reason
+    # Every instance busy, or too small for --min-free-memory: no fit, each instance's reason said
+    snap3, topo3 = _mig_snapshot({0: (busy_one, free_one)}, {0: None})
+    none = choose(snap3, topo3, 1, min_free_bytes=30 << 30)
+    assert none.gpus == () and "GI 2/CI 0: 1 process(es) (alice)" in none.reason
+    assert "GI 3/CI 0: 20.0 GiB free < 30.0 GiB" in none.reason
+    # A whole idle GPU is preferred over an instance
+    snap4, topo4 = _mig_snapshot({0: (free_one,)}, {0: None, 1: 0})
+    assert choose(snap4, topo4, 1).gpus == (1,) and choose(snap4, topo4, 1).instances == ()
+
+
+def test_select_and_ps_on_a_simulated_mig_gpu(tmp_path: Path) -> None:
+    """Through the simulator (the same readers as on hardware): ps names each process's instance and its
+    MIG UUID; select gives a one-GPU job the free MIG instance, by its MIG UUID, when no whole GPU is idle."""
+    text = ('[machine]\nname = "mig-who"\n[gpu_defaults]\nmodel = "H200"\n[[gpu]]\nbus_id = "0000:17:00.0"\n'
+            'root_port = "0000:16:01.0"\nmig_mode = true\nmig_instances = ['
+            '{ gpu_instance_id = 2, profile = "3g.71gb", memory_mib = 71424 }, '
+            '{ gpu_instance_id = 9, profile = "1g.18gb", memory_mib = 16384 }]\n'
+            'processes = [{ pid = 5150, used_mib = 9000, user = "alice", gpu_instance_id = 2, '
+            'compute_instance_id = 0 }]\n')
+    desc = tmp_path / "mig-who.toml"
+    desc.write_text(text)
+    env = {"GPUD_SIMULATE": str(desc)}
+    ps = run_gpud("ps", "--json", env=env)
+    assert ps.returncode == 0, ps.stderr
+    [row] = json.loads(ps.stdout)["processes"]
+    assert (row["pid"], row["gpu_instance_id"], row["compute_instance_id"]) == (5150, 2, 0)
+    assert row["mig_uuid"].startswith("MIG-")
+    assert "0 GI2/CI0" in run_gpud("ps", env=env).stdout
+    sel = run_gpud("select", "-n", "1", "--json", env=env)
+    assert sel.returncode == 0, sel.stderr
+    doc = json.loads(sel.stdout)
+    assert doc["mig_instances"] == [doc["cuda_visible_devices"]] and doc["cuda_visible_devices"].startswith("MIG-")
+    assert doc["cuda_visible_devices"] != row["mig_uuid"] and "1g.18gb GI 9" in doc["reason"]
+    too_big = run_gpud("select", "-n", "1", "--min-free-memory", "20g", env=env)
+    assert too_big.returncode == 1 and "MIG enabled" in too_big.stderr

@@ -1,5 +1,6 @@
 """``gpud ps``: every process on every GPU — who (user), what (command), where (container, pod, Slurm
-job or systemd unit), how much GPU memory and SM ("-": no utilisation sample for it since the last read).
+job or systemd unit), how much GPU memory and SM ("-": no utilisation sample for it since the last read);
+on a MIG GPU, the instance it runs in (GI/CI, as nvidia-smi's process table).
 
 One process is one line: the command (and a long container or unit name) is cut with … to the
 terminal's width; ``--wide`` and ``--json`` give it whole."""
@@ -27,11 +28,22 @@ def rows_of(snap: Snapshot, only: set[int] | None = None) -> list[dict[str, Any]
     for s in snap.samples:
         if only is not None and s.index not in only:
             continue
+        # a MIG GPU's process runs in one of its instances: which one, and the UUID a job names it by
+        mig = {(m.gpu_instance_id, m.compute_instance_id): m.uuid for m in s.mig_instances or ()}
         for p in s.processes or ():
             out.append({"gpu": s.index, "uuid": s.uuid, "pid": p.pid, "user": p.user, "kind": p.kind,
                         "used_memory_bytes": p.used_memory_bytes, "container": p.container,
-                        "sm_utilization_percent": p.sm_utilization_percent, "command": p.command})
+                        "sm_utilization_percent": p.sm_utilization_percent,
+                        "gpu_instance_id": p.gpu_instance_id, "compute_instance_id": p.compute_instance_id,
+                        "mig_uuid": mig.get((p.gpu_instance_id, p.compute_instance_id)), "command": p.command})
     return out
+
+
+def _gpu_cell(r: dict[str, Any]) -> str:
+    """The GPU, and on a MIG GPU the instance (nvidia-smi's GI ID and CI ID columns)."""
+    if r["gpu_instance_id"] is None:
+        return str(r["gpu"])
+    return f"{r['gpu']} GI{r['gpu_instance_id']}/CI{fmt(r['compute_instance_id'])}"
 
 
 def _mib(n: int | None) -> str:
@@ -40,7 +52,7 @@ def _mib(n: int | None) -> str:
 
 def lines(rows: list[dict[str, Any]], title: str, limit: int) -> list[str]:
     """The table, one line per process within ``limit`` columns (UNLIMITED: nothing cut)."""
-    cells = [[str(r["gpu"]), str(r["pid"]), clean(fmt(r["user"])), r["kind"], _mib(r["used_memory_bytes"]),
+    cells = [[_gpu_cell(r), str(r["pid"]), clean(fmt(r["user"])), r["kind"], _mib(r["used_memory_bytes"]),
               fmt(r["sm_utilization_percent"], "%", none="-"), clean(r["container"] or "-"),
               clean(fmt(r["command"]))] for r in rows]
     if limit < UNLIMITED and cells:

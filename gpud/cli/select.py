@@ -29,6 +29,9 @@ def select(
     """Print a CUDA_VISIBLE_DEVICES value: N idle GPUs, the best-connected set (NVLink pair, then the
     same PCIe switch, then the same NUMA node). Exit 1 with the reason when none fits.
 
+    A GPU in MIG mode is never given whole: for one GPU, a free MIG instance is printed as its MIG-…
+    UUID when no whole GPU is idle (a CUDA process uses one MIG instance; instances have no P2P).
+
     Indices are NVML's (PCI bus order): use them with CUDA_DEVICE_ORDER=PCI_BUS_ID, or use --uuid.
 
     \b
@@ -54,10 +57,12 @@ def select(
         if choice.gpus or time.monotonic() >= deadline:
             break
         time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
-    value = ",".join(choice.uuids if uuid else map(str, choice.gpus))
+    # A MIG instance is named by its UUID whatever --uuid says: no index names it
+    value = ",".join(choice.instances or (choice.uuids if uuid else map(str, choice.gpus)))
     if json:
         out: dict[str, Any] = {"cuda_visible_devices": value or None, "gpus": list(choice.gpus),
-                               "uuids": list(choice.uuids), "reason": choice.reason}
+                               "uuids": list(choice.uuids), "mig_instances": list(choice.instances),
+                               "reason": choice.reason}
         emit_document("select", host(m, snap), **out)
     elif choice.gpus:
         print(value)

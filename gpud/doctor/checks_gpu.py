@@ -8,7 +8,7 @@ from typing import Any
 
 from gpud.doctor.registry import Context, check, fail, ok, skip, warn
 from gpud.doctor.xid import describe, escalated
-from gpud.model import CheckResult, GpuSample, ThermalPoint, slow_open
+from gpud.model import CheckResult, GpuSample, MigInstance, ThermalPoint, slow_open
 from gpud.text import plural
 
 HW_EVENTS = {"hw_slowdown": "HW slowdown", "hw_thermal_slowdown": "HW thermal slowdown",
@@ -61,18 +61,38 @@ def power_limit(ctx: Context) -> Iterator[CheckResult]:
 @check("config.mig_mode", "Configuration")
 def mig_mode(ctx: Context) -> Iterator[CheckResult]:
     """MIG partitions a GPU: CUDA sees its instances, not the GPU (NVIDIA's MIG user guide: one
-    instance per CUDA process, no P2P over PCIe or NVLink between instances or GPUs)."""
+    instance per CUDA process, no P2P over PCIe or NVLink between instances or GPUs). The finding
+    lists the instances: which job can go where."""
     for s in ctx.samples:
         if s.mig_mode is None:
             continue  # a GPU without MIG: nothing to say
-        if s.mig_mode:
-            yield warn("config.mig_mode", "MIG enabled: CUDA sees this GPU's MIG instances, not the GPU; a "
-                       "process gets one instance, with no P2P (NVLink or PCIe) to other GPUs, so DDP and "
-                       "pipeline jobs across GPUs fall back to host copies", gpu=s.index,
-                       remedy=f"list the instances with `nvidia-smi mig -lgi`; for whole-GPU training disable "
-                              f"MIG: `sudo nvidia-smi -i {s.index} -mig 0` (the GPU must be idle; then reset it)")
-        else:
+        if not s.mig_mode:
             yield ok("config.mig_mode", "MIG disabled: the whole GPU", gpu=s.index)
+            continue
+        if s.mig_instances is None:
+            listed = "its instances could not be read"
+        elif not s.mig_instances:
+            listed = "no instance created: no CUDA process can run on it"
+        else:
+            listed = f"{len(s.mig_instances)} instance(s): " + "; ".join(_instance(m) for m in s.mig_instances)
+        yield warn("config.mig_mode", f"MIG enabled, {listed}. A job gets one instance (CUDA_VISIBLE_DEVICES="
+                   "MIG-…), not the GPU; instances have no P2P (NVLink or PCIe) to each other or to other GPUs, "
+                   "so DDP and pipeline jobs across them fall back to host copies", gpu=s.index,
+                   detail="\n".join(f"{m.uuid}: {_instance(m)}" for m in s.mig_instances or ()),
+                   remedy=f"list the instances with `nvidia-smi -L` and `nvidia-smi mig -lgi`; for whole-GPU "
+                          f"training disable MIG: `sudo nvidia-smi -i {s.index} -mig 0` (the GPU must be idle; "
+                          "then reset it)")
+
+
+def _instance(m: MigInstance) -> str:
+    """``3g.40gb GI 2/CI 0, 11.1 of 39.5 GiB used, 3 processes``."""
+    ids = f"GI {'?' if m.gpu_instance_id is None else m.gpu_instance_id}/CI " + (
+        "?" if m.compute_instance_id is None else str(m.compute_instance_id))
+    mem = ("" if m.memory_total_bytes is None or m.memory_used_bytes is None
+           else f", {m.memory_used_bytes / 2**30:.1f} of {m.memory_total_bytes / 2**30:.1f} GiB used")
+    jobs = "processes unreadable" if m.processes is None else (
+        f"{len(m.processes)} process(es)" if m.processes else "free")
+    return f"{m.profile or 'MIG device'} {ids}{mem}, {jobs}"
 
 
 @check("config.compute_mode", "Configuration")

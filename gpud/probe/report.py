@@ -373,7 +373,7 @@ class ProbeReport:
     busy_at_start: list[str] | None = None
     cpu_affinity: list[list[int]] | None = None  # per rank
     nvml: str | None = None  # why NVML was not used
-    note: str | None = None  # a CPU run's caveat
+    note: str | None = None  # a CPU run's caveat, or what MIG mode left out
     diagnosis: Diagnosis = field(default_factory=Diagnosis)
     load: Load | None = None  # not under torchrun
     ok: bool = False

@@ -28,7 +28,7 @@ from typing import Any
 
 from gpud.errors import GpudError
 from gpud.hw.machine import Machine
-from gpud.model import ACS_BITS, GpuInfo, GpuProcess
+from gpud.model import ACS_BITS, GpuInfo, GpuProcess, GpuSample
 from gpud.paths import probe_lock_path
 from gpud.probe import history
 from gpud.probe.diagnose import DEFAULT_THRESHOLDS, Seen, View, explain
@@ -77,6 +77,41 @@ def torch_available() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("torch") is not None
+
+
+# NVIDIA's MIG user guide, "Application Considerations": with MIG, no GPU-to-GPU P2P (PCIe or NVLink) is
+# supported, and a CUDA process enumerates a single MIG device ("CUDA Device Enumeration"); NCCL between
+# instances can then only go through host memory, which measures nothing of the hardware the probe judges.
+MIG_SKIPPED = ("NCCL and P2P between MIG instances are not supported (NVIDIA MIG user guide: no P2P over PCIe "
+               "or NVLink under MIG, one MIG device per CUDA process)")
+
+
+def restrict_to_mig(plan: Plan, samples: Iterable[GpuSample]) -> str | None:
+    """On a machine with a MIG-enabled GPU, keep only what one process on one MIG instance measures: the
+    one-process DDP baseline (training on one device). The multi-rank launches
+    (DDP scaling, all-reduce, the pipeline) and the P2P copies are dropped. Returns the sentence saying
+    so, or None when no GPU has MIG enabled. CUDA enumerates the instances instead of their GPUs then, so
+    NVML's GPU indices name no CUDA device either."""
+    mig = [s.index for s in samples if s.mig_mode and not s.lost]
+    if not mig or plan.device != "cuda":
+        return None
+    skipped: list[str] = []
+    kept: list[dict[str, Any]] = []
+    for launch in plan.launches:
+        # the pipeline's baselines only compare with a pipeline run, which is not made
+        tasks = [t for t in launch["tasks"] if launch["world_size"] == 1 and t not in ("p2p", "pipeline_baseline")]
+        skipped += [f"{t} ({launch['world_size']} ranks)" if launch["world_size"] > 1 else t
+                    for t in launch["tasks"] if t not in tasks]
+        if tasks:
+            kept.append({**launch, "tasks": tasks})
+    plan.launches = kept
+    plan.world_sizes = [1]
+    plan.stages = []
+    gpus = ", ".join(f"GPU{i}" for i in mig)
+    measured = ("measured: one process training on one MIG instance (the one-device DDP baseline)" if kept
+                else "nothing left to measure")
+    what = (f"skipped: {', '.join(skipped)}; " if skipped else "") + measured
+    return f"{gpus} in MIG mode: {MIG_SKIPPED}; {what}."
 
 
 def make_plan(device: Device, gpus: int, world_sizes: list[int] | None, suites: list[str], quick: bool) -> Plan:
@@ -539,18 +574,25 @@ def _run(plan: Plan, machine: Machine | None, host: str, thresholds: dict[int, f
     busy: list[str] = []
     affinity: list[list[int]] = []
     unseen = None
+    mig_note: str | None = None
     monitor = LoadMonitor(gpu_machine)
     if gpu_machine is not None:
         try:
             snap = gpu_machine.snapshot()
             used = visible_gpus(list(snap.gpus))[:plan.gpus]
             monitor.before = {s.index: {p.pid for p in s.processes or ()} for s in snap.samples}
+            mig_note = restrict_to_mig(plan, snap.samples)
             busy = busy_gpus(gpu_machine, used)
             affinity = cpu_affinity(gpu_machine, used)
         except GpudError as err:  # no NVML: the probe still runs, unjudged
             gpu_machine, unseen = None, f"NVML unavailable ({err}): busy GPUs not checked, links not judged"
     if busy and not allow_busy:
         raise ProbeBusy("GPUs in use, the probe's figures would be wrong: " + "; ".join(busy))
+    if mig_note is not None and not plan.launches:
+        nothing = ProbeError(mig_note)
+        nothing.remedy = ("add the ddp suite (one MIG instance alone), or disable MIG for the probe: "
+                          "`sudo nvidia-smi -mig 0`")
+        raise nothing
     cores = os.cpu_count() or 1
     started = time.time()
     results: list[dict[str, Any]] = []
@@ -585,6 +627,8 @@ def _run(plan: Plan, machine: Machine | None, host: str, thresholds: dict[int, f
     res.nvml = unseen or None
     if device == "cpu":
         res.note = CPU_NOTE
+    elif mig_note is not None:
+        res.note = mig_note
     view = machine_view(gpu_machine, monitor.seen, res.nccl.env) if gpu_machine is not None else None
     res.diagnosis = explain(res, view, thresholds or DEFAULT_THRESHOLDS)
     res.load = Load({str(k): v for k, v in monitor.max_gen.items()},

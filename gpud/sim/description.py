@@ -22,6 +22,7 @@ from gpud.schema import REQUIRED as _ANY
 from gpud.schema import load_toml, take
 from gpud.sim.faults import FAULTS, PCIE_GENERATIONS, PCIE_WIDTHS, Fault, gpu_pair, validate_fault
 from gpud.sim.jobs import PROCESS_KEYS, Process, check_process
+from gpud.sim.mig import MigSpec, validate_instances
 from gpud.sim.presets import GPU_MODELS, Preset
 
 SHIPPED = Path(__file__).parent / "descriptions"
@@ -100,6 +101,7 @@ GPU_KEYS: dict[str, tuple[Any, Any]] = {
     "memory_reserved_mib": (int, 0),  # memory the driver reserves (nvmlMemory_v2_t.reserved)
     "power_enforced_watts": ((int, float), None),  # a board or module power budget below the limit set
     "mig_mode": (bool, None),  # MIG enabled (nvmlDeviceGetMigMode); None: a GPU without MIG (Not Supported)
+    "mig_instances": (list, []),  # with mig_mode: its MIG devices (gpud.sim.mig.MIG_INSTANCE_KEYS)
 }
 # Every preset key can be overridden per GPU.
 MODEL_KEYS: dict[str, tuple[Any, Any]] = {
@@ -222,6 +224,7 @@ class GpuSpec(Preset):
     memory_reserved_mib: int
     power_enforced_watts: float | None
     mig_mode: bool | None
+    mig_instances: tuple[MigSpec, ...]
 
 
 @dataclass(frozen=True)
@@ -406,6 +409,7 @@ def parse(data: dict[str, Any], file: str, digest: str = "") -> Description:
         for k, proc in enumerate(gpu["processes"]):
             check_process(proc, file, f"{where}.processes[{k}]")
         gpu["uuid"] = gpu["uuid"] or _uuid(machine["name"], i)
+        gpu["mig_instances"] = validate_instances(gpu["mig_instances"], gpu, file, where)
         gpu["serial"] = gpu["serial"] or str(1320021000000 + int(_uuid(machine["name"], i)[4:12], 16) % 10**9)
         gpus.append(gpu)
     seen = [g["bus_id"] for g in gpus]

@@ -16,15 +16,18 @@ class Entry:
     outs: int | str  # trailing output pointers, "text" for (buffer, size), "raw" for the impl's own
     handles: int
     setter: bool  # changes the hardware: runs under the simulator's state lock, on the freshest state
+    # answers on a MIG device's handle too; every other entry point is Not Supported there (what nvidia-smi
+    # shows of a MIG device is ids, attributes, ECC and memory: the rest is its GPU's)
+    mig: bool = False
 
 
 ENTRIES: dict[str, Entry] = {}
 
 
 def entry(name: str, outs: int | str = 1, handles: int = 1,
-          setter: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+          setter: bool = False, mig: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-        ENTRIES[name] = Entry(fn, outs, handles, setter)
+        ENTRIES[name] = Entry(fn, outs, handles, setter, mig)
         return fn
 
     return register

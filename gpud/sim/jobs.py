@@ -64,6 +64,9 @@ PROCESS_KEYS: dict[str, tuple[Any, Any]] = {
     "pod": (str, None),
     "slurm_job": (int, None),
     "unit": (str, None),
+    # on a MIG-enabled GPU: the MIG instance the process runs in (nvmlProcessInfo_t's ids)
+    "gpu_instance_id": (int, None),
+    "compute_instance_id": (int, None),
 }
 PLACES = ("container", "pod", "slurm_job", "unit")
 PROCESS_KINDS = ("process", "process_exit")  # the fault kinds that start and end processes
@@ -85,6 +88,8 @@ class Process:
     pod: str | None
     slurm_job: int | None
     unit: str | None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
 
 
 def check_process(proc: dict[str, Any], file: str, where: str) -> None:

@@ -6,6 +6,7 @@ import ctypes
 import functools
 from typing import Any, Callable
 
+from gpud.errors import DriverNotLoaded, GpuLost, NvmlError
 from gpud.hw.nvml.constants import (
     GRAPHICS_CALLS,
     INSUFFICIENT_SIZE,
@@ -20,6 +21,9 @@ from gpud.hw.nvml.constants import (
 )
 from gpud.hw.nvml.info import NvmlInfo
 from gpud.hw.nvml.values import GpuProcessEntry
+from gpud.model import GpuProcess, MigInstance, mig_profile
+
+NO_INSTANCE = 0xFFFFFFFF  # nvml.h, nvmlProcessInfo_t: gpuInstanceId / computeInstanceId without MIG
 
 
 class NvmlProcesses(NvmlInfo):
@@ -33,6 +37,21 @@ class NvmlProcesses(NvmlInfo):
             return None
         graphics = self._process_list(index, h, locked, GRAPHICS_CALLS) or []
         by_pid = {p.pid: p for p in compute}
+        # MIG: the GPU's own list is aggregate only with privileges (nvml.h); each MIG device lists its own
+        try:
+            migs = self._mig_handles(index, h, locked)
+        except (GpuLost, DriverNotLoaded):
+            raise
+        except NvmlError:
+            return None  # MIG devices there but unreadable: the list would be incomplete
+        for k, mh in migs or ():
+            own = self._process_list(index, mh, locked, PROCESS_CALLS, scope=("mig", k))
+            if own is None:
+                return None
+            for p in own:
+                seen = by_pid.setdefault(p.pid, p)
+                if seen.gi is None:
+                    seen.gi, seen.ci = p.gi, p.ci
         for g in graphics:
             seen = by_pid.get(g.pid)
             if seen is not None:
@@ -94,13 +113,15 @@ class NvmlProcesses(NvmlInfo):
         with self._lock:
             return fn(*args)
 
-    def _process_list(self, index: int, h: Any, locked: bool, calls: tuple[str, ...]) -> Any:
-        """One of NVML's process lists, from the newest entry point the driver exports."""
+    def _process_list(self, index: int, h: Any, locked: bool, calls: tuple[str, ...],
+                      scope: tuple[Any, ...] = ()) -> Any:
+        """One of NVML's process lists, from the newest entry point the driver exports (``scope``: a MIG
+        device's, whose answers are remembered apart from its GPU's)."""
         for name in calls:
-            if (name, index, ()) in self._unsupported:
+            if (name, index, scope) in self._unsupported:
                 continue
 
-            procs = self._optional((name, index, ()),
+            procs = self._optional((name, index, scope),
                                    functools.partial(self._maybe_locked, locked, self._process_entries, name, h, index))
             if procs is not None:
                 return procs
@@ -131,7 +152,10 @@ class NvmlProcesses(NvmlInfo):
         for k in range(n):
             pid = int.from_bytes(raw[k * size:k * size + 4], "little")
             mem = int.from_bytes(raw[k * size + 8:k * size + 16], "little")
-            out.append(GpuProcessEntry(pid, None if mem == NOT_AVAILABLE_ULL else mem))
+            gi = int.from_bytes(raw[k * size + 16:k * size + 20], "little")
+            ci = int.from_bytes(raw[k * size + 20:k * size + 24], "little")
+            out.append(GpuProcessEntry(pid, None if mem == NOT_AVAILABLE_ULL else mem, gi=None if gi == NO_INSTANCE
+                                       else gi, ci=None if gi == NO_INSTANCE or ci == NO_INSTANCE else ci))
         return out
 
     def running_processes(self, index: int) -> list[GpuProcessEntry]:
@@ -139,6 +163,58 @@ class NvmlProcesses(NvmlInfo):
         call when there are none), without gpud's lock and never while a tick reads (``TickGate``): what
         the daemon's profile rules poll. Empty when the list cannot be read."""
         return list(self._process_list(index, self.handle(index), False, PROCESS_CALLS) or [])
+
+    def _mig_handles(self, index: int, h: Any, locked: bool = True) -> list[tuple[int, Any]] | None:
+        """(index, handle) of each MIG device of a MIG-enabled GPU; None without MIG (no count, or 0).
+        nvml.h: every index below nvmlDeviceGetMaxMigDeviceCount is asked; NOT_FOUND is a free slot."""
+        count_call = "nvmlDeviceGetMaxMigDeviceCount"
+        count = self._optional((count_call, index, ()), lambda: self._maybe_locked(
+            locked, functools.partial(self._raw, count_call, h, gpu=index)))
+        if not count:
+            return None
+        out = []
+        for k in range(int(count)):
+            try:
+                out.append((k, self._maybe_locked(locked, functools.partial(
+                    self._raw, "nvmlDeviceGetMigDeviceHandleByIndex", h, k, gpu=index))))
+            except NvmlError as err:
+                if err.code != NOT_FOUND or isinstance(err, (GpuLost, DriverNotLoaded)):
+                    raise
+        return out
+
+    def _mig_instances(self, index: int, h: Any,
+                       processes: tuple[GpuProcess, ...] | None) -> tuple[MigInstance, ...] | None:
+        """A MIG-enabled GPU's MIG devices through their own handles: UUID, profile (from the name), GPU and
+        compute instance ids, memory (``_v2`` where there is one), and the processes whose ids are theirs.
+        None where they cannot be read."""
+        try:
+            migs = self._mig_handles(index, h)
+        except (GpuLost, DriverNotLoaded):
+            raise
+        except NvmlError:
+            return None
+        out = []
+        for k, mh in migs or ():
+            def read(name: str, *args: Any, k: int = k, mh: Any = mh) -> Any:
+                key = tuple(repr(a) for a in args)
+                return self._optional((name, index, ("mig", k, *key)), lambda: self.call(name, mh, *args, gpu=index))
+
+            uuid = read("nvmlDeviceGetUUID")
+            gi, ci = read("nvmlDeviceGetGpuInstanceId"), read("nvmlDeviceGetComputeInstanceId")
+            version = getattr(self._m, "nvmlMemory_v2", None)
+            mem = read("nvmlDeviceGetMemoryInfo", version) if version is not None else None
+            used, reserved = (int(mem.used), int(mem.reserved)) if mem is not None else (None, None)
+            if mem is None:
+                mem = read("nvmlDeviceGetMemoryInfo")
+                used = int(mem.used) if mem is not None else None
+            mine = None if processes is None else tuple(
+                p for p in processes if gi is not None and (p.gpu_instance_id, p.compute_instance_id) == (gi, ci))
+            out.append(MigInstance(
+                index=k, uuid=str(uuid or ""), gpu_instance_id=gi, compute_instance_id=ci,
+                profile=mig_profile(read("nvmlDeviceGetName")), memory_total_bytes=int(mem.total) if mem else None,
+                memory_used_bytes=used, memory_reserved_bytes=reserved,
+                memory_free_bytes=int(mem.free) if mem else None, processes=mine))
+        return tuple(out)
 
     def _offtick_processes(self, index: int, now: float) -> Any:
         got = self._procs.get(index)

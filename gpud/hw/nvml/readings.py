@@ -101,6 +101,13 @@ class NvmlReadings(NvmlPairs):
             slow["replay"])
         ecc_on = bool(ecc_mode[0]) if ecc_mode is not None else None
         procs = self._offtick_processes(index, now) if self.offtick else self._processes(index, h)
+        processes = tuple(
+            GpuProcess(pid=p.pid, used_memory_bytes=p.usedGpuMemory, user=None, command=None,
+                       kind=getattr(p, "kind", "compute"), sm_utilization_percent=getattr(p, "sm", None),
+                       gpu_instance_id=getattr(p, "gi", None), compute_instance_id=getattr(p, "ci", None))
+            for p in procs
+        ) if procs is not None else None
+        mig_on = bool(slow["mig"][0]) if slow["mig"] is not None else None
         return GpuSample(
             index=index,
             uuid=info.uuid,
@@ -128,7 +135,8 @@ class NvmlReadings(NvmlPairs):
             clock_events=decode_clock_events(events) if events is not None else None,
             persistence_mode=bool(persistence) if persistence is not None else None,
             compute_mode=COMPUTE_MODES.get(compute, str(compute)) if compute is not None else None,
-            mig_mode=bool(slow["mig"][0]) if slow["mig"] is not None else None,
+            mig_mode=mig_on,
+            mig_instances=self._mig_instances(index, h, processes) if mig_on else None,
             ecc_enabled=ecc_on,
             ecc_pending=bool(ecc_mode[1]) if ecc_mode is not None else None,
             ecc_errors=ecc,
@@ -143,13 +151,7 @@ class NvmlReadings(NvmlPairs):
             nvlink_errors=slow["nvlink_errors"],
             clock_event_nanoseconds=slow["violations"],
             nvlink_data_bytes=slow["nvlink_data"],
-            processes=tuple(
-                GpuProcess(pid=p.pid, used_memory_bytes=p.usedGpuMemory, user=None, command=None,
-                           kind=getattr(p, "kind", "compute"), sm_utilization_percent=getattr(p, "sm", None))
-                for p in procs
-            )
-            if procs is not None
-            else None,
+            processes=processes,
         )
 
     def _memory(self, index: int, h: Any) -> tuple[int | None, int | None, int | None, int | None]:

@@ -23,13 +23,16 @@ def normalize_bus_id(raw: str | bytes) -> str:
 class GpuProcessEntry:
     """One entry of NVML's process list (the fields gpud uses, as the bindings name them)."""
 
-    __slots__ = ("pid", "usedGpuMemory", "kind", "sm")
+    __slots__ = ("pid", "usedGpuMemory", "kind", "sm", "gi", "ci")
 
-    def __init__(self, pid: int, used: int | None, kind: str = "compute") -> None:
+    def __init__(self, pid: int, used: int | None, kind: str = "compute", gi: int | None = None,
+                 ci: int | None = None) -> None:
         self.pid = pid
         self.usedGpuMemory = used
         self.kind = kind
         self.sm: int | None = None  # SM use from nvmlDeviceGetProcessUtilization
+        self.gi = gi  # the MIG instance it runs in (gpuInstanceId, computeInstanceId); None without MIG
+        self.ci = ci
 
 
 def _hashable(arg: Any) -> Any:

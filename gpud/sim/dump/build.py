@@ -11,6 +11,7 @@ from typing import Any
 
 from gpud.errors import InvalidInput
 from gpud.sim.dump.fields import Reader
+from gpud.sim.dump.mig import instances, process_instances
 from gpud.sim.dump.place import Placement, place
 from gpud.sim.dump.read import Dump, GpuDump, fail
 from gpud.sim.dump.topo import Topo
@@ -210,10 +211,9 @@ def _gpu(i: int, r: Reader, placement: Placement, notes: Notes) -> dict[str, Any
     mig = r.flag("mig_mode", ("enabled",), ("disabled",))
     if mig is not None:
         g["mig_mode"] = mig
-    if mig:
-        notes.not_shown(i, "MIG instances and the processes in them: the twin has MIG mode on, no instances "
-                           "(its processes run on the whole GPU)")
     _state(i, r, g, own, preset, notes)
+    if mig:
+        _mig(i, r, g, notes)
     _not_supported(i, r, g, notes)
     g.update(_changed(own, preset))
     return g
@@ -231,6 +231,38 @@ NOT_SUPPORTED_CALLS = {
     "utilization": ("nvmlDeviceGetUtilizationRates",),
 }
 _UNITS = {"max_graphics": "MHz", "shutdown": "C", "utilization": "%"}
+
+
+def _mig(i: int, r: Reader, g: dict[str, Any], notes: Notes) -> None:
+    """A MIG-enabled GPU's MIG devices (ids, memory, SMs) and the instance each process runs in, as the
+    dump's ``MIG Device`` sections and process table show them; an instance's Used beyond its processes'
+    memory is kept as its own ``used_mib``."""
+    ids = process_instances(r.gpu, r.file)
+    procs = g.get("processes", [])
+    for p in procs:
+        gi, ci = ids.get(int(p["pid"]), (None, None))
+        if gi is not None:
+            p["gpu_instance_id"], p["compute_instance_id"] = gi, ci or 0
+    out = []
+    for m in instances(r.gpu, r.file):
+        if "memory_mib" not in m:
+            raise fail(r.file, m["line"], "MIG device without its memory total (Shared FB Memory Usage, "
+                                          "fb_memory_usage)")
+        item: dict[str, Any] = {"gpu_instance_id": m["gpu_instance_id"],
+                                "compute_instance_id": m.get("compute_instance_id", 0), "memory_mib": m["memory_mib"]}
+        theirs = sum(int(p["used_mib"]) for p in procs if (p.get("gpu_instance_id"), p.get("compute_instance_id"))
+                     == (item["gpu_instance_id"], item["compute_instance_id"]))
+        if m.get("used_mib") is not None:
+            item["used_mib"] = max(0, m["used_mib"] - theirs)
+        if m.get("reserved_mib"):
+            item["reserved_mib"] = m["reserved_mib"]
+        if m.get("multiprocessor_count") is not None:
+            item["multiprocessor_count"] = m["multiprocessor_count"]
+        out.append(item)
+    if out:
+        g["mig_instances"] = out
+        notes.gpu(i, "mig_instances", "MIG profile names and MIG UUIDs are not in `nvidia-smi -q` (no profile; "
+                                      "UUIDs derived)")
 
 
 def _not_supported(i: int, r: Reader, g: dict[str, Any], notes: Notes) -> None:

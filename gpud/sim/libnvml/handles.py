@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from gpud.sim.entries import entry
-from gpud.sim.libnvml.library import SimLibrary, wait_until
+from gpud.sim.libnvml.library import MigRef, SimLibrary, wait_until
 from gpud.sim.libnvml.returns import (
     ARCH_CODES,
     DRIVER_NOT_LOADED,
@@ -15,12 +15,16 @@ from gpud.sim.libnvml.returns import (
     INSUFFICIENT_SIZE,
     INVALID_ARGUMENT,
     LIB_RM_VERSION_MISMATCH,
+    NOT_FOUND,
+    NOT_SUPPORTED,
     UNINITIALIZED,
     UNKNOWN,
+    NvmlReturn,
     fail,
     store,
     value_of,
 )
+from gpud.sim.mig import MAX_MIG_DEVICES, MigSpec
 from gpud.sim.topology import node_cpus
 
 # -- system -------------------------------------------------------------------------------------
@@ -97,14 +101,79 @@ def _handle_by_index(lib: SimLibrary, index: Any, out: Any) -> None:
 # -- identity ---------------------------------------------------------------------------------
 
 
-@entry("nvmlDeviceGetUUID", outs="text")
-def _uuid(lib: SimLibrary, i: int) -> str:
+@entry("nvmlDeviceGetUUID", outs="text", mig=True)
+def _uuid(lib: SimLibrary, i: int | MigRef) -> str:
+    if isinstance(i, MigRef):
+        return mig_spec(lib, i).uuid
     return str(lib.gpu(i).uuid)
 
 
-@entry("nvmlDeviceGetName", outs="text")
-def _name(lib: SimLibrary, i: int) -> str:
+@entry("nvmlDeviceGetName", outs="text", mig=True)
+def _name(lib: SimLibrary, i: int | MigRef) -> str:
+    """A MIG device's name is its GPU's and its profile ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", as NVML
+    and CUDA report it); without a known profile, its GPU's and "MIG"."""
+    if isinstance(i, MigRef):
+        profile = mig_spec(lib, i).profile
+        return f"{lib.gpu(i.gpu).name} MIG" + (f" {profile}" if profile else "")
     return str(lib.gpu(i).name)
+
+
+# -- MIG devices (docs/simulation.md, "Fidelity") ------------------------------------------------
+
+
+def mig_spec(lib: SimLibrary, ref: MigRef) -> MigSpec:
+    return lib.gpu(ref.gpu).mig_instances[ref.k]
+
+
+@entry("nvmlDeviceGetMaxMigDeviceCount")
+def _max_mig_devices(lib: SimLibrary, i: int) -> int:
+    """nvml.h: "Returns zero if MIG is not supported or enabled"; a GPU without MIG at all (no mode to
+    read) answers Not Supported, as its nvmlDeviceGetMigMode does."""
+    mode = lib.gpu(i).mig_mode
+    if mode is None:
+        fail(NOT_SUPPORTED)
+    return MAX_MIG_DEVICES if mode else 0
+
+
+@entry("nvmlDeviceGetMigDeviceHandleByIndex", outs="raw")
+def _mig_handle(lib: SimLibrary, i: int, index: Any, out: Any) -> None:
+    """nvml.h: NOT_FOUND "if no valid MIG device was found at index"; an index beyond the maximum is
+    INVALID_ARGUMENT."""
+    g = lib.gpu(i)
+    if g.mig_mode is None:
+        fail(NOT_SUPPORTED)
+    k = int(value_of(index))
+    if not 0 <= k < MAX_MIG_DEVICES:
+        fail(INVALID_ARGUMENT)
+    if not g.mig_mode or k >= len(g.mig_instances):
+        fail(NOT_FOUND)
+    lib.new_mig_handle(out, MigRef(i, k))
+
+
+@entry("nvmlDeviceIsMigDeviceHandle", mig=True)
+def _is_mig(lib: SimLibrary, i: int | MigRef) -> int:
+    return int(isinstance(i, MigRef))
+
+
+@entry("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", outs="raw", mig=True)
+def _mig_parent(lib: SimLibrary, i: int | MigRef, out: Any) -> None:
+    if not isinstance(i, MigRef):
+        raise NvmlReturn(INVALID_ARGUMENT)  # nvml.h: "if migDevice or device is invalid"
+    lib.new_handle(out, i.gpu)
+
+
+@entry("nvmlDeviceGetGpuInstanceId", mig=True)
+def _gpu_instance_id(lib: SimLibrary, i: int | MigRef) -> int:
+    if isinstance(i, MigRef):
+        return mig_spec(lib, i).gpu_instance_id
+    raise NvmlReturn(NOT_SUPPORTED)  # nvml.h: "if device is not supported" (a GPU's own handle)
+
+
+@entry("nvmlDeviceGetComputeInstanceId", mig=True)
+def _compute_instance_id(lib: SimLibrary, i: int | MigRef) -> int:
+    if isinstance(i, MigRef):
+        return mig_spec(lib, i).compute_instance_id
+    raise NvmlReturn(NOT_SUPPORTED)
 
 
 @entry("nvmlDeviceGetSerial", outs="text")

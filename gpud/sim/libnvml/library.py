@@ -96,6 +96,20 @@ ENTRY_FROM_DRIVER = {"nvmlDeviceGetMarginTemperature": 570}  # nvml.h 12.8 (R570
 MARGIN_FROM_DRIVER = ENTRY_FROM_DRIVER["nvmlDeviceGetMarginTemperature"]
 
 
+@dataclass(frozen=True)
+class MigRef:
+    """A MIG device's handle, resolved: its GPU (description index) and its place in the GPU's
+    ``mig_instances``. Entry points registered with ``mig=True`` get it in place of a GPU index."""
+
+    gpu: int
+    k: int
+
+
+def parent(i: int | MigRef) -> int:
+    """The GPU a handle belongs to."""
+    return i.gpu if isinstance(i, MigRef) else i
+
+
 class SimLibrary:
     """The simulated ``libnvidia-ml.so.1``: ``getattr(lib, name)`` gives a C entry point."""
 
@@ -106,6 +120,8 @@ class SimLibrary:
         self._init_count = 0
         self._handle_of: dict[int, int] = {}  # address of the handle's struct → description index
         self._structs: dict[int, Any] = {}  # index → the struct a handle points at (kept alive)
+        self._mig_of: dict[int, MigRef] = {}  # address of a MIG device handle's struct → its MIG device
+        self._mig_structs: dict[MigRef, Any] = {}
         self.spent_s = 0.0  # wall time inside this library (the simulator's own cost and the waits)
         self.modelled_s = 0.0  # the latency model's total for the calls made: what hardware would take
         self.called: Counter[str] = Counter()  # calls per entry point
@@ -158,7 +174,9 @@ class SimLibrary:
             if name not in ("nvmlInitWithFlags", "nvmlInit_v2", "nvmlShutdown") and self._init_count <= 0:
                 fail(UNINITIALIZED)
             gpus = [self._gpu_of(a) for a in args[: e.handles]]
-            self.guard(name, gpus)
+            self.guard(name, [parent(g) for g in gpus])
+            if not e.mig and any(isinstance(g, MigRef) for g in gpus):
+                fail(NOT_SUPPORTED)  # the GPU's reading, not a MIG device's
             rest = args[e.handles:]
             if e.setter and effective_uid() != 0:
                 fail(NO_PERMISSION)  # NVML's setters need root ("Requires root/admin permissions", nvml.h)
@@ -171,7 +189,7 @@ class SimLibrary:
             self.internal_errors += 1
             raise
 
-    def _run(self, e: Entry, gpus: list[int], rest: tuple[Any, ...]) -> None:
+    def _run(self, e: Entry, gpus: list[int | MigRef], rest: tuple[Any, ...]) -> None:
         if e.outs == "raw":
             e.impl(self, *gpus, *rest)
         elif e.outs == "text":
@@ -189,13 +207,17 @@ class SimLibrary:
             for p, v in zip(ptrs, values, strict=True):
                 store(p, v)
 
-    def _gpu_of(self, handle: Any) -> int:
+    def _gpu_of(self, handle: Any) -> int | MigRef:
         if not _is_handle(handle) or not handle:
             fail(INVALID_ARGUMENT)
-        index = self._handle_of.get(ctypes.addressof(handle.contents))
+        address = ctypes.addressof(handle.contents)
+        index = self._handle_of.get(address)
         if index is None:
-            fail(INVALID_ARGUMENT)
-        return index  # type: ignore[return-value]
+            mig = self._mig_of.get(address)
+            if mig is None:
+                fail(INVALID_ARGUMENT)
+            return mig  # type: ignore[return-value]
+        return index
 
     def guard(self, name: str, gpus: list[int]) -> None:
         """Lost GPUs and the injected NotSupported / NoPermission answers (matched on the name with or
@@ -218,6 +240,16 @@ class SimLibrary:
             struct = type(target)._type_()
             self._structs[index] = struct
             self._handle_of[ctypes.addressof(struct)] = index
+        target.contents = struct
+
+    def new_mig_handle(self, out: Any, ref: MigRef) -> None:
+        """A MIG device's handle: a struct of its own, so that NVML tells it from its GPU's."""
+        target = _target(out)
+        struct = self._mig_structs.get(ref)
+        if struct is None:
+            struct = type(target)._type_()
+            self._mig_structs[ref] = struct
+            self._mig_of[ctypes.addressof(struct)] = ref
         target.contents = struct
 
     def write(self) -> None:

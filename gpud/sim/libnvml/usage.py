@@ -10,8 +10,8 @@ from typing import Any
 
 from gpud.sim.description import GpuSpec
 from gpud.sim.entries import entry
-from gpud.sim.jobs import on_gpu
-from gpud.sim.libnvml.library import SimLibrary, driver_major, driver_release
+from gpud.sim.jobs import Process, on_gpu
+from gpud.sim.libnvml.library import MigRef, SimLibrary, driver_major, driver_release, effective_uid
 from gpud.sim.libnvml.returns import (
     ARGUMENT_VERSION_MISMATCH,
     FI_NVLINK_DATA_RX,
@@ -36,6 +36,7 @@ from gpud.sim.libnvml.returns import (
     fail,
     value_of,
 )
+from gpud.sim.mig import NOT_IN_AN_INSTANCE
 from gpud.sim.topology import link_state
 
 # -- utilisation, memory, processes ---------------------------------------------------------------
@@ -56,8 +57,21 @@ def memory_total_mib(g: GpuSpec) -> int:
     return int(g.memory_ecc_mib if g.ecc_enabled and g.memory_ecc_mib else g.memory_mib)
 
 
-def _memory_parts(lib: SimLibrary, i: int) -> tuple[int, int, int]:
-    """(total, reserved by the driver, allocated) in bytes."""
+def _in_instance(lib: SimLibrary, ref: MigRef) -> list[Process]:
+    """The processes a MIG device runs: those naming its GPU instance and compute instance."""
+    m = lib.gpu(ref.gpu).mig_instances[ref.k]
+    return [p for p in on_gpu(lib.sim, ref.gpu)
+            if p.gpu_instance_id == m.gpu_instance_id and (p.compute_instance_id or 0) == m.compute_instance_id]
+
+
+def _memory_parts(lib: SimLibrary, i: int | MigRef) -> tuple[int, int, int]:
+    """(total, reserved by the driver, allocated) in bytes; a MIG device's own memory on its handle."""
+    if isinstance(i, MigRef):
+        m = lib.gpu(i.gpu).mig_instances[i.k]
+        total = m.memory_mib << 20
+        reserved = min(m.reserved_mib << 20, total)
+        used = (m.used_mib or 0) + sum(p.used_mib for p in _in_instance(lib, i))
+        return total, reserved, min(used << 20, total - reserved)
     g = lib.gpu(i)
     total = memory_total_mib(g) << 20
     reserved = min(int(g.memory_reserved_mib) << 20, total)
@@ -74,8 +88,8 @@ def _mig_mode(lib: SimLibrary, i: int) -> tuple[int, int]:
     return int(bool(mode)), int(bool(mode))
 
 
-@entry("nvmlDeviceGetMemoryInfo")
-def _memory(lib: SimLibrary, i: int) -> dict[str, int]:
+@entry("nvmlDeviceGetMemoryInfo", mig=True)
+def _memory(lib: SimLibrary, i: int | MigRef) -> dict[str, int]:
     """nvml.h's ``nvmlMemory_t``: ``used`` is reserved + allocated ("Sum of Reserved and Allocated")."""
     total, reserved, allocated = _memory_parts(lib, i)
     return {"total": total, "used": reserved + allocated, "free": total - reserved - allocated}
@@ -84,8 +98,8 @@ def _memory(lib: SimLibrary, i: int) -> dict[str, int]:
 MEMORY_V2 = 0x02000028  # nvml.h: nvmlMemory_v2 = NVML_STRUCT_VERSION(Memory, 2), sizeof 40
 
 
-@entry("nvmlDeviceGetMemoryInfo_v2", outs="raw")
-def _memory_v2(lib: SimLibrary, i: int, out: Any) -> None:
+@entry("nvmlDeviceGetMemoryInfo_v2", outs="raw", mig=True)
+def _memory_v2(lib: SimLibrary, i: int | MigRef, out: Any) -> None:
     """``nvmlMemory_v2_t``: reserved apart, ``used`` the allocated memory alone (what nvidia-smi prints
     as Used beside Reserved); a struct of another version is ARGUMENT_VERSION_MISMATCH."""
     t = _target(out)
@@ -95,12 +109,23 @@ def _memory_v2(lib: SimLibrary, i: int, out: Any) -> None:
     t.total, t.reserved, t.used, t.free = total, reserved, allocated, total - reserved - allocated
 
 
-def _processes(lib: SimLibrary, i: int, count: Any, out: Any, graphics: bool = False) -> None:
+def _processes(lib: SimLibrary, i: int | MigRef, count: Any, out: Any, graphics: bool = False) -> None:
     """``*infoCount`` in: the room the caller has; out: the number of processes. The entries are
     written as the driver lays them out — nvml.h's 24 bytes (pid, pad, usedGpuMemory, gpuInstanceId,
     computeInstanceId), or 32 with usedGpuCcProtectedMemory (``process_entry_bytes``, early R535) —
-    whatever struct the bindings declared. Compute and graphics lists share the layout (nvml.h)."""
-    procs = [p for p in on_gpu(lib.sim, i)
+    whatever struct the bindings declared. Compute and graphics lists share the layout (nvml.h).
+
+    MIG (nvml.h): a MIG device's handle lists its own processes; the GPU's handle "returns aggregate
+    information, only if the caller has appropriate privileges" — as root all of them, otherwise an empty
+    list here (nvml.h does not say what; the answer that would hide every job). A process of a GPU without
+    MIG is in no instance: gpuInstanceId and computeInstanceId 0xFFFFFFFF."""
+    if isinstance(i, MigRef):
+        listed = [] if graphics else _in_instance(lib, i)  # MIG has no graphics contexts
+    elif lib.gpu(i).mig_mode and effective_uid() != 0:
+        listed = []
+    else:
+        listed = on_gpu(lib.sim, i)
+    procs = [p for p in listed
              if (p.graphics if graphics else (p.compute if p.compute is not None else not p.graphics))]
     n = _target(count)
     if out is None or n.value < len(procs):
@@ -111,7 +136,9 @@ def _processes(lib: SimLibrary, i: int, count: Any, out: Any, graphics: bool = F
     size = int(lib.sim.desc.machine.process_entry_bytes)
     data = b"".join(
         p.pid.to_bytes(4, "little") + bytes(4) + (p.used_mib << 20).to_bytes(8, "little")
-        + (0xFFFFFFFF).to_bytes(4, "little") * 2 + bytes(size - 24) for p in procs)
+        + (NOT_IN_AN_INSTANCE if p.gpu_instance_id is None else p.gpu_instance_id).to_bytes(4, "little")
+        + (NOT_IN_AN_INSTANCE if p.gpu_instance_id is None else p.compute_instance_id or 0).to_bytes(4, "little")
+        + bytes(size - 24) for p in procs)
     target = _target(out)
     # A real driver writes all of it, past a buffer declared for smaller entries; here it stops at
     # the buffer's end (this process's own memory is at stake), which the test of the layout notes.
@@ -119,16 +146,16 @@ def _processes(lib: SimLibrary, i: int, count: Any, out: Any, graphics: bool = F
     n.value = len(procs)
 
 
-entry("nvmlDeviceGetComputeRunningProcesses_v3", outs="raw")(_processes)
-entry("nvmlDeviceGetComputeRunningProcesses_v2", outs="raw")(_processes)
+entry("nvmlDeviceGetComputeRunningProcesses_v3", outs="raw", mig=True)(_processes)
+entry("nvmlDeviceGetComputeRunningProcesses_v2", outs="raw", mig=True)(_processes)
 
 
-def _graphics_processes(lib: SimLibrary, i: int, count: Any, out: Any) -> None:
+def _graphics_processes(lib: SimLibrary, i: int | MigRef, count: Any, out: Any) -> None:
     _processes(lib, i, count, out, graphics=True)
 
 
-entry("nvmlDeviceGetGraphicsRunningProcesses_v3", outs="raw")(_graphics_processes)
-entry("nvmlDeviceGetGraphicsRunningProcesses_v2", outs="raw")(_graphics_processes)
+entry("nvmlDeviceGetGraphicsRunningProcesses_v3", outs="raw", mig=True)(_graphics_processes)
+entry("nvmlDeviceGetGraphicsRunningProcesses_v2", outs="raw", mig=True)(_graphics_processes)
 
 
 # -- PCIe ------------------------------------------------------------------------------------------
