@@ -67,6 +67,37 @@ def test_every_shipped_description_has_a_state_and_an_action_per_gpu_and_compone
         assert by(states, 2, "pcie").state == "degraded"  # x8: slower, still usable
     if name == HEALTHY:
         assert hl.worst_of(states) != "unhealthy"
+    worst, findings = SHIPPED_STATES[name]
+    assert hl.worst_of(states) == worst
+    for gpu, component, state, action, check_id in findings:
+        got = by(states, gpu, component)
+        assert (got.state, got.action) == (state, action) and got.reason.startswith(check_id), got
+
+
+# Each shipped description (`gpud sim list`): its worst state, and the findings its faults must give
+# (gpu, component, state, action, the check or Xid behind it).
+SHIPPED_STATES: dict[str, tuple[hl.State, list[tuple[int | None, str, hl.State, hl.Action, str]]]] = {
+    "2s-8x-a6000": ("degraded", [(None, "config", "degraded", "none", "topo.numa")]),  # GPUs on two sockets
+    "hgx-8x-h200": ("degraded", [(None, "config", "degraded", "none", "topo.numa")]),
+    "z8-fury-4x-a6000": ("healthy", []),
+    "z8-fury-4x-rtx6000ada": ("healthy", []),
+    "z8-g4-2x-rtx8000-sli": ("degraded", [(None, "config", "degraded", "none", "sli.disabled")]),
+    DEGRADED: ("unhealthy", [
+        (0, "config", "degraded", "none", "config.power_limit"),
+        (1, "clocks", "degraded", "inspect the hardware", "health.clock_events"),
+        (2, "pcie", "degraded", "inspect the hardware", "pcie.link_width"),
+        (2, "nvlink", "degraded", "inspect the hardware", "nvlink.links"),
+        (3, "xid", "unhealthy", "reset the GPU", "Xid 48"),
+        (3, "memory", "unhealthy", "reset the GPU", "health.ecc"),
+        (3, "fans", "unhealthy", "inspect the hardware", "health.fans"),
+        (None, "pcie", "degraded", "none", "pcie.acs"),
+        (None, "host", "degraded", "none", "host.cpu_governor"),
+    ]),
+}
+
+
+def test_every_shipped_description_has_its_expected_states() -> None:
+    assert set(SHIPPED_STATES) == set(SHIPPED)
 
 
 def test_injected_faults_give_their_states_and_repair_actions() -> None:
