@@ -314,6 +314,25 @@ def test_a_prolog_out_of_time_says_persistence_mode_is_off(tmp_path: Path, monke
     assert progress.states is not None and hl.worst_of(progress.states) != "unhealthy"  # nothing else wrong
 
 
+def test_a_prolog_judges_each_gpu_slow_to_open_before_opening_the_next(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch,
+                                                                      state_dir: Path) -> None:
+    """No Xid accuses it, but GPU0 (persistence mode off) runs at 94 °C: judged as soon as it is open,
+    it is the answer, and GPU1-3 (seconds more each) are not waited for."""
+    from gpud.cli.slurm import Progress, read_health
+    from gpud.sim.description import SHIPPED as DESCRIPTIONS
+
+    desc = tmp_path / "hot.toml"
+    desc.write_text((DESCRIPTIONS / f"{HEALTHY}.toml").read_text().replace(
+        "persistence_mode = true", "persistence_mode = false").replace(
+        "temperature_celsius = 33", "temperature_celsius = 94", 1))
+    monkeypatch.setenv("GPUD_SIM_GPU_INIT_S", "1.0")
+    progress = Progress()
+    read_health(open_machine(str(desc)), Config(), progress)
+    assert progress.opened == [0] and progress.states is not None
+    assert hl.one_line(progress.states).startswith("gpud: GPU0 thermal: health.thermal: 94 °C")
+
+
 def test_prolog_and_epilog_of_a_job_that_lost_a_gpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
                                                     state_dir: Path) -> None:
     monkeypatch.setenv("SLURM_JOB_ID", "4242")

@@ -100,9 +100,9 @@ def read_health(m: Machine, conf: Config, progress: Progress) -> None:
     initialises it (nvml.h; 1-3 s each, NVIDIA's driver-persistence documentation) and the driver does
     it under its lock, one GPU at a time: four such GPUs do not fit in a prolog's 10 s. So: the GPUs the
     kernel log accuses are opened first, by PCI address (``nvmlDeviceGetHandleByPciBusId_v2`` initialises
-    that GPU only), then the others one by one; after each, the fit checks of the GPUs read so far, and
-    the first unhealthy finding is the answer. All read and nothing unhealthy: the whole machine's
-    states (with ``gpu.count``, which needs every GPU)."""
+    that GPU only), then the others one by one; after the accused and after each GPU slow to open, the
+    fit checks of the GPUs read so far, and the first unhealthy finding is the answer. All read and
+    nothing unhealthy: the whole machine's states (with ``gpu.count``'s count, which needs every GPU)."""
     from gpud.cli.health import NOT_HEALTH, states_of
     from gpud.doctor import diagnose
     from gpud.doctor import health as hl
@@ -116,7 +116,6 @@ def read_health(m: Machine, conf: Config, progress: Progress) -> None:
         return
     history = hl.journal_history()
     xids = m.host.xid_events() or ()
-    partial = [c for c in fit_checks() if c != "gpu.count"]  # gpu.count compares all GPUs with the PCI bus
     first = []
     for bus in suspects(m, conf):
         try:
@@ -134,11 +133,16 @@ def read_health(m: Machine, conf: Config, progress: Progress) -> None:
         took = m.nvml.open_seconds(index)
         if took is not None and took >= SLOW_OPEN_S:
             progress.slow[index] = took
-        if n + 1 < len(first):
-            continue  # the accused GPUs are judged together, once all are open
+        # Judged so far: once the accused GPUs are all open, and after each GPU that was slow to open (the
+        # next may be as slow); GPUs that open at once wait for the whole machine's judgement below.
+        if n + 1 == len(order) or not (n + 1 == len(first) or index in progress.slow):
+            continue
         snap = m.snapshot(only=progress.opened)
-        report = diagnose(m, conf, only=partial, skip=NOT_HEALTH, snapshot=snap)
-        states = hl.gather(m, conf, report.checks, snap, xids=xids, history=history)
+        report = diagnose(m, conf, only=fit_checks(), skip=NOT_HEALTH, snapshot=snap)
+        # gpu.count's machine-wide findings compare every GPU with the PCI bus: not yet; its per-GPU ones
+        # (a GPU that cannot be opened, and why) stand
+        checks = [r for r in report.checks if not (r.id == "gpu.count" and r.gpu is None)]
+        states = hl.gather(m, conf, checks, snap, xids=xids, history=history)
         if hl.worst_of(states) == "unhealthy":
             progress.states = states
             return
