@@ -177,10 +177,13 @@ def _some(kind: str, required: dict[str, Schema], optional: dict[str, Schema]) -
     return doc
 
 
+# each GPU's active profile and the rule that switched it (null: the base profile), from the state file
+ACTIVE_PROFILES = {"type": "array", "items": _obj({"gpu": {"type": "integer"}, "profile": {"type": "string"},
+                                                   "rule": STR})}
+
 SCHEMAS: dict[str, Schema] = {
     "status": _document("status", {"timestamp": {"type": "number"}, "gpus": {"type": "array", "items": GPU},
-                                   "profiles": {"type": "array", "items": _obj({
-                                       "gpu": {"type": "integer"}, "profile": {"type": "string"}, "rule": STR})}}),
+                                   "profiles": ACTIVE_PROFILES}),
     "topo": _document("topo", {
         "gpus": {"type": "array", "items": _obj({
             "index": {"type": "integer"}, "uuid": STR, "name": STR, "pci_bus_id": STR, "lost": {"type": "boolean"},
@@ -207,7 +210,7 @@ SCHEMAS: dict[str, Schema] = {
                                                   "drift": {"type": "boolean"}})},
         "reapply_total": {"type": "integer"}, "fan_failsafe_total": {"type": "integer"},
         "probe": {"anyOf": [PROBE, {"type": "null"}]}, "probe_running": {"type": "boolean"},
-        "tick": {"type": "object"}, "health": HEALTH_PART,
+        "tick": {"type": "object"}, "health": HEALTH_PART, "profiles": ACTIVE_PROFILES,
     }, extra=True),  # the control socket's status adds "ok"
     "ps": _document("ps", {"processes": {"type": "array", "items": PS_ROW},
                            "unreadable_gpus": {"type": "array", "items": {"type": "integer"}}}),

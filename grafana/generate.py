@@ -18,6 +18,8 @@ HERE = Path(__file__).resolve().parent
 DS = {"type": "prometheus", "uid": "${datasource}"}
 INST = 'instance=~"$instance"'
 GPUS = 'instance=~"$instance", gpu=~"$gpu"'
+PROFILE_ACTIVE = ("the profile each GPU follows now: the [[rules]] rule that switched it (the job's), or empty for "
+                  "the base profile (`gpud status`, `gpud rules test`)")
 
 
 class Board:
@@ -174,6 +176,11 @@ def workstation() -> dict[str, Any]:
             w=12, h=8)
     b.panel("timeseries", "NVML errors", "short",
             [(f"rate(gpud_nvml_errors_total{{{INST}}}[$__rate_interval])", "{{call}}")], w=12, h=8)
+    b.panel("table", "Active profile per GPU", "none", [(f"gpud_gpu_profile_active{{{GPUS}}} == 1", "")], w=12, h=8,
+            table=True, description=PROFILE_ACTIVE)
+    b.panel("state-timeline", "Profile switches", "none",
+            [(f"gpud_gpu_profile_active{{{GPUS}}} == 1", "GPU{{gpu}} {{profile}} {{rule}}")], w=12, h=8,
+            description="which profile each GPU followed when, and the rule that switched it (docs/profiles.md)")
     b.row("Training probe")
     b.panel("timeseries", "DDP throughput by world size", "short",
             [(f"gpud_probe_ddp_samples_per_second{{{INST}}}", "{{world_size}} GPU(s)")],
@@ -243,6 +250,8 @@ def lab() -> dict[str, Any]:
     b.panel("table", "Most throttled GPUs (10 min)", "percentunit",
             [(f"topk(10, rate(gpud_gpu_throttled_seconds_total{{{GPUS}}}[10m]) / "
               f"rate(gpud_gpu_watched_seconds_total{{{GPUS}}}[10m]))", "")], w=12, table=True)
+    b.panel("table", "Active profile per GPU", "none", [(f"gpud_gpu_profile_active{{{GPUS}}} == 1", "")], w=24,
+            h=7, table=True, description=PROFILE_ACTIVE)
     return b.json(variables(with_gpu=True))
 
 

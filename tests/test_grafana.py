@@ -98,6 +98,14 @@ def test_dashboard_json_model() -> None:
                 assert var in names, f"variable {v['name']} uses undefined ${var}"
 
 
+def test_each_gpus_active_profile_and_rule_is_on_both_dashboards() -> None:
+    """gpud_gpu_profile_active (the rules' switches, issue 27's "a metric of the active profile per GPU and
+    rule") is shown: a table of what each GPU follows now, on the workstation and the lab dashboard."""
+    for uid in ("gpud-workstation", "gpud-lab"):
+        shown = [(title, expr) for u, title, expr in panel_queries() if u == uid and "gpud_gpu_profile_active" in expr]
+        assert shown, f"{uid} does not show gpud_gpu_profile_active"
+
+
 def test_promtool_checks_and_tests_the_rules() -> None:
     promtool = tool("promtool")
     r = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True)

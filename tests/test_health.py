@@ -67,6 +67,37 @@ def test_every_shipped_description_has_a_state_and_an_action_per_gpu_and_compone
         assert by(states, 2, "pcie").state == "degraded"  # x8: slower, still usable
     if name == HEALTHY:
         assert hl.worst_of(states) != "unhealthy"
+    worst, findings = SHIPPED_STATES[name]
+    assert hl.worst_of(states) == worst
+    for gpu, component, state, action, check_id in findings:
+        got = by(states, gpu, component)
+        assert (got.state, got.action) == (state, action) and got.reason.startswith(check_id), got
+
+
+# Each shipped description (`gpud sim list`): its worst state, and the findings its faults must give
+# (gpu, component, state, action, the check or Xid behind it).
+SHIPPED_STATES: dict[str, tuple[hl.State, list[tuple[int | None, str, hl.State, hl.Action, str]]]] = {
+    "2s-8x-a6000": ("degraded", [(None, "config", "degraded", "none", "topo.numa")]),  # GPUs on two sockets
+    "hgx-8x-h200": ("degraded", [(None, "config", "degraded", "none", "topo.numa")]),
+    "z8-fury-4x-a6000": ("healthy", []),
+    "z8-fury-4x-rtx6000ada": ("healthy", []),
+    "z8-g4-2x-rtx8000-sli": ("degraded", [(None, "config", "degraded", "none", "sli.disabled")]),
+    DEGRADED: ("unhealthy", [
+        (0, "config", "degraded", "none", "config.power_limit"),
+        (1, "clocks", "degraded", "inspect the hardware", "health.clock_events"),
+        (2, "pcie", "degraded", "inspect the hardware", "pcie.link_width"),
+        (2, "nvlink", "degraded", "inspect the hardware", "nvlink.links"),
+        (3, "xid", "unhealthy", "reset the GPU", "Xid 48"),
+        (3, "memory", "unhealthy", "reset the GPU", "health.ecc"),
+        (3, "fans", "unhealthy", "inspect the hardware", "health.fans"),
+        (None, "pcie", "degraded", "none", "pcie.acs"),
+        (None, "host", "degraded", "none", "host.cpu_governor"),
+    ]),
+}
+
+
+def test_every_shipped_description_has_its_expected_states() -> None:
+    assert set(SHIPPED_STATES) == set(SHIPPED)
 
 
 def test_injected_faults_give_their_states_and_repair_actions() -> None:
@@ -232,6 +263,76 @@ def test_prolog_answers_within_10_s_on_every_shipped_description() -> None:
     assert seen[DEGRADED][0] == 1 and seen[HEALTHY][0] == 0
 
 
+def test_prolog_with_the_gpus_real_start_up_names_the_real_problem_within_10_s(state_dir: Path) -> None:
+    """Without persistence mode each GPU's first open initialises it (3 s, the simulator's default): the
+    degraded machine's three such GPUs alone take 9 s. The prolog opens the GPU the kernel log accuses
+    (Xid 48 on GPU3) first, by its PCI address, and answers with what is wrong with it."""
+    t0 = time.monotonic()
+    r = run_gpud("doctor", "--prolog", "--simulate", DEGRADED, env={"GPUD_SIM_GPU_INIT_S": ""}, timeout=30)
+    seconds = time.monotonic() - t0
+    line = r.stdout.rstrip("\n")
+    assert r.returncode == 1 and seconds < 10, (r.returncode, seconds, r.stdout, r.stderr)
+    assert r.stdout.count("\n") == 1 and 0 < len(line) <= LINE, line
+    assert line.startswith("gpud: GPU3 ") and "did not answer" not in line, line
+
+
+def test_a_gpu_opened_by_its_pci_address_is_that_gpu_and_only_it_is_initialised() -> None:
+    from gpud.errors import NvmlError
+
+    m = open_machine(DEGRADED)
+    assert m.simulation is not None
+    index = m.nvml.open_bus("00000000:7C:00.0")  # NVML's spelling; gpud's kernel-log spelling below
+    assert index == 3 and m.nvml.open_bus("0000:7c:00.0") == 3
+    assert [m.simulation.machine.settings(i)["initialised"] for i in range(4)] == [True, False, False, True]
+    assert m.nvml.info(3).pci_bus_id.lower().endswith("7c:00.0")
+    with pytest.raises(NvmlError):
+        m.nvml.open_bus("0000:99:00.0")  # no GPU there: NOT_FOUND
+
+
+def test_a_prolog_out_of_time_says_persistence_mode_is_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          state_dir: Path) -> None:
+    """Healthy GPUs that each take seconds to open (persistence mode off, nobody holding them): the
+    line names that, the GPUs it measured and those it did not reach, not "the GPUs did not answer"."""
+    import threading
+
+    from gpud.cli.slurm import Progress, read_health, too_slow
+    from gpud.sim.description import SHIPPED as DESCRIPTIONS
+
+    desc = tmp_path / "slow.toml"
+    desc.write_text((DESCRIPTIONS / "z8-g4-2x-rtx8000-sli.toml").read_text().replace(
+        "[gpu_defaults]\n", "[gpu_defaults]\npersistence_mode = false\n"))
+    monkeypatch.setenv("GPUD_SIM_GPU_INIT_S", "1.5")
+    m = open_machine(str(desc))
+    progress = Progress()
+    t = threading.Thread(target=read_health, args=(m, Config(), progress), daemon=True)
+    t.start()
+    t.join(2.2)  # GPU0 open (1.5 s), GPU1 initialising until 3 s
+    line = too_slow(progress, 2.2)
+    t.join(10)
+    assert line.startswith("gpud: persistence mode off: GPU0 took up to 1.5 s") and "GPU1 not read" in line, line
+    assert "nvidia-smi -pm 1" in line and len(line) <= LINE, line
+    assert progress.states is not None and hl.worst_of(progress.states) != "unhealthy"  # nothing else wrong
+
+
+def test_a_prolog_judges_each_gpu_slow_to_open_before_opening_the_next(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch,
+                                                                      state_dir: Path) -> None:
+    """No Xid accuses it, but GPU0 (persistence mode off) runs at 94 °C: judged as soon as it is open,
+    it is the answer, and GPU1-3 (seconds more each) are not waited for."""
+    from gpud.cli.slurm import Progress, read_health
+    from gpud.sim.description import SHIPPED as DESCRIPTIONS
+
+    desc = tmp_path / "hot.toml"
+    desc.write_text((DESCRIPTIONS / f"{HEALTHY}.toml").read_text().replace(
+        "persistence_mode = true", "persistence_mode = false").replace(
+        "temperature_celsius = 33", "temperature_celsius = 94", 1))
+    monkeypatch.setenv("GPUD_SIM_GPU_INIT_S", "1.0")
+    progress = Progress()
+    read_health(open_machine(str(desc)), Config(), progress)
+    assert progress.opened == [0] and progress.states is not None
+    assert hl.one_line(progress.states).startswith("gpud: GPU0 thermal: health.thermal: 94 °C")
+
+
 def test_prolog_and_epilog_of_a_job_that_lost_a_gpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
                                                     state_dir: Path) -> None:
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
@@ -288,3 +389,53 @@ def test_set_healthy_through_the_daemon_and_its_status_and_metrics(tmp_path: Pat
         assert xid3["state"] == "healthy" and "reset done" in (xid3["acknowledged"] or "")
     finally:
         d.stop()
+
+
+# Every fault `gpud sim inject` knows (gpud/sim/faults.py), injected on the healthy workstation: the
+# GPU and component it must show in, its state and repair action. (gpu None: machine-wide.)
+FAULT_STATES: dict[str, tuple[dict[str, object], int | None, str, hl.State, hl.Action]] = {
+    "gpu_lost": ({"gpu": 3}, 3, "gpu", "unhealthy", "reboot"),
+    "off_bus": ({"gpu": 2}, None, "gpu", "unhealthy", "reboot"),
+    "handle_refused": ({"gpu": 1, "error": "insufficient_power"}, 1, "gpu", "unhealthy", "reboot"),
+    "driver_mismatch": ({}, None, "driver", "unhealthy", "reboot"),
+    "xid": ({"gpu": 1, "xid": 48}, 1, "xid", "unhealthy", "reset the GPU"),
+    "fan_stuck": ({"gpu": 0}, 0, "fans", "unhealthy", "inspect the hardware"),
+    "link_degraded": ({"gpu": 2, "width": 8}, 2, "pcie", "degraded", "inspect the hardware"),
+    "nvlink_down": ({"gpus": [2, 3]}, 2, "nvlink", "degraded", "inspect the hardware"),
+    "p2p": ({"gpus": [0, 1], "status": "not_supported"}, None, "pcie", "degraded", "none"),  # gpu.p2p: per pair
+    "clock_events": ({"gpu": 1, "reasons": ["hw_slowdown"]}, 1, "clocks", "degraded", "inspect the hardware"),
+}
+# Faults that are no health finding, and why.
+NOT_HEALTH_FAULTS = {
+    "unsupported": "a reading NVML does not give: None, not a fault of the GPU",
+    "no_permission": "this user's rights, not the machine's health",
+    "crash": "kills the writing process (gpud's own crash safety)",
+    "wrong_results": "the burn-in's compute check (the CPU standing in for the GPU), not an NVML reading",
+    "memory_errors": "the burn-in's memory test (the CPU standing in for the GPU), not an NVML reading",
+    "process": "a job starting (the rules)",
+    "process_exit": "a job ending (the rules)",
+    "nvlink_errors": "a rate, not a state: the alert GpudNvlinkErrorRate watches it (no doctor check reads it)",
+}
+
+
+def test_every_injectable_fault_is_classified_for_health() -> None:
+    from gpud.sim.faults import FAULTS
+
+    assert set(FAULTS) == set(FAULT_STATES) | set(NOT_HEALTH_FAULTS), set(FAULTS) ^ (set(FAULT_STATES)
+                                                                                    | set(NOT_HEALTH_FAULTS))
+
+
+@pytest.mark.parametrize("kind", sorted(FAULT_STATES))
+def test_each_injected_fault_gives_its_state_and_repair_action(kind: str) -> None:
+    params, gpu, component, state, action = FAULT_STATES[kind]
+    m = inject_now(open_machine(HEALTHY), kind, **params)
+    if kind == "fan_stuck":  # a stalled fan shows under load
+        assert m.simulation is not None
+        m.simulation.machine.set_load(0, 100, 250)
+        m.simulation.machine.advance(240)
+    _, states = states_of(m, Config())
+    got = by(states, gpu, component)
+    assert (got.state, got.action) == (state, action), got
+    assert got.reason and (got.remedy or state == "degraded")
+    # nothing unhealthy elsewhere: a fault shows on its own GPU (Xid 48 there is an ECC error too)
+    assert [h for h in states if h.state == "unhealthy" and h.gpu not in (gpu, None)] == []

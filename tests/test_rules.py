@@ -314,6 +314,11 @@ def test_daemon_follows_injected_jobs_and_a_sigkill_mid_switch_is_undone_by_rest
         d.wait_for(lambda: d.value("gpud_gpu_profile_active", gpu="2", rule="alice-trains") == 1, 20,
                    "GPU2 on alice's rule")
         assert d.value("gpud_gpu_profile_active", gpu="1", profile="quiet", rule="") == 1
+        code, body = d.get("/status")  # the daemon's /status names each GPU's active profile too
+        status = json.loads(body)
+        assert code == 200 and check(status) == [], check(status)
+        profiles = {p["gpu"]: (p["profile"], p["rule"]) for p in status["profiles"]}
+        assert profiles[2] == ("max-performance", "alice-trains") and profiles[1] == ("quiet", None), profiles
         r = gpud("rules", "test", "--json", "--config", str(d.config))
         doc = json.loads(r.stdout)
         assert doc["kind"] == "rules_test" and check(doc) == [], check(doc)

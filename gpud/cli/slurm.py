@@ -71,6 +71,98 @@ def since_start() -> float:
         return 0.0
 
 
+def suspects(m: Machine, conf: Config) -> list[str]:
+    """PCI addresses worth opening first, known without opening any GPU: those the kernel log names in
+    an Xid of this boot that is not the application's (``[health]``'s policy), most recent first."""
+    from gpud.doctor.health import policy_of
+
+    policy = policy_of(conf.health)
+    out: list[str] = []
+    for x in reversed(m.host.xid_events() or []):
+        if policy.kind(x.xid) != "application" and x.pci_bus_id.lower() not in out:
+            out.append(x.pci_bus_id.lower())
+    return out
+
+
+class Progress:
+    """What the prolog's reading thread has found so far (read by the main thread at the deadline)."""
+
+    def __init__(self) -> None:
+        self.count: int | None = None  # GPUs NVML counts (nvmlDeviceGetCount opens none)
+        self.opened: list[int] = []  # NVML indices opened, in order
+        self.slow: dict[int, float] = {}  # index → seconds its first lookup took (SLOW_OPEN_S or more)
+        self.states: tuple[Health, ...] | None = None  # the answer: the first unhealthy finding, or all read
+        self.error: Exception | None = None
+
+
+def read_health(m: Machine, conf: Config, progress: Progress) -> None:
+    """The states, the first failure first. Without persistence mode each GPU's first handle lookup
+    initialises it (nvml.h; 1-3 s each, NVIDIA's driver-persistence documentation) and the driver does
+    it under its lock, one GPU at a time: four such GPUs do not fit in a prolog's 10 s. So: the GPUs the
+    kernel log accuses are opened first, by PCI address (``nvmlDeviceGetHandleByPciBusId_v2`` initialises
+    that GPU only), then the others one by one; after the accused and after each GPU slow to open, the
+    fit checks of the GPUs read so far, and the first unhealthy finding is the answer. All read and
+    nothing unhealthy: the whole machine's states (with ``gpu.count``'s count, which needs every GPU)."""
+    from gpud.cli.health import NOT_HEALTH, states_of
+    from gpud.doctor import diagnose
+    from gpud.doctor import health as hl
+    from gpud.model import SLOW_OPEN_S
+
+    try:
+        m.nvml.init()
+        progress.count = m.nvml.device_count()
+    except GpudError:
+        progress.states = states_of(m, conf, only=fit_checks())[1]  # no NVML: its own finding
+        return
+    history = hl.journal_history()
+    xids = m.host.xid_events() or ()
+    first = []
+    for bus in suspects(m, conf):
+        try:
+            first.append(m.nvml.open_bus(bus))
+        except GpudError:
+            continue  # lost or not NVML's: its index is opened (and judged) below
+    order = list(dict.fromkeys([*first, *range(progress.count)]))
+    for n, index in enumerate(order):
+        if index not in first:
+            try:
+                m.nvml.handle(index)
+            except GpudError:
+                pass  # a lost GPU: the snapshot says so
+        progress.opened.append(index)
+        took = m.nvml.open_seconds(index)
+        if took is not None and took >= SLOW_OPEN_S:
+            progress.slow[index] = took
+        # Judged so far: once the accused GPUs are all open, and after each GPU that was slow to open (the
+        # next may be as slow); GPUs that open at once wait for the whole machine's judgement below.
+        if n + 1 == len(order) or not (n + 1 == len(first) or index in progress.slow):
+            continue
+        snap = m.snapshot(only=progress.opened)
+        report = diagnose(m, conf, only=fit_checks(), skip=NOT_HEALTH, snapshot=snap)
+        # gpu.count's machine-wide findings compare every GPU with the PCI bus: not yet; its per-GPU ones
+        # (a GPU that cannot be opened, and why) stand
+        checks = [r for r in report.checks if not (r.id == "gpu.count" and r.gpu is None)]
+        states = hl.gather(m, conf, checks, snap, xids=xids, history=history)
+        if hl.worst_of(states) == "unhealthy":
+            progress.states = states
+            return
+    progress.states = states_of(m, conf, only=fit_checks())[1]
+
+
+def too_slow(progress: Progress, budget: float) -> str:
+    """The drain reason when the GPUs could not all be read in time and none read was unhealthy."""
+    unread = [i for i in range(progress.count or 0) if i not in progress.opened]
+    gpus = ",".join(str(i) for i in unread) or "?"
+    if progress.slow:
+        slow = ",".join(str(i) for i in sorted(progress.slow))
+        took = max(progress.slow.values())
+        return (f"gpud: persistence mode off: GPU{slow} took up to {took:.1f} s each to open (no process held them), "
+                f"GPU{gpus} not read within {budget:.0f} s -> `sudo nvidia-smi -pm 1` or run the gpud daemon")
+    if progress.count is None:
+        return f"gpud: NVML did not answer within {budget:.0f} s (a GPU hangs?) -> `nvidia-smi`, reboot"
+    return f"gpud: GPU{gpus} did not answer within {budget:.0f} s (a GPU hangs?) -> `nvidia-smi`, reboot"
+
+
 def prolog(simulate: str | None, config: str | None, budget: float | None = None) -> int:
     """``budget``: seconds left for the answer (default: ``PROLOG_BUDGET_S`` less this process's age)."""
     from gpud import config as cfg
@@ -83,32 +175,29 @@ def prolog(simulate: str | None, config: str | None, budget: float | None = None
     except GpudError as err:
         say(f"gpud: {err}")
         return 2
-    box: dict[str, Any] = {}
+    progress = Progress()
 
     def work() -> None:
         try:
             from gpud.cli.common import machine
-            from gpud.cli.health import states_of
 
-            box["states"] = states_of(machine(simulate), conf, only=fit_checks())[1]
+            read_health(machine(simulate), conf, progress)
         except Exception as err:  # noqa: BLE001 - said as the one line, never a traceback to Slurm
-            box["error"] = err
+            progress.error = err
 
     t = threading.Thread(target=work, daemon=True)
     t.start()
     t.join(max(0.5, budget))
-    if t.is_alive():  # NVML blocks (GPUs opened one by one without persistence mode, or a GPU hangs)
-        say(f"gpud: the GPUs did not answer within {PROLOG_BUDGET_S:.0f} s (persistence mode off and no gpud daemon "
-            "holding them open, or a GPU hangs): `nvidia-smi -pm 1`, `gpud health`")
+    if t.is_alive():  # the GPUs open one by one (persistence mode off), or a GPU hangs
+        say(too_slow(progress, PROLOG_BUDGET_S))
         os._exit(1)  # the reading thread cannot be stopped; Slurm needs the answer now
     _note_job(started)
-    if "error" in box:
-        say(f"gpud: health not read: {box['error']}")
+    if progress.error is not None:
+        say(f"gpud: health not read: {progress.error}")
         return 1
     from gpud.doctor.health import one_line
 
-    states: tuple[Health, ...] = box["states"]
-    line = one_line(states, LINE)
+    line = one_line(progress.states or (), LINE)
     if line:
         say(line)
         return 1

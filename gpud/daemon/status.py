@@ -117,4 +117,5 @@ class Report:
                         drift=[{"gpu": g, "setting": s, "drift": d} for g, s, d in obs.drift],
                         reapply_total=reapply_total, fan_failsafe_total=fan_failsafe_total,
                         probe=probe_document(last.to_json(), __version__, host_json(last.host)) if last else None,
-                        probe_running=probe_running, tick=tick, health=health_part(obs))
+                        probe_running=probe_running, tick=tick, health=health_part(obs),
+                        profiles=[{"gpu": g, "profile": p, "rule": r or None} for g, p, r in obs.profiles])

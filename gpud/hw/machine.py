@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,22 +28,23 @@ class Machine:
     # (user, command, container) of each GPU process, read from /proc once while it stays on a GPU
     _owners: dict[int, tuple[str | None, str | None, str | None]] = field(default_factory=dict, repr=False)
 
-    def snapshot(self, pcie: bool = False) -> Snapshot:
+    def snapshot(self, pcie: bool = False, only: Sequence[int] | None = None) -> Snapshot:
         """Read every GPU once. Lost GPUs come back as ``lost`` samples, not as errors.
 
         ``pcie``: also measure PCIe throughput now, for every GPU (about 40 ms each: NVML samples it over
         20 ms per direction, and the driver serialises the calls) — one-shot commands; the daemon samples
-        it off the tick instead.
+        it off the tick instead. ``only``: these NVML indices alone (a partial snapshot: the prolog reads
+        the GPUs it opened so far).
         """
         self.nvml.init()
         versions = self.nvml.versions()
-        count = self.nvml.device_count()
+        indices = list(range(self.nvml.device_count()) if only is None else only)
         if pcie:
-            self.nvml.sample_pcie_all(list(range(count)))
+            self.nvml.sample_pcie_all(indices)
         samples = []
         seen: dict[int, tuple[str | None, str | None, str | None]] = {}
         with self.nvml.reading_all():  # the off-tick sampler's blocking calls wait until every GPU is read
-            read = [self.nvml.sample(i) for i in range(count)]  # a lost GPU keeps the UUID NVML's cache knows
+            read = [self.nvml.sample(i) for i in indices]  # a lost GPU keeps the UUID NVML's cache knows
         for sample in read:
             if sample.processes:
                 sample = dataclasses.replace(sample, processes=tuple(

@@ -265,6 +265,26 @@ class NvmlHandles:
                 self._open_seconds.setdefault(index, time.perf_counter() - started)
             return h
 
+    def open_bus(self, bus_id: str) -> int:
+        """Open the GPU at PCI address ``bus_id`` (any spelling NVML takes) and return its NVML index.
+
+        nvml.h recommends the PCI bus id for a stable lookup (the index order "has no guarantees of
+        consistency between reboots"), and ``nvmlDeviceGetHandleByPciBusId_v2`` initialises the target
+        GPU only (and an SLI slave with it): the way to open the one GPU worth reading first. Errors are
+        gpud's (``NvmlError`` and its kinds); no GPU at that address is ``NOT_FOUND``."""
+        with self._lock:
+            started = time.perf_counter()
+            h = self.call("nvmlDeviceGetHandleByPciBusId", bus_id.encode(), gpu=None)
+            index = int(self.call("nvmlDeviceGetIndex", h, gpu=None))
+            if index not in self._handles:
+                self._handles[index] = h
+                self._open_seconds.setdefault(index, time.perf_counter() - started)
+            return index
+
+    def open_seconds(self, index: int) -> float | None:
+        """How long this process's first lookup of GPU ``index`` took (None: not opened yet)."""
+        return self._open_seconds.get(index)
+
     # -- static facts, read once ------------------------------------------------------
     def cached_info(self, index: int) -> GpuInfo | None:
         """The static facts if they were read already (also for a GPU lost since)."""

@@ -81,6 +81,45 @@ def _handle_by_index(lib: SimLibrary, index: Any, out: Any) -> None:
     i = value_of(index)
     if not 0 <= i < len(visible):
         fail(INVALID_ARGUMENT)
+    _open(lib, visible, i, out)
+
+
+def _bus_key(text: str) -> tuple[int, int, int, int] | None:
+    """A PCI address as the driver compares it: ``domain:bus:device.function``, the domain of 4 or 8 hex
+    digits or left out (nvml.h: nvmlPciInfo_t's busId "domain:bus:device.function", busIdLegacy with 4)."""
+    parts = text.strip().lower().replace(".", ":").split(":")
+    if len(parts) == 3:
+        parts = ["0", *parts]
+    try:
+        dom, bus, dev, fn = (int(p, 16) for p in parts)
+    except ValueError:
+        return None
+    return dom, bus, dev, fn
+
+
+@entry("nvmlDeviceGetHandleByPciBusId_v2", outs="raw", handles=0)
+def _handle_by_bus(lib: SimLibrary, bus_id: Any, out: Any) -> None:
+    """nvml.h: "causes NVML to initialize the target GPU" (only it, but for an SLI slave); an address no
+    GPU has answers NOT_FOUND, one that does not parse INVALID_ARGUMENT."""
+    raw = value_of(bus_id)
+    key = _bus_key(raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw or ""))
+    if key is None:
+        fail(INVALID_ARGUMENT)
+    visible = lib.visible()
+    for i, d in enumerate(visible):
+        if _bus_key(lib.sim.desc.gpus[d].bus_id) == key:
+            _open(lib, visible, i, out)
+            return
+    fail(NOT_FOUND)
+
+
+@entry("nvmlDeviceGetIndex")
+def _index(lib: SimLibrary, i: int) -> int:
+    """The GPU's NVML index: its place among the GPUs NVML enumerates."""
+    return lib.visible().index(i)
+
+
+def _open(lib: SimLibrary, visible: list[int], i: int, out: Any) -> None:
     if lib.sim.lost(visible[i]):
         # A GPU that fell off the bus: drivers answer the handle lookup with Unknown Error
         # (nvidia-smi: "Unable to determine the device handle for GPU …: Unknown Error") or GPU is lost.
