@@ -36,6 +36,18 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 @pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """In parallel by default: one pytest-xdist worker per CPU (``-n auto``) with ``--dist loadgroup``,
+    unless the command line says otherwise (``-n 0``: one process) or xdist is not there (``-p no:xdist``).
+    Here rather than in pyproject's addopts, which would make ``-n`` an error without the plugin."""
+    if (config.pluginmanager.hasplugin("xdist") and not hasattr(config, "workerinput")
+            and config.option.numprocesses is None):
+        config.option.numprocesses = "auto"
+        if config.option.dist == "no":
+            config.option.dist = "loadgroup"
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """For running in parallel (pytest-xdist, ``-n auto`` in pyproject.toml): the tests marked ``long``
     go first, so that none of them starts last and holds the run up alone; and the tests that share a
