@@ -21,6 +21,11 @@ os.environ["GPUD_SIM_EUID"] = "0"
 # GPUs hundreds of times, so it shortens that. The test of it (test_fidelity.py,
 # test_without_persistence_the_first_lookup_initialises_the_gpu) runs with the real figure.
 os.environ["GPUD_SIM_GPU_INIT_S"] = "0.05"
+# Every gpud the suite starts writes as through a pipe, with no terminal size from outside: pytest-xdist's
+# workers start with COLUMNS=80 and LINES=24, which would wrap each one-line error (a test that wants a
+# width gives COLUMNS itself). Here, before the test modules copy the environment.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
 SHIPPED = shipped_names()
 
 
