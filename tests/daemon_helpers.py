@@ -41,28 +41,47 @@ def free_port() -> int:
 
 
 class RunningDaemon:
+    """``healthz=False``: ready once the control socket exists (the daemon binds its HTTP listener first),
+    for a daemon whose /healthz a plain request cannot reach (TLS, credentials)."""
+
     def __init__(self, tmp: Path, sim: str = "z8-fury-4x-a6000", config: str = "", interval: float = 0.2,
-                 sock_dir: Path | None = None, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
+                 sock_dir: Path | None = None, env: dict[str, str] | None = None, healthz: bool = True) -> None:
         self.sock = str((sock_dir or tmp) / "gpud.sock")
         self.config = tmp / "gpud.toml"
-        self.config.write_text(f'[daemon]\nlisten = "127.0.0.1:{self.port}"\ninterval_seconds = {interval}\n'
-                               f"doctor_interval_seconds = 10\n{config}")
         self.env = {**os.environ, "GPUD_SOCKET": self.sock, "GPUD_SIMULATE": sim, **(env or {})}
         self.log = open(tmp / "daemon.log", "w+")
-        self.proc = subprocess.Popen([sys.executable, "-m", "gpud", "daemon", "--config", str(self.config)],
-                                     env=self.env, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO)
-        self.url = f"http://127.0.0.1:{self.port}"
+        # free_port() leaves a moment in which another test's daemon, or a client's ephemeral port, can
+        # take the port (tests run in parallel): a daemon that could not listen is started again on another.
+        for attempt in range(3):
+            self.port = free_port()
+            self.config.write_text(f'[daemon]\nlisten = "127.0.0.1:{self.port}"\ninterval_seconds = {interval}\n'
+                                   f"doctor_interval_seconds = 10\n{config}")
+            self.url = f"http://127.0.0.1:{self.port}"
+            start = self.log.tell()
+            self.proc = subprocess.Popen([sys.executable, "-m", "gpud", "daemon", "--config", str(self.config)],
+                                         env=self.env, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO)
+            try:
+                self._wait_ready(healthz)
+                return
+            except RuntimeError:
+                self.log.flush()
+                self.log.seek(start)
+                taken = f"cannot listen on 127.0.0.1:{self.port}" in self.log.read()
+                self.log.seek(0, os.SEEK_END)
+                if not taken or attempt == 2:
+                    raise
+
+    def _wait_ready(self, healthz: bool) -> None:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"daemon exited {self.proc.returncode}: {self.logs()}")
             try:
-                if self.get("/healthz")[0] == 200 and os.path.exists(self.sock):
+                if os.path.exists(self.sock) and (not healthz or self.get("/healthz")[0] == 200):
                     return
             except OSError:
                 pass
-            time.sleep(0.1)
+            time.sleep(0.05)
         raise RuntimeError("daemon did not become healthy: " + self.logs())
 
     def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, str]:

@@ -6,7 +6,10 @@ import json
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO
+
+pytestmark = pytest.mark.long
 
 
 def test_benchmark_command_prints_every_row(tmp_path) -> None:

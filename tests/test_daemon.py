@@ -286,11 +286,7 @@ def test_tls_and_basic_auth(tmp_path: Path, state_dir) -> None:
     hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
     web.write_text(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n"
                    f"basic_auth_users:\n  prom: '{hashed}'\n")
-    d = RunningDaemon.__new__(RunningDaemon)
-    try:
-        RunningDaemon.__init__(d, tmp_path, config=f'web_config = "{web}"\n')
-    except RuntimeError:
-        pass  # /healthz needs credentials and TLS: probe it ourselves below
+    d = RunningDaemon(tmp_path, config=f'web_config = "{web}"\n', healthz=False)  # /healthz needs TLS: probed below
     import base64
     import ssl
 
@@ -310,8 +306,13 @@ def test_tls_and_basic_auth(tmp_path: Path, state_dir) -> None:
                 raise
             time.sleep(0.2)
     auth = {"Authorization": "Basic " + base64.b64encode(b"prom:s3cret").decode()}
-    with urllib.request.urlopen(urllib.request.Request(url, headers=auth), context=ctx, timeout=5) as r:
-        assert r.status == 200 and b"gpud_gpu_up" in r.read()
+
+    def scrape() -> bytes:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=auth), context=ctx, timeout=5) as r:
+            assert r.status == 200
+            return r.read()
+
+    d.wait_for(lambda: b"gpud_gpu_up" in scrape(), timeout=20, what="the first tick's metrics over TLS")
     assert f"serving https://127.0.0.1:{d.port}/metrics" in d.logs()  # the start-up line says what it serves
     bad = {"Authorization": "Basic " + base64.b64encode(b"prom:wrong").decode()}
     with pytest.raises(urllib.error.HTTPError) as exc:

@@ -107,6 +107,30 @@ def test_a_stuck_fan_on_a_one_gpu_machine_fails_through_the_history(tmp_path: Pa
     assert r.status == "fail" and "cannot be cooling" in r.summary and "W" in r.summary, r
 
 
+def test_a_stuck_fan_fails_through_the_history_before_the_gpu_reaches_its_slowdown(tmp_path: Path) -> None:
+    """The same stalled fan, judged every 5 s from the load step on: the history fails it while the GPU is
+    still below its slowdown temperature (it took about 195 s, at 140 °C, when the fit had to span one
+    of the GPU's time constants): the response is extrapolated no further ahead than it was watched."""
+    m = machine(tmp_path, d(1))
+    sim = m.simulation.machine  # type: ignore[union-attr]
+    slowdown = m.snapshot().gpus[0].temperature_slowdown_celsius
+    assert slowdown is not None
+    history = ThermalHistory()
+    m.nvml.set_fan_speed(0, 0, 70)
+    sim.inject("fan_stuck", gpu=0)
+    sim.set_load(0, 100, 200)
+    verdicts = []
+    for _ in range(60):
+        run(m, history, 5)
+        t = m.snapshot().samples[0].temperature_celsius
+        assert t is not None
+        if t >= slowdown:
+            break
+        verdicts.append((t, fans(m, history, in_daemon=True)[0]))
+    failed = [(t, r) for t, r in verdicts if r.status == "fail"]
+    assert failed and "cannot be cooling" in failed[0][1].summary, verdicts[-1]
+
+
 def test_a_healthy_fan_set_to_a_fixed_duty_is_no_alarm(tmp_path: Path) -> None:
     """The same machine, load and fixed 70 % with the fan turning: the GPU settles below its limit."""
     m = machine(tmp_path, d(1))

@@ -24,7 +24,11 @@ def _doc(*args: str) -> dict:
 
 
 @pytest.mark.parametrize("desc", DESCRIPTIONS)
-def test_status_topo_doctor_follow_the_schema(desc: str, state_dir: Path) -> None:
+def test_status_topo_doctor_and_the_daemons_status_follow_the_schema(desc: str, state_dir: Path) -> None:
+    from gpud import config as cfg
+    from gpud.backends import open_machine
+    from gpud.daemon.service import Daemon
+
     docs = {cmd: _doc(cmd, "--simulate", desc) for cmd in ("status", "topo", "doctor")}
     for cmd, doc in docs.items():
         assert doc["kind"] == cmd and doc["schema_version"] == SCHEMA_VERSION == 2
@@ -36,6 +40,14 @@ def test_status_topo_doctor_follow_the_schema(desc: str, state_dir: Path) -> Non
     for g, t in zip(status["gpus"], topo["gpus"], strict=True):
         assert g["info"]["cpu_affinity"] == t["cpu_affinity"]
         assert g["info"]["pcie_max_width"] == t["pcie_max_width"] and g["info"]["nvlink_count"] == t["nvlink_count"]
+    # the daemon's /status and socket answer follow it too, with the host and GPU facts `gpud status` gives
+    d = Daemon(open_machine(desc), cfg.Config())
+    d.tick()
+    for doc in (d.status(), d.status(full=True), d.handle({"cmd": "status"})):
+        doc = json.loads(json.dumps(doc))  # as /status and the socket send it
+        assert check(doc) == [], desc
+    assert status["host"] == json.loads(json.dumps(d.status()))["host"]
+    assert [g["info"] for g in status["gpus"]] == [g["info"] for g in json.loads(json.dumps(d.status()))["gpus"]]
 
 
 # A CPU probe's document has the same shape on every description (its figures come from CPU ranks;
@@ -47,22 +59,6 @@ def test_probe_json_follows_the_schema(desc: str, state_dir: Path) -> None:
                "--simulate", desc)
     assert check(doc) == [], desc
     assert doc["host"]["name"] == desc and isinstance(doc["cpu_affinity_by_rank"], list)
-
-
-@pytest.mark.parametrize("desc", DESCRIPTIONS)
-def test_daemon_status_follows_the_schema(desc: str, state_dir: Path) -> None:
-    from gpud import config as cfg
-    from gpud.backends import open_machine
-    from gpud.daemon.service import Daemon
-
-    d = Daemon(open_machine(desc), cfg.Config())
-    d.tick()
-    for doc in (d.status(), d.status(full=True), d.handle({"cmd": "status"})):
-        doc = json.loads(json.dumps(doc))  # as /status and the socket send it
-        assert check(doc) == [], desc
-    cli = _doc("status", "--simulate", desc)
-    assert cli["host"] == json.loads(json.dumps(d.status()))["host"]
-    assert [g["info"] for g in cli["gpus"]] == [g["info"] for g in json.loads(json.dumps(d.status()))["gpus"]]
 
 
 def test_daemon_status_with_a_profile_follows_the_schema(state_dir: Path) -> None:
@@ -103,16 +99,14 @@ def test_ecc_pending_means_a_change_waits_for_reboot(state_dir: Path) -> None:
 @pytest.mark.parametrize("desc", DESCRIPTIONS)
 def test_every_other_json_output_has_the_envelope_and_follows_the_schema(desc: str, state_dir: Path) -> None:
     """Issue 24: ps, select, verify, apply (and --dry-run), restore, profile list/show, sim list, events
-    and the dossier are documents of the one schema too, with the same host as status."""
-    from gpud import journal
-
+    and the dossier are documents of the one schema too, with the same host as status (those that read no
+    machine: the next test)."""
     host = _doc("status", "--simulate", desc)["host"]
     sim = ("--simulate", desc)
     docs = {
         "ps": _doc("ps", *sim), "select": _doc("select", *sim), "apply": _doc("apply", "quiet", "--dry-run", *sim),
-        "profile": _doc("profile", "show", "quiet", *sim), "profile_list": _doc("profile", "list"),
-        "sim_list": _doc("sim", "list"), "verify": _doc("verify", *sim), "restore": _doc("restore", *sim),
-        "rules_test": _doc("rules", "test", *sim),
+        "profile": _doc("profile", "show", "quiet", *sim), "verify": _doc("verify", *sim),
+        "restore": _doc("restore", *sim), "rules_test": _doc("rules", "test", *sim),
     }
     for kind, doc in docs.items():
         assert doc["kind"] == kind and check(doc) == [], (desc, kind, check(doc))
@@ -121,6 +115,15 @@ def test_every_other_json_output_has_the_envelope_and_follows_the_schema(desc: s
     applied = _doc("apply", "quiet", *sim)
     assert applied["dry_run"] is False and check(applied) == [], check(applied)
     assert check(_doc("verify", *sim)) == [] and check(_doc("restore", *sim)) == []
+
+
+def test_the_documents_that_read_no_machine_follow_the_schema(state_dir: Path) -> None:
+    """Issue 24, the rest: profile list, sim list, events and the dossier (once: no simulated machine)."""
+    from gpud import journal
+
+    for args, kind in ((("profile", "list"), "profile_list"), (("sim", "list"), "sim_list")):
+        doc = _doc(*args)
+        assert doc["kind"] == kind and check(doc) == [], (kind, check(doc))
     j = journal.Journal(journal.journal_path())
     j.gpu_seen("GPU-0", "1320", "RTX A6000", "94.02", "0000:17:00.0", 0)
     j.record("xid", "Xid 79 on GPU 0", gpu=0, uuid="GPU-0", boot_id="b1", data={"xid": 79, "line": "NVRM: Xid 79"})

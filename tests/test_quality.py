@@ -27,6 +27,7 @@ def test_ruff_clean() -> None:
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+@pytest.mark.long
 def test_mypy_clean() -> None:
     r = subprocess.run([_tool("mypy"), "gpud"], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -7,7 +7,10 @@ import json
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO
+
+pytestmark = pytest.mark.long
 
 
 def test_two_minutes_of_the_soak_make_no_error_and_no_growth(tmp_path) -> None:

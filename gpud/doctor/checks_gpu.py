@@ -3,6 +3,7 @@ events, temperature, fans, PCIe replays, processes."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -411,7 +412,9 @@ def _not_cooling_over_time(points: Sequence[ThermalPoint], limit: int) -> list[s
       earlier one, both by more than a reading's step): nothing is taking the added heat away; or
     - fitted to Newton's cooling (the rate falls linearly as the GPU warms), the GPU's own response
       says it settles at or above its operating limit, and the stretch is at least one of its own
-      time constants long (so the fit rests on the response, not on the first seconds).
+      time constants long, or as long as that response takes from now to the limit (so the fit rests on
+      the response, not on the first seconds, and is not extrapolated further ahead than it was
+      watched; a fan that cannot be cooling then fails before the GPU reaches its slowdown).
     """
     if len(points) < 2:
         return []
@@ -435,7 +438,19 @@ def _not_cooling_over_time(points: Sequence[ThermalPoint], limit: int) -> list[s
     if fit is None:
         return []
     settle, tau = fit
-    if span >= tau and settle >= limit:
+    if settle < limit:
+        return []
+    # The fit is trusted as far ahead as the GPU was watched: once the stretch spans one of its own time
+    # constants, or the time the response takes from here to the limit (so a fan that cannot be cooling
+    # fails before the GPU gets there, not a time constant later).
+    now = last.temperature_celsius
+    if now >= limit:
+        to_limit = 0.0
+    elif settle > limit:
+        to_limit = tau * math.log((settle - now) / (settle - limit))  # Newton's response from now to the limit
+    else:  # it settles at the limit itself: only a time constant observed will do
+        to_limit = tau
+    if span >= min(tau, to_limit):
         return [f"{head}; at that rate it settles near {settle:.0f} °C (time constant {tau:.0f} s), at or above "
                 f"its {limit} °C limit: the fans cannot be cooling it (stalled, blocked, or asked for too little)"]
     return []
