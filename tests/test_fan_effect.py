@@ -244,3 +244,55 @@ def test_the_tick_fills_the_history_from_its_snapshot(tmp_path: Path, state_dir:
     assert sorted(points) == sorted(g.uuid for g in m.snapshot().gpus)
     assert all(len(p) == 1 and p[0].power_watts > 0 for p in points.values())
     assert seen == [points]
+
+
+def curve_applied(m: Machine) -> None:
+    """gpud's `training` profile applied: its curve (full 100 % duty from 70 °C, hysteresis 3) on every GPU,
+    driven once by the daemon's fan loop (gpud.tuning.fanloop) at the GPUs' present temperatures."""
+    from gpud.tuning import engine
+    from gpud.tuning import state as tuning_state
+    from gpud.tuning.fanloop import FanControl
+    from gpud.tuning.profile import load as load_profile
+
+    changes, desired = engine.plan(m, load_profile("training"), daemon=True)
+    assert engine.apply(m, load_profile("training"), changes, desired, m.host.cpu_governors()).ok
+    loop = FanControl.from_profile(m, tuning_state.profile_settings(tuning_state.load()))
+    loop.step(m.snapshot().samples, 0.0)
+
+
+def test_a_stuck_fan_under_gpuds_curve_fails_beside_a_sibling_that_holds_the_curves_promise(tmp_path: Path) -> None:
+    """Issue 23, item 10, against the fan curve's target in one reading: the curve promises at most 70 °C
+    (+3 hysteresis) with its full duty; the stuck GPU reads that duty at 77 °C while its identical sibling on
+    the same curve under the same load holds 68 °C. The sibling gap (9 °C) is less than the 16 °C the GPU
+    has left below its limit, so only the curve shows it."""
+    m = machine(tmp_path, d(2, defaults=LOADED, gpu_extra={0: "temperature_celsius = 77",
+                                                           1: "temperature_celsius = 68"},
+                            extra='[[fault]]\nkind = "fan_stuck"\ngpu = 0\npercent = 0\n'))
+    assert fans(m)[0].status == "pass"  # no curve: the sibling gap alone is no proof
+    curve_applied(m)
+    r = fans(m, in_daemon=True)  # the daemon's fan loop drives the curve
+    assert r[0].status == "fail" and "full duty of gpud's curve" in r[0].summary and "GPU 1" in r[0].summary, r[0]
+    assert "cannot be cooling" in r[0].summary and r[1].status == "pass", r
+
+
+def test_a_load_the_curves_full_duty_cannot_hold_is_a_warning_not_a_fan_failure(tmp_path: Path) -> None:
+    """Both GPUs above the curve's promise at its full duty: no sibling holds it, so the fans are not shown
+    to be at fault; the curve is too weak for this load (a warning with the figures)."""
+    m = machine(tmp_path, d(2, defaults=LOADED, gpu_extra={0: "temperature_celsius = 78",
+                                                           1: "temperature_celsius = 77"}))
+    curve_applied(m)
+    r = fans(m, in_daemon=True)
+    for g in (0, 1):
+        assert r[g].status == "warn" and "does not hold this load" in r[g].summary, r[g]
+
+
+def test_fans_that_do_not_follow_gpuds_curve_while_the_daemon_runs_are_a_warning(tmp_path: Path) -> None:
+    """Past the curve's last point the fan loop asks the full duty at once; a fan reading 50 % there while
+    the daemon runs is set by something else (or the loop stopped)."""
+    m = machine(tmp_path, d(1, defaults=LOADED, gpu_extra={0: "temperature_celsius = 76"}))
+    curve_applied(m)
+    m.nvml.set_fan_speed(0, 0, 50)
+    r = fans(m, in_daemon=True)
+    assert r[0].status == "warn" and "do not follow the curve" in r[0].summary, r[0]
+    r = fans(m)  # no daemon: the manual-mode warning says it instead
+    assert r[0].status == "warn" and "manual mode" in r[0].summary, r[0]

@@ -11,6 +11,7 @@ from gpud.doctor.registry import Context, check, fail, ok, skip, warn
 from gpud.doctor.xid import describe, escalated
 from gpud.model import CheckResult, GpuSample, MigInstance, ThermalPoint, slow_open
 from gpud.text import plural
+from gpud.tuning.fancurve import FanCurve
 
 HW_EVENTS = {"hw_slowdown": "HW slowdown", "hw_thermal_slowdown": "HW thermal slowdown",
              "hw_power_brake_slowdown": "HW power brake"}
@@ -349,6 +350,10 @@ def fans(ctx: Context) -> Iterator[CheckResult]:
             bad += _hotter_than_siblings(ctx, s, limit)
         if not bad and limit is not None:
             bad += _not_cooling_over_time(ctx.thermal.get(s.uuid, ()), limit)
+        curve_warning = None
+        if not bad:
+            failed, curve_warning = _against_the_curve(ctx, s)
+            bad += failed
         if bad:
             yield fail("health.fans", "; ".join(bad), gpu=s.index,
                        remedy="NVML reports the speed asked for, not the real one: look at the fan (stalled, "
@@ -358,9 +363,68 @@ def fans(ctx: Context) -> Iterator[CheckResult]:
         elif manual:
             yield warn("health.fans", f"{', '.join(manual)} in manual mode while no gpud daemon runs", gpu=s.index,
                        remedy="`gpud restore --fans-only` hands the fans back to the driver's automatic policy")
+        elif curve_warning is not None:
+            yield warn("health.fans", curve_warning[0], gpu=s.index, remedy=curve_warning[1])
         else:
             speeds = "/".join(f"{f.speed_percent} %" for f in s.fans if f.speed_percent is not None)
             yield ok("health.fans", f"fan {speeds or 'n/a'} at {t} °C", gpu=s.index)
+
+
+def _curve_of(ctx: Context, gpu: int) -> FanCurve | None:
+    """gpud's own fan curve on this GPU (the applied profile's ``mode = "curve"``); None for a fixed duty
+    (it promises no temperature) or no profile."""
+    fan = ctx.profile_settings.get(gpu, {}).get("fan")
+    if not isinstance(fan, dict) or fan.get("mode") != "curve" or not fan.get("points"):
+        return None
+    try:
+        return FanCurve.from_profile(fan)
+    except (KeyError, TypeError, ValueError, StopIteration):
+        return None  # a state file verify reports as unreadable
+
+
+def _against_the_curve(ctx: Context, s: GpuSample) -> tuple[list[str], tuple[str, str] | None]:
+    """Judged against gpud's own fan curve, in one reading (no history needed). The curve promises to
+    hold the GPU at or below the temperature where it reaches its full duty (its "target"), give or take
+    its hysteresis. Above that:
+
+    - the fans read less than the curve's full duty while the daemon drives them: they do not follow the
+      curve (another tool sets them, or the fan loop stopped) — a warning;
+    - the fans read the full duty: either the fans cannot be cooling (an identical sibling under the same
+      load, on the same curve, holds its promise — a failure), or the curve's full duty is too little for
+      this load (no such sibling — a warning).
+
+    (failures, warning and its remedy)."""
+    curve = _curve_of(ctx, s.index)
+    t, duty = s.temperature_celsius, _duty(s)
+    if curve is None or t is None or duty is None:
+        return [], None
+    promise = curve.target_temperature()
+    full = max(d for _, d in curve.points)
+    if t <= promise + curve.hysteresis:
+        return [], None
+    if duty < full - 1:  # whole percents: the curve asks its full duty at once past its last point
+        if not ctx.daemon_running:
+            return [], None  # no fan loop: the manual-mode warning says it
+        return [], (f"fans read {duty:.0f} % at {t} °C where gpud's curve asks {full:.0f} % (full duty from "
+                    f"{promise:.0f} °C): the fans do not follow the curve",
+                    "`gpud verify` shows who changed them; the daemon's journal (`gpud events`) says whether "
+                    "its fan loop handed the fans back (failsafe)")
+    u, name = s.utilization_gpu_percent, ctx.infos[s.index].name
+    for o in ctx.samples:
+        if o.index == s.index or o.lost or ctx.infos.get(o.index) is None or ctx.infos[o.index].name != name:
+            continue
+        oc, ot, ou = _curve_of(ctx, o.index), o.temperature_celsius, o.utilization_gpu_percent
+        if (oc is None or oc.points != curve.points or ot is None or u is None or ou is None
+                or not (ctx.loaded(s) and ctx.loaded(o)) or abs(ou - u) > SAME_LOAD_POINTS):
+            continue
+        if ot <= promise + curve.hysteresis:
+            return [f"fans read {duty:.0f} %, the full duty of gpud's curve, yet the GPU is at {t} °C, above the "
+                    f"{promise:.0f} °C the curve holds with it; GPU {o.index} on the same curve under the same load "
+                    f"holds {ot} °C: the fans cannot be cooling it"], None
+    return [], (f"at {t} °C with the fans at {duty:.0f} %, the full duty of gpud's curve, the GPU is above the "
+                f"{promise:.0f} °C the curve promises: the curve's full duty does not hold this load",
+                "improve the airflow, or lower the power limit for this workload (`gpud tune --goal quiet`); "
+                "no identical GPU here under the same load holds it, so the fans are not shown to be at fault")
 
 
 def _duty(s: GpuSample) -> float | None:
