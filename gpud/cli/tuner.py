@@ -37,6 +37,9 @@ class DaemonApplier:
         if not reply.get("ok"):
             raise GpudError(str(reply.get("error") or "the daemon's apply failed"))
 
+    def tick(self, now: float) -> None:
+        """Nothing: the daemon's fan loop drives a trial's fan curve."""
+
     def restore(self) -> list[str]:
         reply = self.t.daemon("restore", fans_only=False) or {}
         return [str(x) for x in reply.get("restored", [])] + [f"NOT restored: {x}" for x in reply.get("failed", [])]
@@ -55,9 +58,6 @@ def _knobs(text: str) -> list[str]:
 
     out = [k.strip() for k in text.split(",") if k.strip()]
     for k in out:
-        if k in ("memclocks", "fans"):
-            raise InvalidInput("--knobs", "", f"{k}: not searched yet (docs/tune.md, \"Knobs\"); the search sets "
-                                              f"{', '.join(KNOBS)}")
         if k not in KNOBS:
             raise InvalidInput("--knobs", "", f"unknown knob {k!r} (knobs: {', '.join(KNOBS)})")
     if not out:
@@ -117,8 +117,10 @@ def tune(
     workload: Annotated[str, typer.Option("--workload", metavar='probe|"COMMAND"',
                                           help="The probe's DDP training step, or your command (run once per "
                                                "window, its wall time and energy measured).")] = "probe",
-    knobs: Annotated[str, typer.Option("--knobs", metavar="power,clocks",
-                                       help="What the search sets: power limits, locked SM clocks.")] = "power",
+    knobs: Annotated[str | None, typer.Option("--knobs", metavar="power,clocks,memclocks,fans",
+                                              help="What the search sets: power limits, locked SM clocks, locked "
+                                                   "memory clocks, the fan curve (default: power; power,fans for "
+                                                   "--goal quiet).")] = None,
     gpus: Annotated[str | None, typer.Option("--gpus", metavar="LIST", help="GPUs to tune: 0,2-3 (default all).")
                     ] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", metavar="PROFILE.toml",
@@ -149,7 +151,7 @@ def tune(
         raise InvalidInput("--goal", "", f"must be one of {', '.join(GOALS)}, not {goal!r}")
     if not 0.0 <= max_slowdown < 100.0:
         raise InvalidInput("--max-slowdown", "", f"must be a percentage from 0 to below 100, not {max_slowdown:g}")
-    chosen_knobs = _knobs(knobs)
+    chosen_knobs = _knobs(knobs if knobs is not None else "power,fans" if goal == "quiet" else "power")
     if report is not None and (report.suffix.lower() not in (".html", ".htm") or not report.parent.is_dir()):
         raise InvalidInput("--report", "", f"{report}: want FILE.html in an existing directory")
     if output is not None and (output.suffix.lower() != ".toml" or not output.parent.is_dir()):
