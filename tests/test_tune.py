@@ -375,6 +375,21 @@ def test_a_tune_killed_halfway_is_undone_by_restore() -> None:
     assert fingerprint(fresh(SIM)) == before and st.load() is None
 
 
+def test_a_tune_killed_while_it_drives_a_fan_curve_is_undone_by_restore(capsys: pytest.CaptureFixture[str]) -> None:
+    m = fresh(SIM)
+    before = fingerprint(m)
+    sim = m.simulation.machine
+    sim.inject("crash", at_write=sim.state["writes"] + 6)  # past the reference trial's writes: a curve's duty
+    r = _gpud("tune", "--simulate", SIM, "--goal", "quiet", "--knobs", "fans", "--gpus", "0")
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    changed = fingerprint(fresh(SIM))
+    assert changed["0"]["fans"][0][0] == "manual"  # killed with the fan under the tune's curve
+    fresh(SIM).simulation.machine.clear_faults()
+    code, _, err = cli(capsys, "restore", "--simulate", SIM)
+    assert code == 0, err
+    assert fingerprint(fresh(SIM)) == before and st.load() is None
+
+
 def test_a_command_workload_on_a_simulated_machine_says_its_figures_do_not_depend_on_the_gpus(
         capsys: pytest.CaptureFixture[str]) -> None:
     true = shutil.which("true")
