@@ -407,6 +407,12 @@ def test_apply_goes_through_a_running_daemon(tmp_path: Path, capsys: pytest.Capt
     d = RunningDaemon(tmp_path)
     try:
         monkeypatch.setenv("GPUD_SOCKET", d.sock)
+        if os.geteuid() == 0:  # the daemon runs as root: a member of its group (uid 1000) is refused at once
+            with monkeypatch.context() as mp:
+                mp.setattr(os, "geteuid", lambda: 1000)
+                code, out, err = cli(capsys, "tune", "--simulate", SIM, "--apply")
+            assert code == 1 and "loads only profiles root owns" in err and "sudo gpud tune" in err, err
+            assert fingerprint(fresh(SIM)) == before
         code, out, err = cli(capsys, "tune", "--simulate", SIM, "--apply", "--json")
         assert code == 0, err + d.logs()
         doc = json.loads(out)

@@ -3,6 +3,7 @@ cheapest, write them as a profile, apply it (docs/tune.md)."""
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 import time
@@ -51,6 +52,26 @@ def _daemon_drives(t: Target) -> bool:
 
     ping = request(t.socket, "ping", timeout=10)
     return ping is not None and ping.get("target") in (None, t.name)
+
+
+def check_daemon_trusts(sock: str) -> None:
+    """Refuse before any trial when the daemon would refuse every trial: a daemon running as root loads
+    only profiles root owns (``gpud.paths.trusted``), and a tune's trial profiles are its caller's. The
+    daemon runs as the owner of its socket."""
+    from gpud.tune.run import TuneRefused
+
+    euid = os.geteuid()
+    try:
+        owner = os.stat(sock).st_uid
+    except OSError:
+        return
+    if euid == 0 or owner != 0:
+        return
+    err = TuneRefused(f"the gpud daemon runs as root and loads only profiles root owns: the trials of a tune "
+                      f"run by uid {euid} would all be refused")
+    err.remedy = ("tune as root through the daemon (sudo gpud tune …, with -o FILE to keep the profile), then "
+                  "`gpud apply FILE` as a member of the socket's group")
+    raise err
 
 
 def _knobs(text: str) -> list[str]:
@@ -169,6 +190,8 @@ def tune(
         load = Command(workload, "cpu" if m.simulation is not None else "gpu",
                        {g: infos[g].uuid for g in chosen if g in infos})
     daemon = _daemon_drives(t)
+    if daemon:
+        check_daemon_trusts(t.socket)
     say = _progress()
     with tempfile.TemporaryDirectory(prefix="gpud-tune-") as tmp:
         lock = None if daemon else tuning_lock("gpud tune")
