@@ -124,7 +124,7 @@ def test_fans_knob_finds_the_quietest_curve_that_holds_the_gpus_own_ceiling_afte
     info = m.info(0)
     assert info is not None and info.temperature_max_operating_celsius == 93 and info.temperature_slowdown_celsius == 95
     assert fan_ceiling(m, 0) is not None and fan_ceiling(m, 0)[0] == 91.0  # type: ignore[index]  # 93 - (95 - 93)
-    out = _tune(m, goal="quiet", knobs=["power", "fans"])
+    out = _tune(m, goal="quiet", knobs=["power", "fans"], gpus=[0, 1])
     fans = [t for t in out.trials if t.stage == "fans"]
     assert 2 <= len(fans) and all(t.soak_s > 0 for t in fans)
     assert all(t.settled for t in fans if t.ok), [t.json() for t in fans]
