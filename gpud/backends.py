@@ -119,6 +119,7 @@ class SimTraining:
         self.sim = sim
         self.gpus: list[int] = []
         self._rng = random.Random(seed)
+        self.ticker: Any = None  # called with the simulated time after each simulated second (a trial's fans)
 
     def start(self, gpus: list[int]) -> None:
         from gpud.sim import perf
@@ -144,6 +145,8 @@ class SimTraining:
                       for g in self.gpus]
             samples += perf.step_rate(shares, self._rng) * step
             done += step
+            if self.ticker is not None:
+                self.ticker(self.now())
         return samples, done
 
     def now(self) -> float:

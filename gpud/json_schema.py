@@ -135,12 +135,12 @@ TUNE_POINT = _obj({"trial": {"type": "integer"}, "samples_per_second": NUM, "jou
                    "power_watts": NUM, "settings": TUNE_SETTINGS}, nullable=True)
 PER_GPU_NUM = {"type": "object", "additionalProperties": {"type": "number"}}
 TUNE_TRIAL = _obj({
-    "number": {"type": "integer"}, "stage": {"enum": ["baseline", "power", "clocks", "match"]},
+    "number": {"type": "integer"}, "stage": {"enum": ["baseline", "power", "clocks", "match", "memclocks", "fans"]},
     "settings": TUNE_SETTINGS, "status": {"enum": ["ok", "throttled", "xid", "failed"]}, "note": {"type": "string"},
     "samples_per_second": NUM, "ci_percent": NUM, "ci_reached": {"type": "boolean"}, "joules_per_sample": NUM,
     "power_watts": NUM, "windows": {"type": "integer"}, "sm_mhz": PER_GPU_NUM, "temperature_c": PER_GPU_NUM,
     "fan_percent": PER_GPU_NUM, "reasons": {"type": "array", "items": {"enum": [n for _, n in CLOCK_EVENT_REASONS]}},
-    "frontier": {"type": "boolean"}})
+    "soak_seconds": NUM, "settled": {"type": ["boolean", "null"]}, "frontier": {"type": "boolean"}})
 TUNE = _document("tune", {
     "goal": {"enum": ["throughput", "energy", "quiet"]}, "max_slowdown_percent": {"type": "number"},
     "knobs": STRS, "gpus": {"type": "array", "items": {"type": "integer"}}, "gpu_names": STRS,

@@ -22,7 +22,7 @@ from gpud.errors import GpudError
 from gpud.json_schema import check
 from gpud.sim import perf
 from gpud.tune import search
-from gpud.tune.run import LocalApplier, TuningBusy, check_start, run_tune
+from gpud.tune.run import LocalApplier, TuningBusy, check_start, fan_ceiling, memory_clocks, run_tune
 from gpud.tune.trial import Measure, relative_ci
 from gpud.tuning import state as st
 from gpud.tuning.profile import load
@@ -73,6 +73,85 @@ def test_the_simulated_nvml_reports_the_models_clock_draw_and_reasons(open_sim: 
     assert s.power_watts == pytest.approx(demand * perf.power_share(1200 / 2100), abs=1)
     assert "sw_power_cap" not in (s.clock_events or ())
     m.nvml.reset_locked_gpu_clocks(0)
+
+
+def test_the_simulated_nvml_lists_memory_clocks_and_a_lower_one_slows_the_step_and_saves_power(open_sim: Any) -> None:
+    m = open_sim(SIM)
+    clocks = m.nvml.supported_memory_clocks(0)
+    assert clocks == (8001, 405)  # the maximum (= default application clock) and the idle clock, highest first
+    sim = m.simulation.machine
+    demand = perf.training_demand_watts(300.0)
+    sim.set_load(0, 100, demand)
+    m.nvml.set_locked_gpu_clocks(0, 1200, 1200)  # below the cap: the draw is the model's, not the limit
+    sim.advance(2.0)
+    full = m.nvml.telemetry(0).power_watts
+    m.nvml.set_locked_memory_clocks(0, 405, 405)
+    sim.advance(2.0)
+    s = m.nvml.telemetry(0)
+    assert s.clocks_mhz["memory"] == 405
+    saved = demand * perf.MEMORY_POWER_SHARE * (1 - 405 / 8001)
+    assert full is not None and s.power_watts == pytest.approx(full - saved, abs=1)
+    # The memory-bound share of the step stretches with the memory clock.
+    assert perf.throughput_share(1.0, 405 / 8001) < 0.1 < perf.throughput_share(1.0, 0.9) < perf.throughput_share(1.0)
+    # Under a binding cap, what the memory no longer draws goes to the SM clock.
+    assert perf.capped_share(1.0, demand, 250.0, 0.5)[0] > perf.capped_share(1.0, demand, 250.0)[0]
+    m.nvml.reset_locked_memory_clocks(0)
+    m.nvml.reset_locked_gpu_clocks(0)
+
+
+def test_memclocks_knob_measures_the_supported_clocks_after_the_power_stage_and_skips_where_unsupported() -> None:
+    m = fresh(SIM)
+    before = fingerprint(m)
+    out = _tune(m, knobs=["power", "memclocks"])
+    stages = [t.stage for t in out.trials]
+    assert "memclocks" in stages and stages.index("memclocks") > max(i for i, x in enumerate(stages) if x == "power")
+    mem = [t for t in out.trials if t.stage == "memclocks"]
+    assert all(g["memory_clocks"] == [405, 405] for t in mem for g in t.settings.values())
+    # The power stage's best limit stays under the lock; 405 MHz starves the memory-bound half of the step.
+    assert out.baseline is not None and out.baseline.samples_per_second
+    assert mem[0].samples_per_second is not None and mem[0].samples_per_second < 0.2 * out.baseline.samples_per_second
+    assert out.chosen is not None and out.chosen.stage == "power" and (out.energy_saving or 0) >= 0.10
+    assert fingerprint(fresh(SIM)) == before
+    clocks, why = memory_clocks(fresh("z8-g4-2x-rtx8000-sli"), [0, 1])  # Turing: no locked memory clocks
+    assert clocks == {} and "GPU 0: locked memory clocks need Ampere or newer" in why
+    assert memory_clocks(fresh(SIM), [0, 3]) == ({0: [405], 3: [405]}, "")
+
+
+def test_fans_knob_finds_the_quietest_curve_that_holds_the_gpus_own_ceiling_after_a_soak(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    m = fresh(SIM)
+    before = fingerprint(m)
+    info = m.info(0)
+    assert info is not None and info.temperature_max_operating_celsius == 93 and info.temperature_slowdown_celsius == 95
+    assert fan_ceiling(m, 0) is not None and fan_ceiling(m, 0)[0] == 91.0  # type: ignore[index]  # 93 - (95 - 93)
+    out = _tune(m, goal="quiet", knobs=["power", "fans"], gpus=[0, 1])
+    fans = [t for t in out.trials if t.stage == "fans"]
+    assert 2 <= len(fans) and all(t.soak_s > 0 for t in fans)
+    assert all(t.settled for t in fans if t.ok), [t.json() for t in fans]
+    c, b = out.chosen, fans[0]
+    assert all(g["fan"] == {"mode": "auto"} for g in b.settings.values())  # the driver's policy, soaked alike
+    assert c is not None and c is not b and c.stage == "fans", [t.json() for t in out.trials]
+    # Quieter than the driver's own policy, within the slowdown, below the ceiling on every GPU.
+    assert sum(c.fan_percent.values()) < sum(b.fan_percent.values()) - 5 * len(c.fan_percent), [
+        t.json() for t in fans]
+    assert out.slowdown is not None and out.slowdown <= 0.05
+    assert max(c.temperature_c.values()) < 91 and not {"sw_thermal_slowdown", "hw_slowdown"} & set(c.reasons)
+    # No feasible fans trial is quieter than the chosen one.
+    assert all(sum(t.fan_percent.values()) >= sum(c.fan_percent.values()) for t in fans
+               if t.ok and max(t.temperature_c.values()) < 91 and t.samples_per_second)
+    assert fingerprint(fresh(SIM)) == before  # the fans back on the driver's automatic policy
+    # The CLI: --goal quiet searches the fans by default; the profile carries the curve and applies.
+    profile = tmp_path / "quiet.toml"
+    code, outp, err = cli(capsys, "tune", "--simulate", SIM, "--goal", "quiet", "--gpus", "0", "-o", str(profile),
+                          "--json")
+    assert code == 0, err
+    doc = json.loads(outp)
+    assert check(doc) == [] and doc["knobs"] == ["power", "fans"]
+    curve = doc["chosen"]["settings"]["0"]["fan"]
+    assert curve["mode"] == "curve" and curve["points"][-1] == [91.0, 100]
+    p = load(str(profile))
+    assert [g["fan"]["points"] for g in p.gpus][0] == curve["points"]
+    assert fingerprint(fresh(SIM)) == before
 
 
 # -- the search ------------------------------------------------------------------------------
@@ -212,7 +291,7 @@ def test_refuses_gpus_other_processes_use_unless_allowed() -> None:
     assert fingerprint(fresh("z8-fury-4x-a6000-degraded")) == before
 
 
-@pytest.mark.parametrize(("args", "key"), [(["--goal", "fastest"], "--goal"), (["--knobs", "fans"], "--knobs"),
+@pytest.mark.parametrize(("args", "key"), [(["--goal", "fastest"], "--goal"), (["--knobs", "fan"], "--knobs"),
                                            (["--max-slowdown", "-1"], "--max-slowdown"),
                                            (["-o", "/nonexistent/x.toml"], "-o")])
 def test_bad_input_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], args: list[str], key: str) -> None:
@@ -296,6 +375,21 @@ def test_a_tune_killed_halfway_is_undone_by_restore() -> None:
     assert fingerprint(fresh(SIM)) == before and st.load() is None
 
 
+def test_a_tune_killed_while_it_drives_a_fan_curve_is_undone_by_restore(capsys: pytest.CaptureFixture[str]) -> None:
+    m = fresh(SIM)
+    before = fingerprint(m)
+    sim = m.simulation.machine
+    sim.inject("crash", at_write=sim.state["writes"] + 6)  # past the reference trial's writes: a curve's duty
+    r = _gpud("tune", "--simulate", SIM, "--goal", "quiet", "--knobs", "fans", "--gpus", "0")
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    changed = fingerprint(fresh(SIM))
+    assert changed["0"]["fans"][0][0] == "manual"  # killed with the fan under the tune's curve
+    fresh(SIM).simulation.machine.clear_faults()
+    code, _, err = cli(capsys, "restore", "--simulate", SIM)
+    assert code == 0, err
+    assert fingerprint(fresh(SIM)) == before and st.load() is None
+
+
 def test_a_command_workload_on_a_simulated_machine_says_its_figures_do_not_depend_on_the_gpus(
         capsys: pytest.CaptureFixture[str]) -> None:
     true = shutil.which("true")
@@ -313,6 +407,12 @@ def test_apply_goes_through_a_running_daemon(tmp_path: Path, capsys: pytest.Capt
     d = RunningDaemon(tmp_path)
     try:
         monkeypatch.setenv("GPUD_SOCKET", d.sock)
+        if os.geteuid() == 0:  # the daemon runs as root: a member of its group (uid 1000) is refused at once
+            with monkeypatch.context() as mp:
+                mp.setattr(os, "geteuid", lambda: 1000)
+                code, out, err = cli(capsys, "tune", "--simulate", SIM, "--apply")
+            assert code == 1 and "loads only profiles root owns" in err and "sudo gpud tune" in err, err
+            assert fingerprint(fresh(SIM)) == before
         code, out, err = cli(capsys, "tune", "--simulate", SIM, "--apply", "--json")
         assert code == 0, err + d.logs()
         doc = json.loads(out)

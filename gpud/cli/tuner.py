@@ -3,6 +3,7 @@ cheapest, write them as a profile, apply it (docs/tune.md)."""
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 import time
@@ -37,6 +38,9 @@ class DaemonApplier:
         if not reply.get("ok"):
             raise GpudError(str(reply.get("error") or "the daemon's apply failed"))
 
+    def tick(self, now: float) -> None:
+        """Nothing: the daemon's fan loop drives a trial's fan curve."""
+
     def restore(self) -> list[str]:
         reply = self.t.daemon("restore", fans_only=False) or {}
         return [str(x) for x in reply.get("restored", [])] + [f"NOT restored: {x}" for x in reply.get("failed", [])]
@@ -50,14 +54,31 @@ def _daemon_drives(t: Target) -> bool:
     return ping is not None and ping.get("target") in (None, t.name)
 
 
+def check_daemon_trusts(sock: str | Path) -> None:
+    """Refuse before any trial when the daemon would refuse every trial: a daemon running as root loads
+    only profiles root owns (``gpud.paths.trusted``), and a tune's trial profiles are its caller's. The
+    daemon runs as the owner of its socket."""
+    from gpud.tune.run import TuneRefused
+
+    euid = os.geteuid()
+    try:
+        owner = os.stat(sock).st_uid
+    except OSError:
+        return
+    if euid == 0 or owner != 0:
+        return
+    err = TuneRefused(f"the gpud daemon runs as root and loads only profiles root owns: the trials of a tune "
+                      f"run by uid {euid} would all be refused")
+    err.remedy = ("tune as root through the daemon (sudo gpud tune …, with -o FILE to keep the profile), then "
+                  "`gpud apply FILE` as a member of the socket's group")
+    raise err
+
+
 def _knobs(text: str) -> list[str]:
     from gpud.tune.run import KNOBS
 
     out = [k.strip() for k in text.split(",") if k.strip()]
     for k in out:
-        if k in ("memclocks", "fans"):
-            raise InvalidInput("--knobs", "", f"{k}: not searched yet (docs/tune.md, \"Knobs\"); the search sets "
-                                              f"{', '.join(KNOBS)}")
         if k not in KNOBS:
             raise InvalidInput("--knobs", "", f"unknown knob {k!r} (knobs: {', '.join(KNOBS)})")
     if not out:
@@ -117,8 +138,10 @@ def tune(
     workload: Annotated[str, typer.Option("--workload", metavar='probe|"COMMAND"',
                                           help="The probe's DDP training step, or your command (run once per "
                                                "window, its wall time and energy measured).")] = "probe",
-    knobs: Annotated[str, typer.Option("--knobs", metavar="power,clocks",
-                                       help="What the search sets: power limits, locked SM clocks.")] = "power",
+    knobs: Annotated[str | None, typer.Option("--knobs", metavar="power,clocks,memclocks,fans",
+                                              help="What the search sets: power limits, locked SM clocks, locked "
+                                                   "memory clocks, the fan curve (default: power; power,fans for "
+                                                   "--goal quiet).")] = None,
     gpus: Annotated[str | None, typer.Option("--gpus", metavar="LIST", help="GPUs to tune: 0,2-3 (default all).")
                     ] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", metavar="PROFILE.toml",
@@ -149,7 +172,7 @@ def tune(
         raise InvalidInput("--goal", "", f"must be one of {', '.join(GOALS)}, not {goal!r}")
     if not 0.0 <= max_slowdown < 100.0:
         raise InvalidInput("--max-slowdown", "", f"must be a percentage from 0 to below 100, not {max_slowdown:g}")
-    chosen_knobs = _knobs(knobs)
+    chosen_knobs = _knobs(knobs if knobs is not None else "power,fans" if goal == "quiet" else "power")
     if report is not None and (report.suffix.lower() not in (".html", ".htm") or not report.parent.is_dir()):
         raise InvalidInput("--report", "", f"{report}: want FILE.html in an existing directory")
     if output is not None and (output.suffix.lower() != ".toml" or not output.parent.is_dir()):
@@ -167,6 +190,8 @@ def tune(
         load = Command(workload, "cpu" if m.simulation is not None else "gpu",
                        {g: infos[g].uuid for g in chosen if g in infos})
     daemon = _daemon_drives(t)
+    if daemon:
+        check_daemon_trusts(t.socket)
     say = _progress()
     with tempfile.TemporaryDirectory(prefix="gpud-tune-") as tmp:
         lock = None if daemon else tuning_lock("gpud tune")

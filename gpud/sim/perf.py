@@ -13,7 +13,8 @@ All in shares of the full-clock figures, so one model serves every preset:
   as GPU Boost does (the board then reports SW Power Cap).
 - **Throughput** (steps per second) at ``x``: ``1 / ((1 − M) / x + M)`` of the full-clock rate, ``M``
   the share of a step that does not scale with the SM clock (memory-bound kernels, communication).
-  A locked memory clock ``y`` (a share of its maximum) stretches that part: ``M / y``.
+  A locked memory clock ``y`` (a share of its maximum) stretches that part: ``M / y``, and saves
+  ``MEMORY_POWER_SHARE · (1 − y)`` of the full-clock draw (the DRAM interface's share).
 
 The constants are chosen no kinder than the published measurements (docs/tune.md): the energy the
 model saves at 5 % slowdown on an RTX A6000 (about 12 %) is below the 15 % power-capping studies
@@ -22,6 +23,7 @@ report, and its unconstrained saving (about 40 % at a 28 % slowdown) within Zeus
 
 from __future__ import annotations
 
+import functools
 import random
 
 # The static share of the full-clock draw: leakage, memory and board power that the SM clock does
@@ -31,6 +33,14 @@ STATIC_SHARE = 0.20
 # 1.08 V: 0.67), and the knee as a share of the maximum SM clock (an assumption of the shape).
 V_FLOOR = 0.67
 X_KNEE = 0.55
+# The share of the full-clock draw that scales with the memory clock: the DRAM interface's energy per
+# bit moved. GDDR6X moves a bit for 7.25 pJ, 15 % less than GDDR6 (Micron's GDDR6X product brief), so
+# GDDR6 about 8.5 pJ/bit; HBM2 about 3.9 pJ/bit (O'Connor et al., "Fine-Grained DRAM: Energy-Efficient
+# DRAM for Extreme Bandwidth Systems", MICRO 2017). An RTX A6000's 768 GB/s at full use is then about
+# 52 W of its 300 W (17 %), an H200's 4.8 TB/s about 150 W of 700 W (21 %); training keeps the
+# interface busy in its memory-bound half of the step (``MEMORY_BOUND``) at most: 8.5 % and 10.5 %.
+# Below both: a lower memory clock saves no more than that.
+MEMORY_POWER_SHARE = 0.075
 # The share of a DDP training step that does not scale with the SM clock: memory-bound operators
 # take about 40 % of a transformer's training time (Ivanov et al., MLSys 2021: contractions are
 # 99.8 % of the flops but 61 % of the runtime), plus the all-reduce not hidden behind the backward
@@ -59,16 +69,23 @@ def power_share(x: float) -> float:
     return STATIC_SHARE + (1.0 - STATIC_SHARE) * x * voltage(x) ** 2
 
 
-def capped_share(top: float, demand_w: float, limit_w: float) -> tuple[float, float, bool]:
+def memory_saving(mem: float) -> float:
+    """What a memory clock at share ``mem`` of its maximum saves, as a share of the full-clock draw."""
+    return MEMORY_POWER_SHARE * (1.0 - min(1.0, max(0.0, mem)))
+
+
+@functools.lru_cache(maxsize=4096)  # pure, and asked for every reading of every GPU: the bisection once per state
+def capped_share(top: float, demand_w: float, limit_w: float, mem: float = 1.0) -> tuple[float, float, bool]:
     """(SM clock share, draw in W, whether the power cap binds) for a load that draws ``demand_w`` at
-    the maximum clock, allowed clocks up to ``top`` (a share: 1, or a locked maximum), under ``limit_w``."""
-    want = demand_w * power_share(top)
+    the maximum clock, allowed clocks up to ``top`` (a share: 1, or a locked maximum), under ``limit_w``,
+    its memory at share ``mem`` of its maximum clock (what that saves leaves room for the SM clock)."""
+    want = demand_w * (power_share(top) - memory_saving(mem))
     if want <= limit_w:
         return top, want, False
     lo, hi = 0.0, top
     for _ in range(50):  # bisection: power_share is increasing
         mid = (lo + hi) / 2
-        if demand_w * power_share(mid) > limit_w:
+        if demand_w * (power_share(mid) - memory_saving(mem)) > limit_w:
             hi = mid
         else:
             lo = mid

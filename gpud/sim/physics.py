@@ -131,7 +131,10 @@ class Physics:
         top = 1.0
         if s["locked_gpu"] and self.utilization(gpu) > 0 and g.max_sm_mhz:
             top = min(1.0, float(s["locked_gpu"][1]) / float(g.max_sm_mhz))
-        return perf.capped_share(top, self.demand_watts(gpu), self.enforced_limit_watts(gpu))
+        mem = 1.0  # a locked memory clock below the maximum saves the DRAM interface's share (gpud.sim.perf)
+        if s["locked_mem"] and self.utilization(gpu) > 0 and g.max_memory_mhz:
+            mem = min(1.0, float(s["locked_mem"][1]) / float(g.max_memory_mhz))
+        return perf.capped_share(top, self.demand_watts(gpu), self.enforced_limit_watts(gpu), mem)
 
     def draw_watts(self, gpu: int) -> float:
         return self.power_state(gpu)[1]

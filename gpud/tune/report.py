@@ -176,6 +176,12 @@ def settings_text(settings: dict[str, Any]) -> str:
         clocks = s.get("gpu_clocks")
         if isinstance(clocks, list):
             parts.append(f"SM locked {clocks[0]}" + ("" if clocks[0] == clocks[1] else f"-{clocks[1]}") + " MHz")
+        mem = s.get("memory_clocks")
+        if isinstance(mem, list):
+            parts.append(f"memory locked {mem[0]}" + ("" if mem[0] == mem[1] else f"-{mem[1]}") + " MHz")
+        fan = s.get("fan")
+        if isinstance(fan, dict) and fan.get("mode") == "curve":
+            parts.append("fans " + " ".join(f"{t:g}°C:{d:g}%" for t, d in fan["points"]))
         groups.setdefault(", ".join(parts) or "as found", []).append(int(g))
     return "; ".join(f"GPU{ranges(sorted(gs))} {text}" for text, gs in groups.items())
 
@@ -200,6 +206,8 @@ def _toml(v: Any) -> str:
         return json.dumps(v, ensure_ascii=False)
     if isinstance(v, list):
         return "[" + ", ".join(_toml(x) for x in v) + "]"
+    if isinstance(v, dict):  # an inline table: the fan curve
+        return "{ " + ", ".join(f"{k} = {_toml(x)}" for k, x in v.items() if x is not None) + " }"
     raise TypeError(v)
 
 

@@ -15,14 +15,18 @@ from typing import Any
 
 from gpud.errors import GpudError, InvalidInput
 from gpud.hw.machine import Machine
+from gpud.hw.nvml import TEMPERATURE_GPU
+from gpud.model import FanReading, GpuSample
 from gpud.tune import search
 from gpud.tune.search import Constraint, Goal
 from gpud.tune.trial import Applier, Measure, Settings, Trial, run_trial
 from gpud.tune.workload import Workload
 from gpud.tuning import engine
+from gpud.tuning.fanloop import FanControl
 from gpud.tuning.profile import Profile
+from gpud.tuning.settings import MEMORY_CLOCKS
 
-KNOBS = ("power", "clocks")  # what the search sets (docs/tune.md: memory clocks and fans are not searched yet)
+KNOBS = ("power", "clocks", "memclocks", "fans")  # what the search sets (docs/tune.md, "Knobs")
 MATCH_SPREAD = 0.02  # GPUs whose clocks differ by more than this share are matched in a trial of their own
 CLOCK_SPAN = (0.6, 1.1)  # the locked-clock search spans these shares of the clock the chosen limit left
 
@@ -71,6 +75,7 @@ class LocalApplier:
 
     def __init__(self, machine: Machine) -> None:
         self.machine = machine
+        self.fans: FanControl | None = None  # a trial's fan curve, driven by ``tick`` (no daemon drives it)
 
     def apply(self, settings: Settings, label: str) -> None:
         p = trial_profile(settings, label)
@@ -79,11 +84,38 @@ class LocalApplier:
         if skipped:
             c = skipped[0]
             raise GpudError(f"{c.where}: {c.setting}: {c.note}")
-        out = engine.apply(self.machine, p, changes, desired)
+        self._release_fans()
+        out = engine.apply(self.machine, p, changes, desired)  # the fans' original policy saved first
         if not out.ok:
             raise GpudError(out.error or "apply failed")
+        if any(isinstance(s.get("fan"), dict) and s["fan"]["mode"] != "auto" for s in desired.values()):
+            self.fans = FanControl.from_profile(self.machine, desired)
+
+    def tick(self, now: float) -> None:
+        """One step of the trial's fan curve (the daemon's fan loop, run here) at the workload's time
+        ``now``, about once a second. The loop needs each GPU's temperature and fan count only: one NVML
+        call per GPU (a lost GPU, or an unreadable temperature, sends its fans to the failsafe)."""
+        if self.fans is not None:
+            self.fans.step([self._reading(g, now) for g in sorted(self.fans.controllers)], now)
+
+    def _reading(self, g: int, now: float) -> GpuSample:
+        info = self.machine.info(g)
+        uuid = info.uuid if info is not None else ""
+        try:
+            temp = self.machine.nvml.get("nvmlDeviceGetTemperature", self.machine.nvml.handle(g), TEMPERATURE_GPU,
+                                         gpu=g)
+        except GpudError as err:
+            return GpuSample(index=g, uuid=uuid, timestamp=now, lost=True, error=str(err))
+        fans = tuple(FanReading(f, None, None, None) for f in range(info.fan_count or 0 if info else 0))
+        return GpuSample(index=g, uuid=uuid, timestamp=now, temperature_celsius=temp, fans=fans)
+
+    def _release_fans(self) -> None:
+        if self.fans is not None:
+            self.fans.release()
+            self.fans = None
 
     def restore(self) -> list[str]:
+        self._release_fans()  # the fans back to the driver's automatic policy before anything else
         done, failed = engine.restore(self.machine)
         return done + [f"NOT restored: {f}" for f in failed]
 
@@ -154,12 +186,14 @@ def run_tune(machine: Machine, workload: Workload, applier: Applier, *, goal: Go
         key = tuple(sorted((g, tuple(sorted((k, str(v)) for k, v in s.items()))) for g, s in settings.items()))
         if key in cache:
             return cache[key]
-        t = run_trial(machine, workload, applier, gpus, len(out.trials), stage, settings, measure, say)
+        t = run_trial(machine, workload, applier, gpus, len(out.trials), stage, settings, measure, say,
+                      soaked=stage == "fans")
         out.trials.append(t)
         cache[key] = t
         return t
 
     workload.start(gpus)
+    workload.ticker = applier.tick
     try:
         base = trial("baseline", {})
         out.baseline = base
@@ -219,7 +253,10 @@ def run_tune(machine: Machine, workload: Workload, applier: Applier, *, goal: Go
                 chosen.sm_mhz.values()):
             out.notes.append("the GPUs ran at different clocks: the slowest sets a DDP job's pace; "
                              "--knobs power,clocks measures locking the faster ones to match")
-        out.chosen = search.best(out.trials, c) or base
+        if "memclocks" in knobs:
+            _memclocks(machine, out, trial, c, gpus)
+        quietest = _fans(machine, out, trial, c, gpus) if "fans" in knobs else None
+        out.chosen = quietest or search.best(out.trials, c) or base
     except KeyboardInterrupt:
         out.interrupted = True
     finally:
@@ -228,3 +265,134 @@ def run_tune(machine: Machine, workload: Workload, applier: Applier, *, goal: Go
     if out.chosen is None:
         out.chosen = out.baseline
     return out
+
+
+TrialFn = Callable[[str, Settings], Trial]
+
+
+def memory_clocks(machine: Machine, gpus: list[int]) -> tuple[dict[int, list[int]], str]:
+    """Per GPU, the memory clocks below its maximum it supports, highest first; or why none can be locked."""
+    out: dict[int, list[int]] = {}
+    for g in gpus:
+        info = machine.info(g)
+        if info is None:
+            return {}, f"GPU {g}: no information"
+        why = MEMORY_CLOCKS.unsupported(info, [0, 0], None)
+        if why:
+            return {}, f"GPU {g}: {why}"
+        clocks = machine.nvml.supported_memory_clocks(g)
+        top = info.max_clocks_mhz.get("memory") or (max(clocks) if clocks else None)
+        below = [c for c in clocks or () if top is not None and c < top]
+        if not below:
+            return {}, f"GPU {g}: NVML lists no memory clock below the maximum (nvidia-smi -q -d SUPPORTED_CLOCKS)"
+        out[g] = below
+    return out, ""
+
+
+def _memclocks(machine: Machine, out: Outcome, trial: TrialFn, c: Constraint, gpus: list[int]) -> None:
+    """Locked memory clocks, after the power and SM clock stage: the supported clocks below the maximum,
+    highest first, each on top of the best settings so far. A lower memory clock slows the memory-bound
+    share of a step and saves the DRAM interface's power; throughput only falls with it, so the walk
+    stops at the first step that is worse than the one before (or breaks the slowdown bound)."""
+    clocks, why = memory_clocks(machine, gpus)
+    if not clocks:
+        out.notes.append(f"memory clocks not searched: {why}")
+        return
+    base = search.best(out.trials, c) or out.baseline
+    start = dict(base.settings) if base is not None else {}
+    prev = search.objective(base, c) if base is not None else float("inf")
+    for k in range(max(len(v) for v in clocks.values())):
+        settings: Settings = {}
+        for g in gpus:
+            mhz = clocks[g][min(k, len(clocks[g]) - 1)]
+            settings[g] = {**start.get(g, {}), "memory_clocks": [mhz, mhz]}
+        t = trial("memclocks", settings)
+        value = search.objective(t, c)
+        if not search.feasible(t, c) or value >= prev:
+            break
+        prev = value
+
+
+def fan_ceiling(machine: Machine, g: int) -> tuple[float, str] | None:
+    """The temperature a fan curve must keep GPU ``g`` below, from its own thresholds: the lowest at which
+    it slows itself (max operating temperature, where SW thermal slowdown starts; else the slowdown
+    threshold), less the gap the GPU leaves between that and its next threshold (slowdown − max operating,
+    or shutdown − slowdown; at least NVML's 1 °C resolution). None without thresholds."""
+    info = machine.info(g)
+    if info is None:
+        return None
+    mo, sd, sh = (info.temperature_max_operating_celsius, info.temperature_slowdown_celsius,
+                  info.temperature_shutdown_celsius)
+    if mo is not None and sd is not None:
+        return float(mo) - max(1.0, float(sd - mo)), f"max operating {mo} °C − ({sd} − {mo}) °C"
+    if sd is not None and sh is not None:
+        return float(sd) - max(1.0, float(sh - sd)), f"slowdown {sd} °C − ({sh} − {sd}) °C"
+    return None
+
+
+def fan_curve(knee: float, ceiling: float, floor: float) -> dict[str, Any]:
+    """The fan curve a fans trial drives: the GPU's minimum duty up to ``knee`` °C, rising to 100 % at
+    ``ceiling`` (at or past it the controller goes to full cooling at once: ``gpud.tuning.fancurve``)."""
+    return {"mode": "curve", "points": [[round(knee, 1), round(floor)], [round(ceiling, 1), 100]], "hysteresis": 3,
+            "minimum": 0, "max_ramp": 10}
+
+
+def _fans(machine: Machine, out: Outcome, trial: TrialFn, c: Constraint, gpus: list[int]) -> Trial | None:
+    """The quietest fan curve: the lowest mean duty that keeps the throughput within the slowdown bound
+    and every GPU below its ceiling (``fan_ceiling``) after a soak. The curve holds the GPU's minimum duty
+    up to a knee and reaches 100 % at the ceiling; a higher knee lets the GPU run warmer, which takes less
+    air (the heat a heatsink sheds grows with the temperature above the intake's), so the mean duty falls
+    with the knee until the ceiling is crossed: a golden-section search over the knee, from the coolest
+    temperature the best trial so far ran at to 1 °C below the ceiling. The quietest feasible curve's
+    trial (the best settings so far, with the curve) is the tune's choice; None if none held."""
+    fanned = [g for g in gpus if (i := machine.info(g)) is not None and i.fan_count]
+    if not fanned:
+        out.notes.append("fans not searched: no GPU tuned has fans gpud can drive (passive cards)")
+        return None
+    ceilings = {g: fan_ceiling(machine, g) for g in fanned}
+    if any(v is None for v in ceilings.values()):
+        out.notes.append("fans not searched: a GPU reports no slowdown or max operating temperature")
+        return None
+    top = {g: v[0] for g, v in ceilings.items() if v is not None}
+    base = search.best(out.trials, c) or out.baseline
+    if base is None or not base.temperature_c:
+        out.notes.append("fans not searched: no temperature was read in the trials")
+        return None
+    start = dict(base.settings)
+    floors = {g: float(getattr(machine.info(g), "fan_min_speed_percent", None) or 0) for g in fanned}
+    lo = int(min(base.temperature_c.get(g, top[g]) for g in fanned))
+    hi = int(min(top.values())) - 1
+    if lo >= hi:
+        out.notes.append(f"fans not searched: the GPUs already run at {lo} °C, at their ceiling")
+        return None
+    out.notes.append("fan ceilings: " + "; ".join(f"GPU {g} {v[0]:g} °C ({v[1]})" for g, v in ceilings.items()
+                                                   if v is not None))
+
+    def curve(knee: int) -> Settings:
+        s: Settings = {g: dict(start.get(g, {})) for g in gpus}
+        for g in fanned:
+            s[g]["fan"] = fan_curve(float(min(knee, top[g] - 1)), top[g], floors[g])
+        return s
+
+    def value(knee: int) -> float:
+        t = trial("fans", curve(knee))
+        return fan_objective(t, c, top)
+
+    # The driver's automatic policy, soaked like the curves: what a curve must be quieter than.
+    trial("fans", {g: {**start.get(g, {}), **({"fan": {"mode": "auto"}} if g in fanned else {})} for g in gpus})
+    search.golden(value, lo, hi, FAN_RESOLUTION_C)
+    held = [t for t in out.trials if t.stage == "fans" and fan_objective(t, c, top) < float("inf")]
+    return min(held, key=lambda t: (fan_objective(t, c, top), t.number)) if held else None
+
+
+FAN_RESOLUTION_C = 1.0  # NVML reports whole degrees: knees closer than that cannot be told apart
+
+
+def fan_objective(t: Trial, c: Constraint, ceilings: dict[int, float]) -> float:
+    """A fans trial's mean duty over its GPUs; infinite when it failed, ran at or past a ceiling or beyond
+    the slowdown bound (quiet that costs throughput is not what was asked)."""
+    if not search.feasible(t, c) or not t.fan_percent:
+        return float("inf")
+    if any(t.temperature_c.get(g, 0.0) >= top for g, top in ceilings.items()):
+        return float("inf")
+    return sum(t.fan_percent.values()) / len(t.fan_percent)

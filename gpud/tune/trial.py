@@ -30,6 +30,11 @@ class Measure:
     max_windows: int = 12
     ci_bound: float = 0.01
     z: float = 1.96  # 95 % (normal approximation)
+    # A fan-curve trial first soaks until the temperature settles: the hottest GPU moved less than NVML's
+    # 1 °C resolution over ``settle_s`` (two time constants of a GPU's heatsink warm it to 86 % of its
+    # rise; the simulator's is 30 s, docs/simulation.md), for at most ``soak_max_s`` (the burn-in's soak).
+    settle_s: float = 60.0
+    soak_max_s: float = 1800.0
 
 
 class Applier(Protocol):
@@ -37,6 +42,11 @@ class Applier(Protocol):
     back at the end (``gpud restore``'s engine)."""
 
     def apply(self, settings: Settings, label: str) -> None: ...
+
+    def tick(self, now: float) -> None:
+        """Called about once a second while the workload runs (a trial's fan curve is driven here when
+        no daemon drives it)."""
+        ...
 
     def restore(self) -> list[str]: ...
 
@@ -58,6 +68,8 @@ class Trial:
     fan_percent: dict[int, float] = field(default_factory=dict)  # mean per GPU
     reasons: list[str] = field(default_factory=list)  # every clock-event reason seen
     windows: int = 0
+    soak_s: float = 0.0  # a fan trial's soak before its windows (the temperature settled)
+    settled: bool | None = None  # whether the soak saw the temperature settle (None: no soak)
 
     @property
     def ok(self) -> bool:
@@ -73,7 +85,7 @@ class Trial:
                 "sm_mhz": {str(g): round(v) for g, v in sorted(self.sm_mhz.items())},
                 "temperature_c": {str(g): round(v, 1) for g, v in sorted(self.temperature_c.items())},
                 "fan_percent": {str(g): round(v, 1) for g, v in sorted(self.fan_percent.items())},
-                "reasons": sorted(self.reasons)}
+                "reasons": sorted(self.reasons), "soak_seconds": round(self.soak_s, 1), "settled": self.settled}
 
 
 def _r(v: float | None, nd: int) -> float | None:
@@ -107,10 +119,42 @@ def _xids(machine: Machine) -> int | None:
     return None if events is None else len(events)
 
 
+def _hottest(machine: Machine, gpus: list[int], reasons: set[str]) -> float | None:
+    """The hottest GPU's temperature now (the clock-event reasons seen are added to ``reasons``)."""
+    temps = []
+    for g in gpus:
+        s = machine.nvml.telemetry(g)
+        reasons |= set(s.clock_events or ())
+        if s.temperature_celsius is not None:
+            temps.append(float(s.temperature_celsius))
+    return max(temps) if temps else None
+
+
+def soak(machine: Machine, workload: Workload, gpus: list[int], measure: Measure, reasons: set[str]) -> tuple[
+        float, bool]:
+    """Run the load until the hottest GPU's temperature settles (``Measure.settle_s``), the hardware
+    slows itself down, or ``soak_max_s`` passes: (seconds soaked, settled)."""
+    start = workload.now()
+    history: list[tuple[float, float]] = []  # (time, hottest temperature)
+    while workload.now() - start < measure.soak_max_s:
+        workload.window(measure.window_s)
+        hot = _hottest(machine, gpus, reasons)
+        now = workload.now()
+        if hot is None or reasons & set(HW_REASONS):
+            return now - start, False
+        history.append((now, hot))
+        past = [temp for when, temp in history if when <= now - measure.settle_s]
+        if past and abs(hot - past[-1]) < 1.0:
+            return now - start, True
+    return workload.now() - start, False
+
+
 def run_trial(machine: Machine, workload: Workload, applier: Applier, gpus: list[int], number: int, stage: str,
-              settings: Settings, measure: Measure, say: Callable[[str], None] | None = None) -> Trial:
+              settings: Settings, measure: Measure, say: Callable[[str], None] | None = None,
+              soaked: bool = False) -> Trial:
     """Apply ``settings`` (none for the baseline), measure, judge. A trial that throttles in hardware,
-    raises an Xid or fails is stopped and its setting undone at once (``Applier.restore``)."""
+    raises an Xid or fails is stopped and its setting undone at once (``Applier.restore``). ``soaked``:
+    the warm-up is a soak until the temperature settles (a fan curve's trial)."""
     t = Trial(number, stage, settings)
     if settings:
         try:
@@ -127,10 +171,12 @@ def run_trial(machine: Machine, workload: Workload, applier: Applier, gpus: list
     reasons: set[str] = set()
     samples = seconds = 0.0
     try:
-        if measure.warmup_s:
+        if soaked:
+            t.soak_s, t.settled = soak(machine, workload, gpus, measure, reasons)
+        elif measure.warmup_s:
             workload.window(measure.warmup_s)  # warm-up: its figures are not kept
         e0, t0 = _energy(machine, gpus), workload.now()
-        while len(rates) < measure.max_windows:
+        while len(rates) < measure.max_windows and not reasons & set(HW_REASONS):
             n, took = workload.window(measure.window_s)
             samples += n
             seconds += took
@@ -146,9 +192,7 @@ def run_trial(machine: Machine, workload: Workload, applier: Applier, gpus: list
                 duty = [f.speed_percent for f in s.fans if f.speed_percent is not None]
                 if duty:
                     fans[g].append(statistics.fmean(duty))
-            hw = sorted(reasons & set(HW_REASONS))
-            if hw:
-                t.status, t.note = "throttled", f"the hardware slowed itself down ({', '.join(hw)})"
+            if reasons & set(HW_REASONS):
                 break
             if len(rates) >= measure.min_windows and relative_ci(rates, measure.z) <= measure.ci_bound:
                 break
@@ -157,6 +201,9 @@ def run_trial(machine: Machine, workload: Workload, applier: Applier, gpus: list
         t.status, t.note = "failed", str(err)
         e0 = e1 = None
         t0 = t1 = 0.0
+    hw = sorted(reasons & set(HW_REASONS))
+    if hw and t.status == "ok":
+        t.status, t.note = "throttled", f"the hardware slowed itself down ({', '.join(hw)})"
     xids1 = _xids(machine)
     if t.status == "ok" and xids0 is not None and xids1 is not None and xids1 > xids0:
         t.status, t.note = "xid", f"{xids1 - xids0} new Xid event(s) in the kernel log during the trial"

@@ -9,10 +9,13 @@ settings).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import subprocess
+import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from gpud.errors import GpudError, InvalidInput
@@ -28,10 +31,14 @@ class WorkloadFailed(GpudError):
     """The workload did not run (a command's exit status, a probe that failed)."""
 
 
+Ticker = Callable[[float], None]  # called about once a second while a window runs, with ``now()``
+
+
 class Workload(Protocol):
     figures: str  # gpu | model | cpu
     name: str  # "probe" or the command
     unit: str  # what a sample is ("samples" for the probe; "runs" for a command)
+    ticker: Ticker | None  # the trial's fan curve, driven while the load runs (``Applier.tick``)
 
     def start(self, gpus: list[int]) -> None: ...
 
@@ -44,6 +51,29 @@ class Workload(Protocol):
     def wait(self, seconds: float) -> None: ...
 
     def stop(self) -> None: ...
+
+
+@contextlib.contextmanager
+def ticking(ticker: Ticker | None, period_s: float = 1.0) -> Iterator[None]:
+    """Call ``ticker(time.monotonic())`` every ``period_s`` from a thread while the block runs (a window
+    of a real workload: the fan curve keeps its one-second step, as the daemon's loop does)."""
+    if ticker is None:
+        yield
+        return
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(period_s):
+            ticker(time.monotonic())
+
+    ticker(time.monotonic())
+    th = threading.Thread(target=loop, name="gpud-tune-fans", daemon=True)
+    th.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        th.join()
 
 
 class Command:
@@ -64,6 +94,7 @@ class Command:
         self.uuids = uuids
         self.timeout_s = timeout_s
         self._env: dict[str, str] = {}
+        self.ticker: Ticker | None = None
 
     def start(self, gpus: list[int]) -> None:
         visible = [self.uuids[g] for g in gpus if g in self.uuids]
@@ -72,8 +103,9 @@ class Command:
     def window(self, seconds: float) -> tuple[float, float]:
         t0 = time.monotonic()
         try:
-            done = subprocess.run(self.argv, env={**os.environ, **self._env}, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE, timeout=self.timeout_s, check=False)
+            with ticking(self.ticker):
+                done = subprocess.run(self.argv, env={**os.environ, **self._env}, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE, timeout=self.timeout_s, check=False)
         except (OSError, subprocess.TimeoutExpired) as err:
             raise WorkloadFailed(f"{self.name}: {err}") from None
         took = time.monotonic() - t0
@@ -104,6 +136,7 @@ class Probe:
         self.machine = machine
         self.host = host
         self.gpus: list[int] = []
+        self.ticker: Ticker | None = None
 
     def start(self, gpus: list[int]) -> None:
         self.gpus = gpus
@@ -113,9 +146,10 @@ class Probe:
 
         t0 = time.monotonic()
         try:
-            rep = run_probe(device="cuda", gpus=len(self.gpus), world_sizes=[len(self.gpus)], suites=["ddp"],
-                            quick=True, machine=self.machine, host=self.host,
-                            keep_history=False, allow_busy=True)
+            with ticking(self.ticker):
+                rep = run_probe(device="cuda", gpus=len(self.gpus), world_sizes=[len(self.gpus)], suites=["ddp"],
+                                quick=True, machine=self.machine, host=self.host,
+                                keep_history=False, allow_busy=True)
         except ProbeError as err:
             raise WorkloadFailed(f"the probe: {str(err).splitlines()[0]}") from None
         took = time.monotonic() - t0

@@ -116,6 +116,15 @@ class NvmlInfo(NvmlHandles):
         self._info[index] = info
         return info
 
+    def supported_memory_clocks(self, index: int) -> tuple[int, ...] | None:
+        """The memory clocks the GPU can run at, MHz, highest first (``nvmlDeviceGetSupportedMemoryClocks``;
+        ``nvidia-smi -q -d SUPPORTED_CLOCKS``): what ``nvmlDeviceSetMemoryLockedClocks`` may be given.
+        None where NVML cannot say (Not Supported)."""
+        got = self.get("nvmlDeviceGetSupportedMemoryClocks", self.handle(index), gpu=index)
+        if not got:
+            return None
+        return tuple(sorted({int(c) for c in got}, reverse=True))
+
     def _tlimit_thresholds(self, index: int, h: Any) -> dict[str, int | None]:
         """Absolute thresholds from T.Limit offsets: threshold = temperature + margin − offset (the
         offset is where the margin stands when the threshold is reached). Empty without the margin

@@ -8,6 +8,7 @@ from typing import Any
 from gpud.sim.entries import entry
 from gpud.sim.libnvml.library import MARGIN_FROM_DRIVER, SimLibrary, driver_major
 from gpud.sim.libnvml.returns import (
+    INSUFFICIENT_SIZE,
     INVALID_ARGUMENT,
     NOT_SUPPORTED,
     THRESHOLD_ACOUSTIC_CURR,
@@ -172,6 +173,26 @@ def _max_clock(lib: SimLibrary, i: int, clock: int) -> int:
     if key is None:
         fail(INVALID_ARGUMENT)
     return int(getattr(g, str(key)))
+
+
+@entry("nvmlDeviceGetSupportedMemoryClocks", outs="raw")
+def _supported_memory_clocks(lib: SimLibrary, i: int, count: Any, out: Any) -> None:
+    """``*count`` in: the room the caller has; out: the number of clocks, written highest first, as
+    ``nvmlDeviceGetSupportedMemoryClocks`` does (INSUFFICIENT_SIZE with the count when the room is too
+    small). The clocks are those a dump of the model shows: its maximum, its default application clock
+    and its idle clock. Hardware lists intermediate P-state clocks too (``nvidia-smi -q -d
+    SUPPORTED_CLOCKS``), which the dumps do not give: fewer candidates, never more."""
+    g = lib.gpu(i)
+    clocks = sorted({int(c) for c in (g.max_memory_mhz, g.default_app_memory_mhz, g.idle_memory_mhz)
+                     if c}, reverse=True)
+    n = _target(count)
+    if out is None or n.value < len(clocks):
+        n.value = len(clocks)
+        fail(INSUFFICIENT_SIZE)
+    target = _target(out)
+    for k, c in enumerate(clocks):
+        target[k] = c
+    n.value = len(clocks)
 
 
 @entry("nvmlDeviceGetClockInfo")
