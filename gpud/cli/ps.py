@@ -41,7 +41,7 @@ def rows_of(snap: Snapshot, only: set[int] | None = None) -> list[dict[str, Any]
 
 def _gpu_cell(r: dict[str, Any]) -> str:
     """The GPU, and on a MIG GPU the instance (nvidia-smi's GI ID and CI ID columns)."""
-    if r["gpu_instance_id"] is None:
+    if r.get("gpu_instance_id") is None:  # a record without it (a daemon from before MIG was read): the GPU
         return str(r["gpu"])
     return f"{r['gpu']} GI{r['gpu_instance_id']}/CI{fmt(r['compute_instance_id'])}"
 

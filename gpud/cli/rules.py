@@ -16,7 +16,7 @@ from gpud import __version__
 from gpud.cli.common import Json, Simulate, host, machine
 from gpud.cli.output import clean, emit_json, table_lines
 
-rules_app = typer.Typer(help="Profile rules: which profile each GPU follows for the jobs on it.",
+rules_app = typer.Typer(help="Profile rules: the profile each GPU follows for its jobs.",
                         no_args_is_help=True)
 
 Config = Annotated[str | None, typer.Option("--config", metavar="PATH", help="gpud.toml (default: GPUD_CONFIG, "
