@@ -178,9 +178,13 @@ class Physics:
         cut = self.thermal_share(gpu, t)
         demand = self.demand_watts(gpu)
         ceiling = top * cut
-        if cut == SW_THERMAL_SHARE and gpu < len(getattr(self, "thermal", [])):
+        if gpu < len(getattr(self, "thermal", [])) and cut < 1.0 and t >= (g.max_operating_celsius or t):
             held = perf.capped_share(top, demand, self.heat_loss(gpu, t))[0]  # the clock that holds t
-            ceiling = max(ceiling, held)
+            if cut == SW_THERMAL_SHARE:  # the driver goes no lower than its floor
+                ceiling = max(ceiling, held)
+            elif t >= g.slowdown_celsius:  # half, "or more": as far as holds it, down to the idle clock
+                floor = top * float(g.idle_sm_mhz or 0) / float(g.max_sm_mhz or 1)
+                ceiling = min(ceiling, max(held, floor))
         return perf.capped_share(ceiling, demand, self.enforced_limit_watts(gpu))
 
     def heat_loss(self, gpu: int, temp: float) -> float:
