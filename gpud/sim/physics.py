@@ -144,15 +144,16 @@ class Physics:
         budget = self.desc.gpus[gpu].power_enforced_watts
         return min(limit, float(budget)) if budget is not None else limit
 
-    def thermal_share(self, gpu: int, temp: float, described: bool = False) -> float:
+    def thermal_share(self, gpu: int, temp: float, described: bool = False, faults: bool = True) -> float:
         """The share of its clock ceiling a GPU at ``temp`` keeps: half in HW slowdown (from the slowdown
         temperature), ``SW_THERMAL_SHARE`` in SW thermal slowdown (from the max operating one), else all.
         A ``clock_events`` fault's HW or SW thermal slowdown cuts it as well (``described``: only the
-        description's own faults, the state its readings were taken in)."""
+        description's own faults, the state its readings were taken in; not ``faults``: none)."""
         g = self.desc.gpus[gpu]
-        faults = ([f for f in self.desc.faults if f.kind == "clock_events" and f.gpu == gpu] if described
-                  else self.faults_of("clock_events", gpu))
-        reasons = {r for f in faults for r in f.reasons}
+        found = ([] if not faults else
+                 [f for f in self.desc.faults if f.kind == "clock_events" and f.gpu == gpu] if described
+                 else self.faults_of("clock_events", gpu))
+        reasons = {r for f in found for r in f.reasons}
         if temp >= g.slowdown_celsius or reasons & {"hw_slowdown", "hw_thermal_slowdown"}:
             return HW_SLOWDOWN_SHARE
         hot = g.max_operating_celsius is not None and temp >= g.max_operating_celsius
@@ -175,7 +176,7 @@ class Physics:
         if s["locked_gpu"] and self.utilization(gpu) > 0 and g.max_sm_mhz:
             top = min(1.0, float(s["locked_gpu"][1]) / float(g.max_sm_mhz))
         t = self.temperature(gpu) if temp is None else temp
-        cut = self.thermal_share(gpu, t)
+        cut = self.thermal_share(gpu, t, faults=False)
         demand = self.demand_watts(gpu)
         ceiling = top * cut
         if gpu < len(getattr(self, "thermal", [])) and cut < 1.0 and t >= (g.max_operating_celsius or t):
@@ -185,7 +186,14 @@ class Physics:
             elif t >= g.slowdown_celsius:  # half, "or more": as far as holds it, down to the idle clock
                 floor = top * float(g.idle_sm_mhz or 0) / float(g.max_sm_mhz or 1)
                 ceiling = min(ceiling, max(held, floor))
-        return perf.capped_share(ceiling, demand, self.enforced_limit_watts(gpu))
+        share, draw, capped = perf.capped_share(ceiling, demand, self.enforced_limit_watts(gpu))
+        # a clock_events fault's slowdown: that much slower than the limiters leave it (beyond the cut its
+        # temperature already makes)
+        injected = self.thermal_share(gpu, float("-inf"))
+        if injected < cut:
+            share *= injected / cut
+            draw = demand * perf.power_share(share)
+        return share, draw, capped
 
     def heat_loss(self, gpu: int, temp: float) -> float:
         """What the GPU's cooling sheds at ``temp``, W (its fans as they turn)."""
