@@ -63,8 +63,11 @@ def test_quick_on_the_degraded_z8_fails_naming_its_gpus_and_tests(state_dir: Pat
     failing = _failing(doc)
     assert "burnin.clocks.hw_slowdown" in failing[1]  # HW slowdown fault
     assert "burnin.pcie.link_under_load" in failing[2]  # trained to x8
-    assert {"burnin.thermal.sw_slowdown", "burnin.clocks.hw_slowdown"} <= failing[3]  # stalled fan
-    assert 0 not in failing or not any(t.startswith("burnin.") for t in failing[0])
+    # stalled fan: SW thermal slowdown holds it at 94 °C, as described, under the stress too
+    assert "burnin.thermal.sw_slowdown" in failing[3]
+    # GPU0 is held at 200 W (described) while its siblings draw up to 300 W: slower than their median, and
+    # nothing else of the burn-in fails on it
+    assert {t for t in failing.get(0, set()) if t.startswith("burnin.")} == {"burnin.performance.spread"}
     # doctor --burnin shows the last result; the exporter exports it
     dr = json.loads(run_gpud("doctor", "--simulate", "z8-fury-4x-a6000-degraded", "--burnin", "--json").stdout)
     mine = {c["gpu"]: c for c in dr["checks"] if c["id"] == "burnin.gpu"}

@@ -48,6 +48,7 @@ class SimMachine(Physics):
         self._faults: list[Fault] = []
         self._lost: set[int] = set()
         self._refused: set[tuple[str, Any, Any]] = set()
+        self._mutating = False
         self._load_state()
         if self._unsaved:
             # A state only this process holds would give each process its own boot time (and so its
@@ -115,6 +116,9 @@ class SimMachine(Physics):
         Several processes (the daemon, a CLI, a test) may write to the same simulated GPUs, as
         they may to real ones; without this, one process's stale copy would undo another's write.
         """
+        if self._mutating:  # already held by this process (a setter whose reading shut a GPU down)
+            yield
+            return
         try:
             self.state_file.parent.mkdir(parents=True, exist_ok=True)
             lock: IO[str] | None = open(self.state_file.with_suffix(".lock"), "a")  # noqa: SIM115
@@ -126,9 +130,11 @@ class SimMachine(Physics):
                 fcntl.flock(lock, fcntl.LOCK_EX)
             if not self.in_memory:
                 self._load_state()
+            self._mutating = True
             try:
                 yield
             finally:
+                self._mutating = False
                 self.save()
         finally:
             if lock is not None:

@@ -40,6 +40,15 @@ NVLINK_LINK_BYTES_S = 25e9  # one NVLink 4 link, one direction (HGX H200: 18 lin
 # power cap binds and NVML reports SW Power Cap (docs/simulation.md, "Load from the burn-in").
 STRESS_DEMAND_SHARE = 1.1  # demand as a share of the board's maximum power limit
 NVLINK_LOAD_SHARE = 0.5  # share of a link's bandwidth a fully busy GPU moves (a model, not a measurement)
+# Thermal protection (docs/simulation.md, "Thermal protection"). HW slowdown "reduc[es] the core clocks by
+# a factor of 2 or more" (nvml.h): the least cut, a half, leaves the GPU hottest, the stricter model.
+HW_SLOWDOWN_SHARE = 0.5
+# SW thermal slowdown lowers the clocks from the max operating temperature on; by how much the driver's
+# controller goes is not published: a mild cut (a model), so a stalled fan still climbs to HW slowdown.
+SW_THERMAL_SHARE = 0.85
+# A GPU at its shutdown temperature powers off and falls off the bus: Xid 79, whose causes NVIDIA's Xid
+# documentation lists as hardware, driver, system-memory, bus "or thermal" issues.
+THERMAL_SHUTDOWN_XID = 79
 
 
 def auto_fan_percent(temp: float, minimum: int) -> int:
@@ -88,6 +97,12 @@ class Physics:
     def faults_of(self, kind: str, gpu: int | None = None) -> list[Fault]:  # pragma: no cover
         raise NotImplementedError
 
+    def lost(self, gpu: int) -> bool:  # pragma: no cover - SimMachine's
+        raise NotImplementedError
+
+    def inject(self, kind: str, **params: Any) -> Fault:  # pragma: no cover - SimMachine's
+        raise NotImplementedError
+
     def start_physics(self) -> None:
         """Calibrate each GPU's thermal model to its described state; simulated time starts now."""
         self.nvlink_up = lambda gpu, link: True
@@ -109,8 +124,14 @@ class Physics:
         return int(load[0]) if load else int(self.desc.gpus[gpu].utilization_percent)
 
     def demand_watts(self, gpu: int) -> float:
+        """What the load draws at its full clock: the load set, or the described draw, which a GPU read
+        in thermal slowdown drew at its cut clock (the full-clock demand is then that much higher)."""
         load = self.settings(gpu).get("load")
-        return float(load[1]) if load else float(self.desc.gpus[gpu].power_watts)
+        if load:
+            return float(load[1])
+        g = self.desc.gpus[gpu]
+        cut = self.thermal_share(gpu, float(g.temperature_celsius), described=True)
+        return float(g.power_watts) / perf.power_share(cut)
 
     def stress_demand_watts(self, gpu: int) -> float:
         """What a GEMM stress asks of the board: more than its maximum limit (``STRESS_DEMAND_SHARE``)."""
@@ -123,21 +144,68 @@ class Physics:
         budget = self.desc.gpus[gpu].power_enforced_watts
         return min(limit, float(budget)) if budget is not None else limit
 
-    def power_state(self, gpu: int) -> tuple[float, float, bool]:
-        """(SM clock share before thermal slowdowns, draw in W, whether the power cap binds), from the
-        performance model (``gpud.sim.perf``): a loaded GPU's locked clock caps the share and lowers the
-        draw; a limit below the draw at that clock lowers the clock until the draw meets it."""
+    def thermal_share(self, gpu: int, temp: float, described: bool = False, faults: bool = True) -> float:
+        """The share of its clock ceiling a GPU at ``temp`` keeps: half in HW slowdown (from the slowdown
+        temperature), ``SW_THERMAL_SHARE`` in SW thermal slowdown (from the max operating one), else all.
+        A ``clock_events`` fault's HW or SW thermal slowdown cuts it as well (``described``: only the
+        description's own faults, the state its readings were taken in; not ``faults``: none)."""
+        g = self.desc.gpus[gpu]
+        found = ([] if not faults else
+                 [f for f in self.desc.faults if f.kind == "clock_events" and f.gpu == gpu] if described
+                 else self.faults_of("clock_events", gpu))
+        reasons = {r for f in found for r in f.reasons}
+        if temp >= g.slowdown_celsius or reasons & {"hw_slowdown", "hw_thermal_slowdown"}:
+            return HW_SLOWDOWN_SHARE
+        hot = g.max_operating_celsius is not None and temp >= g.max_operating_celsius
+        if hot or "sw_thermal_slowdown" in reasons:
+            return SW_THERMAL_SHARE
+        return 1.0
+
+    def power_state(self, gpu: int, temp: float | None = None) -> tuple[float, float, bool]:
+        """(SM clock share, draw in W, whether the power cap binds), from the performance model
+        (``gpud.sim.perf``): a loaded GPU's locked clock caps the share and lowers the draw; a thermal
+        slowdown at ``temp`` (the current temperature) lowers that ceiling, and the draw falls with the
+        clock: in SW thermal slowdown the driver takes the clock down as far as holds the temperature
+        (the draw the cooling sheds there), no further than ``SW_THERMAL_SHARE``; HW slowdown halves it.
+        A limit below the draw at the clock left lowers the clock until the draw meets it: the lowest
+        limiter wins, as in GPU Boost. A GPU lost (shut down, off the bus) draws nothing."""
         g, s = self.desc.gpus[gpu], self.settings(gpu)
+        if self.lost(gpu):
+            return 0.0, 0.0, False
         top = 1.0
         if s["locked_gpu"] and self.utilization(gpu) > 0 and g.max_sm_mhz:
             top = min(1.0, float(s["locked_gpu"][1]) / float(g.max_sm_mhz))
         mem = 1.0  # a locked memory clock below the maximum saves the DRAM interface's share (gpud.sim.perf)
         if s["locked_mem"] and self.utilization(gpu) > 0 and g.max_memory_mhz:
             mem = min(1.0, float(s["locked_mem"][1]) / float(g.max_memory_mhz))
-        return perf.capped_share(top, self.demand_watts(gpu), self.enforced_limit_watts(gpu), mem)
+        t = self.temperature(gpu) if temp is None else temp
+        cut = self.thermal_share(gpu, t, faults=False)
+        demand = self.demand_watts(gpu)
+        ceiling = top * cut
+        if gpu < len(getattr(self, "thermal", [])) and cut < 1.0 and t >= (g.max_operating_celsius or t):
+            held = perf.capped_share(top, demand, self.heat_loss(gpu, t), mem)[0]  # the clock that holds t
+            if cut == SW_THERMAL_SHARE:  # the driver goes no lower than its floor
+                ceiling = max(ceiling, held)
+            elif t >= g.slowdown_celsius:  # half, "or more": as far as holds it, down to the idle clock
+                floor = top * float(g.idle_sm_mhz or 0) / float(g.max_sm_mhz or 1)
+                ceiling = min(ceiling, max(held, floor))
+        share, draw, capped = perf.capped_share(ceiling, demand, self.enforced_limit_watts(gpu), mem)
+        # a clock_events fault's slowdown: that much slower than the limiters leave it (beyond the cut its
+        # temperature already makes)
+        injected = self.thermal_share(gpu, float("-inf"))
+        if injected < cut:
+            share *= injected / cut
+            draw = demand * (perf.power_share(share) - perf.memory_saving(mem))
+        return share, draw, capped
 
-    def draw_watts(self, gpu: int) -> float:
-        return self.power_state(gpu)[1]
+    def heat_loss(self, gpu: int, temp: float) -> float:
+        """What the GPU's cooling sheds at ``temp``, W (its fans as they turn)."""
+        th = self.thermal[gpu]
+        intake = th.ambient if th.intake is None else th.intake
+        return max(0.0, (temp - intake) * th.conductance * _cooling(self._mean_duty(gpu, temp)))
+
+    def draw_watts(self, gpu: int, temp: float | None = None) -> float:
+        return self.power_state(gpu, temp)[1]
 
     def intended_duty(self, gpu: int, fan: int, temp: float | None = None) -> int:
         """What the fan is asked to do: the manual target, or the driver's curve. This is what NVML
@@ -256,7 +324,7 @@ class Physics:
             remaining = dt_total
             while remaining > 1e-9:
                 dt = min(1.0, remaining)
-                draw = self.draw_watts(gpu)
+                draw = self.draw_watts(gpu, th.temperature)
                 intake = amb if th.intake is None else th.intake
                 loss = (th.temperature - intake) * th.conductance * _cooling(self._mean_duty(gpu))
                 th.temperature += (draw - loss) / th.capacity * dt
@@ -266,6 +334,15 @@ class Physics:
                 th.pcie_rx_bytes += rx * dt
                 self._count_violations_and_links(gpu, th, dt)
                 remaining -= dt
+                if th.temperature >= self.desc.gpus[gpu].shutdown_celsius and not self.lost(gpu):
+                    self._thermal_shutdown(gpu, now - remaining)
+
+    def _thermal_shutdown(self, gpu: int, at: float) -> None:
+        """The GPU reached its shutdown temperature: it powers off and is lost to the driver until the
+        machine reboots (as an injected ``gpu_lost`` is), and the kernel logs Xid 79 at that moment."""
+        since_boot = time.time() + (at - self.now()) + self.offset - float(self.boot_time())
+        self.inject("gpu_lost", gpu=gpu)
+        self.inject("xid", gpu=gpu, xid=THERMAL_SHUTDOWN_XID, seconds=round(max(0.0, since_boot), 1))
 
     def _count_violations_and_links(self, gpu: int, th: Thermal, dt: float) -> None:
         """The same physics that sets the clock-event reasons advances their violation counters; a busy
@@ -305,9 +382,9 @@ class Physics:
         described = g.idle_reason if not self.settings(gpu).get("load") else None
         if described if described is not None else self.utilization(gpu) == 0:
             out.add("gpu_idle")
-        if self.power_state(gpu)[2]:
-            out.add("sw_power_cap")
         t = self.temperature(gpu) if temp is None else temp
+        if self.power_state(gpu, t)[2]:
+            out.add("sw_power_cap")
         if g.max_operating_celsius is not None and t >= g.max_operating_celsius:
             out.add("sw_thermal_slowdown")  # the driver holds the GPU at its target temperature
         if t >= g.slowdown_celsius:
@@ -338,12 +415,9 @@ class Physics:
         if idle:
             return int(s["locked_gpu"][0]) if s["locked_gpu"] else int(g.idle_sm_mhz)
         top = float(s["locked_gpu"][1] if s["locked_gpu"] else g.max_sm_mhz)  # GPU Boost up to the maximum
-        share, _, capped = self.power_state(gpu)
-        if capped and g.max_sm_mhz:  # the clock where the model's power curve meets the limit (gpud.sim.perf)
-            top = share * float(g.max_sm_mhz)
-        mask = self.clock_events(gpu)
-        if mask & EVENT_BITS["hw_slowdown"]:
-            top *= 0.5
-        elif mask & EVENT_BITS["sw_thermal_slowdown"]:
-            top *= 0.85
-        return int(top)
+        t = self.temperature(gpu)
+        if not g.max_sm_mhz:
+            return int(top * self.thermal_share(gpu, t))
+        # the clock the power cap and the thermal slowdowns leave: the one the draw follows (power_state)
+        share = self.power_state(gpu, t)[0]
+        return int(share * float(g.max_sm_mhz)) if share * float(g.max_sm_mhz) < top - 0.5 else int(top)
