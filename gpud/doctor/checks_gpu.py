@@ -349,7 +349,7 @@ def fans(ctx: Context) -> Iterator[CheckResult]:
         if not bad:
             bad += _hotter_than_siblings(ctx, s, limit)
         if not bad and limit is not None:
-            bad += _not_cooling_over_time(ctx.thermal.get(s.uuid, ()), limit)
+            bad += _not_cooling_over_time(ctx.thermal.get(s.uuid, ()), limit, throttled=bool(thermal))
         curve_warning = None
         if not bad:
             failed, curve_warning = _against_the_curve(ctx, s)
@@ -467,7 +467,7 @@ POWER_ACCURACY = 0.05
 TEMPERATURE_STEP_C = 1.0
 
 
-def _not_cooling_over_time(points: Sequence[ThermalPoint], limit: int) -> list[str]:
+def _not_cooling_over_time(points: Sequence[ThermalPoint], limit: int, throttled: bool = False) -> list[str]:
     """Judged by the temperature's response over time (the daemon's history of this GPU, empty in a
     one-shot `gpud doctor`). Over the newest stretch at a steady draw, its later half (the step's first
     transient left out) with the fans asked for no less than at its start:
@@ -479,16 +479,46 @@ def _not_cooling_over_time(points: Sequence[ThermalPoint], limit: int) -> list[s
       time constants long, or as long as that response takes from now to the limit (so the fit rests on
       the response, not on the first seconds, and is not extrapolated further ahead than it was
       watched; a fan that cannot be cooling then fails before the GPU reaches its slowdown).
+
+    A GPU the driver slows now to hold its temperature (``throttled``: thermal slowdown active) draws
+    less than its load asks, so its newest stretch is the slowdown's, not the load's: then the stretch
+    before the slowdown, the newest long enough at a higher draw, is judged the same way (a stalled fan
+    under load is caught by what the GPU did before the driver had to step in).
     """
-    if len(points) < 2:
+    runs = _stretches(points)
+    if not runs:
         return []
-    last = points[-1]
-    stretch = [last]
-    for p in reversed(points[:-1]):
-        if abs(p.power_watts - last.power_watts) > POWER_ACCURACY * max(last.power_watts, 1.0):
-            break
-        stretch.append(p)
-    stretch.reverse()
+    bad = _judge_stretch(runs[-1], limit)
+    if bad or not throttled:
+        return bad
+    now = runs[-1][-1].power_watts
+    for run in reversed(runs[:-1]):
+        if len(run) >= 10 and run[-1].power_watts > now * (1 + POWER_ACCURACY):
+            before = _judge_stretch(run, limit)
+            return [f"before the driver slowed it to hold its temperature (thermal slowdown now active, "
+                    f"{now:.0f} W): {before[0]}"] if before else []
+    return []
+
+
+def _stretches(points: Sequence[ThermalPoint]) -> list[list[ThermalPoint]]:
+    """The history cut into runs at a steady draw, oldest first: walking back from the newest point, a
+    run holds the points whose draw is within NVML's stated accuracy of its own newest one."""
+    runs: list[list[ThermalPoint]] = []
+    for p in reversed(points):
+        ref = runs[-1][0] if runs else None  # the run's newest point (each run is built newest first)
+        if ref is not None and abs(p.power_watts - ref.power_watts) <= POWER_ACCURACY * max(ref.power_watts, 1.0):
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    return [list(reversed(run)) for run in reversed(runs)]
+
+
+def _judge_stretch(stretch: Sequence[ThermalPoint], limit: int) -> list[str]:
+    """The verdict on one run at a steady draw (see ``_not_cooling_over_time``): [] unless it shows fans
+    that cannot be cooling."""
+    if len(stretch) < 2:
+        return []
+    last = stretch[-1]
     recent = stretch[len(stretch) // 2:]
     if len(recent) < 5 or recent[-1].fan_percent < recent[0].fan_percent:
         return []
