@@ -196,6 +196,9 @@ class Physics:
         if injected < cut:
             share *= injected / cut
             draw = demand * (perf.power_share(share) - perf.memory_saving(mem))
+            # the injected cut is then the lowest limiter: the draw is below the limit, and the power cap,
+            # which would let the clock rise to meet it, holds nothing back (GPU Boost: the lowest wins)
+            capped = capped and draw >= self.enforced_limit_watts(gpu)
         return share, draw, capped
 
     def heat_loss(self, gpu: int, temp: float) -> float:
