@@ -70,14 +70,15 @@ def atomic_write(path: Path, data: str) -> None:
 
 def probe_lock_path() -> Path:
     """The training probe's machine-wide lock (one probe at a time, CLI and daemon alike):
-    ``GPUD_PROBE_LOCK``; else under ``GPUD_STATE_DIR`` when that is set; else /run/lock (or /tmp)."""
+    ``GPUD_PROBE_LOCK``; else under ``GPUD_STATE_DIR`` when that is set; else ``/run/gpud/probe.lock``, in
+    root's runtime directory (the service's ``RuntimeDirectory``, the one it may write), never in a
+    world-writable one such as /run/lock or /tmp."""
     env = os.environ.get("GPUD_PROBE_LOCK")
     if env:
         return Path(env)
     if os.environ.get("GPUD_STATE_DIR"):
         return state_dir() / "probe.lock"
-    base = Path("/run/lock")
-    return (base if base.is_dir() and os.access(base, os.W_OK) else Path("/tmp")) / "gpud-probe.lock"
+    return Path(DEFAULT_SOCKET).parent / "probe.lock"
 
 
 def probe_output_path() -> Path:

@@ -300,14 +300,14 @@ def test_the_daemons_probe_logs_its_result_and_leaves_no_zombie(tmp_path: Path, 
 
 def test_gpu_ranks_write_nccls_transports_to_a_file_each(tmp_path: Path) -> None:
     spec = {"device": "cuda", "tasks": ["allreduce"]}
-    env = runner.rank_env(spec, 2, 1, 29500, tmp_path, 2, environ={"PATH": "/bin", "RANK": "7"})
-    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["MASTER_PORT"]) == ("1", "1", "2", "29500")
+    env = runner.rank_env(spec, 2, 1, tmp_path, 2, environ={"PATH": "/bin", "RANK": "7", "MASTER_PORT": "29500"})
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == ("1", "1", "2") and "MASTER_PORT" not in env
     assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_SUBSYS"] == "INIT"
     assert env["NCCL_DEBUG_FILE"] == str(tmp_path / "nccl-ws2-rank1.log")
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
-    mine = runner.rank_env(spec, 2, 0, 1, tmp_path, 2, environ={"NCCL_DEBUG": "WARN", "CUDA_VISIBLE_DEVICES": "2,3"})
+    mine = runner.rank_env(spec, 2, 0, tmp_path, 2, environ={"NCCL_DEBUG": "WARN", "CUDA_VISIBLE_DEVICES": "2,3"})
     assert mine["NCCL_DEBUG"] == "WARN" and "NCCL_DEBUG_SUBSYS" not in mine and mine["CUDA_VISIBLE_DEVICES"] == "2,3"
-    assert "NCCL_DEBUG" not in runner.rank_env({"device": "cpu"}, 2, 0, 1, tmp_path, None, environ={})
+    assert "NCCL_DEBUG" not in runner.rank_env({"device": "cpu"}, 2, 0, tmp_path, None, environ={})
 
 
 @needs_torch

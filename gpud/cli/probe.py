@@ -183,14 +183,19 @@ def probe(
             raise InvalidInput("--world-sizes", world_sizes or "", "across machines the world size is --nnodes × "
                                                                    "--nproc-per-node")
         inner = ["--suite", ",".join(suites)] + ["--quick"] * quick + ["--allow-busy"] * allow_busy
-        inner += ["--json"] * json + (["--simulate", simulate] if simulate else [])
-        inner += ["--config", config] if config else []
+        # torchrun starts its ranks with `python -m gpud`, which puts the working directory first on sys.path:
+        # the ranks start in an empty directory of their own, so files named here are passed whole.
+        inner += ["--json"] * json + (["--simulate", _whole(simulate)] if simulate else [])
+        inner += ["--config", _whole(config)] if config else []
         cmd = runner.torchrun_command(nnodes=nnodes, node_rank=node_rank, endpoint=rdzv_endpoint,
                                       nproc_per_node=nproc_per_node or gpus,
                                       probe_args=inner)
         import subprocess
+        import tempfile
 
-        raise typer.Exit(subprocess.run(cmd, check=False).returncode)
+        with tempfile.TemporaryDirectory(prefix="gpud-torchrun-") as cwd:
+            code = subprocess.run(cmd, check=False, cwd=cwd).returncode
+        raise typer.Exit(code)
     if runner.under_torchrun():
         import socket
 
@@ -238,3 +243,10 @@ def probe(
 
 def register(app: typer.Typer) -> None:
     app.command("probe")(probe)
+
+
+def _whole(path: str) -> str:
+    """A file named on the command line as an absolute path (a name that is no file, as given)."""
+    import os
+
+    return os.path.abspath(path) if os.path.isfile(path) else path

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import logging
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpud import config as cfg
+from gpud.child import environment, python
 from gpud.daemon.recorder import Recorder
 from gpud.doctor import diagnose
 from gpud.hw.machine import Machine
@@ -74,7 +74,7 @@ class Schedule:
     def start_probe(self, why: str) -> dict[str, Any]:
         if self.probe_running():
             return {"ok": False, "error": "a probe is already running"}
-        args = [sys.executable, "-m", "gpud", "probe", "--quick", "--json"]
+        args = python("-m", "gpud", "probe", "--quick", "--json")
         world_sizes = self._config().daemon.probe_world_sizes
         if world_sizes:
             args += ["--world-sizes", ",".join(map(str, world_sizes))]
@@ -84,7 +84,9 @@ class Schedule:
         out = probe_output_path()
         out.parent.mkdir(parents=True, exist_ok=True)
         with open(out, "wb") as f:  # the child keeps its own descriptor
-            self.probe_proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=f, start_new_session=True)
+            # Isolated, in the state directory (root's own), with only the environment a probe needs.
+            self.probe_proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=f, start_new_session=True,
+                                               cwd=out.parent, env=environment())
         self.probe_why = why
         log.info("probe started (%s), pid %d", why, self.probe_proc.pid)
         return {"ok": True, "message": f"probe started, pid {self.probe_proc.pid}"}

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from gpud import child
 from gpud.doctor.registry import Context, check, fail, ok, skip, warn
 from gpud.model import CheckResult
 
@@ -85,8 +88,16 @@ def inspect_torch(python: str) -> dict[str, object] | None:
     A child process asks the job's interpreter where torch lives; its ``version.py`` says the
     version and CUDA it was built for, its libraries whether NCCL is there.
     """
+    # In an empty directory of its own: ``-c`` puts the working directory first on sys.path, where a user's
+    # ``json.py`` would run (as root under ``sudo gpud doctor``). As root also isolated (``-I``: no
+    # PYTHONPATH, no user site-packages) with a constructed environment; a user asking about their own
+    # environment keeps it (their PYTHONPATH is part of how their jobs find torch).
+    root = os.geteuid() == 0
     try:
-        r = subprocess.run([python, "-c", FIND_TORCH], capture_output=True, text=True, timeout=20)
+        with tempfile.TemporaryDirectory(prefix="gpud-doctor-") as cwd:
+            argv = child.python("-c", FIND_TORCH, interpreter=python) if root else [python, "-c", FIND_TORCH]
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=20, cwd=cwd,
+                               env=child.environment() if root else None)
         info = json.loads(r.stdout)
     except (OSError, subprocess.TimeoutExpired, ValueError):
         return None

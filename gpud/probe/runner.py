@@ -8,13 +8,14 @@ transport each channel used.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import re
 import shutil
 import signal
-import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -26,10 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpud.child import environment, python
 from gpud.errors import GpudError
 from gpud.hw.machine import Machine
 from gpud.model import ACS_BITS, GpuInfo, GpuProcess, GpuSample
-from gpud.paths import probe_lock_path
+from gpud.paths import probe_lock_path, state_dir
 from gpud.probe import history
 from gpud.probe.diagnose import DEFAULT_THRESHOLDS, Seen, View, explain
 from gpud.probe.expect import cpu_link, cpu_vendor
@@ -153,12 +155,6 @@ def make_plan(device: Device, gpus: int, world_sizes: list[int] | None, suites: 
     return plan
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 # -- NCCL -------------------------------------------------------------------------------------
 
 TRANSPORT_LINE = re.compile(r"Channel (\d+)(?:/(\d+))? : (\d+)\[([0-9a-fA-Fx]+)\] -> (\d+)\[([0-9a-fA-Fx]+)\]"
@@ -193,16 +189,19 @@ def nccl_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 # -- one launch -------------------------------------------------------------------------------
 
-def rank_env(spec: dict[str, Any], world: int, rank: int, port: int, workdir: Path, gpus: int | None,
+def rank_env(spec: dict[str, Any], world: int, rank: int, workdir: Path, gpus: int | None,
              environ: dict[str, str] | None = None) -> dict[str, str]:
-    """One rank's environment: the rendezvous, PCI bus order, and on GPUs NCCL's INFO output in a
+    """One rank's environment (``gpud.child.environment``: only what a rank needs): its rank, PCI bus
+    order, the data planes on loopback alone (Gloo's and NCCL's bootstrap sockets; the rendezvous itself is
+    a file store, ``spec["store"]``), its own temporary directory, and on GPUs NCCL's INFO output in a
     file per rank (the transports are read back from it; the user's NCCL_DEBUG settings win)."""
-    env = dict(os.environ if environ is None else environ)
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE"):
+    env = environment(base=os.environ if environ is None else environ)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+              "TORCHELASTIC_RUN_ID"):
         env.pop(k, None)
-    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world), "RANK": str(rank),
-            "LOCAL_RANK": str(rank), "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-            "OMP_NUM_THREADS": str(spec.get("threads_per_rank", 1)), "PYTHONWARNINGS": "ignore"}
+    env |= {"WORLD_SIZE": str(world), "RANK": str(rank), "LOCAL_RANK": str(rank), "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "TMPDIR": str(workdir),
+            "OMP_NUM_THREADS": str(spec.get("threads_per_rank", 1))}
     if spec["device"] == "cuda":
         if gpus is not None and "CUDA_VISIBLE_DEVICES" not in env:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(gpus)))
@@ -230,16 +229,19 @@ def launch(spec: dict[str, Any], world: int, timeout: float, workdir: Path, gpus
     spec_file = out.with_suffix(".spec.json")
     procs: list[subprocess.Popen[bytes]] = []
     logs = []
-    port = _free_port()
+    store = workdir / f"ws{world}-{'-'.join(spec['tasks'])}.store"  # a file store: nothing listens for it
+    store.unlink(missing_ok=True)
+    spec["store"] = str(store)
     for rank in range(world):
         log = open(workdir / f"ws{world}-rank{rank}.log", "wb")
         logs.append(log)
-        env = rank_env(spec, world, rank, port, workdir, gpus)
+        env = rank_env(spec, world, rank, workdir, gpus)
         rank_spec = spec | ({"cpus": affinity[rank]} if affinity and rank < len(affinity) and affinity[rank] else {})
         rank_file = spec_file.with_suffix(f".{rank}.json")
         rank_file.write_text(json.dumps(rank_spec))
-        procs.append(subprocess.Popen([sys.executable, "-m", "gpud.probe.worker", str(rank_file)], env=env,
-                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        argv = python("-W", "ignore", "-m", "gpud.probe.worker", str(rank_file))
+        procs.append(subprocess.Popen(argv, env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT,
+                                      start_new_session=True))
         if pids is not None:
             pids.add(procs[-1].pid)
     deadline = time.monotonic() + timeout
@@ -317,21 +319,71 @@ def _overdue(progress: Path) -> dict[str, Any] | None:
 
 @contextmanager
 def probe_lock() -> Iterator[None]:
-    """One probe at a time on this machine, whoever starts it (CLI, daemon, a job script)."""
+    """One probe at a time on this machine, whoever starts it (CLI, daemon, a job script).
+
+    The lock file is opened once, in a directory no other user can write (checked on its descriptor),
+    never through a symlink, and written to only when it is this user's own: a lock in a world-writable
+    directory could be a symlink to a file root would truncate, or a file another user holds to block
+    every probe. A user who cannot open the machine's lock (``/run/gpud`` is root's) takes one in their
+    own state directory: their probes exclude each other, and the busy-GPU check stands between them and
+    root's."""
     path = probe_lock_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    fd = _open_lock(path)
+    if fd is None:  # the machine's lock is not this user's to open
+        path = state_dir() / "probe.lock"
+        fd = _open_lock(path)
+        if fd is None:
+            raise ProbeError(f"cannot open the probe's lock {path}")
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip()[:16] or "?"
             raise ProbeBusy(f"another probe is running on this machine (pid {holder}, lock {path})") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        if os.fstat(fd).st_uid == os.geteuid():
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def _open_lock(path: Path) -> int | None:
+    """The lock file's descriptor; None where this user may not open it (not root, the machine's lock);
+    ProbeError where it is unsafe (a symlink, not a file, a directory others can write)."""
+    euid = os.geteuid()
+    try:
+        path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        if euid != 0 and err.errno in (errno.EACCES, errno.EPERM, errno.ENOENT):
+            return None
+        raise ProbeError(f"cannot open the probe lock's directory {path.parent}: {err.strerror}") from err
+    try:
+        st = os.fstat(dfd)
+        if st.st_uid not in (0, euid) or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise ProbeError(f"the probe lock's directory {path.parent} can be written by another user "
+                             f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): refused")
+        flags = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        try:
+            fd = os.open(path.name, flags | os.O_RDWR | os.O_CREAT, 0o644, dir_fd=dfd)
+        except PermissionError:
+            if euid == 0:
+                raise
+            try:
+                fd = os.open(path.name, flags | os.O_RDONLY, dir_fd=dfd)  # root's lock: flock needs no write
+            except OSError:
+                return None
+    except OSError as err:
+        why = "a symlink" if err.errno == errno.ELOOP else err.strerror
+        raise ProbeError(f"cannot open the probe's lock {path}: {why}: refused") from err
+    finally:
+        os.close(dfd)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, euid):
+        os.close(fd)
+        raise ProbeError(f"the probe's lock {path} is not a file of root's or this user's (uid {st.st_uid}): refused")
+    return fd
 
 
 def visible_gpus(infos: list[GpuInfo], env: dict[str, str] | None = None) -> list[int]:
@@ -697,9 +749,10 @@ def torch_gpus() -> int:
     if not torch_available():
         return 0
     try:
-        r = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count() "
-                                                  "if torch.cuda.is_available() else 0)"],
-                           capture_output=True, text=True, timeout=120)
+        with tempfile.TemporaryDirectory(prefix="gpud-torch-") as cwd:
+            r = subprocess.run(python("-c", "import torch; print(torch.cuda.device_count() "
+                                            "if torch.cuda.is_available() else 0)"),
+                               capture_output=True, text=True, timeout=120, cwd=cwd, env=environment())
         return int(r.stdout.strip() or 0)
     except (OSError, subprocess.TimeoutExpired, ValueError):
         return 0
@@ -727,7 +780,7 @@ def torchrun_command(*, nnodes: int, node_rank: int, endpoint: str, nproc_per_no
         err.remedy = f"install PyTorch into {sys.executable}'s environment on every machine of the probe"
         raise err
     nproc = nproc_per_node or max(1, torch_gpus())
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--node-rank", str(node_rank),
+    return [*python("-m", "torch.distributed.run"), "--nnodes", str(nnodes), "--node-rank", str(node_rank),
             "--nproc-per-node", str(nproc), "--rdzv-backend", "static", "--rdzv-endpoint", endpoint,
             "--max-restarts", "0", "-m", "gpud", "probe", *probe_args]
 

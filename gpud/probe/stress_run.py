@@ -11,12 +11,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from gpud.child import environment, python
 from gpud.errors import GpudError
 
 
@@ -40,9 +40,9 @@ def _start(spec: dict[str, Any], workdir: Path, name: str, env: dict[str, str]) 
     spec_file.write_text(json.dumps({**spec, "out": str(out)}))
     log = open(workdir / f"{name}.log", "wb")
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "gpud.probe.stress", str(spec_file)],
-                                env={**os.environ, **CHILD_ENV, **env}, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(python("-m", "gpud.probe.stress", str(spec_file)), cwd=workdir,
+                                env=environment({**CHILD_ENV, "TMPDIR": str(workdir), **env}),
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     finally:
         log.close()
     return proc, out

@@ -641,10 +641,14 @@ def init(spec: dict[str, Any], rank: int, world: int, local_rank: int) -> Ctx:
         torch.set_num_threads(max(1, int(spec.get("threads_per_rank", 1))))
     ctx = Ctx(rank, world, local_rank, device, bool(spec.get("quick")), spec.get("stages"), spec)
     if world > 1 and not dist.is_initialized():
-        # CPU bookkeeping is legal on a GPU run too: one backend per device type.
+        # CPU bookkeeping is legal on a GPU run too: one backend per device type. On one machine the ranks
+        # meet through a file store in the launcher's private (0700) directory, not a TCP port another
+        # user could take first (gpud.probe.runner.launch); under torchrun, through torchrun's rendezvous.
+        file_store = dist.FileStore  # type: ignore[attr-defined]
+        store = file_store(spec["store"], world) if spec.get("store") else None
         dist.init_process_group("cpu:gloo,cuda:nccl" if device == "cuda" else "gloo", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=float(spec.get("collective_timeout", 60))),
-                                device_id=ctx.device if device == "cuda" else None)
+                                device_id=ctx.device if device == "cuda" else None, store=store)
     if spec.get("default_device"):
         torch.set_default_device(spec["default_device"])  # tests: a tensor made without a device is caught
     return ctx
@@ -657,12 +661,7 @@ def run(spec: dict[str, Any], rank: int, world: int, local_rank: int) -> dict[st
     me = {"rank": rank, "local_rank": local_rank, "uuid": ctx.uuid_of(ctx.device.index or 0),
           "cpus": sorted(os.sched_getaffinity(0)), "pid": os.getpid(), "host": socket.gethostname(),
           "node": int(os.environ.get("GROUP_RANK", "0") or 0)}  # torchrun's node rank
-    ranks: list[Any] = [None] * world
-    if world > 1:
-        dist.all_gather_object(ranks, me)
-    else:
-        ranks = [me]
-    results["ranks"] = ranks
+    results["ranks"] = gather(me) if world > 1 else [me]  # world 1 inside a group: torchrun's baseline, alone
     if ctx.device.type == "cuda" and rank == 0:
         results["gpu_name"] = torch.cuda.get_device_name(ctx.device)
         version = torch.cuda.nccl.version()  # a tuple; an int (2708 = 2.7.8) in older torch
@@ -714,12 +713,25 @@ def cuda_available() -> bool:
 
 
 def gather(value: Any) -> list[Any]:
-    """Every rank's ``value`` (the group made by ``init``), in rank order."""
-    if not dist.is_initialized():
-        return [value]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, value)
-    return out
+    """Every rank's ``value`` (JSON: the group made by ``init``), in rank order.
+
+    As JSON bytes in a CPU tensor, never ``all_gather_object``: that unpickles what the other ranks sent,
+    and a process that got between them (a local user on the data plane's loopback port) would run code
+    in every rank, as root under ``sudo gpud probe``."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [json.loads(json.dumps(value))]
+    data = json.dumps(value).encode()
+    world = dist.get_world_size()
+    cpu = torch.device("cpu")  # Gloo's half of the group; explicit (the tests set another default device)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=cpu) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([len(data)], dtype=torch.int64, device=cpu))
+    longest = max(int(s.item()) for s in sizes)
+    mine = torch.zeros(longest, dtype=torch.uint8, device=cpu)
+    if data:
+        mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    parts = [torch.zeros(longest, dtype=torch.uint8, device=cpu) for _ in range(world)]
+    dist.all_gather(parts, mine)
+    return [json.loads(bytes(p[:int(n.item())].tolist()).decode()) for p, n in zip(parts, sizes, strict=True)]
 
 
 def finish_group() -> None:
