@@ -1,9 +1,12 @@
 """The health journal: what happened to the GPUs, kept across reboots (stdlib ``sqlite3``).
 
 The daemon writes it (``journal.db`` in the state directory); ``gpud events`` reads it without the
-daemon. Retention is bounded by age and by row count. A journal that cannot be read as a database is
-set aside (renamed ``journal.db.corrupt-TIME``) and a new one started, with an event that says so:
-never a crash of the daemon.
+daemon. Retention is bounded by age and by row count, per pool of kinds (``BUDGETS``): the kinds that
+come often (throttle episodes, check changes, a profile's drift and its rules) are trimmed among
+themselves and never push the evidence out; throttle episodes of one GPU and reasons that follow each
+other closely share one row (a count, the first start, the last end, the time in all). A journal that
+cannot be read as a database is set aside (renamed ``journal.db.corrupt-TIME``) and a new one started,
+with an event that says so: never a crash of the daemon.
 
 Kinds: ``xid``, ``gpu_lost``, ``gpu_back``, ``fan_failsafe``, ``throttle`` (an episode, when it
 ends), ``check`` (a doctor check's status changed), ``profile_apply``, ``profile_restore``,
@@ -22,11 +25,11 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from gpud.errors import GpudError
 from gpud.paths import state_dir
@@ -36,7 +39,21 @@ log = logging.getLogger(__name__)
 KINDS = ("xid", "gpu_lost", "gpu_back", "fan_failsafe", "throttle", "check", "profile_apply", "profile_restore",
          "profile_drift", "profile_reapply", "profile_rule", "probe", "ecc", "reboot", "journal_reset", "burnin",
          "set_healthy", "job_end")
-MAX_ROWS = 20_000  # the oldest events beyond this many go
+MAX_ROWS = 20_000  # the evidence: the oldest beyond this many go (trimmed among themselves only)
+# Kinds that come often, some of them at a user's will (a load toggled against the SW power cap, a job
+# that starts and stops under a profile rule, a check that flips with the load): each pool has its own
+# budget and is trimmed only among itself, so none of them ever pushes the evidence (an Xid, an ECC
+# count, a GPU lost, who set a GPU healthy or applied a profile, a reboot) out of the journal.
+POOLS: dict[str, tuple[str, ...]] = {
+    "throttle": ("throttle",),
+    "check": ("check",),
+    "profile_auto": ("profile_drift", "profile_reapply", "profile_rule"),
+}
+EVIDENCE = "evidence"  # every other kind (one not known here too)
+BUDGETS: dict[str, int] = {EVIDENCE: MAX_ROWS, "throttle": 2_000, "check": 5_000, "profile_auto": 2_000}
+POOL_OF = {kind: pool for pool, kinds in POOLS.items() for kind in kinds}
+THROTTLE_MERGE_GAP_S = 60.0  # an episode that starts within this of the last one's end (same GPU, reasons)…
+THROTTLE_MERGE_SPAN_S = 3600.0  # …is merged into it, while the merged episode spans at most this
 MAX_AGE_S = 400 * 86400  # events older than this go (a year and a bit: a warranty claim's horizon)
 BUSY_WAIT_S = 10.0  # how long the daemon's start waits for another process's lock on the journal
 RETRY_S = 30.0  # then opening is tried again this often, from the loop
@@ -47,6 +64,7 @@ CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY, ts REAL NOT NULL, boot_id TEXT, kind TEXT NOT NULL, gpu INTEGER, uuid TEXT,
     serial TEXT, summary TEXT NOT NULL, data TEXT, key TEXT UNIQUE);
 CREATE INDEX IF NOT EXISTS events_ts ON events (ts);
+CREATE INDEX IF NOT EXISTS events_kind ON events (kind, id);
 CREATE TABLE IF NOT EXISTS gpus (
     uuid TEXT PRIMARY KEY, serial TEXT, name TEXT, vbios TEXT, pci_bus_id TEXT, gpu INTEGER,
     first_seen REAL, last_seen REAL);
@@ -137,9 +155,12 @@ class Journal:
     record, and losing an event must never stop the loop that drives the fans."""
 
     def __init__(self, path: Path | None = None, max_rows: int = MAX_ROWS, max_age_s: float = MAX_AGE_S,
-                 busy_wait_s: float = BUSY_WAIT_S) -> None:
+                 busy_wait_s: float = BUSY_WAIT_S, budgets: Mapping[str, int] | None = None) -> None:
+        """``max_rows``: the evidence's budget; ``budgets``: any pool's (``BUDGETS``)."""
         self.path = path or journal_path()
-        self.max_rows, self.max_age_s = max_rows, max_age_s
+        self.budgets = {**BUDGETS, EVIDENCE: max_rows, **(budgets or {})}
+        self.max_rows, self.max_age_s = self.budgets[EVIDENCE], max_age_s
+        self._counts: dict[str, int] = {}  # rows per pool, as the last trim counted them and writes since
         self.db: sqlite3.Connection | None = None
         self.set_aside: Path | None = None  # where a corrupt journal was moved, if one was
         self._writes = 0
@@ -206,6 +227,7 @@ class Journal:
             log.error("health journal %s cannot be created: %s (events are not kept)", self.path, err)
             self.db = None
             return
+        self.prune()  # empty: it counts the pools
         self.record("journal_reset", f"the journal was unreadable ({reason}); set aside as {moved.name}",
                     data={"set_aside": str(moved), "reason": reason})
         self._flush()
@@ -262,7 +284,13 @@ class Journal:
     def record(self, kind: str, summary: str, *, gpu: int | None = None, uuid: str | None = None,
                serial: str | None = None, boot_id: str | None = None, data: dict[str, Any] | None = None,
                key: str | None = None, ts: float | None = None) -> bool:
-        """Add an event; with ``key``, only once (an Xid line read again is not a new Xid). True when added."""
+        """Add an event; with ``key``, only once (an Xid line read again is not a new Xid). True when added.
+        A throttle episode that closely follows its GPU's last one, for the same reasons, is merged into
+        that one's row (``_merged``)."""
+        if kind == "throttle" and data is not None:
+            merged = self._merged(gpu, uuid, boot_id, data, ts)
+            if merged is not None:
+                return merged
         cur = self._do("INSERT OR IGNORE INTO events (ts, boot_id, kind, gpu, uuid, serial, summary, data, key) "
                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                        (ts if ts is not None else time.time(), boot_id, kind, gpu, uuid, serial, summary,
@@ -270,16 +298,71 @@ class Journal:
         added = cur is not None and cur.rowcount > 0
         if added:
             self._writes += 1
+            pool = POOL_OF.get(kind, EVIDENCE)
+            if pool in self._counts:
+                self._counts[pool] += 1
+                if self._counts[pool] > self.budgets[pool]:  # a flood of one pool is trimmed as it comes
+                    self._trim(pool)
             if self._writes % 500 == 0:
                 self.prune()
         return added
 
+    def _merged(self, gpu: int | None, uuid: str | None, boot_id: str | None, data: dict[str, Any],
+                ts: float | None) -> bool | None:
+        """Merge a throttle episode into its GPU's last one when that one is of the same boot and
+        reasons, ended at most ``THROTTLE_MERGE_GAP_S`` before this one began, and the two together
+        span at most ``THROTTLE_MERGE_SPAN_S``: the row then counts the episodes (``count``), keeps
+        the first one's start (``since``, ``first``), the last one's end (``last``) and the time
+        throttled in all (``seconds``). None: not merged (write a row of its own); else whether the
+        row was updated."""
+        since, secs, reasons = data.get("since"), data.get("seconds"), data.get("reasons")
+        if not (_number(since) and _number(secs) and isinstance(reasons, list)) or (gpu is None and uuid is None):
+            return None
+        cur = self._do("SELECT id, boot_id, data FROM events WHERE kind = 'throttle' AND gpu IS ? AND uuid IS ? "
+                       "ORDER BY id DESC LIMIT 1", (gpu, uuid))
+        row = cur.fetchone() if cur is not None else None
+        if row is None or row[1] != boot_id or not isinstance(row[2], str):
+            return None
+        try:
+            last = json.loads(row[2], parse_constant=_no_constant)
+        except (ValueError, TypeError, RecursionError):
+            return None
+        if not isinstance(last, dict) or last.get("reasons") != reasons:
+            return None
+        first, before, count = last.get("first", last.get("since")), last.get("seconds"), last.get("count", 1)
+        if not (_number(first) and _number(before)) or isinstance(count, bool) or not isinstance(count, int):
+            return None
+        end = last.get("last", first + before)
+        if not _number(end) or not 0 <= since - end <= THROTTLE_MERGE_GAP_S \
+                or since + secs - first > THROTTLE_MERGE_SPAN_S:
+            return None
+        total, count, span = before + secs, count + 1, since + secs - first
+        merged = {**last, **data, "since": first, "first": first, "last": since + secs, "seconds": total,
+                  "count": count}
+        who = f"GPU {gpu}" if gpu is not None else str(uuid)
+        summary = (f"{who} throttled {total:.0f} s in {count} episodes over {_span(span)} "
+                   f"({', '.join(str(r) for r in reasons)})")
+        cur = self._do("UPDATE events SET ts = ?, summary = ?, data = ? WHERE id = ?",
+                       (ts if ts is not None else time.time(), summary, json.dumps(merged, default=str), row[0]))
+        return cur is not None and cur.rowcount > 0
+
+    def _trim(self, pool: str) -> None:
+        """Keep a pool's newest rows within its budget, and count them."""
+        where, args = _pool_where(pool)
+        self._do(f"DELETE FROM events WHERE {where} AND id <= (SELECT id FROM events WHERE {where} "
+                 "ORDER BY id DESC LIMIT 1 OFFSET ?)", (*args, *args, self.budgets[pool]))
+        cur = self._do(f"SELECT COUNT(*) FROM events WHERE {where}", args)
+        if cur is not None:
+            self._counts[pool] = int(cur.fetchone()[0])
+
     def prune(self, now: float | None = None) -> None:
-        """Bounded retention: older than ``max_age_s`` or beyond the newest ``max_rows`` events go."""
+        """Bounded retention: older than ``max_age_s`` goes, and each pool keeps its newest rows within
+        its budget (``BUDGETS``: throttle episodes never push an Xid out)."""
         now = time.time() if now is None else now
         self._do("DELETE FROM events WHERE ts < ?", (now - self.max_age_s,))
-        self._do("DELETE FROM events WHERE id <= (SELECT id FROM events ORDER BY id DESC LIMIT 1 OFFSET ?)",
-                 (self.max_rows,))
+        for pool in self.budgets:
+            if pool == EVIDENCE or pool in POOLS:
+                self._trim(pool)
 
     def meta(self, key: str) -> str | None:
         cur = self._do("SELECT v FROM meta WHERE k = ?", (key,))
@@ -300,6 +383,23 @@ class Journal:
     def count(self) -> int:
         cur = self._do("SELECT COUNT(*) FROM events")
         return int(cur.fetchone()[0]) if cur is not None else 0
+
+
+def _number(value: Any) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _span(secs: float) -> str:
+    return f"{secs:.0f} s" if secs < 120 else f"{secs / 60:.0f} min" if secs < 7200 else f"{secs / 3600:.1f} h"
+
+
+def _pool_where(pool: str) -> tuple[str, tuple[str, ...]]:
+    """The SQL condition (and its arguments) that picks a pool's rows."""
+    if pool == EVIDENCE:
+        others = tuple(POOL_OF)
+        return f"kind NOT IN ({','.join('?' * len(others))})", others
+    kinds = POOLS[pool]
+    return f"kind IN ({','.join('?' * len(kinds))})", kinds
 
 
 # -- reading (the CLI, without the daemon) -----------------------------------------------------------

@@ -111,14 +111,17 @@ def test_a_corrupt_journal_is_set_aside_and_the_daemon_runs(tmp_path: Path, stat
 
 
 def test_retention_is_bounded(tmp_path: Path) -> None:
-    j = Journal(tmp_path / "j.db", max_rows=100, max_age_s=3600)
+    j = Journal(tmp_path / "j.db", max_rows=100, max_age_s=3600, budgets={"check": 30})
     now = time.time()
     j.record("reboot", "old", ts=now - 7200)
     for k in range(250):
-        j.record("check", f"change {k}", ts=now)
+        j.record("ecc", f"change {k}", ts=now)
+        j.record("check", f"check change {k}", ts=now)  # its own pool: trimmed among the checks only
     j.prune()
     evs = events(tmp_path / "j.db")
-    assert len(evs) == 100 and evs[-1].summary == "change 249" and all(e.summary != "old" for e in evs)
+    ecc, checks = [e for e in evs if e.kind == "ecc"], [e for e in evs if e.kind == "check"]
+    assert len(ecc) == 100 and ecc[-1].summary == "change 249" and all(e.summary != "old" for e in evs)
+    assert len(checks) == 30 and checks[-1].summary == "check change 249" and len(evs) == 130
     assert j.record("xid", "once", key="k") is True
     assert j.record("xid", "again", key="k") is False  # a key is recorded once
 

@@ -104,7 +104,13 @@ class Context:
             since = e.data.get("since", e.ts)
             if e.kind == "throttle" and e.uuid == uuid and e.ts is not None and isinstance(since, int | float):
                 start, end = float(since), e.ts  # a row the journal could not read whole is left out
-                secs += max(0.0, min(end, now) - max(start, now - window))
+                overlap = max(0.0, min(end, now) - max(start, now - window))
+                # merged episodes (gpud.journal): the row spans its first start to its last end, with gaps
+                # between; only ``seconds`` of that span were throttled, spread over it
+                total = e.data.get("seconds")
+                if e.data.get("count", 1) != 1 and isinstance(total, int | float) and end > start:
+                    overlap *= min(1.0, max(0.0, float(total)) / (end - start))
+                secs += overlap
         return min(1.0, secs / window)
 
     @cached_property
