@@ -24,7 +24,9 @@ DEGRADED = {"GPUD_SIMULATE": "z8-fury-4x-a6000-degraded"}
      "docker:3f9c2a1b7d4e"),
     ("0::/user.slice/user-1000.slice/user@1000.service/user.slice/"
      "libpod-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope/container\n",
-     "podman:0123456789ab"),
+     "user-unit:libpod-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope"),  # rootless: the
+    ("0::/machine.slice/libpod-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope/container\n",
+     "podman:0123456789ab"),  # user's own name for it, never a container id; rootful: the container
     ("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1a2b3c4d_0000_4111_8222_123456789abc.slice/"
      "cri-containerd-00ff.scope\n", "pod:1a2b3c4d-0000-4111-8222-123456789abc"),
     ("11:devices:/kubepods/besteffort/pod1a2b3c4d-0000-4111-8222-123456789abc/abcdef\n",

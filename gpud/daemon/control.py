@@ -23,6 +23,7 @@ from typing import Any
 
 from gpud.daemon.requests import REQUESTS
 from gpud.errors import GpudError
+from gpud.procinfo import status_ids
 
 log = logging.getLogger("gpud.control")
 MAX_REQUEST = 64 * 1024
@@ -40,13 +41,15 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
 
 
 def peer_groups(pid: int) -> set[int]:
+    """The peer's supplementary groups (``/proc/PID/status`` ``Groups:``): read as bytes and parsed by
+    ``gpud.procinfo.status_ids``, so no character of the peer's own name (``\\x1c``, ``\\r``…) adds a
+    ``Groups:`` line of its choosing."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("Groups:"):
-                return {int(g) for g in line.split()[1:]}
+        with Path(f"/proc/{pid}/status").open("rb") as f:
+            text = f.read(1 << 20).decode(errors="replace")
     except OSError:
-        pass
-    return set()
+        return set()
+    return set(status_ids(text, "Groups"))
 
 
 def user_name(uid: int) -> str:

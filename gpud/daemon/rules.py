@@ -7,8 +7,9 @@ Why a poll of its own: the tick reads every GPU (tens of NVML calls each) once p
 (``OFFTICK_EVERY_S``), both too slow for a switch within 1 s. This thread asks only
 ``nvmlDeviceGetComputeRunningProcesses`` per GPU every ``[daemon] rules_poll_seconds`` (0.5 s by
 default), through the same gate as the other off-tick readings (``TickGate``: never while a tick reads),
-so a tick waits for at most one such call. Only when a pid is new is ``/proc/PID`` read (owner,
-groups, command line, cgroup); a process is kept while NVML lists it. Without rules a poll reads nothing.
+so a tick waits for at most one such call. Only when a process is new is ``/proc/PID`` read (owner,
+groups, command line, cgroup); a process is kept while NVML lists it, and is its pid with its start time
+(``/proc/PID/stat``, read each poll), so a reused pid is read again. Without rules a poll reads nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from gpud.config import Config, Rule
 from gpud.daemon.recorder import Recorder
 from gpud.errors import GpudError
 from gpud.hw.machine import Machine
+from gpud.procinfo import status_ids
 from gpud.tuning import engine
 from gpud.tuning.enforce import Enforcer
 from gpud.tuning.engine import Change, Desired, Outcome
@@ -39,44 +41,56 @@ Switch = Callable[[dict[int, Choice | None]], bool]
 
 def groups(machine: Machine, pid: int) -> tuple[str, ...]:
     """The names of a process's real group and supplementary groups (``/proc/PID/status`` ``Gid:`` and
-    ``Groups:``, names from ``/etc/group`` under the machine's root; a gid without a name as a number)."""
-    status = machine.host.read(f"/proc/{pid}/status") or ""
-    gids: list[str] = []
-    for line in status.splitlines():
-        if line.startswith("Gid:") and len(line.split()) > 1:
-            gids.append(line.split()[1])
-        elif line.startswith("Groups:"):
-            gids += line.split()[1:]
+    ``Groups:``, parsed by ``gpud.procinfo``: split on newlines alone, each key once, so a process's name
+    adds no line; names from ``/etc/group`` under the machine's root; a gid without a name as a number)."""
+    status = machine.host.proc_status(pid) or ""
+    gids = [str(g) for g in status_ids(status, "Gid")[:1] + status_ids(status, "Groups")]
     names: dict[str, str] = {}
-    for line in (machine.host.read("/etc/group") or "").splitlines():
+    for line in (machine.host.read("/etc/group") or "").split("\n"):
         parts = line.split(":")
         if len(parts) > 2:
             names.setdefault(parts[2], parts[0])
-    return tuple(dict.fromkeys(names.get(g, g) for g in gids if g.isdigit()))
+    return tuple(dict.fromkeys(names.get(g, g) for g in gids))
 
 
 @dataclass
 class Jobs:
-    """The GPU processes as the rules see them: ``/proc/PID`` read once per pid while NVML lists it
-    (again while its owner could not be read: a process just starting)."""
+    """The GPU processes as the rules see them: ``/proc/PID`` read once per process while NVML lists it
+    (again while its owner could not be read: a process just starting). A process is its pid *and* its
+    start time (``/proc/PID/stat``, read on every poll): a pid the kernel handed to another process is a
+    new job, read again, never the previous owner's. A process whose start time cannot be read, or
+    changes while it is read, is read again on every poll (nothing cached). Each job keeps the results
+    of the rules' command patterns on its command line (``Job.memo``): a process is matched once per
+    pattern, not once per poll."""
 
     machine: Machine
-    known: dict[int, Job] = field(default_factory=dict)
+    known: dict[tuple[int, int], Job] = field(default_factory=dict)
 
     def read(self, lists: dict[int, list[tuple[int, str]]]) -> list[Job]:
         """``lists``: GPU → (pid, kind) as NVML lists them."""
         out: list[Job] = []
-        seen: dict[int, Job] = {}
+        seen: dict[tuple[int, int], Job] = {}
+        fresh: dict[int, Job] = {}  # read this poll, not cached (no start time)
         for gpu, procs in lists.items():
             for pid, kind in procs:
-                job = seen.get(pid) or self.known.get(pid)
+                start = self.machine.host.start_time(pid)
+                key = (pid, start) if start is not None else None
+                job = (seen.get(key) or self.known.get(key)) if key is not None else fresh.get(pid)
                 if job is None or job.user is None:
-                    user, command = self.machine.host.process(pid)
-                    job = Job(gpu, pid, user, groups(self.machine, pid), command, self.machine.host.workload(pid))
-                seen[pid] = job
-                out.append(Job(gpu, pid, job.user, job.groups, job.command, job.workload, kind))
+                    job = self._read(gpu, pid)
+                    if key is not None and self.machine.host.start_time(pid) != start:
+                        job, key = Job(gpu, pid), None  # the pid changed hands while read: nobody's yet
+                if key is not None:
+                    seen[key] = job
+                else:
+                    fresh[pid] = job
+                out.append(Job(gpu, pid, job.user, job.groups, job.command, job.workload, kind, job.memo))
         self.known = seen
         return out
+
+    def _read(self, gpu: int, pid: int) -> Job:
+        user, command = self.machine.host.process(pid)
+        return Job(gpu, pid, user, groups(self.machine, pid), command, self.machine.host.workload(pid))
 
 
 def process_lists(machine: Machine) -> dict[int, list[tuple[int, str]]]:

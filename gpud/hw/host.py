@@ -13,6 +13,7 @@ import re
 from functools import cached_property
 from pathlib import Path
 
+from gpud import procinfo
 from gpud.model import CpuInfo, PciDevice, XidEvent, XorgOption
 
 PCI_ADDR = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -21,6 +22,9 @@ OPTION_RE = re.compile(r'^\s*Option\s+"([^"]+)"(?:\s+"([^"]*)")?', re.IGNORECASE
 SECTION_RE = re.compile(r'^\s*(Sub)?Section\s+"([^"]+)"', re.IGNORECASE)
 END_RE = re.compile(r"^\s*End(Sub)?Section\b", re.IGNORECASE)
 NVIDIA_VENDOR = 0x10DE
+# A command line is read up to 128 KiB: Linux's MAX_ARG_STRLEN (32 pages), the longest single argument
+# execve takes. What a rule's pattern and gpud's outputs see of a longer one is its first 128 KiB.
+MAX_CMDLINE = 128 * 1024
 ACS_CAP_ID = 0x000D
 
 
@@ -360,22 +364,39 @@ class Host:
 
     # -- processes -----------------------------------------------------------------
     def process(self, pid: int) -> tuple[str | None, str | None]:
-        """(user, command line) of a process, from ``/proc/PID``."""
-        status = self.read(f"/proc/{pid}/status")
+        """(user, command line) of a process, from ``/proc/PID``: the real uid of ``status`` (parsed by
+        ``gpud.procinfo.status_fields``, split on newlines alone), the command line at most
+        ``MAX_CMDLINE`` bytes."""
+        status = self.proc_status(pid)
         if status is None:
             return None, None
-        uid = None
-        for line in status.splitlines():
-            if line.startswith("Uid:"):
-                uid = int(line.split()[1])
-        cmd = (self.read(f"/proc/{pid}/cmdline") or "").replace("\0", " ").strip() or None
-        return (self.user_name(uid) if uid is not None else None), cmd
+        uids = procinfo.status_ids(status, "Uid")
+        cmd = (self.read_head(f"/proc/{pid}/cmdline", MAX_CMDLINE) or "").replace("\0", " ").strip() or None
+        return (self.user_name(uids[0]) if uids else None), cmd
+
+    def start_time(self, pid: int) -> int | None:
+        """When a process started (``/proc/PID/stat`` field 22, clock ticks after boot): with the pid, what
+        tells one process from a later one the pid was reused for. None when it cannot be read."""
+        return procinfo.start_time(self.read_head(f"/proc/{pid}/stat", 4096))
+
+    def proc_status(self, pid: int) -> str | None:
+        """``/proc/PID/status`` as the kernel wrote it: read as bytes, so no ``\\r`` in a process's name
+        becomes a line break (text mode's universal newlines would make one); parse it with
+        ``gpud.procinfo.status_fields``."""
+        return self.read_head(f"/proc/{pid}/status", 1 << 20)  # Groups: up to NGROUPS_MAX (65536) gids
+
+    def read_head(self, rel: str, limit: int) -> str | None:
+        """At most ``limit`` bytes of a file, as written (no newline translation): a process's command line
+        is the process's to make long, and its name and cgroup names may hold a ``\\r``."""
+        try:
+            with self.path(rel).open("rb") as f:
+                return f.read(limit).decode(errors="replace")
+        except OSError:
+            return None
 
     def workload(self, pid: int) -> str | None:
         """The container, pod, Slurm job or systemd unit of a process, from ``/proc/PID/cgroup``."""
-        from gpud.procinfo import workload
-
-        return workload(self.read(f"/proc/{pid}/cgroup"))
+        return procinfo.workload(self.read_head(f"/proc/{pid}/cgroup", 1 << 20))
 
     def boot_id(self) -> str | None:
         """This boot's id (``/proc/sys/kernel/random/boot_id``): a new one after every reboot."""

@@ -18,6 +18,8 @@ from gpud.hw.host import Host
 from gpud.hw.nvml import Nvml
 from gpud.model import GpuInfo, Snapshot, Topology
 
+Owner = tuple[str | None, str | None, str | None]  # user, command line, workload (gpud.procinfo)
+
 
 @dataclass
 class Machine:
@@ -26,7 +28,8 @@ class Machine:
     label: str  # hostname, or the simulated workstation's name
     simulation: Any = None  # the gpud.sim.Simulation when simulated (tests inject faults through it)
     # (user, command, container) of each GPU process, read from /proc once while it stays on a GPU
-    _owners: dict[int, tuple[str | None, str | None, str | None]] = field(default_factory=dict, repr=False)
+    # keyed by pid with the process's start time beside it: a pid the kernel gave to a later process is read again
+    _owners: dict[int, tuple[int | None, Owner]] = field(default_factory=dict, repr=False)
 
     def snapshot(self, pcie: bool = False, only: Sequence[int] | None = None) -> Snapshot:
         """Read every GPU once. Lost GPUs come back as ``lost`` samples, not as errors.
@@ -42,7 +45,7 @@ class Machine:
         if pcie:
             self.nvml.sample_pcie_all(indices)
         samples = []
-        seen: dict[int, tuple[str | None, str | None, str | None]] = {}
+        seen: dict[int, tuple[int | None, Owner]] = {}
         with self.nvml.reading_all():  # the off-tick sampler's blocking calls wait until every GPU is read
             read = [self.nvml.sample(i) for i in indices]  # a lost GPU keeps the UUID NVML's cache knows
         for sample in read:
@@ -53,7 +56,8 @@ class Machine:
                     for u, c, w in [self._owner(p.pid, seen)]
                 ))
             samples.append(sample)
-        self._owners = seen  # a process no GPU lists any more is forgotten
+        # a process no GPU lists any more is forgotten; one whose start time could not be read is not kept
+        self._owners = {pid: v for pid, v in seen.items() if v[0] is not None}
         infos = (self.nvml.cached_info(s.index) for s in samples)
         return Snapshot(
             timestamp=time.time(),
@@ -62,16 +66,22 @@ class Machine:
             samples=tuple(samples),
         )
 
-    def _owner(self, pid: int, seen: dict[int, tuple[str | None, str | None, str | None]]
-               ) -> tuple[str | None, str | None, str | None]:
+    def _owner(self, pid: int, seen: dict[int, tuple[int | None, Owner]]) -> Owner:
         """(user, command, container) of a GPU process: read from ``/proc/PID`` when it first shows on a
-        GPU, not on every tick (NVML's process lists change every few seconds at most). What could not
-        be read yet (the process was just starting) is read again next time."""
-        got = seen.get(pid) or self._owners.get(pid)
+        GPU, not on every tick (NVML's process lists change every few seconds at most), and again when the
+        pid's start time (``/proc/PID/stat``) says it is another process now. What could not be read yet
+        (the process was just starting) is read again next time."""
+        if pid in seen:  # on several GPUs in one snapshot
+            return seen[pid][1]
+        start = self.host.start_time(pid)
+        cached = self._owners.get(pid)
+        got = cached[1] if cached is not None and start is not None and cached[0] == start else None
         if got is None or got[0] is None:
             user, command = self.host.process(pid)
             got = (user, command, self.host.workload(pid))
-        seen[pid] = got
+            if start is not None and self.host.start_time(pid) != start:
+                start = None  # replaced while it was read: whose it was is not known, nothing kept
+        seen[pid] = (start, got)
         return got
 
     def topology(self, snap: Snapshot) -> Topology:

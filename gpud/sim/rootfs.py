@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -129,7 +130,8 @@ def _replace(root: Path, rel: str, text: str) -> None:
 
 
 def sync_processes(sim: SimMachine, root: Path) -> None:
-    """``/proc/PID`` (status with its uid and gid, cmdline, cgroup) of every process running now, the
+    """``/proc/PID`` (status with its name, uid and gid; stat with its start time; cmdline, cgroup) of every
+    process running now, the
     entries of those that exited removed, and ``/etc/passwd`` and ``/etc/group`` (each user with a
     group of its own name and id, as useradd makes them)."""
     users = {0: "root"}
@@ -137,9 +139,12 @@ def sync_processes(sim: SimMachine, root: Path) -> None:
     for _, p in running(sim):
         users[p.uid] = p.user
         live.add(str(p.pid))
-        _replace(root, f"/proc/{p.pid}/status", f"Name:\t{(p.command.split() or ['?'])[0][:15]}\nPid:\t{p.pid}\n"
+        name = comm(p)
+        shown = name.replace("\\", "\\\\").replace("\n", "\\n")  # status escapes these two alone (fs/proc/array.c)
+        _replace(root, f"/proc/{p.pid}/status", f"Name:\t{shown}\nPid:\t{p.pid}\n"
                  f"Uid:\t{p.uid}\t{p.uid}\t{p.uid}\t{p.uid}\nGid:\t{p.uid}\t{p.uid}\t{p.uid}\t{p.uid}\n"
                  f"Groups:\t{p.uid}\n")
+        _replace(root, f"/proc/{p.pid}/stat", stat_line(p, name))
         _replace(root, f"/proc/{p.pid}/cmdline", p.command.replace(" ", "\0") + "\0")
         _replace(root, f"/proc/{p.pid}/cgroup", f"0::{cgroup_path(p)}\n")
     for d in (root / "proc").iterdir() if (root / "proc").is_dir() else ():
@@ -148,6 +153,31 @@ def sync_processes(sim: SimMachine, root: Path) -> None:
     _replace(root, "/etc/passwd", "".join(f"{name}:x:{uid}:{uid}::/home/{name}:/bin/bash\n"
                                           for uid, name in sorted(users.items())))
     _replace(root, "/etc/group", "".join(f"{name}:x:{uid}:\n" for uid, name in sorted(users.items())))
+
+
+def comm(p: Process) -> str:
+    """The process's name as the kernel keeps it (``/proc/PID/comm``): its executable's file name (here the
+    first word of its command line), at most 15 bytes, any character but NUL."""
+    argv0 = p.command.split(" ")[0] or "?"
+    return argv0.rsplit("/", 1)[-1].encode()[:15].decode(errors="ignore") or "?"
+
+
+def start_ticks(p: Process) -> int:
+    """The process's start time in clock ticks after boot (``/proc/PID/stat`` field 22). The simulator
+    keeps no clock per process: the figure is derived from everything that makes the process what it
+    is (pid, user, command, place…), so a pid given to another process gets another start time, and
+    the same process keeps its own however often the tree is written."""
+    digest = hashlib.sha256(repr(dataclasses.astuple(p)).encode()).digest()
+    return 1000 + int.from_bytes(digest[:4], "little") % 100_000_000
+
+
+def stat_line(p: Process, name: str) -> str:
+    """``/proc/PID/stat`` as ``fs/proc/array.c`` writes it: the name in parentheses, unescaped, then the
+    fields from 3 (state) to 52; those gpud reads are the start time (22) and, for show, the rest plain."""
+    fields = ["S", "1", str(p.pid), str(p.pid), "0", "-1", "4194560"] + ["0"] * 8 + ["20", "0", "1", "0"]
+    fields += [str(start_ticks(p)), str(p.used_mib << 20), "0"]  # 22: starttime, 23: vsize, 24: rss
+    fields += ["0"] * (52 - 24)
+    return f"{p.pid} ({name}) {' '.join(fields)}\n"
 
 
 def cgroup_path(p: Process) -> str:

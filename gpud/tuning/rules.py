@@ -6,22 +6,24 @@ No hardware here: the daemon (``gpud.daemon.rules``) reads the processes (NVML's
 ``choose`` on the processes running now.
 
 - A rule matches a process when every match key it gives holds: ``user``, ``group`` (the process's
-  primary or supplementary groups), ``command`` (a regular expression searched in the command line),
+  primary or supplementary groups), ``command`` (an RE2 regular expression searched in the command line:
+  linear time, each process's command line searched once per pattern, ``Job.memo``),
   ``container``, ``pod``, ``slurm_job``, ``unit`` (true: present, false: absent, else equal — a
   container id also by its first 12 characters, as ``docker ps`` shows it; a unit with or without
-  ``.service``), ``any_compute`` (any process on NVML's compute list). A rule limited to ``gpus``
-  matches only processes on those GPUs. Processes on the graphics list alone (a desktop) are no job.
+  ``.service``; only a system unit, never a ``user-unit:`` inside a user's own systemd manager, whose
+  names the user chooses: ``gpud.procinfo``), ``any_compute`` (any process on NVML's compute list).
+  A rule limited to ``gpus`` matches only processes on those GPUs. Processes on the graphics list
+  alone (a desktop) are no job.
 - On one GPU the highest ``priority`` wins; among equal priorities the rule first in the file.
   The others that matched there are the losers, which the journal names.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from gpud.config import Rule
+from gpud.config import Rule, command_pattern
 from gpud.procinfo import SHORT_ID
 
 
@@ -34,8 +36,11 @@ class Job:
     user: str | None = None
     groups: tuple[str, ...] = ()
     command: str | None = None
-    workload: str | None = None  # docker:ID, podman:ID, pod:UID, slurm:JOB, unit:NAME (gpud.procinfo)
+    workload: str | None = None  # docker:ID, podman:ID, pod:UID, slurm:JOB, unit:NAME, user-unit:NAME
     kind: str = "compute"  # NVML's list: compute, graphics, compute+graphics
+    # pattern → whether it is found in the command line: each process's command line is searched once per
+    # pattern (the daemon's Jobs hand the same dict to every Job of one process, poll after poll)
+    memo: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
 
     def place(self, what: str) -> str | None:
         """The process's container id, pod uid, Slurm job id or unit name; None when it has none."""
@@ -48,7 +53,8 @@ class Job:
     def describe(self) -> str:
         """``alice, pid 7001, job 1234``: who and what, for the journal."""
         parts = [self.user or "unknown user", f"pid {self.pid}"]
-        labels = {"docker": "container", "podman": "container", "pod": "pod", "slurm": "job", "unit": "unit"}
+        labels = {"docker": "container", "podman": "container", "pod": "pod", "slurm": "job", "unit": "unit",
+                  "user-unit": "user unit"}
         if self.workload:
             kind, _, ident = self.workload.partition(":")
             parts.append(f"{labels.get(kind, kind)} {ident}")
@@ -64,6 +70,19 @@ def _equal(what: str, want: str | int, have: str) -> bool:
     return have == text
 
 
+MEMO_MAX = 256  # patterns remembered per process (rules reloaded with ever new patterns start it again)
+
+
+def _command_matches(pattern: str, job: Job) -> bool:
+    """Whether RE2 finds ``pattern`` in the job's command line, once per process and pattern."""
+    hit = job.memo.get(pattern)
+    if hit is None:
+        if len(job.memo) >= MEMO_MAX:
+            job.memo.clear()
+        hit = job.memo[pattern] = command_pattern(pattern).search(job.command or "") is not None
+    return hit
+
+
 def matches(rule: Rule, job: Job) -> bool:
     """Whether every match key of ``rule`` holds for ``job`` (and the job is on one of its GPUs)."""
     if job.kind == "graphics":
@@ -74,7 +93,7 @@ def matches(rule: Rule, job: Job) -> bool:
         return False
     if rule.group is not None and rule.group not in job.groups:
         return False
-    if rule.command is not None and (job.command is None or re.search(rule.command, job.command) is None):
+    if rule.command is not None and (job.command is None or not _command_matches(rule.command, job)):
         return False
     for what in ("container", "pod", "slurm_job", "unit"):
         want = getattr(rule, what)
