@@ -43,11 +43,16 @@ def state_dir() -> Path:
 
 
 def atomic_write(path: Path, data: str) -> None:
-    """Write temp, fsync, rename: a reader sees the old file or the new one, never half."""
+    """Write temp, fsync, rename: a reader sees the old file or the new one, never half. The temporary
+    file is created new (O_EXCL, O_NOFOLLOW): nothing planted under its name is written through, and
+    the rename replaces a symbolic link at ``path`` itself, never the file it points to."""
+    import secrets
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
-        with open(tmp, "w") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        with open(fd, "w") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -68,6 +73,45 @@ def atomic_write(path: Path, data: str) -> None:
         pass
 
 
+def check_output(path: Path, option: str, suffixes: tuple[str, ...] = (), want: str = "") -> None:
+    """Refuse an output path before the work that produces it starts (InvalidInput: one line, exit 2,
+    nothing written): its directory must exist and be writable, the path must not be a directory, not
+    under /proc or /sys, and as root not a symbolic link (root never writes through one a user planted).
+    ``suffixes``: the endings allowed (``want`` says what is wanted, for the error)."""
+    from gpud.errors import InvalidInput
+
+    def refuse(reason: str) -> InvalidInput:
+        return InvalidInput(option, "", f"{path}: {reason}")
+
+    if suffixes and path.suffix.lower() not in suffixes:
+        raise refuse(f"want {want or 'FILE' + suffixes[0]}")
+    full = Path(os.path.abspath(path))
+    for base in ("/proc", "/sys"):
+        for p in {full, Path(os.path.realpath(full))}:
+            if p == Path(base) or Path(base) in p.parents:
+                raise refuse(f"under {base}: not a place to write files")
+    try:
+        st = os.lstat(full)
+    except FileNotFoundError:
+        st = None
+    except OSError as err:
+        raise refuse(f"cannot use: {err.strerror}") from err
+    if st is not None and stat.S_ISLNK(st.st_mode) and os.geteuid() == 0:
+        raise refuse("a symbolic link: refused as root")
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        try:
+            st = os.stat(full)
+        except OSError:
+            st = None  # a dangling link: the write replaces it
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise refuse("a directory: name a file in it")
+    parent = full.parent
+    if not parent.is_dir():
+        raise refuse(f"no directory {parent}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise refuse(f"directory {parent} is not writable")
+
+
 def probe_lock_path() -> Path:
     """The training probe's machine-wide lock (one probe at a time, CLI and daemon alike):
     ``GPUD_PROBE_LOCK``; else under ``GPUD_STATE_DIR`` when that is set; else ``/run/gpud/probe.lock``, in
@@ -86,36 +130,152 @@ def probe_output_path() -> Path:
     return state_dir() / "probe-daemon.err"
 
 
-def trusted(path: str, what: str, file: str | None = None, key: str = "") -> None:
-    """As root, refuse files another user could have written: a writable profile could stop the fans.
+_READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY  # O_NONBLOCK: a FIFO never hangs
 
-    ``file``/``key`` name where the path came from (a web configuration's key), for the error.
+
+def _dir_refusal(st: os.stat_result, where: str, what: str) -> str | None:
+    """Why a directory on the way to a file root reads could let another user replace the file, else None.
+    A world-writable directory with the sticky bit (/tmp) owned by root is allowed: there nobody but
+    root may rename or remove the root-owned entry below it (the kernel's protected_symlinks reasoning)."""
+    if st.st_uid != 0:
+        return (f"{what}: directory {where} is owned by uid {st.st_uid}, who could replace what is in it: "
+                "refused while running as root")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        return (f"{what}: directory {where} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}), "
+                f"who could replace what is in it: refused while running as root; `chmod go-w {where}`")
+    return None
+
+
+def open_trusted(path: str | Path, what: str, file: str | None = None, key: str = "") -> int:
+    """Open a file that steers gpud ONCE and check THAT descriptor: a regular file (never a FIFO or a
+    device), and as root owned by root, not writable by group or others, not a symbolic link, and in
+    directories only root can change (each one opened from ``/`` with O_NOFOLLOW and fstat-ed). The
+    caller reads from the descriptor returned (and closes it), so what is checked is what is read: no
+    path is looked up twice. Not root: today's rules (symbolic links followed, no ownership refusal).
+
+    InvalidInput (``file``/``key``: where the path came from, for the error) when it is refused;
+    OSError (FileNotFoundError …) when it cannot be opened at all.
     """
+    import errno
+
     from gpud.errors import InvalidInput
 
+    shown = file or str(path)
     if os.geteuid() != 0:
-        return
+        fd = os.open(path, _READ_FLAGS)
+        root = False
+    else:
+        root = True
+        full = os.path.abspath(path)
+        parent, name = os.path.split(full)
+        if not name:
+            raise InvalidInput(shown, key, f"{what} {path} is a directory")
+        # Directory links are resolved once; the resolved directories are then walked without following
+        # anything, so a link changed afterwards is not followed (ELOOP/ENOTDIR below).
+        real = os.path.realpath(parent)
+        dfd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            where = "/"
+            parts = [x for x in real.split("/") if x]
+            for i in range(len(parts) + 1):
+                why = _dir_refusal(os.fstat(dfd), where, f"{what} {path}")
+                if why:
+                    raise InvalidInput(shown, key, why)
+                if i == len(parts):
+                    break
+                where = "/" + "/".join(parts[: i + 1])
+                try:
+                    nfd = os.open(parts[i], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+                except OSError as err:
+                    if err.errno in (errno.ELOOP, errno.ENOTDIR):
+                        raise InvalidInput(shown, key, f"{what} {path}: {where} changed while it was opened (now a "
+                                                       "symbolic link or not a directory): refused") from err
+                    raise
+                os.close(dfd)
+                dfd = nfd
+            try:
+                fd = os.open(name, _READ_FLAGS | os.O_NOFOLLOW, dir_fd=dfd)
+            except OSError as err:
+                if err.errno == errno.ELOOP:
+                    raise InvalidInput(shown, key, f"{what} {path} is a symbolic link: refused while running as "
+                                                   "root (name the file it points to)") from err
+                raise
+        finally:
+            os.close(dfd)
     try:
-        st = os.stat(path)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidInput(shown, key, f"{what} {path} is not a regular file")
+        if root and st.st_uid != 0:
+            raise InvalidInput(shown, key, f"{what} {path} is not owned by root (uid {st.st_uid}): refused "
+                                           "while running as root")
+        if root and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise InvalidInput(shown, key, f"{what} {path} is writable by group or others (mode "
+                                           f"{stat.S_IMODE(st.st_mode):o}): refused while running as root; "
+                                           f"`chmod go-w {path}`")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_fd(fd: int, limit: int) -> bytes:
+    """Up to ``limit + 1`` bytes from ``fd`` (one more than allowed tells "too large")."""
+    chunks: list[bytes] = []
+    left = limit + 1
+    while left > 0:
+        b = os.read(fd, min(left, 1 << 16))  # a regular file: O_NONBLOCK does not apply
+        if not b:
+            break
+        chunks.append(b)
+        left -= len(b)
+    return b"".join(chunks)
+
+
+def trusted(path: str, what: str, file: str | None = None, key: str = "") -> None:
+    """As root, refuse files another user could have written: a writable profile could stop the fans.
+    Only a check: code that then reads the file must use ``read_trusted`` (the same checks on the
+    descriptor it reads), or the file could be swapped between the check and the read."""
+    from gpud.errors import InvalidInput
+
+    try:
+        os.close(open_trusted(path, what, file, key))
     except OSError as err:
         raise InvalidInput(file or path, key, f"cannot read {path}: {err.strerror}") from err
-    if st.st_uid != 0:
-        raise InvalidInput(file or path, key, f"{what} {path} is not owned by root (uid {st.st_uid}): refused "
-                                              "while running as root")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise InvalidInput(file or path, key, f"{what} {path} is writable by group or others (mode "
-                                              f"{stat.S_IMODE(st.st_mode):o}): refused while running as root; "
-                                              f"`chmod go-w {path}`")
 
 
 MAX_INPUT = 1 << 20  # 1 MiB: the largest profile, configuration or description gpud reads
 MAX_DEPTH = 32  # nesting of tables and arrays in any input file
 
 
+def read_trusted(path: str | Path, what: str, limit: int = MAX_INPUT, shown: str | None = None,
+                 key: str = "", too_large: str | None = None) -> bytes:
+    """A whole file that steers gpud (profile, configuration, web configuration, TLS file), opened and
+    checked once (``open_trusted``) and read from that descriptor; refused (InvalidInput) when larger
+    than ``limit`` bytes — never read whole first."""
+    from gpud.errors import InvalidInput
+
+    file = shown or str(path)
+    try:
+        fd = open_trusted(path, what, file, key)
+    except OSError as err:
+        raise InvalidInput(file, key, f"cannot read: {err.strerror}") from err
+    try:
+        data = read_fd(fd, limit)
+    except OSError as err:
+        raise InvalidInput(file, key, f"cannot read: {err.strerror}") from err
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise InvalidInput(file, key, too_large or f"larger than {limit // 1024} KiB: refused (not a gpud file?)")
+    return data
+
+
 def read_limited(path: str | Path, limit: int = MAX_INPUT, shown: str | None = None,
                  too_large: str | None = None) -> bytes:
     """A whole input file, refused (InvalidInput) when larger than ``limit`` bytes — never read whole first.
-    ``too_large`` replaces the refusal's reason (an importer of another tool's output says whose)."""
+    ``too_large`` replaces the refusal's reason (an importer of another tool's output says whose).
+    For files that only describe (a simulated machine, a dump); files that steer gpud: ``read_trusted``."""
     from gpud.errors import InvalidInput
 
     file = shown or str(path)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gpud.errors import InvalidInput
-from gpud.paths import MAX_DEPTH, MAX_INPUT, depth, read_limited
+from gpud.paths import MAX_DEPTH, MAX_INPUT, depth, read_limited, read_trusted
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -22,10 +22,14 @@ Spec = dict[str, tuple[Any, Any]]  # key: (type, tuple of types, or tuple of all
 T = TypeVar("T")
 
 
-def load_toml(path: Path, shown: str | None = None) -> tuple[dict[str, Any], bytes]:
-    """Parse a TOML file; unreadable or malformed → InvalidInput naming the file."""
+def load_toml(path: Path, shown: str | None = None, trust: str | None = None) -> tuple[dict[str, Any], bytes]:
+    """Parse a TOML file; unreadable or malformed → InvalidInput naming the file. ``trust`` names a
+    file that steers gpud ("profile", "configuration"): it is opened once and checked on that
+    descriptor (``gpud.paths.read_trusted``: as root, owned by root, in directories only root can
+    change), and what is parsed is what was read from it."""
     file = shown or str(path)
-    raw = read_limited(path, MAX_INPUT, file)  # larger than 1 MiB: refused before parsing
+    # larger than 1 MiB: refused before parsing
+    raw = read_trusted(path, trust, MAX_INPUT, file) if trust else read_limited(path, MAX_INPUT, file)
     try:
         data = tomllib.loads(raw.decode())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:

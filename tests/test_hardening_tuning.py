@@ -257,10 +257,10 @@ def test_a_read_only_state_directory_stops_apply_before_any_write(tmp_path: Path
     p = write_profile(tmp_path, RICH)
     real_open = gpud.paths.os.open
 
-    def read_only(path, flags, *args):  # type: ignore[no-untyped-def]
+    def read_only(path, flags, *args, **kwargs):  # type: ignore[no-untyped-def]  # dir_fd= too (open_trusted)
         if str(path).startswith(str(st.path().parent)) and flags & (os.O_CREAT | os.O_WRONLY | os.O_RDWR):
             raise OSError(errno.EROFS, "Read-only file system", str(path))
-        return real_open(path, flags, *args)
+        return real_open(path, flags, *args, **kwargs)
 
     monkeypatch.setattr(gpud.paths.os, "open", read_only)
     monkeypatch.setattr("builtins.open", _ro_builtin_open(st.path().parent))

@@ -143,8 +143,10 @@ def burnin(
     seconds = parse_duration(duration) if duration is not None else None
     if device is not None and device not in ("cuda", "cpu"):
         raise InvalidInput("--device", "", f"must be cuda or cpu, not {device!r}")
-    if report is not None and (report.suffix.lower() not in (".html", ".htm") or not report.parent.is_dir()):
-        raise InvalidInput("--report", "", f"{report}: want FILE.html in an existing directory")
+    if report is not None:  # refused before any test runs
+        from gpud.paths import check_output
+
+        check_output(report, "--report", (".html", ".htm"), "FILE.html in an existing directory")
     m = machine(simulate)
     snap = m.snapshot()
     chosen = parse_gpus(gpus, len(snap.samples)) if gpus is not None else None

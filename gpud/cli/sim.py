@@ -126,9 +126,11 @@ def sim_import(
                                                 help="Write the description here (default: stdout).")] = None,
 ) -> None:
     """A simulated twin of a real machine from its nvidia-smi output (a description TOML)."""
-    from gpud.paths import atomic_write
+    from gpud.paths import atomic_write, check_output
     from gpud.sim.dump import import_dump, render
 
+    if output is not None:  # refused before the dump is read
+        check_output(output, "-o")
     name = output.stem if output else dump.stem
     twin = import_dump(dump, topo, True if xml else None, name, str(dump), str(topo) if topo else None)
     text = render(twin)

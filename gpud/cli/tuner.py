@@ -173,10 +173,12 @@ def tune(
     if not 0.0 <= max_slowdown < 100.0:
         raise InvalidInput("--max-slowdown", "", f"must be a percentage from 0 to below 100, not {max_slowdown:g}")
     chosen_knobs = _knobs(knobs if knobs is not None else "power,fans" if goal == "quiet" else "power")
-    if report is not None and (report.suffix.lower() not in (".html", ".htm") or not report.parent.is_dir()):
-        raise InvalidInput("--report", "", f"{report}: want FILE.html in an existing directory")
-    if output is not None and (output.suffix.lower() != ".toml" or not output.parent.is_dir()):
-        raise InvalidInput("-o", "", f"{output}: want PROFILE.toml in an existing directory")
+    from gpud.paths import check_output
+
+    if report is not None:  # refused before any trial, not after minutes of them
+        check_output(report, "--report", (".html", ".htm"), "FILE.html in an existing directory")
+    if output is not None:
+        check_output(output, "-o", (".toml",), "PROFILE.toml in an existing directory")
     t = Target(simulate, config)
     m = t.machine
     snap = m.snapshot()

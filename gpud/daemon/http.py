@@ -33,11 +33,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 from gpud.errors import InvalidInput
-from gpud.paths import read_limited, trusted
+from gpud.paths import open_trusted, read_trusted
 
 log = logging.getLogger("gpud.http")
 
@@ -56,10 +55,8 @@ CLIENT_AUTH = ("NoClientCert", "RequireAndVerifyClientCert")
 
 
 def _pem(path: str, file: str, key: str, what: str) -> None:
-    try:
-        text = Path(path).read_bytes()[: 1 << 20]
-    except OSError as err:
-        raise InvalidInput(file, key, f"cannot read {path}: {err.strerror}") from err
+    # As root: owned by root, not writable by others, no symbolic link, in directories only root can change.
+    text = read_trusted(path, "TLS file", 1 << 20, shown=file, key=key)
     if f"-----BEGIN {what}".encode() not in text and not (what == "PRIVATE KEY" and b"PRIVATE KEY-----" in text):
         raise InvalidInput(file, key, f"{path} is not a PEM {what.lower()}")
 
@@ -83,8 +80,7 @@ def load_web_config(path: str) -> dict[str, Any]:
     """
     import yaml
 
-    trusted(path, "web configuration")
-    text = read_limited(path, MAX_WEB_CONFIG)
+    text = read_trusted(path, "web configuration", MAX_WEB_CONFIG)  # checked on the descriptor it is read from
     try:
         data = yaml.safe_load(text) or {}
     except RecursionError as err:
@@ -106,7 +102,6 @@ def load_web_config(path: str) -> dict[str, Any]:
             raise InvalidInput(path, "tls_server_config.min_version", "must be TLS12 or TLS13")
         for key, what in (("cert_file", "CERTIFICATE"), ("key_file", "PRIVATE KEY"), ("client_ca_file", "CERTIFICATE")):
             if tls.get(key):
-                trusted(tls[key], "TLS file", file=path, key=f"tls_server_config.{key}")
                 _pem(tls[key], path, f"tls_server_config.{key}", what)
         try:
             ssl_context(tls)
@@ -138,13 +133,24 @@ def load_web_config(path: str) -> dict[str, Any]:
 
 
 def ssl_context(tls: dict[str, Any]) -> ssl.SSLContext:
+    """The server's TLS context. Each file is opened once and checked on that descriptor
+    (``gpud.paths.open_trusted``), and OpenSSL reads that same open file through /proc/self/fd: a
+    file swapped after ``load_web_config`` checked it is never the one loaded."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3 if tls.get("min_version") == "TLS13" else ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(tls["cert_file"], tls["key_file"])
-    if tls.get("client_ca_file"):
-        ctx.load_verify_locations(tls["client_ca_file"])
-        ctx.verify_mode = (ssl.CERT_NONE if tls.get("client_auth_type") == "NoClientCert"
-                           else ssl.CERT_REQUIRED)
+    fds: dict[str, int] = {}
+    try:
+        for key in ("cert_file", "key_file", "client_ca_file"):
+            if tls.get(key):
+                fds[key] = open_trusted(tls[key], "TLS file", key=f"tls_server_config.{key}")
+        ctx.load_cert_chain(f"/proc/self/fd/{fds['cert_file']}", f"/proc/self/fd/{fds['key_file']}")
+        if "client_ca_file" in fds:
+            ctx.load_verify_locations(f"/proc/self/fd/{fds['client_ca_file']}")
+            ctx.verify_mode = (ssl.CERT_NONE if tls.get("client_auth_type") == "NoClientCert"
+                               else ssl.CERT_REQUIRED)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
     return ctx
 
 

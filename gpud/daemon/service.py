@@ -48,10 +48,9 @@ def load_trusted_profile(name: str, peer: control.Peer | None = None) -> Profile
     if peer is not None and ("/" in name or name.endswith(".toml")) and not peer.may_read(name):
         # Never parse a file for a peer who could not read it: no contents, no parse errors.
         raise GpudError(f"refused: {name} is not readable by uid {peer.uid}; give a profile you can read")
-    p = load(name)
-    for file in p.files:
-        trusted(file, "profile")
-    return p
+    # ``load`` opens each file of the chain once and checks that descriptor before parsing it (as root:
+    # owned by root, not writable by others, no symbolic link, directories only root can change).
+    return load(name)
 
 
 class Settings:
@@ -69,8 +68,7 @@ class Settings:
         if not self.path and not os.environ.get("GPUD_CONFIG") and not cfg.DEFAULT_PATH.is_file():
             return None
         path = self.path or os.environ.get("GPUD_CONFIG") or str(cfg.DEFAULT_PATH)
-        trusted(path, "configuration")
-        new = cfg.load(path)
+        new = cfg.load(path)  # checked on the descriptor it is read from (gpud.paths.read_trusted)
         if self.overrides:
             new = new.with_daemon(**self.overrides)
         web = http.load_web_config(new.daemon.web_config) if new.daemon.web_config else {}
@@ -521,8 +519,8 @@ class Daemon:
 
 def run(machine: Machine, config: cfg.Config, config_path: str | None,
         overrides: dict[str, Any] | None = None) -> int:
-    if config_path:
-        trusted(config_path, "configuration")
+    # ``config`` was read by ``cfg.load``, which checks the descriptor it reads (a check of the path
+    # here, after the read, would check a file that may no longer be the one read).
     return Daemon(machine, config, config_path, overrides).run()
 
 

@@ -76,9 +76,85 @@ def ticking(ticker: Ticker | None, period_s: float = 1.0) -> Iterator[None]:
         th.join()
 
 
+# What a command started by root keeps of gpud's environment: the locale. Everything else is built
+# (``clean_env``): a root gpud never hands its caller's LD_PRELOAD, PYTHONPATH or secrets to a command.
+KEPT = ("LANG", "LANGUAGE", "TZ")
+SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+# Run as the invoking user: enter the directory gpud was started in when that user may (the kernel
+# decides, after the privileges are dropped), else their home, else /.
+_ENTER = 'cd -- "$1" 2>/dev/null || cd -- "$HOME" 2>/dev/null || cd /; shift; exec "$@"'
+
+
+class RunAs:
+    """Who a command runs as: under ``sudo`` (euid 0, SUDO_USER/SUDO_UID/SUDO_GID set, SUDO_UID not 0)
+    the invoking user with their own groups; else gpud's own user. ``clean`` when gpud is root."""
+
+    def __init__(self, environ: dict[str, str] | None = None) -> None:
+        import pwd
+
+        env = dict(os.environ if environ is None else environ)
+        self.clean = os.geteuid() == 0
+        self.uid: int | None = None
+        self.gid: int | None = None
+        self.groups: list[int] = []
+        self.user = ""
+        self.home = "/"
+        if not self.clean:
+            return
+        sudo_uid, sudo_gid, sudo_user = env.get("SUDO_UID", ""), env.get("SUDO_GID", ""), env.get("SUDO_USER", "")
+        if sudo_user and sudo_uid.isdigit() and sudo_gid.isdigit() and int(sudo_uid) != 0:
+            self.uid, self.gid, self.user = int(sudo_uid), int(sudo_gid), sudo_user
+            try:
+                pw = pwd.getpwuid(self.uid)
+                self.home = pw.pw_dir or "/"
+                self.groups = sorted(set(os.getgrouplist(pw.pw_name, self.gid)))
+                self.user = pw.pw_name
+            except KeyError:
+                self.groups = [self.gid]  # no such user in the password database: its ids alone
+        else:
+            try:
+                pw = pwd.getpwuid(os.geteuid())
+                self.user, self.home = pw.pw_name, pw.pw_dir or "/"
+            except KeyError:
+                self.user = "root"
+
+    def env(self, extra: dict[str, str]) -> dict[str, str]:
+        """The command's environment: gpud's own (not root), or one built for the user (root)."""
+        if not self.clean:
+            return {**os.environ, **extra}
+        out = {"PATH": SAFE_PATH, "HOME": self.home, "USER": self.user, "LOGNAME": self.user}
+        out.update({k: v for k, v in os.environ.items() if k in KEPT or k.startswith("LC_")})
+        out.update(extra)
+        return out
+
+    def argv(self, argv: list[str]) -> list[str]:
+        """What runs: the command itself, or (as the invoking user) a shell that first enters the
+        directory gpud was started in when that user may (the kernel decides, after the privileges are
+        dropped: no check of modes that ACLs could contradict), else their home, else /."""
+        if self.uid is None:
+            return argv
+        try:
+            here = os.getcwd()
+        except OSError:
+            here = self.home
+        return ["/bin/sh", "-c", _ENTER, "gpud-workload", here, *argv]
+
+    def popen(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """The command started in its own session (a timeout kills the whole process group), under sudo
+        with the invoking user's uid, gid and groups (subprocess sets groups, then gid, then uid)."""
+        null, pipe = subprocess.DEVNULL, subprocess.PIPE
+        if self.uid is None:
+            return subprocess.Popen(self.argv(argv), env=env, start_new_session=True, stdin=null, stdout=null,
+                                    stderr=pipe)
+        return subprocess.Popen(self.argv(argv), env=env, start_new_session=True, stdin=null, stdout=null,
+                                stderr=pipe, user=self.uid, group=self.gid, extra_groups=self.groups, cwd="/")
+
+
 class Command:
     """The user's command, run to completion once per window: a window's figure is one run (runs per
-    second = 1 / its wall time). Its environment gets CUDA_VISIBLE_DEVICES for the GPUs tuned."""
+    second = 1 / its wall time). Its environment gets CUDA_VISIBLE_DEVICES for the GPUs tuned. Under
+    sudo it runs as the invoking user (``RunAs``), as root in a clean environment; always in its own
+    process group, all of it killed at the timeout."""
 
     unit = "runs"
 
@@ -95,23 +171,36 @@ class Command:
         self.timeout_s = timeout_s
         self._env: dict[str, str] = {}
         self.ticker: Ticker | None = None
+        self.run_as = RunAs()
 
     def start(self, gpus: list[int]) -> None:
         visible = [self.uuids[g] for g in gpus if g in self.uuids]
         self._env = {"CUDA_VISIBLE_DEVICES": ",".join(visible)} if len(visible) == len(gpus) else {}
 
+    def _run(self) -> tuple[int, bytes]:
+        import signal
+
+        proc = self.run_as.popen(self.argv, self.run_as.env(self._env))
+        try:
+            _, err = proc.communicate(timeout=self.timeout_s)
+        except BaseException:  # the timeout, or gpud interrupted: the whole group goes, nothing left behind
+            with contextlib.suppress(OSError):  # not yet reaped: its pid (the group's id) is still its own
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+        return proc.returncode, err or b""
+
     def window(self, seconds: float) -> tuple[float, float]:
         t0 = time.monotonic()
         try:
             with ticking(self.ticker):
-                done = subprocess.run(self.argv, env={**os.environ, **self._env}, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.PIPE, timeout=self.timeout_s, check=False)
-        except (OSError, subprocess.TimeoutExpired) as err:
+                code, stderr = self._run()
+        except (OSError, subprocess.TimeoutExpired, subprocess.SubprocessError) as err:
             raise WorkloadFailed(f"{self.name}: {err}") from None
         took = time.monotonic() - t0
-        if done.returncode != 0:
-            tail = (done.stderr or b"").decode(errors="replace").strip().splitlines()[-1:] or [""]
-            raise WorkloadFailed(f"{self.name}: exit status {done.returncode} {tail[0]}".strip())
+        if code != 0:
+            tail = stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
+            raise WorkloadFailed(f"{self.name}: exit status {code} {tail[0]}".strip())
         return 1.0, took
 
     def now(self) -> float:

@@ -172,7 +172,9 @@ def _check_gpu_settings(table: dict[str, Any], file: str, where: str, spec: Spec
 
 
 def _read(path: Path) -> tuple[dict[str, Any], str]:
-    data, _ = load_toml(path, str(path))
+    # Opened once and checked on that descriptor (as root: owned by root, not writable by others, no
+    # symbolic link, directories only root can change): what is parsed is what was checked.
+    data, _ = load_toml(path, str(path), trust="profile")
     return data, str(path)
 
 
@@ -199,7 +201,8 @@ def parse(data: dict[str, Any], file: str) -> dict[str, Any]:
 
 
 def load(name_or_path: str) -> Profile:
-    """Load a profile and its ``extends`` chain (cycles refused)."""
+    """Load a profile and its ``extends`` chain (cycles refused). Each file of the chain is read as
+    ``gpud.paths.read_trusted`` reads: as root, one another user could have written is refused."""
     chain: list[tuple[Path, dict[str, Any]]] = []
     seen: list[str] = []
     current: str | None = name_or_path

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from gpud.errors import GpudError
-from gpud.paths import atomic_write, depth, state_dir
+from gpud.errors import GpudError, InvalidInput
+from gpud.paths import atomic_write, depth, open_trusted, read_fd, state_dir
 
 VERSION = 1
 MAX_STATE = 1 << 20
@@ -187,12 +187,20 @@ def read() -> TuningState | None:
     """The state; None when no file exists (nothing applied). Anything else wrong → StateError."""
     p = path()
     try:
-        with open(p, "rb") as f:
-            raw = f.read(MAX_STATE + 1)
+        # One descriptor, checked as it is read: as root the file steers what gpud writes to the GPUs, so
+        # one another user could have written (or a symbolic link, or in a directory others can change)
+        # is refused.
+        fd = open_trusted(p, "state file")
+        try:
+            raw = read_fd(fd, MAX_STATE)
+        finally:
+            os.close(fd)
     except FileNotFoundError:
         return None
     except OSError as err:
         raise _bad(p, f"cannot read ({err.strerror})") from err
+    except InvalidInput as err:
+        raise _bad(p, err.reason) from err
     if len(raw) > MAX_STATE:
         raise _bad(p, "larger than 1 MiB")
     try:
