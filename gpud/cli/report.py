@@ -14,7 +14,9 @@ Redaction (default): the names and ids found on the machine — host names, user
 the machine's accounts, the user running gpud), container, pod, Slurm job and systemd unit ids,
 process command lines and the scripts they run, process names in kernel lines — are replaced by
 ``<host>``, ``<user1>``, ``<container1>``… wherever they stand in any file, inside words too (a
-profile named ``alice-quiet``). ``--no-redact`` keeps them.
+profile named ``alice-quiet``). ``--no-redact`` keeps them. A JSON file is redacted value by value
+(every string and every key, parsed and written again), a text file line by line: whatever a
+command line holds (``":``, a backslash, a line break), every file still parses as it did.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import getpass
 import io
 import json
+import os
 import platform
 import re
 import socket
@@ -149,7 +152,8 @@ def _secrets(m, files: dict[str, str], label: str) -> tuple[dict[str, str], list
     users: list[str] = []
     commands: list[str] = []
     places: dict[str, list[str]] = {"container": [], "pod": [], "job": [], "unit": []}
-    kinds = {"docker": "container", "podman": "container", "pod": "pod", "slurm": "job", "unit": "unit"}
+    kinds = {"docker": "container", "podman": "container", "pod": "pod", "slurm": "job", "unit": "unit",
+             "user-unit": "unit"}  # a unit a user named in their own systemd manager (gpud.procinfo)
     for g in status["gpus"]:
         for p in (g.get("sample") or {}).get("processes") or []:
             if p.get("user") and p["user"] not in users:
@@ -192,26 +196,90 @@ def _secrets(m, files: dict[str, str], label: str) -> tuple[dict[str, str], list
     return out, notes
 
 
-_KERNEL_NAME = re.compile(r"(\bname=)([^,\s]+)")  # an Xid line's process name: "pid=4242, name=python, …"
+_KERNEL_NAME = r"(?<=\bname=)[^,\s]+"  # an Xid line's process name: "pid=4242, name=python, …"
 
 
-def _redact(text: str, secrets: dict[str, str]) -> str:
-    text = _KERNEL_NAME.sub(r"\1<process>", text)
-    for value in sorted(secrets, key=len, reverse=True):
-        if value.startswith("<") or len(value) < 2:
-            continue
-        what = secrets[value]
-        if what == "<command>":
-            text = text.replace(value, what).replace(json.dumps(value)[1:-1], what)
-        elif what.startswith("<job"):  # a number: only where it stands as a job
-            text = re.sub(rf"(slurm:|job_|job |jobid=|SLURM_JOB_ID=){re.escape(value)}(?!\d)", rf"\g<1>{what}",
-                          text)
-        elif what.startswith(("<container", "<pod")):  # a short id stands for the whole one too
-            text = re.sub(rf"(?<![0-9a-f]){re.escape(value)}[0-9a-f-]*", what, text)
-        else:  # inside words joined by - . / @ too ("alice-quiet"), not inside another name ("malice")
-            # nor a JSON key ("gpu_count" for a host named "gpu")
-            text = re.sub(rf"(?<![A-Za-z0-9_]){re.escape(value)}(?![A-Za-z0-9_])", what, text)
-    return text
+def _forms(value: str) -> list[str]:
+    """A command line as it stands in a value, and escaped as JSON or Python would print it inside a
+    text (a log line that quotes it): each of them, longest first, none with a line break of its own."""
+    forms = {value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1], repr(value)[1:-1]}
+    return sorted(forms, key=len, reverse=True)
+
+
+class _Redactor:
+    """The secrets as one pattern, applied in one pass: what one replacement wrote (``<user1>``) is
+    never read again by another (a user named ``user1``, a host named ``command``), and a placeholder
+    holds no character that could end a line or a JSON string."""
+
+    def __init__(self, secrets: dict[str, str]) -> None:
+        self.exact = {v: p for v, p in secrets.items() if p == "<command>"}  # a whole value, any length
+        alternatives: list[tuple[int, str, str]] = [(10**9, _KERNEL_NAME, "<process>")]
+        literals = {"name="}  # what every alternative holds as it stands: a value without any is left as it is
+        for value, what in secrets.items():
+            if len(value) < 2:
+                continue
+            if what == "<command>":  # raw, and as a log line quotes it; a multi-line one line by line too
+                pieces = [*_forms(value), *(p for p in value.split("\n") if len(p) >= 2 and "\n" in value)]
+                alternatives += [(len(p), re.escape(p), what) for p in pieces]
+                literals.update(pieces)
+            elif what.startswith("<job"):  # a number: only where it stands as a job
+                prefixes = "|".join(f"(?<={re.escape(p)})" for p in ("slurm:", "job_", "job ", "jobid=",
+                                                                        "SLURM_JOB_ID="))
+                alternatives.append((len(value), rf"(?:{prefixes}){re.escape(value)}(?!\d)", what))
+            elif what.startswith(("<container", "<pod")):  # a short id stands for the whole one too
+                alternatives.append((len(value), rf"(?<![0-9a-f]){re.escape(value)}[0-9a-f-]*", what))
+            else:  # inside words joined by - . / @ too ("alice-quiet"), not inside another name ("malice")
+                # nor a JSON key's word ("gpu_count" for a host named "gpu")
+                alternatives.append((len(value), rf"(?<![A-Za-z0-9_]){re.escape(value)}(?![A-Za-z0-9_])", what))
+            literals.add(value)
+        alternatives.sort(key=lambda a: -a[0])  # at one place, the longest secret wins
+        self.placeholders = [what for _, _, what in alternatives]
+        assert all("\n" not in p and "\r" not in p and '"' not in p and "\\" not in p for p in self.placeholders)
+        self.pattern = re.compile("|".join(f"(?P<s{i}>{pat})" for i, (_, pat, _) in enumerate(alternatives)))
+        # one pass of plain text first: most values hold no secret (the full pattern is slow on 29 000 events)
+        self.quick = re.compile("|".join(re.escape(v) for v in sorted(literals, key=len, reverse=True)))
+
+    def _sub(self, m: re.Match[str]) -> str:
+        return self.placeholders[int((m.lastgroup or "s0")[1:])]
+
+    def value(self, text: str) -> str:
+        """A string value (of JSON, or one line of a text file)."""
+        if text in self.exact:
+            return self.exact[text]
+        return self.pattern.sub(self._sub, text) if self.quick.search(text) else text
+
+    def text(self, text: str) -> str:
+        """A text file, line by line: no line is joined to another or split."""
+        return "\n".join(self.value(line) if line else line for line in text.split("\n"))
+
+    def json(self, obj: Any) -> Any:
+        """Every string value and every key of a parsed JSON document."""
+        if isinstance(obj, str):
+            return self.value(obj)
+        if isinstance(obj, list):
+            return [self.json(v) for v in obj]
+        if isinstance(obj, dict):
+            out: dict[str, Any] = {}
+            for k, v in obj.items():
+                key = self.value(k)
+                n = 1
+                while key in out:  # two names redacted alike ("alice", "bob" → "<user1>", "<user2>" never;
+                    n += 1  # a command and its script both "<command>"…): both kept
+                    key = f"{self.value(k)} ({n})"
+                out[key] = self.json(v)
+            return out
+        return obj
+
+    def file(self, name: str, text: str) -> str:
+        """A file of the archive: a JSON one parsed, redacted value by value and written again (it
+        still parses); any other as text, line by line."""
+        if name.endswith(".json"):
+            try:
+                doc = json.loads(text)
+            except ValueError:
+                return self.text(text)
+            return json.dumps(self.json(doc), indent=2, default=str) + "\n"
+        return self.text(text)
 
 
 def _journal_files(files: dict[str, str], notes: list[str]) -> None:
@@ -254,12 +322,17 @@ def report(
     tuning state, the daemon's and the kernel's NVIDIA log lines. Host name, user names and command
     lines are redacted unless --no-redact.
     """
+    if output is not None:  # refused before anything is gathered
+        from gpud.paths import check_output
+
+        check_output(output, "--output")
     m = machine(simulate)
     files, notes = _gather(m, config)
     if not no_redact:
         secrets, more = _secrets(m, files, m.label)
-        files = {name: _redact(text, secrets) for name, text in files.items()}
-        notes = [_redact(n, secrets) for n in notes] + more
+        redactor = _Redactor(secrets)
+        files = {name: redactor.file(name, text) for name, text in files.items()}
+        notes = [redactor.text(n) for n in notes] + more
     else:
         notes.append("not redacted (--no-redact): host name, user names and command lines are in the files")
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -268,7 +341,10 @@ def report(
                 "files:"] + [f"  {name}" for name in sorted(files)] + ["", "notes:"] + [f"  {n}" for n in notes]
     files["MANIFEST.txt"] = "\n".join(manifest) + "\n"
     try:
-        with tarfile.open(target, "w:gz") as tar:
+        # created here, never through a link planted since the check above (a root gpud writing where a
+        # user can), and only readable by whoever runs it: the archive holds the machine's details
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
             for name, text in sorted(files.items()):
                 data = text.encode()
                 info = tarfile.TarInfo(f"gpud-report/{name}")
