@@ -32,3 +32,30 @@ def test_benchmark_command_prints_every_row(tmp_path) -> None:
         assert needle in figures, needle
         assert needle in r.stdout
     assert all(row["verdict"] in ("ok", "MISSED", "n/a") for row in rows)
+
+
+def test_hostile_benchmark_measures_three_phases(tmp_path) -> None:
+    """benchmarks/hostile.py --quick: the idle, 100 000-character command and churn phases, each with its
+    scrape and tick figures (timing is not judged: the machine is shared)."""
+    out = tmp_path / "hostile.json"
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "hostile.py"), "--quick", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(out.read_text())
+    phases = result["phases"]
+    assert set(phases) == {"idle", "long_command", "churn"}
+    for name, p in phases.items():
+        assert p["scrapes"] > 0, name
+        for key in ("scrape_p50_s", "scrape_p99_s", "tick_period_p50_s", "tick_period_p99_s", "tick_period_max_s",
+                    "daemon_cpu_percent"):
+            assert isinstance(p[key], float) and p[key] == p[key] and p[key] >= 0, (name, key)  # a number, not NaN
+        assert p["ticks"] > 0 and p["tick_periods"], name
+    assert phases["long_command"]["driver"]["pids"] >= 1
+    assert phases["churn"]["driver"]["pids"] >= 500  # the churn happened
+    assert phases["churn"]["gpu_processes_seen_max"] > 0  # and the daemon saw it
+    figures = {row["figure"] for row in result["rows"]}
+    for label in ("idle", "100 000-character command", "churn"):
+        for figure in (f"/metrics p99, {label}", f"tick period p99, {label}", f"daemon CPU, {label}"):
+            assert figure in figures, figure
+            assert figure in r.stdout
+    assert all(row["verdict"] in ("ok", "MISSED", "n/a") for row in result["rows"])
