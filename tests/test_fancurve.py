@@ -148,3 +148,22 @@ def test_failsafe_on_lost_gpu_or_failed_write(state_dir, fault: str) -> None:
     if fault == "write":
         assert m.snapshot().samples[2].fans[0].policy == "auto"
     assert fc.failsafes == 1
+
+
+def test_reconfiguring_the_same_curves_rewrites_nothing(state_dir) -> None:
+    """A rule switch hands FanControl every GPU's settings (the switched GPU's and the base profile's on the
+    rest): the GPUs whose curve did not change keep their controller and the duty written, so the next step
+    writes only the switched GPU's fans (under process churn most ticks followed a switch and rewrote all)."""
+    m = open_machine("z8-fury-4x-a6000")
+    training = resolve(load("training"), list(m.snapshot().gpus))
+    quiet = resolve(load("quiet"), list(m.snapshot().gpus))
+    fc = FanControl.from_profile(m, training)
+    fc.step(m.snapshot().samples, now=0)
+    kept = {g: fc.controllers[g] for g in (0, 1, 2)}
+    writes: list[int] = []
+    real = m.nvml.set_fan_speed
+    m.nvml.set_fan_speed = lambda gpu, fan, duty: (writes.append(gpu), real(gpu, fan, duty))[1]  # type: ignore[method-assign]
+    fc.configure({**training, 3: quiet[3]})
+    fc.step(m.snapshot().samples, now=1)
+    assert all(fc.controllers[g] is kept[g] for g in kept)
+    assert set(writes) == {3}, writes

@@ -75,4 +75,5 @@ def test_report_records_an_applied_profile(tmp_path: Path, state_dir: Path) -> N
 
 def test_unwritable_target_is_one_line(tmp_path: Path, state_dir: Path) -> None:
     r = run_gpud("report", "--simulate", SIM, "-o", str(tmp_path / "no" / "such" / "dir" / "r.tar.gz"))
-    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "--output" in r.stderr
+    # refused before anything is gathered: a bad output path is bad input (exit 2), one line
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--output" in r.stderr

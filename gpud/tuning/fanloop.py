@@ -38,6 +38,7 @@ class FanControl:
     in_failsafe: set[int] = field(default_factory=set)
     unreleased: set[int] = field(default_factory=set)  # GPUs whose fans could not be handed back yet
     reapplied: int = 0  # curves written again after the fans were found off gpud's control (a driver reload)
+    settings: dict[int, dict[str, Any]] = field(default_factory=dict)  # the fan setting each controller follows
 
     @classmethod
     def from_profile(cls, machine: Machine, desired: dict[int, dict[str, Any]]) -> FanControl:
@@ -54,12 +55,16 @@ class FanControl:
             self._to_auto(gpu, "no longer controlled")
             self.controllers.pop(gpu, None)
             self.commanded.pop(gpu, None)
+            self.settings.pop(gpu, None)
         for gpu, fan in wanted.items():
+            if gpu in self.controllers and self.settings.get(gpu) == fan:
+                continue  # the same curve: its state (hysteresis, the duty written) stands, nothing is rewritten
             info = self.machine.info(gpu)
             if info is None or not info.fan_count:
                 continue
             self.controllers[gpu] = FanController(FanCurve.from_profile(fan), float(info.fan_min_speed_percent or 0),
                                                   float(info.fan_max_speed_percent or 100))
+            self.settings[gpu] = fan
             self.commanded.pop(gpu, None)
 
     def step(self, samples: tuple[GpuSample, ...] | list[GpuSample], now: float) -> list[FanEvent]:
