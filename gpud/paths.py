@@ -232,18 +232,6 @@ def read_fd(fd: int, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def trusted(path: str, what: str, file: str | None = None, key: str = "") -> None:
-    """As root, refuse files another user could have written: a writable profile could stop the fans.
-    Only a check: code that then reads the file must use ``read_trusted`` (the same checks on the
-    descriptor it reads), or the file could be swapped between the check and the read."""
-    from gpud.errors import InvalidInput
-
-    try:
-        os.close(open_trusted(path, what, file, key))
-    except OSError as err:
-        raise InvalidInput(file or path, key, f"cannot read {path}: {err.strerror}") from err
-
-
 MAX_INPUT = 1 << 20  # 1 MiB: the largest profile, configuration or description gpud reads
 MAX_DEPTH = 32  # nesting of tables and arrays in any input file
 

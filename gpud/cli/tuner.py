@@ -56,7 +56,7 @@ def _daemon_drives(t: Target) -> bool:
 
 def check_daemon_trusts(sock: str | Path) -> None:
     """Refuse before any trial when the daemon would refuse every trial: a daemon running as root loads
-    only profiles root owns (``gpud.paths.trusted``), and a tune's trial profiles are its caller's. The
+    only profiles root owns (``gpud.paths.open_trusted``), and a tune's trial profiles are its caller's. The
     daemon runs as the owner of its socket."""
     from gpud.tune.run import TuneRefused
 

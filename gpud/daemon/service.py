@@ -35,7 +35,7 @@ from gpud.hw.machine import Machine
 from gpud.journal import Journal
 from gpud.model import Snapshot
 from gpud.observe import Drift
-from gpud.paths import LockBusy, TuningLock, control_socket, trusted
+from gpud.paths import LockBusy, TuningLock, control_socket
 from gpud.tuning import engine
 from gpud.tuning.enforce import DriftMetric, Enforcer
 from gpud.tuning.fanloop import FanControl
@@ -524,4 +524,4 @@ def run(machine: Machine, config: cfg.Config, config_path: str | None,
     return Daemon(machine, config, config_path, overrides).run()
 
 
-__all__ = ["Daemon", "run", "trusted"]
+__all__ = ["Daemon", "run"]
