@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
+from gpud.child import environment
 from gpud.errors import GpudError, InvalidInput
 from gpud.hw.machine import Machine
 
@@ -76,9 +77,9 @@ def ticking(ticker: Ticker | None, period_s: float = 1.0) -> Iterator[None]:
         th.join()
 
 
-# What a command started by root keeps of gpud's environment: the locale. Everything else is built
-# (``clean_env``): a root gpud never hands its caller's LD_PRELOAD, PYTHONPATH or secrets to a command.
-KEPT = ("LANG", "LANGUAGE", "TZ")
+# A command started by root gets the environment gpud builds for its children (``gpud.child``: the locale,
+# the CUDA/NCCL/OpenMP settings meant for training), never its caller's LD_PRELOAD, PYTHONPATH or
+# secrets, with the user's own PATH, HOME, USER and LOGNAME.
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 # Run as the invoking user: enter the directory gpud was started in when that user may (the kernel
 # decides, after the privileges are dropped), else their home, else /.
@@ -122,10 +123,7 @@ class RunAs:
         """The command's environment: gpud's own (not root), or one built for the user (root)."""
         if not self.clean:
             return {**os.environ, **extra}
-        out = {"PATH": SAFE_PATH, "HOME": self.home, "USER": self.user, "LOGNAME": self.user}
-        out.update({k: v for k, v in os.environ.items() if k in KEPT or k.startswith("LC_")})
-        out.update(extra)
-        return out
+        return environment({"PATH": SAFE_PATH, "HOME": self.home, "USER": self.user, "LOGNAME": self.user, **extra})
 
     def argv(self, argv: list[str]) -> list[str]:
         """What runs: the command itself, or (as the invoking user) a shell that first enters the
