@@ -1,7 +1,9 @@
 """deploy/: the Kubernetes manifests against the Kubernetes schema (kubernetes-validate, whose schemas
 are packaged: no cluster, no network), the pieces against each other and against gpud itself (the
 ConfigMap's gpud.toml loads, the probes' /healthz answers, the image's paths and user), and Node
-Problem Detector's custom plugin against NPD's documented format, its check run on simulated machines."""
+Problem Detector's custom plugin against NPD's documented format, its check run on simulated machines;
+and `kubectl kustomize`'s rendering, whose shell commands (the init containers') run under setpriv with
+the user and capabilities their securityContext grants."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -301,3 +304,133 @@ def test_a_host_process_seen_from_a_pods_cgroup_namespace_keeps_its_unit() -> No
     from gpud.procinfo import workload
 
     assert workload("0::/../../../../system.slice/jupyter.service") == "unit:jupyter.service"
+
+
+# -- the rendered manifests' shell commands, under their own securityContext -----------------------
+
+# how the kubelet finds a missing hostPath (DirectoryOrCreate: root:root 0755), and states a later start
+# may find: gpud's already, with another mode (someone's chmod, a setgid bit), another user's
+START_STATES = [(0, 0, 0o755), (10909, 10909, 0o750), (10909, 10909, 0o700), (10909, 10909, 0o2755),
+                (1000, 1000, 0o777)]
+SHELLS = ("/bin/sh", "/bin/bash", "sh", "bash")
+SANDBOX_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def kubectl() -> str:
+    path = shutil.which("kubectl")
+    if path is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("kubectl is missing (Debian's kubernetes-client package)")
+        pytest.skip("kubectl not installed (Debian's kubernetes-client package): no `kubectl kustomize`")
+    return path
+
+
+def setpriv() -> str:
+    path = shutil.which("setpriv")
+    if path is None and os.environ.get("CI") == "true":
+        pytest.fail("setpriv is missing (util-linux)")
+    if path is None:
+        pytest.skip("setpriv not installed (util-linux)")
+    if os.geteuid() != 0:
+        pytest.skip("running a container's command as its user and capabilities needs root")
+    return path
+
+
+@functools.cache
+def _rendered(tool: str) -> str:
+    r = subprocess.run([tool, "kustomize", str(K8S)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def rendered() -> list[dict[str, Any]]:
+    """What `kubectl apply -k deploy/kubernetes` sends: kustomize's rendering, not the files."""
+    return [d for d in yaml.safe_load_all(_rendered(kubectl())) if d is not None]
+
+
+def shell_containers(docs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(DaemonSet/container, pod spec, container) for every container whose command is a shell's -c."""
+    out = []
+    for d in docs:
+        if d["kind"] != "DaemonSet":
+            continue
+        pod = d["spec"]["template"]["spec"]
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            cmd = c.get("command") or []
+            if len(cmd) >= 3 and cmd[0] in SHELLS and cmd[1] == "-c":
+                out.append((f"{d['metadata']['name']}/{c['name']}", pod, c))
+    return out
+
+
+def sandbox(tool: str, pod: dict[str, Any], c: dict[str, Any]) -> tuple[list[str], int, int]:
+    """setpriv's arguments for exactly the user, groups and capabilities the container is given: the
+    container's runAsUser/runAsGroup over the pod's, the pod's supplementalGroups, and with
+    `drop: [ALL]` the capability set is exactly `add` (effective for root only: the runtime sets no
+    ambient capabilities, so a non-root command has none). Returns (argv, uid, CapEff's mask)."""
+    psc, sc = pod.get("securityContext", {}), c.get("securityContext", {})
+    uid, gid = sc.get("runAsUser", psc.get("runAsUser")), sc.get("runAsGroup", psc.get("runAsGroup"))
+    assert uid is not None and gid is not None, f"{c['name']}: the image's USER would decide"
+    assert not (uid == 0 and sc.get("runAsNonRoot", psc.get("runAsNonRoot"))), "the kubelet refuses root here"
+    assert not sc.get("privileged"), c["name"]
+    caps = sc.get("capabilities", {})
+    assert [x.upper() for x in caps.get("drop", [])] == ["ALL"], f"{c['name']}: the runtime's default set applies"
+    add = sorted({x.upper().removeprefix("CAP_").lower() for x in caps.get("add", [])})
+    names = subprocess.run([tool, "--list-caps"], capture_output=True, text=True, check=True).stdout.split()
+    mask = sum(1 << names.index(a) for a in add) if uid == 0 else 0
+    groups = psc.get("supplementalGroups", [])
+    argv = [tool, f"--reuid={uid}", f"--regid={gid}",
+            f"--groups={','.join(map(str, groups))}" if groups else "--clear-groups",
+            "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=" + ",".join(["-all", *(f"+{a}" for a in add)])]
+    if sc.get("allowPrivilegeEscalation") is False:
+        argv.append("--no-new-privs")
+    return argv, uid, mask
+
+
+@pytest.mark.parametrize("start", START_STATES, ids=lambda s: f"{s[0]}:{s[1]}:{s[2]:o}")
+def test_every_shell_command_runs_under_its_own_user_and_capabilities_on_every_start(
+        start: tuple[int, int, int]) -> None:
+    """The rendered DaemonSets' shell commands (the state-owner init containers; gpud and NPD run
+    binaries) run under setpriv with their securityContext's user, groups and capabilities, each
+    mount a directory standing in for its path: twice (the first start, then a restart on what the
+    first left), exit 0 both times; the state directory ends gpud's user's, mode 0750, and the main
+    container's user (no capabilities) can write there."""
+    tool = setpriv()
+    docs = rendered()
+    found = shell_containers(docs)
+    assert {n for n, _, _ in found} >= {"gpud/state-owner", "gpud-node-problem-detector/state-owner"}, found
+    base = Path(tempfile.mkdtemp(prefix="gpud-k8s-"))  # under /tmp: gpud's user must reach the state directory
+    try:
+        base.chmod(0o755)
+        for n, (name, pod, c) in enumerate(found):
+            argv, uid, mask = sandbox(tool, pod, c)
+            env = {"PATH": SANDBOX_PATH}
+            r = subprocess.run([*argv, "--", "/bin/sh", "-c", "grep ^CapEff: /proc/self/status"], env=env,
+                               capture_output=True, text=True, timeout=30)
+            assert r.returncode == 0 and int(r.stdout.split()[1], 16) == mask, (name, r.stdout, r.stderr)
+            main = pod["containers"][0]
+            state = next(e["value"] for e in main["env"] if e["name"] == "GPUD_STATE_DIR")
+            dirs = {}
+            for m in c.get("volumeMounts", []):
+                d = base / f"{n}-{m['name']}"
+                d.mkdir()
+                os.chown(d, *(start[:2] if m["mountPath"] == state else (0, 0)))
+                d.chmod(start[2] if m["mountPath"] == state else 0o755)
+                dirs[m["mountPath"]] = d
+            script = c["command"][2]
+            for path in sorted(dirs, key=len, reverse=True):
+                script = script.replace(path, str(dirs[path]))
+            for attempt in ("first start", "restart"):
+                r = subprocess.run([*argv, "--", *c["command"][:2], script, *c["command"][3:]], env=env,
+                                   capture_output=True, text=True, timeout=30)
+                assert r.returncode == 0, f"{name}, {attempt}: exit {r.returncode}: {r.stderr.strip()}"
+            if state in dirs:
+                st = os.stat(dirs[state])
+                psc = pod["securityContext"]
+                assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (psc["runAsUser"], psc["runAsGroup"], 0o750)
+                user, _, _ = sandbox(tool, pod, main)
+                probe = dirs[state] / "journal.probe"
+                r = subprocess.run([*user, "--", "/bin/sh", "-c", f"echo x > {probe} && rm {probe}"], env=env,
+                                   capture_output=True, text=True, timeout=30)
+                assert r.returncode == 0, f"{name}: gpud's user cannot write its state directory: {r.stderr}"
+    finally:
+        shutil.rmtree(base)
