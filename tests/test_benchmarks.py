@@ -59,3 +59,31 @@ def test_hostile_benchmark_measures_three_phases(tmp_path) -> None:
             assert figure in figures, figure
             assert figure in r.stdout
     assert all(row["verdict"] in ("ok", "MISSED", "n/a") for row in result["rows"])
+
+
+def test_footprint_splits_the_daemons_cpu(tmp_path) -> None:
+    """benchmarks/footprint.py: the daemon's RSS and CPU as before, and its CPU split into the simulated
+    library's and gpud's own, each beside its target, with the NVML calls that cost most (a short window:
+    the verdicts are "n/a"; timing is not judged, the machine is shared)."""
+    out = tmp_path / "footprint.json"
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "footprint.py"), "--seconds", "8", "--no-prometheus",
+                        "--json", str(out)], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(out.read_text())
+    for key in ("daemon_cpu_percent_of_a_core", "daemon_rss_mib_max_sampled", "daemon_vmhwm_mib",
+                "doctor_wall_seconds"):
+        assert isinstance(result[key], float), key
+    cpu = result["cpu"]
+    for key in ("whole_percent", "stand_in_percent", "own_percent", "steady_percent", "steady_stand_in_percent"):
+        assert isinstance(cpu[key], float) and cpu[key] == cpu[key], key  # a number, not NaN
+    assert cpu["own_percent"] == pytest.approx(cpu["whole_percent"] - cpu["stand_in_percent"], abs=0.002)
+    assert result["targets"] == {"own_percent": 0.2, "whole_percent": 0.5}
+    assert set(result["verdicts"]) == {"own", "whole"}
+    assert all(v in ("ok", "MISSED") or v.startswith("n/a") for v in result["verdicts"].values())
+    calls = {c["name"]: c for c in cpu["calls"]}
+    # the rules' poll asks every GPU's compute processes; the tick reads every GPU
+    assert "gpud-rules" in calls["nvmlDeviceGetComputeRunningProcesses_v3"]["by_thread"]
+    assert calls["nvmlDeviceGetTemperature"]["calls_per_s"] > 0
+    for label in ("whole daemon, doctor every 300 s (default)", "gpud's own (whole − stand-in)",
+                  "in the simulated library", "NVML entry points", "nvmlDeviceGetComputeRunningProcesses_v3"):
+        assert label in r.stdout, label

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import time
 from typing import Any, Callable
 
 from gpud.errors import DriverNotLoaded, GpuLost, NvmlError
@@ -23,6 +24,9 @@ from gpud.hw.nvml.info import NvmlInfo
 from gpud.hw.nvml.values import GpuProcessEntry
 from gpud.model import GpuProcess, MigInstance, mig_profile
 
+# A compute list the profile rules' poll read this recently (seconds) is the off-tick sampler's for that GPU
+# (at most once): the same entry point asked again would give the same list, for 4.5 ms of RM lock.
+POLLED_REUSE_S = 1.0
 NO_INSTANCE = 0xFFFFFFFF  # nvml.h, nvmlProcessInfo_t: gpuInstanceId / computeInstanceId without MIG
 
 
@@ -32,7 +36,9 @@ class NvmlProcesses(NvmlInfo):
     def _processes(self, index: int, h: Any, locked: bool = True) -> Any:
         """The GPU's compute and graphics processes (one entry per pid: a process in both lists is
         ``compute+graphics``, as nvidia-smi's "C+G"). None when the compute list cannot be read."""
-        compute = self._process_list(index, h, locked, PROCESS_CALLS)
+        compute = None if locked else self._polled_compute(index)
+        if compute is None:
+            compute = self._process_list(index, h, locked, PROCESS_CALLS)
         if compute is None:
             return None
         graphics = self._process_list(index, h, locked, GRAPHICS_CALLS) or []
@@ -162,7 +168,18 @@ class NvmlProcesses(NvmlInfo):
         """The GPU's compute processes now (``nvmlDeviceGetComputeRunningProcesses``, gpud's own buffer: one
         call when there are none), without gpud's lock and never while a tick reads (``TickGate``): what
         the daemon's profile rules poll. Empty when the list cannot be read."""
-        return list(self._process_list(index, self.handle(index), False, PROCESS_CALLS) or [])
+        procs = self._process_list(index, self.handle(index), False, PROCESS_CALLS)
+        if procs is not None:
+            self._polled[index] = (time.monotonic(), procs)  # for the sampler's next round (``_polled_compute``)
+        return list(procs or [])
+
+    def _polled_compute(self, index: int) -> list[GpuProcessEntry] | None:
+        """Copies of the compute list the rules' poll read within ``POLLED_REUSE_S`` (then forgotten), or
+        None: the off-tick sampler then asks NVML itself."""
+        got = self._polled.pop(index, None)
+        if got is None or time.monotonic() - got[0] > POLLED_REUSE_S:
+            return None
+        return [GpuProcessEntry(p.pid, p.usedGpuMemory, p.kind, p.gi, p.ci) for p in got[1]]
 
     def _mig_handles(self, index: int, h: Any, locked: bool = True) -> list[tuple[int, Any]] | None:
         """(index, handle) of each MIG device of a MIG-enabled GPU; None without MIG (no count, or 0).
