@@ -24,6 +24,7 @@ DEFAULT_PATH = CONFIG_DIR / "gpud.toml"
 NUM = (int, float)
 DEFAULT_PORT = 10909  # outside 9100-9999, the range Prometheus' default port allocations hand out
 StatusProcesses = Literal["protected", "always", "never"]
+UnreadableKernelLog = Literal["fit", "unfit"]
 
 # Each section is a frozen dataclass; each key is declared once, as a field made by ``schema.key``
 # (its TOML type, its default, and for doctor's plain thresholds its range). ``parse`` builds
@@ -56,6 +57,9 @@ class DoctorSection:
     memlock_min_mib: int = key(int, 64, between=(0, 1 << 20, "MiB"))
     psu_load_warn_ratio: float = key(NUM, 0.9)
     pcie_replay_warn: int = key(int, 100, between=(0, 1 << 31, ""))
+    # the Slurm prolog's answer when no kernel log is readable (the Xids are unknown): "fit" (exit 0 and a
+    # warning on stderr: a missing mount does not drain a cluster) or "unfit" (exit 1, saying what is missing)
+    unreadable_kernel_log: UnreadableKernelLog = key(("fit", "unfit"), "fit")
 
 
 @dataclass(frozen=True)

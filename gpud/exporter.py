@@ -422,7 +422,8 @@ def _health_families(obs: Observation) -> Iterator[Metric]:
     """Health states (gpud.doctor.health): one series per GPU and component, ``gpu="host"`` and
     ``uuid=""`` for the machine's; the reason and repair action in the info family."""
     state = GaugeMetricFamily("gpud_health_state", "Health per GPU and component: 0 healthy, 1 degraded, "
-                              "2 unhealthy", labels=["gpu", "uuid", "component"])
+                              "2 unhealthy, -1 unknown (a source gpud could not read)",
+                              labels=["gpu", "uuid", "component"])
     info = GaugeMetricFamily("gpud_health_info", "Health per GPU and component: its state, reason and repair "
                              "action (always 1)", labels=["gpu", "uuid", "component", "state", "reason", "action"])
     for h in obs.health:

@@ -162,11 +162,12 @@ EVENT = _obj({"id": {"type": "integer"}, "time": {"type": "number"}, "boot_id": 
               "gpu": INT, "uuid": STR, "serial": STR, "summary": ANY, "data": ANY})
 
 HEALTH_COMPONENT = _obj({"gpu": INT, "uuid": STR, "component": {"type": "string"},
-                         "state": {"enum": ["healthy", "degraded", "unhealthy"]}, "reason": {"type": "string"},
+                         "state": {"enum": ["healthy", "degraded", "unhealthy", "unknown"]},
+                         "reason": {"type": "string"},
                          "action": {"enum": ["none", "check the application", "reset the GPU", "reboot",
                                              "inspect the hardware"]},
                          "remedy": {"type": "string"}, "acknowledged": STR})
-HEALTH_PART = _obj({"state": {"enum": ["healthy", "degraded", "unhealthy"]},
+HEALTH_PART = _obj({"state": {"enum": ["healthy", "degraded", "unhealthy", "unknown"]},
                     "components": {"type": "array", "items": HEALTH_COMPONENT}})
 
 
@@ -244,7 +245,7 @@ SCHEMAS: dict[str, Schema] = {
     "sim_list": _document("sim_list", {"machines": {"type": "array", "items": _obj({
         "name": {"type": "string"}, "gpus": {"type": "integer"}, "summary": {"type": "string"}})}}),
     "events": _document("events", {"events": {"type": "array", "items": EVENT}}),
-    "health": _some("health", {"state": {"enum": ["healthy", "degraded", "unhealthy"]},
+    "health": _some("health", {"state": {"enum": ["healthy", "degraded", "unhealthy", "unknown"]},
                                "components": {"type": "array", "items": HEALTH_COMPONENT},
                                "exit_code": {"enum": [0, 1]}},
                     {"set_healthy": _obj({"gpu": {"type": "integer"}, "uuid": {"type": "string"},

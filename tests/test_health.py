@@ -404,6 +404,7 @@ FAULT_STATES: dict[str, tuple[dict[str, object], int | None, str, hl.State, hl.A
     "nvlink_down": ({"gpus": [2, 3]}, 2, "nvlink", "degraded", "inspect the hardware"),
     "p2p": ({"gpus": [0, 1], "status": "not_supported"}, None, "pcie", "degraded", "none"),  # gpu.p2p: per pair
     "clock_events": ({"gpu": 1, "reasons": ["hw_slowdown"]}, 1, "clocks", "degraded", "inspect the hardware"),
+    "kernel_log_unreadable": ({}, 0, "xid", "unknown", "none"),  # not judged: every GPU's Xids unknown
 }
 # Faults that are no health finding, and why.
 NOT_HEALTH_FAULTS = {

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 ConfigPath = Annotated[str | None, typer.Option("--config", metavar="PATH", help="gpud.toml (its [health] "
                                                 "section is the Xid policy; default /etc/gpud/gpud.toml).")]
-STATE_COLOUR = {"healthy": "32", "degraded": "33", "unhealthy": "31"}
+STATE_COLOUR = {"healthy": "32", "degraded": "33", "unhealthy": "31", "unknown": "35"}
 # Checks that say nothing of the machine's health (the caller's environment, processes) or take
 # seconds (torch.cuda starts the training environment's Python): left out of health and the prolog.
 NOT_HEALTH = ["env.cuda", "torch.cuda", "gpu.processes"]
@@ -71,7 +71,8 @@ def health(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Every component, the healthy ones too.")]
     = False,
 ) -> None:
-    """Per GPU and component: healthy, degraded or unhealthy, the reason and the repair action.
+    """Per GPU and component: healthy, degraded or unhealthy, the reason and the repair action; unknown
+    where what it is judged from could not be read (no readable kernel log: the Xids).
 
     Exit 0 when nothing is unhealthy, 1 when something is, 2 on bad usage or an invalid gpud.toml.
     """

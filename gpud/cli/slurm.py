@@ -3,7 +3,10 @@
 ``--prolog``: is this node fit for the next job? At most ``PROLOG_BUDGET_S`` seconds (the health
 states from doctor's fast checks, the kernel log and the journal); exit 0 when nothing is unhealthy,
 else exit 1 and exactly one line of at most 200 characters on stdout, the drain reason. It also
-notes when the job began (``SLURM_JOB_ID``), for the epilog.
+notes when the job began (``SLURM_JOB_ID``), for the epilog. No kernel log readable (the Xids are
+unknown, not absent): ``[doctor] unreadable_kernel_log`` decides, "fit" (the default: exit 0 and one
+warning line on stderr, so a missing mount does not drain a cluster) or "unfit" (exit 1, the line says
+which sources were tried and what is missing).
 
 ``--epilog``: puts back what a job's profile changed (``gpud restore``, through the daemon when one
 runs), writes the Xids seen since the job began to the journal (``job_end``) and fails the node
@@ -25,6 +28,7 @@ from gpud.errors import GpudError
 if TYPE_CHECKING:
     from gpud.config import Config
     from gpud.doctor.health import Health
+    from gpud.hw.host import KernelLogUnreadable
     from gpud.hw.machine import Machine
 
 PROLOG_BUDGET_S = 9.0  # of the 10 s answer, from the process's start: a second left for the exit
@@ -92,6 +96,7 @@ class Progress:
         self.opened: list[int] = []  # NVML indices opened, in order
         self.slow: dict[int, float] = {}  # index → seconds its first lookup took (SLOW_OPEN_S or more)
         self.states: tuple[Health, ...] | None = None  # the answer: the first unhealthy finding, or all read
+        self.unread: KernelLogUnreadable | None = None  # no kernel log could be read: the Xids are unknown
         self.error: Exception | None = None
 
 
@@ -106,8 +111,11 @@ def read_health(m: Machine, conf: Config, progress: Progress) -> None:
     from gpud.cli.health import NOT_HEALTH, states_of
     from gpud.doctor import diagnose
     from gpud.doctor import health as hl
+    from gpud.hw.host import KernelLogUnreadable
     from gpud.model import SLOW_OPEN_S
 
+    read = m.host.read_xids()
+    xids, progress.unread = ((), read) if isinstance(read, KernelLogUnreadable) else (read, None)
     try:
         m.nvml.init()
         progress.count = m.nvml.device_count()
@@ -115,7 +123,6 @@ def read_health(m: Machine, conf: Config, progress: Progress) -> None:
         progress.states = states_of(m, conf, only=fit_checks())[1]  # no NVML: its own finding
         return
     history = hl.journal_history()
-    xids = m.host.xid_events() or ()
     first = []
     for bus in suspects(m, conf):
         try:
@@ -142,7 +149,7 @@ def read_health(m: Machine, conf: Config, progress: Progress) -> None:
         # gpu.count's machine-wide findings compare every GPU with the PCI bus: not yet; its per-GPU ones
         # (a GPU that cannot be opened, and why) stand
         checks = [r for r in report.checks if not (r.id == "gpu.count" and r.gpu is None)]
-        states = hl.gather(m, conf, checks, snap, xids=xids, history=history)
+        states = hl.gather(m, conf, checks, snap, xids=xids, history=history, unread=progress.unread)
         if hl.worst_of(states) == "unhealthy":
             progress.states = states
             return
@@ -201,6 +208,24 @@ def prolog(simulate: str | None, config: str | None, budget: float | None = None
     if line:
         say(line)
         return 1
+    if progress.unread is not None:
+        return unreadable_answer(progress.unread, conf.doctor.unreadable_kernel_log)
+    return 0
+
+
+def unreadable_answer(unread: KernelLogUnreadable, policy: str) -> int:
+    """No kernel log readable and nothing else unhealthy: ``[doctor] unreadable_kernel_log`` says fit
+    (exit 0, one warning line on stderr) or unfit (exit 1, the drain reason names what is missing)."""
+    from gpud.doctor.xid import unreadable_needs
+
+    needs = unreadable_needs(unread.tried, os.geteuid() == 0)
+    what = f"no kernel log readable ({unread.says()}): Xids not judged"
+    if policy == "unfit":
+        say(f"gpud: {what} -> {needs[0]}")
+        return 1
+    text = " ".join("".join(c if c.isprintable() else " " for c in f"gpud: warning: {what}; node left fit "
+                            f"([doctor] unreadable_kernel_log = \"fit\"); gpud needs: {'; '.join(needs)}").split())
+    sys.stderr.write(text + "\n")
     return 0
 
 

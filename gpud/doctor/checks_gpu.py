@@ -4,11 +4,13 @@ events, temperature, fans, PCIe replays, processes."""
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from gpud.doctor.registry import Context, check, fail, ok, skip, warn
-from gpud.doctor.xid import describe, escalated
+from gpud.doctor.xid import describe, escalated, unreadable_summary
+from gpud.hw.host import KernelLogUnreadable
 from gpud.model import CheckResult, GpuSample, MigInstance, ThermalPoint, slow_open
 from gpud.text import plural
 from gpud.tuning.fancurve import FanCurve
@@ -136,10 +138,10 @@ def ecc_config(ctx: Context) -> Iterator[CheckResult]:
 
 @check("health.xid", "Health", needs_nvml=False)
 def xid(ctx: Context) -> Iterator[CheckResult]:
-    events = ctx.host.xid_events()
-    if events is None:
-        yield skip("health.xid", "kernel log not readable",
-                   remedy="run as root, or `sudo sysctl kernel.dmesg_restrict=0`")
+    events = ctx.host.read_xids()
+    if isinstance(events, KernelLogUnreadable):  # not read is not "no Xid": not judged, with what gpud needs
+        summary, remedy = unreadable_summary(events.tried, os.geteuid() == 0)
+        yield skip("health.xid", summary, remedy=remedy)
         return
     if not events:
         yield ok("health.xid", "no Xid in the kernel log since boot")
@@ -186,7 +188,10 @@ ECC_XIDS = (48, 63, 64, 94, 95)
 
 @check("health.ecc", "Health")
 def ecc_health(ctx: Context) -> Iterator[CheckResult]:
-    events = ctx.host.xid_events() or []
+    read = ctx.host.xid_events()
+    events = read or []
+    sources = "since boot, lifetime, kernel log" if read is not None else \
+        "since boot, lifetime; kernel log not readable, its ECC Xids not judged"
     bus = ctx.by_bus()
     for s in ctx.samples:
         problems = []
@@ -232,7 +237,7 @@ def ecc_health(ctx: Context) -> Iterator[CheckResult]:
         elif all(k is None for k in known):
             yield skip("health.ecc", "no ECC or memory-repair data on this GPU", gpu=s.index)
         else:
-            ecc = {True: "ECC on, no uncorrectable error (since boot, lifetime, kernel log)", False: "ECC off",
+            ecc = {True: f"ECC on, no uncorrectable error ({sources})", False: "ECC off",
                    None: "ECC not reported"}[s.ecc_enabled]
             yield ok("health.ecc", f"{ecc}; nothing pending", gpu=s.index)
 

@@ -1,4 +1,5 @@
-"""Health states: per GPU and component, healthy / degraded / unhealthy, with a reason and a repair action.
+"""Health states: per GPU and component, healthy / degraded / unhealthy (or unknown), with a reason and a
+repair action.
 
 After NVIDIA/Lepton's gpud (components with states Healthy/Degraded/Unhealthy, each with a repair
 action, and a local set-healthy) and NVIDIA's health validation levels (PASS/INFO/WARNING/CRITICAL:
@@ -16,6 +17,9 @@ journal (earlier boots' Xids, lost GPUs, reboots and set-healthy entries).
   unhealthy, "inspect the hardware". An Xid of an earlier boot alone is healthy: the reboot was the
   repair. An Xid the catalog does not know is unhealthy (the device plugin treats every Xid it does
   not list as fatal).
+- No kernel log readable (``Host.read_xids``: /dev/kmsg and the syslog files each absent or refused):
+  each GPU's Xid component is ``unknown``, "not judged: …" with what gpud needs to read one; never
+  "no Xid since boot". Unknown is worse than healthy and better than any finding (``SEVERITY``).
 - A GPU lost now, or lost earlier in this boot, is unhealthy, "reboot" (NVIDIA: Xid 79 needs a
   reboot); lost in more than ``reboot_threshold`` boots, "inspect the hardware".
 - ``gpud health set-healthy GPU`` writes a ``set_healthy`` entry: events before it no longer count,
@@ -25,25 +29,31 @@ journal (earlier boots' Xids, lost GPUs, reboots and set-healthy entries).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from gpud.config import Config, HealthSection
-from gpud.doctor.xid import describe
+from gpud.doctor.xid import describe, unreadable_summary
 from gpud.errors import GpudError
 from gpud.model import CheckResult, Snapshot, XidEvent
 
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from gpud.hw.host import KernelLogUnreadable
     from gpud.hw.machine import Machine
     from gpud.journal import Event
 
-State = Literal["healthy", "degraded", "unhealthy"]
+State = Literal["healthy", "degraded", "unhealthy", "unknown"]
 STATES: tuple[State, ...] = get_args(State)
-RANK: dict[State, int] = {s: i for i, s in enumerate(STATES)}  # the metric's value: 0, 1, 2
+# the metric's value: 0, 1, 2; unknown (not judged: what it is judged from could not be read) is -1,
+# neither healthy nor a finding
+RANK: dict[State, int] = {"healthy": 0, "degraded": 1, "unhealthy": 2, "unknown": -1}
+# which state is worse: unknown is worse than healthy (it is no pass) and better than any finding
+SEVERITY: dict[State, int] = {"healthy": 0, "unknown": 1, "degraded": 2, "unhealthy": 3}
 Action = Literal["none", "check the application", "reset the GPU", "reboot", "inspect the hardware"]
 ACTIONS: tuple[Action, ...] = get_args(Action)
 HOST = "host"  # the gpu label of machine-wide components
@@ -161,7 +171,7 @@ def acknowledgements(history: Iterable[Event]) -> dict[str, Acknowledgement]:
 
 
 def _worst(items: Sequence[Health]) -> Health:
-    return max(items, key=lambda h: (RANK[h.state], ACTIONS.index(h.action)))
+    return max(items, key=lambda h: (SEVERITY[h.state], ACTIONS.index(h.action)))
 
 
 def _from_checks(checks: Iterable[CheckResult], uuids: Mapping[int, str]) -> list[Health]:
@@ -208,9 +218,12 @@ def _xids(kernel: Sequence[XidEvent], boot_time: float | None, boot_id: str | No
 
 
 def _xid_health(gpu: int, uuid: str, seen: Sequence[SeenXid], policy: XidPolicy,
-                ack: Acknowledgement | None) -> Health:
+                ack: Acknowledgement | None, unread: KernelLogUnreadable | None = None) -> Health:
     mine = [s for s in seen if s.uuid == uuid and (ack is None or s.ts is None or s.ts > ack.ts)]
     now = [s for s in mine if s.this_boot]
+    if not now and unread is not None:  # no kernel log read: this boot's Xids are unknown, not absent
+        reason, remedy = unreadable_summary(unread.tried, os.geteuid() == 0)
+        return Health(gpu, uuid, "xid", "unknown", reason, "none", remedy)
     if not now:
         return Health(gpu, uuid, "xid", "healthy", "no Xid since boot" + (" (after set-healthy)" if ack else ""),
                       "none", acknowledged=ack.says() if ack else None)
@@ -265,8 +278,9 @@ def _lost(gpu: int, uuid: str, lost_now: bool, error: str | None, history: Seque
 
 def assess(checks: Iterable[CheckResult], snapshot: Snapshot | None, *, xids: Sequence[XidEvent] = (),
            boot_time: float | None = None, boot_id: str | None = None, history: Sequence[Event] = (),
-           policy: XidPolicy | None = None) -> tuple[Health, ...]:
-    """Every component of every GPU and of the machine, worst first within each GPU's list order."""
+           policy: XidPolicy | None = None, unread: KernelLogUnreadable | None = None) -> tuple[Health, ...]:
+    """Every component of every GPU and of the machine, worst first within each GPU's list order.
+    ``unread``: no kernel log could be read (which sources, why), so each GPU's Xids are unknown."""
     policy = policy or default_policy()
     gpus = {g.index: g for g in snapshot.gpus} if snapshot is not None else {}
     samples = {s.index: s for s in snapshot.samples} if snapshot is not None else {}
@@ -292,7 +306,7 @@ def assess(checks: Iterable[CheckResult], snapshot: Snapshot | None, *, xids: Se
             found["gpu"].append(lost)
         for component in GPU_COMPONENTS:
             if component == "xid":
-                out.append(_xid_health(gpu, uuid, seen, policy, ack))
+                out.append(_xid_health(gpu, uuid, seen, policy, ack, unread))
                 continue
             out.append(_acknowledged(_judge(gpu, uuid, component, found[component]), ack))
     for component in HOST_COMPONENTS:
@@ -318,7 +332,7 @@ def _acknowledged(h: Health, ack: Acknowledgement | None) -> Health:
 
 
 def worst_of(states: Iterable[Health]) -> State:
-    return max((h.state for h in states), key=RANK.__getitem__, default="healthy")
+    return max((h.state for h in states), key=SEVERITY.__getitem__, default="healthy")
 
 
 def one_line(states: Sequence[Health], limit: int = 200) -> str:
@@ -359,13 +373,21 @@ def journal_history(path: Path | None = None) -> list[Event]:
 
 
 def gather(machine: Machine, config: Config, checks: Iterable[CheckResult], snapshot: Snapshot | None, *,
-           xids: Sequence[XidEvent] | None = None, history: Sequence[Event] | None = None) -> tuple[Health, ...]:
+           xids: Sequence[XidEvent] | None = None, history: Sequence[Event] | None = None,
+           unread: KernelLogUnreadable | None = None) -> tuple[Health, ...]:
     """The states of ``machine`` from doctor's ``checks`` of ``snapshot``; the kernel log's Xids and
-    the journal are read unless given (the daemon gives the Xids it already read)."""
+    the journal are read unless given (the daemon gives the Xids it already read). Given Xids without
+    ``unread``: whether the kernel log could be read is asked of the host (an empty list read from no
+    log is not "no Xid")."""
     host = machine.host
-    return assess(checks, snapshot, xids=host.xid_events() or () if xids is None else xids,
-                  boot_time=host.boot_time(), boot_id=host.boot_id(),
-                  history=journal_history() if history is None else history, policy=policy_of(config.health))
+    if xids is None:
+        read = host.read_xids()
+        xids, unread = (read, None) if isinstance(read, list) else ((), read)
+    elif unread is None and not xids:
+        unread = host.kernel_log_unreadable()
+    return assess(checks, snapshot, xids=xids, boot_time=host.boot_time(), boot_id=host.boot_id(),
+                  history=journal_history() if history is None else history, policy=policy_of(config.health),
+                  unread=unread)
 
 
 MAX_REASON = 500
@@ -387,7 +409,7 @@ def set_healthy_entry(states: Iterable[Health], gpu: int, who: str, uid: int | N
                       reason: str) -> tuple[str, dict[str, Any]]:
     """The journal's ``set_healthy`` entry (summary, data): who, why, and the reasons it acknowledges
     (every component of the GPU not healthy now)."""
-    acknowledged = {h.component: h.reason for h in states if h.gpu == gpu and h.state != "healthy"
+    acknowledged = {h.component: h.reason for h in states if h.gpu == gpu and h.state not in ("healthy", "unknown")
                     and h.acknowledged is None}
     return (f"GPU {gpu} set healthy by {who}: {reason}",
             {"who": who, "uid": uid, "reason": reason, "acknowledged": acknowledged})

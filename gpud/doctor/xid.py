@@ -99,3 +99,37 @@ def escalated(xid: int, boots: int) -> Xid:
 def describe(xid: int) -> Xid:
     return XIDS.get(xid, Xid("unknown", "see NVIDIA's Xid catalog", "look it up in NVIDIA's Xid catalog; "
                                                                      "if it recurs, " + RESET))
+
+
+def unreadable_needs(tried: tuple[tuple[str, str], ...], root: bool) -> list[str]:
+    """What gpud needs to read a kernel log, from each source tried and why it failed (``Host.read_xids``'s
+    ``KernelLogUnreadable.tried``): /dev/kmsg refused needs root or CAP_SYSLOG (kernel.dmesg_restrict=1,
+    Linux ``check_syslog_permissions``); absent, it was not mounted into the container; a syslog file
+    refused needs read access (Debian's kern.log is 0640 syslog:adm, RHEL's messages 0600 root); none
+    there at all is a journald-only node, where only /dev/kmsg carries the kernel's messages."""
+    why = dict(tried)
+    needs = []
+    kmsg = why.get("/dev/kmsg")
+    files = [(p, w) for p, w in tried if p != "/dev/kmsg"]
+    if kmsg == "permission denied":
+        needs.append("grant CAP_SYSLOG (or `sudo sysctl kernel.dmesg_restrict=0`) to read /dev/kmsg"
+                     if root else "run as root (or grant CAP_SYSLOG) to read /dev/kmsg")
+    elif kmsg == "absent":
+        needs.append("mount /dev/kmsg read-only into the container")
+    denied = [p for p, w in files if w == "permission denied"]
+    if denied:
+        needs.append(f"grant read access to {' or '.join(denied)}" + ("" if root else " (run as root, or join "
+                                                                                      "its group, e.g. adm)"))
+    if files and all(w == "absent" for _, w in files):
+        needs.append("journald-only node: no /var/log/kern.log or /var/log/messages, so /dev/kmsg is the only "
+                     "source (gpud does not read the journal)")
+    return needs or ["a readable /dev/kmsg"]
+
+
+def unreadable_summary(tried: tuple[tuple[str, str], ...], root: bool) -> tuple[str, str]:
+    """(summary, remedy) of the Xid check and health component when no kernel log could be read:
+    "not judged", never "no Xids"."""
+    listed = ", ".join(f"{p} {w}" for p, w in tried)
+    needs = unreadable_needs(tried, root)
+    summary = f"not judged: no kernel log readable ({listed}), Xids unknown; gpud needs: {'; '.join(needs)}"
+    return summary, "; ".join(needs)

@@ -10,6 +10,7 @@ import errno
 import math
 import os
 import re
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
@@ -59,6 +60,34 @@ def acs_capability(config: bytes) -> tuple[bool | None, int | None]:
     return False, None
 
 
+KERNEL_LOG_FILES = ("/var/log/kern.log", "/var/log/messages")  # syslog's kernel files (Debian/Ubuntu, RHEL)
+
+
+@dataclass(frozen=True)
+class KernelLogUnreadable:
+    """No kernel log could be read: each source tried, in order, and why it failed ("absent",
+    "permission denied", or the error's text). Not an empty log: the Xids are unknown."""
+
+    tried: tuple[tuple[str, str], ...]
+
+    def says(self) -> str:
+        """``/dev/kmsg absent, /var/log/kern.log permission denied, …``."""
+        return ", ".join(f"{path} {why}" for path, why in self.tried)
+
+    def why(self, path: str) -> str | None:
+        return next((w for p, w in self.tried if p == path), None)
+
+
+def _why(err: OSError) -> str:
+    """A kernel-log source's failure in words: absent, permission denied (EACCES, and EPERM: what
+    /dev/kmsg answers without CAP_SYSLOG under kernel.dmesg_restrict=1), or the error itself."""
+    if isinstance(err, FileNotFoundError) or err.errno in (errno.ENOENT, errno.ENOTDIR):
+        return "absent"
+    if isinstance(err, PermissionError) or err.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied"
+    return err.strerror or str(err)
+
+
 class Host:
     """Reads host facts under ``root``. Every reader returns None when the file is absent."""
 
@@ -91,16 +120,28 @@ class Host:
         return frozenset(line.split()[0] for line in text.splitlines() if line.strip())
 
     def kernel_log(self) -> list[tuple[float | None, str]] | None:
-        """Kernel messages since boot: ``/dev/kmsg`` records, else ``/var/log/kern.log`` lines.
+        """Kernel messages since boot (``read_kernel_log``); None when no source could be read."""
+        log = self.read_kernel_log()
+        return None if isinstance(log, KernelLogUnreadable) else log
 
-        None when no kernel log is readable (``/dev/kmsg`` needs root or kernel.dmesg_restrict=0).
+    def read_kernel_log(self) -> list[tuple[float | None, str]] | KernelLogUnreadable:
+        """Kernel messages since boot: ``/dev/kmsg`` records, else ``/var/log/kern.log`` or
+        ``/var/log/messages`` lines of this boot; when none of them can be read, which were tried and
+        why each failed (``KernelLogUnreadable``), never an empty log: "not read" is not "no Xids".
+
+        ``/dev/kmsg`` needs CAP_SYSLOG when ``kernel.dmesg_restrict`` is 1 (open fails with EPERM); a
+        container has it only when it is mounted in; RHEL's ``/var/log/messages`` is 0600 root, Debian's
+        ``kern.log`` 0640 syslog:adm, and a journald-only node has neither.
         """
-        kmsg = self.path("/dev/kmsg")
-        records: list[str] | None = None
+        tried: list[tuple[str, str]] = []
         try:
-            records = _read_kmsg(kmsg)
-        except OSError:
+            records = _read_kmsg(self.path("/dev/kmsg"))
+        except OSError as err:
             records = None
+            tried.append(("/dev/kmsg", _why(err)))
+        else:
+            if records is None:
+                tried.append(("/dev/kmsg", "absent"))
         if records is not None:
             out: list[tuple[float | None, str]] = []
             for rec in records:
@@ -109,11 +150,19 @@ class Host:
                 secs = int(fields[2]) / 1e6 if len(fields) > 2 and fields[2].isdigit() else None
                 out.append((secs, msg.rstrip("\n")))
             return out
-        for rel in ("/var/log/kern.log", "/var/log/messages"):
-            text = self.read(rel)
-            if text is not None:
-                return this_boot(text.splitlines(), self.boot_time())
-        return None
+        for rel in KERNEL_LOG_FILES:
+            try:
+                text = self.path(rel).read_text(errors="replace")
+            except OSError as err:
+                tried.append((rel, _why(err)))
+                continue
+            return this_boot(text.splitlines(), self.boot_time())
+        return KernelLogUnreadable(tuple(tried))
+
+    def kernel_log_unreadable(self) -> KernelLogUnreadable | None:
+        """Why no kernel log can be read (``read_kernel_log``); None when one can."""
+        log = self.read_kernel_log()
+        return log if isinstance(log, KernelLogUnreadable) else None
 
     def boot_time(self) -> float | None:
         """When this boot began (``btime`` of ``/proc/stat``, seconds since the epoch)."""
@@ -123,10 +172,15 @@ class Host:
         return None
 
     def xid_events(self) -> list[XidEvent] | None:
-        """``NVRM: Xid`` lines of the kernel log; None when the log cannot be read."""
-        log = self.kernel_log()
-        if log is None:
-            return None
+        """``NVRM: Xid`` lines of the kernel log; None when the log cannot be read (``read_xids`` says why)."""
+        events = self.read_xids()
+        return None if isinstance(events, KernelLogUnreadable) else events
+
+    def read_xids(self) -> list[XidEvent] | KernelLogUnreadable:
+        """``NVRM: Xid`` lines of the kernel log, or which sources were tried and why none could be read."""
+        log = self.read_kernel_log()
+        if isinstance(log, KernelLogUnreadable):
+            return log
         events = []
         for secs, msg in log:
             m = XID_RE.search(msg)
