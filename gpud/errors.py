@@ -56,6 +56,22 @@ class DriverMismatch(DriverNotLoaded):
     )
 
 
+class LibraryNotFound(DriverNotLoaded):
+    """NVML_ERROR_LIBRARY_NOT_FOUND ("NVML Shared Library Not Found"): no ``libnvidia-ml.so.1`` where
+    the dynamic loader looks. In a container that is the container run without the NVIDIA runtime (the
+    NVIDIA Container Toolkit mounts the driver's user-space libraries in); on a host, a driver without its
+    user-space part, or no NVIDIA driver at all (a machine without one: the most common case on a host). The
+    GPUs themselves may be fine: no reboot cures it."""
+
+    marker = "libnvidia-ml.so.1 not found"
+    remedy = (
+        "in a container: run it with the NVIDIA runtime (`docker run --runtime=nvidia --gpus all`, or the "
+        "Kubernetes RuntimeClass `nvidia`, from the NVIDIA Container Toolkit), or mount the host's driver "
+        "libraries (libnvidia-ml.so.1) into it; on the host: install the NVIDIA driver with its user-space "
+        "libraries (`ldconfig -p | grep libnvidia-ml`; `nvidia-smi` must run)"
+    )
+
+
 class GpuUnusable(NvmlError):
     """NVML counts the GPU but cannot open it for a reason of the GPU's own that is not loss: each
     subclass names the cause (an nvmlDeviceGetHandleByIndex answer) and its remedy."""

@@ -84,7 +84,7 @@ def test_no_driver_fails_nvml_available(state_dir) -> None:
         pytest.skip("this machine has a working NVIDIA driver")
     r = run_gpud("doctor", env=CLEAN_ENV)
     assert r.returncode == 1 and "Traceback" not in r.stdout + r.stderr
-    assert "[FAIL] nvml.available" in r.stdout and "→ install the NVIDIA driver" in r.stdout
+    assert "[FAIL] nvml.available" in r.stdout and "install the NVIDIA driver" in r.stdout
 
 
 def test_invalid_config_is_exit_2_and_nothing_runs(tmp_path: Path, state_dir) -> None:

@@ -2,7 +2,8 @@
 
 ``--prolog``: is this node fit for the next job? At most ``PROLOG_BUDGET_S`` seconds (the health
 states from doctor's fast checks, the kernel log and the journal); exit 0 when nothing is unhealthy,
-else exit 1 and exactly one line of at most 200 characters on stdout, the drain reason. It also
+else exit 1 and exactly one line of at most 200 ASCII characters on stdout, the drain reason, the most severe
+finding first (``GPU3 Xid48 DBE ECC -> reset GPU; ...``: ``sinfo -R`` shows 20 characters). It also
 notes when the job began (``SLURM_JOB_ID``), for the epilog. No kernel log readable (the Xids are
 unknown, not absent): ``[doctor] unreadable_kernel_log`` decides, "fit" (the default: exit 0 and one
 warning line on stderr, so a missing mount does not drain a cluster) or "unfit" (exit 1, the line says
@@ -36,9 +37,12 @@ LINE = 200  # Slurm's drain reason, as the contract has it
 
 
 def say(line: str) -> None:
-    """The one line on stdout (controls out, at most ``LINE`` characters)."""
-    text = " ".join("".join(c if c.isprintable() else " " for c in line).split())
-    sys.stdout.write((text if len(text) <= LINE else text[:LINE - 1] + "…") + "\n")
+    """The one line on stdout: printable ASCII (``°C`` → ``C``: Slurm's reason, ``sinfo``'s columns), at
+    most ``LINE`` characters."""
+    from gpud.doctor.health import ascii_line
+
+    text = ascii_line(line)
+    sys.stdout.write((text if len(text) <= LINE else text[:LINE - 3] + "...") + "\n")
     sys.stdout.flush()
 
 

@@ -10,13 +10,16 @@ journal (earlier boots' Xids, lost GPUs, reboots and set-healthy entries).
 - A check's ``fail`` is unhealthy and its ``warn`` degraded, per component (``COMPONENTS``); the
   components that leave a GPU usable, only slower (configuration, host, PCIe link, NVLink, clocks),
   are at worst degraded.
-- Xids follow ``XidPolicy``: the application's (the Kubernetes device plugin's list, 13, 31, 43, 45,
-  68, 109, and the other Xids NVIDIA's catalog buckets as RESTART_APP) are degraded, "check the
-  application"; a hardware Xid of this boot is unhealthy with the catalog's immediate action (reset
-  the GPU, reboot); the same hardware Xid on the same GPU in more than ``reboot_threshold`` boots is
-  unhealthy, "inspect the hardware". An Xid of an earlier boot alone is healthy: the reboot was the
-  repair. An Xid the catalog does not know is unhealthy (the device plugin treats every Xid it does
-  not list as fatal).
+- Xids follow ``XidPolicy``: each Xid's resolution bucket in NVIDIA's Xid catalog (``gpud.doctor.xid``,
+  its version there), as an action (``BUCKET_ACTION``). RESTART_APP (and ``[health] application_xids``)
+  is the application's: degraded, "check the application", never a drain. IGNORE ("No Action
+  required") is informational: healthy with a note when the catalog names no follow-up either, else
+  degraded (its investigatory action applies "if the issue reoccurs"); never unhealthy. RESET_GPU,
+  RESTART_BM and CONTACT_SUPPORT/CHECK_MECHANICALS Xids of this boot are unhealthy, "reset the GPU",
+  "reboot", "inspect the hardware"; the same hardware Xid on the same GPU in more than
+  ``reboot_threshold`` boots is unhealthy, "inspect the hardware". An Xid of an earlier boot alone is
+  healthy: the reboot was the repair. An Xid the catalog does not list is unhealthy, "reset the GPU"
+  (the device plugin treats every Xid it does not list as fatal).
 - No kernel log readable (``Host.read_xids``: /dev/kmsg and the syslog files each absent or refused):
   each GPU's Xid component is ``unknown``, "not judged: …" with what gpud needs to read one; never
   "no Xid since boot". Unknown is worse than healthy and better than any finding (``SEVERITY``).
@@ -36,8 +39,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from gpud.config import Config, HealthSection
-from gpud.doctor.xid import describe, unreadable_summary
-from gpud.errors import GpudError
+from gpud.doctor.xid import KIND, QUIET, XIDS, Bucket, describe, unreadable_summary
+from gpud.errors import GpudError, LibraryNotFound
 from gpud.model import CheckResult, Snapshot, XidEvent
 
 if TYPE_CHECKING:
@@ -59,29 +62,43 @@ ACTIONS: tuple[Action, ...] = get_args(Action)
 HOST = "host"  # the gpu label of machine-wide components
 
 # The Kubernetes device plugin's application Xids (NVIDIA/k8s-device-plugin, internal/rm/health.go:
-# the Xids it skips because "they are application errors").
+# the Xids it skips because "they are application errors"). Not gpud's default: NVIDIA's catalog puts 43
+# and 45 in IGNORE and 109 in RESET_GPU (docs/deployment.md, "Xid policy").
 DEVICE_PLUGIN_APPLICATION_XIDS = (13, 31, 43, 45, 68, 109)
+# The catalog's resolution buckets (gpud.doctor.xid.BUCKETS) as gpud's actions.
+BUCKET_ACTION: dict[Bucket, Action] = {"IGNORE": "none", "RESTART_APP": "check the application",
+                                       "RESET_GPU": "reset the GPU", "RESTART_BM": "reboot",
+                                       "CONTACT_SUPPORT": "inspect the hardware",
+                                       "CHECK_MECHANICALS": "inspect the hardware"}
 
 
 @dataclass(frozen=True)
 class XidPolicy:
-    """Which Xids are the application's; after how many reboots a hardware Xid means the hardware."""
+    """Each Xid's bucket: NVIDIA's Xid catalog, with ``application`` as the Xids that are the application's
+    (``[health] application_xids``; by default the catalog's RESTART_APP ones). The list replaces the
+    catalog's RESTART_APP whole: an Xid listed is the application's whatever its bucket, and a RESTART_APP
+    Xid not listed is taken as RESET_GPU (the stricter; the device plugin treats every Xid it does not list as
+    fatal). After ``reboot_threshold`` boots a hardware Xid means the hardware."""
 
     application: frozenset[int]
     reboot_threshold: int = 1
 
-    def kind(self, xid: int) -> str:
+    def bucket(self, xid: int) -> Bucket:
         if xid in self.application:
-            return "application"
-        return "hardware" if describe(xid).kind != "unknown" else "unknown"
+            return "RESTART_APP"
+        b = describe(xid).bucket
+        return "RESET_GPU" if b == "RESTART_APP" else b
+
+    def kind(self, xid: int) -> str:
+        """hardware | application | informational | unknown (not in the catalog, not listed)."""
+        if xid not in self.application and xid not in XIDS:
+            return "unknown"
+        return KIND[self.bucket(xid)]
 
 
 def default_application_xids() -> tuple[int, ...]:
-    """The device plugin's list and the catalog's application Xids (its RESTART_APP bucket)."""
-    from gpud.doctor.xid import XIDS
-
-    return tuple(sorted(set(DEVICE_PLUGIN_APPLICATION_XIDS) | {x for x, d in XIDS.items()
-                                                               if d.kind == "application"}))
+    """NVIDIA's Xid catalog's RESTART_APP Xids."""
+    return tuple(sorted(x for x, d in XIDS.items() if d.bucket == "RESTART_APP"))
 
 
 def default_policy() -> XidPolicy:
@@ -185,6 +202,8 @@ def _from_checks(checks: Iterable[CheckResult], uuids: Mapping[int, str]) -> lis
         action = on_fail if r.status == "fail" else on_warn
         if r.id == "health.ecc" and any(s in r.summary for s in ECC_HARDWARE):
             action = "inspect the hardware"
+        if r.id == "nvml.available" and LibraryNotFound.marker in r.summary:
+            action = "none"  # no libnvidia-ml.so.1 here (a container without the NVIDIA runtime): no reboot cures it
         out.append(Health(r.gpu, uuids.get(r.gpu, "") if r.gpu is not None else "", component, state,
                           f"{r.id}: {r.summary}", action, r.remedy))
     return out
@@ -231,33 +250,35 @@ def _xid_health(gpu: int, uuid: str, seen: Sequence[SeenXid], policy: XidPolicy,
     for x in sorted({s.xid for s in now}):
         d = describe(x)
         kind = policy.kind(x)
+        bucket = policy.bucket(x)
         n = sum(1 for s in now if s.xid == x)
         listed = f"Xid {x}" + (f" ×{n}" if n > 1 else "")
         boots = len({s.boot_id for s in mine if s.xid == x and s.boot_id})
         if kind == "application":
             judged.append(Health(gpu, uuid, "xid", "degraded", f"{listed}: {d.meaning} (the application's)",
                                  "check the application", d.action))
+        elif kind == "informational":  # the catalog's IGNORE: "No Action required"; never unhealthy
+            state: State = "healthy" if x in QUIET else "degraded"
+            judged.append(Health(gpu, uuid, "xid", state, f"{listed}: {d.meaning} (informational: NVIDIA's Xid "
+                                 "catalog says no action is required)", "none", d.action))
         elif kind == "hardware" and boots > policy.reboot_threshold:
             judged.append(Health(gpu, uuid, "xid", "unhealthy",
                                  f"{listed}: {d.meaning}, in {boots} boots (a reboot did not cure it)",
                                  "inspect the hardware", f"`gpud events --dossier {gpu}`"))
         else:
-            judged.append(Health(gpu, uuid, "xid", "unhealthy", f"{listed}: {d.meaning}", xid_action(x), d.action))
+            judged.append(Health(gpu, uuid, "xid", "unhealthy", f"{listed}: {d.meaning}", BUCKET_ACTION[bucket],
+                                 d.action))
     worst = _worst(judged)
     others = [h for h in judged if h is not worst]
     reason = worst.reason + ("; also " + ", ".join(h.reason.split(":")[0] for h in others) if others else "")
     return Health(gpu, uuid, "xid", worst.state, reason, worst.action, worst.remedy)
 
 
-def xid_action(xid: int) -> Action:
-    """A hardware Xid's immediate action after NVIDIA's Xid catalog's resolution buckets: the GPU has
-    fallen off the bus (79) or the driver names a recovery (154, taken as the stricter) → reboot; an
-    unknown Xid or any other hardware one → reset the GPU; the board's power (54) → the hardware."""
-    if xid in (79, 154):
-        return "reboot"
-    if xid == 54:
-        return "inspect the hardware"
-    return "reset the GPU"
+def xid_action(xid: int, policy: XidPolicy | None = None) -> Action:
+    """An Xid's immediate action: its bucket in NVIDIA's Xid catalog (``XidPolicy.bucket``) as gpud's
+    action: IGNORE none, RESTART_APP the application, RESET_GPU a reset, RESTART_BM (79; 154, taken as the
+    strictest) a reboot, CONTACT_SUPPORT and CHECK_MECHANICALS (54) the hardware."""
+    return BUCKET_ACTION[(policy or default_policy()).bucket(xid)]
 
 
 def _lost(gpu: int, uuid: str, lost_now: bool, error: str | None, history: Sequence[Event], boot_id: str | None,
@@ -335,17 +356,87 @@ def worst_of(states: Iterable[Health]) -> State:
     return max((h.state for h in states), key=SEVERITY.__getitem__, default="healthy")
 
 
-def one_line(states: Sequence[Health], limit: int = 200) -> str:
-    """The worst unhealthy finding as one line of at most ``limit`` characters (a Slurm drain reason)."""
+# Drain reasons (``one_line``): Slurm shows 20 characters of one by default (``sinfo -R``), so the most
+# severe finding comes first and its first 20 characters say which GPU and what. Severity, most severe
+# first: results silently wrong (uncorrectable ECC, its Xids), a GPU or the driver gone (Xid 79, lost,
+# missing), any other hardware Xid, cooling that does not cool, thermal margins, the rest.
+CORRUPTION_XIDS = frozenset({48, 63, 64, 94, 95, 140})
+SHORT_XID: dict[int, str] = {
+    48: "DBE ECC", 63: "row remap", 64: "row remap failed", 94: "contained ECC", 95: "uncontained ECC",
+    140: "unrecovered ECC", 79: "off the bus", 74: "NVLink", 54: "aux power", 80: "PCIe data corrupt",
+    92: "SBE rate", 119: "GSP timeout", 120: "GSP error", 154: "recovery", 61: "uC breakpoint", 62: "uC halt",
+}
+SHORT_ACTION: dict[Action, str] = {"none": "", "check the application": "check app", "reset the GPU": "reset GPU",
+                                   "reboot": "reboot", "inspect the hardware": "inspect hw"}
+ASCII = {"°": "", "×": "x", "…": "...", "–": "-", "—": "-", "→": "->", "≥": ">=", "≤": "<=", "µ": "u"}
+PARTS = (120, 80, 52)  # characters of one finding: the longest that lets them all fit, else the shortest
+
+
+def ascii_line(text: str) -> str:
+    """One line of printable ASCII (Slurm's reason field, ``sinfo``'s columns): 94 °C → 94 C."""
+    text = "".join(ASCII.get(c, c) for c in text)
+    text = "".join(c if c.isascii() and c.isprintable() else (" " if not c.isprintable() else "?") for c in text)
+    return " ".join(text.split())
+
+
+def _xids_of(h: Health) -> list[int]:
+    import re
+
+    return [int(n) for n in re.findall(r"Xid (\d+)", h.reason)] if h.component == "xid" else []
+
+
+def _tier(h: Health) -> int:
+    xids = set(_xids_of(h))
+    if h.component == "memory" or xids & CORRUPTION_XIDS:
+        return 0
+    if h.component in ("gpu", "driver") or 79 in xids:
+        return 1
+    if h.component == "xid":
+        return 2
+    return {"fans": 3, "thermal": 4}.get(h.component, 5)
+
+
+def by_severity(states: Iterable[Health]) -> list[Health]:
+    """The unhealthy findings, the most severe first (then the stricter action, then the GPU)."""
     bad = [h for h in states if h.state == "unhealthy"]
+    return sorted(bad, key=lambda h: (_tier(h), -ACTIONS.index(h.action), -1 if h.gpu is None else h.gpu))
+
+
+def _short(h: Health, part: int) -> str:
+    """``GPU3 Xid48 DBE ECC -> reset GPU``, ``GPU1 fans: fan 0 asked for 100 % ... -> inspect hw``."""
+    where = "host" if h.gpu is None else f"GPU{h.gpu}"
+    xids = _xids_of(h)
+    if xids:
+        what = " ".join(f"Xid{n}" + (f" {SHORT_XID[n]}" if n in SHORT_XID else "") for n in [xids[0]])
+        what += "".join(f", Xid{n}" for n in xids[1:])
+    else:
+        summary = h.reason.split(": ", 1)[1] if h.reason.split(": ", 1)[0] in COMPONENTS else h.reason
+        what = f"{h.component}: {summary.split('; ')[0]}"
+    action = SHORT_ACTION[h.action]
+    text = ascii_line(f"{where} {what}")
+    tail = f" -> {action}" if action else ""
+    return (text if len(text) + len(tail) <= part else text[:part - len(tail) - 3].rstrip() + "...") + tail
+
+
+def one_line(states: Sequence[Health], limit: int = 200) -> str:
+    """The unhealthy findings as one ASCII line of at most ``limit`` characters (a Slurm drain reason),
+    the most severe first: ``GPU3 Xid48 DBE ECC -> reset GPU; GPU3 memory: ...; ... [gpud]``."""
+    bad = by_severity(states)
     if not bad:
         return ""
-    w = _worst(bad)
-    where = "host" if w.gpu is None else f"GPU{w.gpu}"
-    more = len(bad) - 1
-    text = f"gpud: {where} {w.component}: {w.reason} -> {w.action}" + (f" (+{more} more)" if more else "")
-    text = " ".join("".join(c if c.isprintable() else " " for c in text).split())
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    tag = " [gpud]"
+    for part in PARTS:
+        text = "; ".join(_short(h, part) for h in bad) + tag
+        if len(text) <= limit:
+            return text
+    parts = [_short(h, PARTS[-1]) for h in bad]
+    for n in range(len(parts), 0, -1):
+        more = len(parts) - n
+        text = "; ".join(parts[:n]) + (f" (+{more} more)" if more else "") + tag
+        if len(text) <= limit:
+            return text
+    text = parts[0] + (f" (+{len(parts) - 1} more)" if len(parts) > 1 else "")
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def as_json(states: Iterable[Health]) -> list[dict[str, Any]]:

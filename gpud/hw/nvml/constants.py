@@ -23,6 +23,7 @@ _NOT_SUPPORTED = {3, 13, 26}  # NOT_SUPPORTED, FUNCTION_NOT_FOUND, DEPRECATED (a
 _NO_PERMISSION = {4}
 _GPU_LOST = {15, 16}  # GPU_IS_LOST, RESET_REQUIRED
 _NO_DRIVER = {9, 12}  # DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND
+_LIBRARY_NOT_FOUND = 12  # "NVML Shared Library Not Found": no libnvidia-ml.so.1 (a container without the runtime)
 _RM_MISMATCH = 18  # LIB_RM_VERSION_MISMATCH: the library of a newer driver over the old kernel module
 _UNUSABLE = {8: InsufficientPower, 11: IrqIssue}  # INSUFFICIENT_POWER, IRQ_ISSUE (nvml.h)
 _UNINITIALIZED = 1

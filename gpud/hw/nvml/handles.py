@@ -17,12 +17,14 @@ from gpud.errors import (
     DriverNotLoaded,
     GpuLost,
     GpuUnusable,
+    LibraryNotFound,
     NvmlError,
     PermissionDenied,
     Unsupported,
 )
 from gpud.hw.nvml.constants import (
     _GPU_LOST,
+    _LIBRARY_NOT_FOUND,
     _NO_DRIVER,
     _NO_PERMISSION,
     _NOT_SUPPORTED,
@@ -133,6 +135,9 @@ class NvmlHandles:
         if code == _RM_MISMATCH:
             return DriverMismatch(f"NVML library and kernel module differ in version ({err})", call=call, gpu=gpu,
                                   code=code)
+        if code == _LIBRARY_NOT_FOUND:
+            return LibraryNotFound(f"NVIDIA driver/NVML not available: {LibraryNotFound.marker} ({err})", call=call, gpu=gpu,
+                                   code=code)
         if code in _NO_DRIVER or (code == _UNINITIALIZED and call == "nvmlInit"):
             return DriverNotLoaded(
                 f"NVIDIA driver/NVML not available ({err})", call=call, gpu=gpu, code=code
