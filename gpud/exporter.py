@@ -257,7 +257,7 @@ class GpudCollector(Collector):
         for (i, uuid, x), n in sorted(counts.items()):
             xid.add_metric(_gpu_labels(i, uuid) + [str(x)], n)
         xinfo = GaugeMetricFamily("gpud_xid_info", "What an Xid means (NVIDIA's Xid catalog) and its class: "
-                                  "hardware, application or unknown", labels=["xid", "class", "meaning"])
+                                  "hardware, application, informational or unknown", labels=["xid", "class", "meaning"])
         for x in sorted({x for _, _, x in counts}):
             d = describe(x)
             xinfo.add_metric([str(x), d.kind, d.meaning], 1)
