@@ -136,8 +136,8 @@ class NvmlHandles:
             return DriverMismatch(f"NVML library and kernel module differ in version ({err})", call=call, gpu=gpu,
                                   code=code)
         if code == _LIBRARY_NOT_FOUND:
-            return LibraryNotFound(f"NVIDIA driver/NVML not available: {LibraryNotFound.marker} ({err})", call=call, gpu=gpu,
-                                   code=code)
+            return LibraryNotFound(f"NVIDIA driver/NVML not available: {LibraryNotFound.marker} ({err})", call=call,
+                                   gpu=gpu, code=code)
         if code in _NO_DRIVER or (code == _UNINITIALIZED and call == "nvmlInit"):
             return DriverNotLoaded(
                 f"NVIDIA driver/NVML not available ({err})", call=call, gpu=gpu, code=code
