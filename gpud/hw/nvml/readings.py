@@ -218,7 +218,7 @@ class NvmlReadings(NvmlPairs):
 
     def sample_offtick(self, index: int, processes: bool = False) -> None:
         """The blocking readings of one GPU, without gpud's lock: PCIe throughput where there are no
-        byte counters, and (``processes``) the process list. Never raises: a thread runs it."""
+        byte counters, and (``processes``) the process list. Never raises an NvmlError: the sampler runs it."""
         try:
             if self.needs_pcie_sampling(index):
                 self.sample_pcie(index)
@@ -264,13 +264,15 @@ class NvmlReadings(NvmlPairs):
         return events if events is not None else get("nvmlDeviceGetCurrentClocksThrottleReasons")
 
     def sample_pcie_all(self, indices: list[int], processes: bool = False) -> None:
-        """Every GPU's blocking readings, a thread per GPU. The driver serialises NVML calls on its RM lock
-        (and ``TickGate`` makes them one at a time): about 40 ms of PCIe throughput per GPU all the same."""
-        threads = [threading.Thread(target=self.sample_offtick, args=(i, processes), daemon=True) for i in indices]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        """Every GPU's blocking readings, one GPU after the other in the calling thread. The driver
+        serialises NVML calls on its RM lock and ``TickGate`` lets one sampler call through at a time, so a
+        thread per GPU bought no overlap (about 40 ms of PCIe throughput per GPU all the same): it cost a
+        thread start per GPU per round and woke every waiting thread at each call's end."""
+        for i in indices:
+            try:
+                self.sample_offtick(i, processes)
+            except Exception:  # noqa: BLE001 - as a thread of its own did: this GPU's round lost, not the rest's
+                log.exception("off-tick readings of GPU %d failed", i)
 
     def start_sampler(self, stop: threading.Event, every_s: float = OFFTICK_EVERY_S) -> threading.Thread:
         """Serve the tick's blocking readings from a thread, every ``every_s``; the first round is read
