@@ -197,8 +197,8 @@ class NvmlHandles:
         it does not support is not asked again (a capability does not come back by itself): no
         wasted call and no error counted every tick for, say, page retirement on an Ampere card.
         """
-        plain = tuple(_hashable(a) for a in args)
-        key = (name, gpu, plain[1:]) if gpu is not None else (name, gpu, plain)  # args[0]: the GPU's handle
+        # args[0] of a GPU's reading is its handle, not part of the key: not worked out to be dropped
+        key = (name, gpu, tuple(_hashable(a) for a in (args[1:] if gpu is not None else args)))
         return self._optional(key, lambda: self.call(name, *args, gpu=gpu))
 
     def _optional(self, key: tuple[Any, ...], read: Callable[[], Any]) -> Any:
