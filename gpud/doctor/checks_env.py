@@ -89,15 +89,17 @@ def inspect_torch(python: str) -> dict[str, object] | None:
     version and CUDA it was built for, its libraries whether NCCL is there.
     """
     # In an empty directory of its own: ``-c`` puts the working directory first on sys.path, where a user's
-    # ``json.py`` would run (as root under ``sudo gpud doctor``). As root with a constructed environment
-    # (no PYTHONPATH, LD_PRELOAD…); a user asking about their own environment keeps it (their PYTHONPATH is
-    # part of how their jobs find torch). Not ``-I``: this is the jobs' interpreter, not gpud's, and a
-    # wrapper it is (a module system's, a container's) may set what its jobs import.
+    # ``json.py`` would run (as root under ``sudo gpud doctor``); PYTHONSAFEPATH (Python 3.11+) leaves it
+    # off altogether. As root with a constructed environment (no PYTHONPATH, LD_PRELOAD…); a user asking
+    # about their own environment keeps theirs (their PYTHONPATH is part of how their jobs find torch). Not
+    # ``-I``: this is the jobs' interpreter, not gpud's, and a wrapper it is (a module system's, a
+    # container's) may set what its jobs import.
     root = os.geteuid() == 0
+    env = {**(child.environment() if root else os.environ), "PYTHONSAFEPATH": "1"}
+    question = [python, "-c", FIND_TORCH]
     try:
         with tempfile.TemporaryDirectory(prefix="gpud-doctor-") as cwd:
-            r = subprocess.run([python, "-c", FIND_TORCH], capture_output=True, text=True, timeout=20, cwd=cwd,
-                               env=child.environment() if root else None)
+            r = subprocess.run(question, capture_output=True, text=True, timeout=20, cwd=cwd, env=env)
         info = json.loads(r.stdout)
     except (OSError, subprocess.TimeoutExpired, ValueError):
         return None

@@ -715,7 +715,7 @@ def cuda_available() -> bool:
 def gather(value: Any) -> list[Any]:
     """Every rank's ``value`` (JSON: the group made by ``init``), in rank order.
 
-    As JSON bytes in a CPU tensor, never ``all_gather_object``: that unpickles what the other ranks sent,
+    As JSON bytes in a CPU tensor, never torch's object collectives: they load pickles the other ranks sent,
     and a process that got between them (a local user on the data plane's loopback port) would run code
     in every rank, as root under ``sudo gpud probe``."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
