@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -206,7 +206,7 @@ def probe(
         res = runner.run_distributed(quick=quick, suites=suites, host=socket.gethostname(),
                                      thresholds=conf.efficiency_thresholds(), machine=node, allow_busy=allow_busy)
         if res is None:
-            return
+            _leave_rank(0)
     else:
         m = machine(simulate)
         have = runner.torch_gpus()
@@ -237,8 +237,28 @@ def probe(
         emit_json(probe_document(res.to_json(), __version__, where))
     else:
         render(res)
+    if runner.under_torchrun():
+        _leave_rank(0 if res.ok else 1)
     if not res.ok:
         raise typer.Exit(1)
+
+
+def _leave_rank(code: int) -> NoReturn:
+    """A torchrun rank's exit once its part is done (the group left, rank 0's report written): without the
+    interpreter's teardown, whose C++ static destructors race the collective library's threads — "terminate
+    called without an active exception" and SIGABRT after a run that succeeded, seen here in Gloo under load
+    (pytorch/pytorch#65237 is the same race in PyTorch's own tests) — and which torchrun then reports as the
+    rank's failure."""
+    import logging
+    import os
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    logging.shutdown()
+    os._exit(code)
 
 
 def register(app: typer.Typer) -> None:
