@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -86,17 +87,25 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> None:
-    """In parallel by default: one pytest-xdist worker per CPU (``-n auto``) with ``--dist loadgroup``,
-    unless the command line says otherwise (``-n 0``: one process) or xdist is not there (``-p no:xdist``).
-    Two per CPU ran the suite in 8 min against 11 (most of its time is children starting and waiting), but
-    under that load a torchrun rank aborted at exit in Gloo ("terminate called without an active exception",
-    a shutdown race PyTorch's own CI has met) in one of two clean runs: not taken until that is understood.
+    """In parallel by default: two pytest-xdist workers per CPU with ``--dist loadgroup``, unless the command
+    line says otherwise (``-n 0``: one process) or xdist is not there (``-p no:xdist``). Two per CPU, as most
+    of the suite's time is gpud's children starting and waiting: 8 min against 11 with one per CPU. (Under
+    that load a torchrun rank once aborted at exit in Gloo, "terminate called without an active exception":
+    a rank now leaves without the interpreter's teardown, ``gpud.cli.probe._leave_rank``.)
     Here rather than in pyproject's addopts, which would make ``-n`` an error without the plugin."""
     if (config.pluginmanager.hasplugin("xdist") and not hasattr(config, "workerinput")
             and config.option.numprocesses is None):
-        config.option.numprocesses = "auto"
+        config.option.numprocesses = 2 * len(os.sched_getaffinity(0))
         if config.option.dist == "no":
             config.option.dist = "loadgroup"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """A worker parses the command line again and so never sees the ``--dist`` set above: it would not mark
+    its tests' nodeids with their group, and the scheduler would split every group (a module fixture set up
+    once per worker its tests land on: the Grafana lab twice, the burn-in soaks four times). Tell it."""
+    node.workerinput["gpud_dist"] = node.config.option.dist
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -105,16 +114,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     go first, so that none of them starts last and holds the run up alone; and the tests that share a
     fixture set up once per module (a lab of daemons, a soak in simulated time) run in one worker, as a
     group, so the fixture is not set up again in another (before xdist reads the groups, hence tryfirst)."""
+    on_worker = getattr(config, "workerinput", {}).get("gpud_dist") == "loadgroup"
+    if on_worker:
+        config.option.loadgroup = True  # what xdist's worker reads to add the group to each nodeid
     grouped = set()
     for item in items:
         info = getattr(item, "_fixtureinfo", None)
         for name in info.names_closure if info is not None else ():
             for fdef in info.name2fixturedefs.get(name, ()):
                 if fdef.scope != "function" and fdef.baseid.endswith(".py"):  # a test module's own fixture
-                    item.add_marker(pytest.mark.xdist_group(f"{fdef.baseid}::{name}"))
+                    group = f"{fdef.baseid}::{name}"
+                    item.add_marker(pytest.mark.xdist_group(group))
+                    if on_worker:
+                        _add_group_to_nodeid(item, group)
                     grouped.add(item.nodeid)
     # Stable: otherwise as collected. A group counts as long: its tests run one after another.
     items.sort(key=lambda item: item.get_closest_marker("long") is None and item.nodeid not in grouped)
+
+
+def _add_group_to_nodeid(item: pytest.Item, group: str) -> None:
+    """What pytest-xdist's worker does for ``--dist loadgroup`` (``nodeid@group``, which its scheduler splits
+    on), done here where xdist's own cannot: it assigns ``item._nodeid``, which pytest 9 no longer reads (a
+    node's id is ``item._id``, a ``NodeId``), so under pytest 9 every group was split across the workers.
+    Before pytest 9 xdist's assignment works and nothing is done here."""
+    try:
+        from _pytest.nodeid import NodeId
+    except ImportError:  # pytest before 9
+        return
+    if isinstance(getattr(item, "_id", None), NodeId) and not item.nodeid.endswith("@" + group):
+        item._id = NodeId.parse(f"{item.nodeid}@{group}")
 
 
 @pytest.fixture(autouse=True)
