@@ -255,6 +255,34 @@ def test_a_job_restarting_within_the_hold_off_does_not_flap(tmp_path: Path, capl
     assert rig.d.rules.switches == switches + 1 and "GPU2: quiet (no rule matches any more)" in caplog.text
 
 
+def test_the_poll_reads_a_gpus_process_list_only_when_its_memory_in_use_changed(tmp_path: Path) -> None:
+    """The compute list is 4.5 ms of the driver's lock per GPU; the memory in use 20 µs. A steady job's GPUs
+    are polled on their memory alone; a job that starts or ends (its CUDA context's memory) is seen at the
+    next poll, on its GPU only; every list is read again after LIST_AT_LEAST_EVERY_S regardless, which is
+    how a process holding no memory (used_mib = 0) is found at all."""
+    from gpud.daemon.rules import LIST_AT_LEAST_EVERY_S
+
+    rig = Rig(tmp_path)
+    lists = rig.d.rules.runner.lists
+    rig.start(2, 7001)
+    rig.poll(0.0)
+    assert lists.lists_read == 4 and rig.d.rules.profiles()[2][2] == "alice-trains"
+    for k in range(1, 6):
+        rig.poll(0.5 * k)
+    assert (lists.lists_read, lists.lists_kept) == (4, 20)  # nothing changed: no list read
+    rig.start(1, 7002)
+    rig.poll(3.0)
+    assert lists.lists_read == 5 and rig.d.rules.profiles()[1][2] == "alice-trains"  # GPU1's list alone
+    rig.stop(7001)
+    rig.poll(3.5)
+    assert lists.lists_read == 6
+    rig.start(3, 7003, used_mib=0)  # holds nothing: only the periodic read finds it
+    rig.poll(4.0)
+    assert rig.d.rules.profiles()[3][2] == ""
+    rig.poll(LIST_AT_LEAST_EVERY_S + 0.1)
+    assert rig.d.rules.profiles()[3][2] == "alice-trains"
+
+
 def test_without_a_base_profile_a_gpu_goes_back_to_its_originals(tmp_path: Path) -> None:
     rig = Rig(tmp_path, base=None)
     before = fingerprint(rig.m)

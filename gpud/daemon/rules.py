@@ -95,13 +95,50 @@ class Jobs:
 
 def process_lists(machine: Machine) -> dict[int, list[tuple[int, str]]]:
     """GPU → (pid, kind) of each process on NVML's compute list (a lost GPU: none)."""
-    out: dict[int, list[tuple[int, str]]] = {}
-    for gpu in range(machine.nvml.device_count()):
-        try:
-            out[gpu] = [(p.pid, "compute") for p in machine.nvml.running_processes(gpu)]
-        except GpudError:
-            out[gpu] = []
-    return out
+    return {gpu: _compute_list(machine, gpu) for gpu in range(machine.nvml.device_count())}
+
+
+def _compute_list(machine: Machine, gpu: int) -> list[tuple[int, str]]:
+    try:
+        return [(p.pid, "compute") for p in machine.nvml.running_processes(gpu)]
+    except GpudError:
+        return []
+
+
+# The longest a GPU's compute list is taken as unchanged while its memory in use is: a process that
+# holds no memory (none does once its CUDA context exists) or one that starts as another of the same
+# size exits in one poll is seen this late. The off-tick sampler reads the lists this often anyway.
+LIST_AT_LEAST_EVERY_S = 5.0
+
+
+@dataclass
+class Lists:
+    """The compute lists as the poll reads them: each GPU's list again only where its memory in use changed
+    since (a CUDA context takes memory as it is created and gives it back at exit), or after
+    ``LIST_AT_LEAST_EVERY_S``; otherwise the list read last. One 20 µs reading per GPU and poll instead of a
+    4.5 ms one while jobs run steadily (docs/performance.md, "The daemon's footprint")."""
+
+    machine: Machine
+    seen: dict[int, tuple[float, int | None, list[tuple[int, str]]]] = field(default_factory=dict)
+    lists_read: int = 0  # NVML compute lists asked for
+    lists_kept: int = 0  # polls of a GPU answered from its last list
+
+    def read(self, now: float) -> dict[int, list[tuple[int, str]]]:
+        out: dict[int, list[tuple[int, str]]] = {}
+        for gpu in range(self.machine.nvml.device_count()):
+            try:
+                used = self.machine.nvml.memory_in_use(gpu)
+            except GpudError:
+                used = None  # lost: its list reads as empty below
+            last = self.seen.get(gpu)
+            if last is not None and used is not None and last[1] == used and 0 <= now - last[0] < LIST_AT_LEAST_EVERY_S:
+                self.lists_kept += 1
+                out[gpu] = last[2]
+                continue
+            self.lists_read += 1
+            out[gpu] = _compute_list(self.machine, gpu)  # read after the memory: a change between is seen next poll
+            self.seen[gpu] = (now, used, out[gpu])
+        return out
 
 
 class RuleRunner:
@@ -117,6 +154,7 @@ class RuleRunner:
         self.switch = switch
         self.clock = clock
         self.jobs = Jobs(machine)
+        self.lists = Lists(machine)
         self.arbiter = Arbiter(hold_off_s())
         self.paused = False
         self.lock = threading.Lock()
@@ -129,7 +167,7 @@ class RuleRunner:
         t0 = time.perf_counter()
         with self.lock:
             rules = list(self.rules())
-            jobs = self.jobs.read(process_lists(self.machine)) if rules else []
+            jobs = self.jobs.read(self.lists.read(self.clock())) if rules else []
             choices = choose(rules, jobs)
             self.arbiter.hold_off_s = self.hold_off_s()
             self.choices = choices
@@ -172,7 +210,7 @@ class RuleRunner:
         return thread
 
 
-__all__ = ["Jobs", "RuleRunner", "groups", "process_lists"]
+__all__ = ["Jobs", "Lists", "RuleRunner", "groups", "process_lists"]
 
 
 class ProfileRules:
