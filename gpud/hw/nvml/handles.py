@@ -197,9 +197,29 @@ class NvmlHandles:
         it does not support is not asked again (a capability does not come back by itself): no
         wasted call and no error counted every tick for, say, page retirement on an Ampere card.
         """
-        # args[0] of a GPU's reading is its handle, not part of the key: not worked out to be dropped
-        key = (name, gpu, tuple(_hashable(a) for a in (args[1:] if gpu is not None else args)))
-        return self._optional(key, lambda: self.call(name, *args, gpu=gpu))
+        # args[0] of a GPU's reading is its handle, not part of the key: not worked out to be dropped. Plain
+        # arguments (the tick's: ints) are their own key; others (a ctypes struct, a list) go through _hashable.
+        rest = args[1:] if gpu is not None else args
+        key: tuple[Any, ...] = (name, gpu, rest)
+        try:
+            if key in self._unsupported:
+                return None
+        except TypeError:
+            key = (name, gpu, tuple(_hashable(a) for a in rest))
+            if key in self._unsupported:
+                return None
+        try:
+            with self._lock:  # ``call``, inline: this is every reading of every tick
+                if not self._initialized:
+                    self.init()
+                return self._raw(name, *args, gpu=gpu)
+        except (GpuLost, DriverNotLoaded):
+            raise
+        except Unsupported as err:
+            self._unsupported_now(key, err)
+            return None
+        except NvmlError:
+            return None
 
     def _optional(self, key: tuple[Any, ...], read: Callable[[], Any]) -> Any:
         name = key[0]
@@ -210,13 +230,18 @@ class NvmlHandles:
         except (GpuLost, DriverNotLoaded):
             raise
         except Unsupported as err:
-            if name not in CHANGING_SUPPORT:
-                self._unsupported.add(key)
-            if err.code in (13, None):  # FUNCTION_NOT_FOUND, or not in these bindings: gone for good
-                self._gone.add(name)
+            self._unsupported_now(key, err)
             return None
         except NvmlError:
             return None
+
+    def _unsupported_now(self, key: tuple[Any, ...], err: Unsupported) -> None:
+        """What a GPU said it does not support is not asked again (but for ``CHANGING_SUPPORT``)."""
+        name = key[0]
+        if name not in CHANGING_SUPPORT:
+            self._unsupported.add(key)
+        if err.code in (13, None):  # FUNCTION_NOT_FOUND, or not in these bindings: gone for good
+            self._gone.add(name)
 
     def get_out(self, name: str, h: Any, *inputs: Any, outputs: int = 1, gpu: int) -> tuple[int, ...] | None:
         """An optional reading whose outputs gpud passes as pointers and reads back (unsigned ints).
