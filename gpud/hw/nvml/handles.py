@@ -222,7 +222,6 @@ class NvmlHandles:
             return None
 
     def _optional(self, key: tuple[Any, ...], read: Callable[[], Any]) -> Any:
-        name = key[0]
         if key in self._unsupported:
             return None
         try:
