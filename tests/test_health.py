@@ -312,7 +312,7 @@ def test_a_prolog_out_of_time_says_persistence_mode_is_off(tmp_path: Path, monke
     t.join(2.2)  # GPU0 open (1.5 s), GPU1 initialising until 3 s
     line = too_slow(progress, 2.2)
     t.join(10)
-    assert line.startswith("gpud: persistence mode off: GPU0 took up to 1.5 s") and "GPU1 not read" in line, line
+    assert line.startswith("persistence mode off: GPU0 took up to 1.5 s") and "GPU1 not read" in line, line
     assert "nvidia-smi -pm 1" in line and len(line) <= LINE, line
     assert progress.states is not None and hl.worst_of(progress.states) != "unhealthy"  # nothing else wrong
 

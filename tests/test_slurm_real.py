@@ -10,8 +10,10 @@ scripts are removed afterwards.
 The healthy Z8 runs ``srun -N1 true`` (the health check at slurmd's start, the prolog and the epilog all
 pass); the degraded one, given a job, fails the prolog: the node drains with gpud's reason, whose first 20
 characters (``sinfo -R``'s column) name the GPU and the fault (GPU3's Xid 48), and the job goes back to the
-queue PENDING, not held (``nohold_on_prolog_fail``). Needs root and slurm-wlm + munge installed: skipped
-without them, failed under ``CI=true``.
+queue PENDING, not held (``nohold_on_prolog_fail``). Then the page's health check (HealthCheckProgram,
+run as slurmd runs it): it lifts gpud's own drain once the node is healthy, leaves an admin's drain as the
+admin wrote it (degraded or healthy), and drains an undrained degraded node with gpud's reason. Needs root
+and slurm-wlm + munge installed: skipped without them, failed under ``CI=true``.
 """
 
 from __future__ import annotations
@@ -58,20 +60,22 @@ def code_blocks(text: str) -> list[str]:
     return [m.group(1) for m in re.finditer(r"^```[a-z]*\n(.*?)^```$", text, re.M | re.S)]
 
 
-def page() -> tuple[list[str], str, str, Path]:
-    """The page's slurm.conf lines, prolog script, epilog script and the gpud path its installation links."""
+def page() -> tuple[list[str], str, str, str, Path]:
+    """The page's slurm.conf lines, prolog, epilog and health-check scripts and the gpud path its installation
+    links."""
     blocks = code_blocks(slurm_section())
     conf = next(b for b in blocks if "Prolog=/etc/slurm/gpud-prolog.sh" in b)
     prolog = next(b for b in blocks if b.startswith("#!/bin/sh") and "doctor --prolog" in b)
     epilog = next(b for b in blocks if b.startswith("#!/bin/sh") and "doctor --epilog" in b)
+    check = next(b for b in blocks if b.startswith("#!/bin/sh") and "doctor --health-check" in b)
     link = re.search(r"^sudo ln -s /opt/gpud/bin/gpud (/\S+)$", DOC.read_text(), re.M)
     assert link, "docs/deployment.md's installation links the gpud command somewhere"
-    return conf.strip().splitlines(), prolog, epilog, Path(link.group(1))
+    return conf.strip().splitlines(), prolog, epilog, check, Path(link.group(1))
 
 
 def test_the_pages_scripts_call_gpud_where_its_installation_puts_it() -> None:
-    conf, prolog, epilog, gpud = page()
-    for script in (prolog, epilog):
+    conf, prolog, epilog, check, gpud = page()
+    for script in (prolog, epilog, check):
         called = set(re.findall(r"(/\S*/gpud)\b doctor", script))
         assert called == {str(gpud)}, (called, gpud)
         assert "/usr/bin/timeout" in script  # its own deadline, under PrologEpilogTimeout
@@ -97,11 +101,17 @@ def _install(path: Path, text: str, installed: list[Path]) -> None:
 
 
 class Cluster:
-    def __init__(self, tmp: Path, machine_file: Path, env: dict[str, str]) -> None:
+    def __init__(self, tmp: Path, machine_file: Path, env: dict[str, str], health_check: Path) -> None:
         self.tmp = tmp
         self.machine_file = machine_file
         self.env = env
         self.node = socket.gethostname().split(".")[0]
+        self.health_check_path = health_check
+
+    def health_check(self) -> subprocess.CompletedProcess[str]:
+        """The page's HealthCheckProgram as slurmd runs it: root, no PATH, the node's name and Slurm's config."""
+        return subprocess.run([str(self.health_check_path)], capture_output=True, text=True, timeout=70,
+                              env={"SLURMD_NODENAME": self.node, "SLURM_CONF": self.env["SLURM_CONF"]})
 
     def run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         return subprocess.run(list(args), env=self.env, capture_output=True, text=True, timeout=timeout)
@@ -131,7 +141,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         _unavailable(f"Slurm or munge not installed ({', '.join(missing)}): apt-get install slurm-wlm munge")
     if os.geteuid() != 0:
         _unavailable("slurmd and the page's scripts run as root")
-    conf_lines, prolog, epilog, gpud_path = page()
+    conf_lines, prolog, epilog, check, gpud_path = page()
     # a private directory for munged's socket: its parents must be reachable (munged checks them)
     tmp = Path(os.environ.get("TMPDIR", "/tmp")).resolve() / f"gpud-slurm-{os.getpid()}"
     tmp.mkdir(mode=0o755)
@@ -166,9 +176,8 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         # the page's scripts, as written, where its slurm.conf lines name them
         paths = dict(line.split("=", 1) for line in conf_lines)
         _install(Path(paths["Prolog"]), prolog, installed)
-        if Path(paths["Epilog"]) not in installed:
-            _install(Path(paths["Epilog"]), epilog, installed)
-        assert Path(paths["HealthCheckProgram"]) == Path(paths["Prolog"])
+        _install(Path(paths["Epilog"]), epilog, installed)
+        _install(Path(paths["HealthCheckProgram"]), check, installed)
         # the gpud command where the installation links it: this checkout's, on a simulated workstation
         _install(gpud_path, f"#!/bin/sh\n{MARK}: this checkout's gpud on a simulated workstation\n"
                             f"GPUD_SIMULATE=$(cat {machine_file}) GPUD_STATE_DIR={tmp / 'gpud-state'} "
@@ -191,7 +200,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
             if procs[-1].poll() is not None:
                 raise AssertionError(f"{argv[0]} exited {procs[-1].returncode}:\n"
                                      + (tmp / "log" / log).read_text(errors="replace"))
-        yield Cluster(tmp, machine_file, env)
+        yield Cluster(tmp, machine_file, env, Path(paths["HealthCheckProgram"]))
     finally:
         for p in reversed(procs):
             if p.poll() is None:
@@ -236,3 +245,30 @@ def test_a_real_slurm_runs_jobs_on_the_healthy_z8_and_drains_the_degraded_one_wi
     log = (c.tmp / "log" / "slurmd.log").read_text(errors="replace")
     assert "not found" not in log, log[-3000:]
     c.run("scancel", job)
+
+    # The health check (HealthCheckProgram) with LBNL NHC's manners. The node healthy again: gpud's own drain
+    # is lifted.
+    c.machine_file.write_text(HEALTHY + "\n")
+    r = c.health_check()
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    c.wait("gpud's drain lifted", lambda: c.node_state()[0] == "IDLE")
+    # An admin's drain: a degraded node keeps the admin's reason, and a healthy one stays drained.
+    r = c.run("scontrol", "update", f"nodename={c.node}", "state=drain", "reason=admin: new PSU")
+    assert r.returncode == 0, r.stderr
+    c.machine_file.write_text(DEGRADED + "\n")
+    r = c.health_check()
+    assert r.returncode == 1 and r.stdout.startswith("GPU3 Xid48 DBE ECC"), (r.stdout, r.stderr)
+    assert "stays drained" in r.stderr and c.node_state()[1] == "admin: new PSU", (r.stderr, c.node_state())
+    c.machine_file.write_text(HEALTHY + "\n")
+    r = c.health_check()
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    state, reason = c.node_state()
+    assert "DRAIN" in state and reason == "admin: new PSU", (state, reason)
+    # Resumed by the admin, then a degraded node undrained: the health check drains it with gpud's reason.
+    assert c.run("scontrol", "update", f"nodename={c.node}", "state=resume").returncode == 0
+    c.wait("the admin's resume", lambda: "DRAIN" not in c.node_state()[0])
+    c.machine_file.write_text(DEGRADED + "\n")
+    r = c.health_check()
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    state, reason = c.node_state()
+    assert "DRAIN" in state and reason.startswith("GPU3 Xid48 DBE ECC") and reason.endswith("[gpud]"), (state, reason)

@@ -113,20 +113,25 @@ def doctor(
     = False,
     epilog: Annotated[bool, typer.Option("--epilog", help="Slurm's Epilog: restore the job's profile, journal "
                                          "the job's Xids, exit 1 with one line if a GPU was lost.")] = False,
+    health_check: Annotated[bool, typer.Option("--health-check", help="Slurm's HealthCheckProgram: drain the "
+                                               "node when a GPU is unfit (not over someone else's drain), "
+                                               "lift gpud's own drain when it is fit again.")] = False,
 ) -> None:
     """Pre-flight checks: driver, SLI, PCIe/NVLink topology, P2P, configuration, health, host, environment.
 
     Exit 0 when nothing fails (warnings allowed unless --strict), 1 when a check fails, 2 on bad
     usage or an invalid configuration file.
     """
-    if prolog or epilog:
+    if prolog or epilog or health_check:
         from gpud.cli import slurm
 
-        if prolog and epilog:
+        if prolog + epilog + health_check > 1:
             from gpud.errors import InvalidInput
 
-            raise InvalidInput("--prolog", "", "--prolog and --epilog are two different moments: give one")
-        raise typer.Exit(slurm.prolog(simulate, config) if prolog else slurm.epilog(simulate, config))
+            raise InvalidInput("--prolog", "", "--prolog, --epilog and --health-check are different moments: "
+                                               "give one")
+        raise typer.Exit(slurm.prolog(simulate, config) if prolog else slurm.epilog(simulate, config) if epilog
+                         else slurm.health_check(simulate, config))
     from gpud import config as cfg
     from gpud.cli import debug_enabled
     from gpud.doctor import configcheck, diagnose

@@ -34,16 +34,32 @@ if TYPE_CHECKING:
 
 PROLOG_BUDGET_S = 9.0  # of the 10 s answer, from the process's start: a second left for the exit
 LINE = 200  # Slurm's drain reason, as the contract has it
+# Every reason gpud gives Slurm ends so: how the health check knows a drain as its own (LBNL NHC's manners:
+# it lifts only the drains it made, and leaves an admin's alone).
+TAG = "[gpud]"
 
 
 def say(line: str) -> None:
     """The one line on stdout: printable ASCII (``°C`` → ``C``: Slurm's reason, ``sinfo``'s columns), at
-    most ``LINE`` characters."""
+    most ``LINE`` characters, what is wrong first (``sinfo -R`` shows 20) and ``TAG`` last."""
+    sys.stdout.write(reason_line(line) + "\n")
+    sys.stdout.flush()
+
+
+def reason_line(line: str) -> str:
     from gpud.doctor.health import ascii_line
 
-    text = ascii_line(line)
-    sys.stdout.write((text if len(text) <= LINE else text[:LINE - 3] + "...") + "\n")
-    sys.stdout.flush()
+    text = ascii_line(line).strip()
+    text = text.removeprefix("gpud: ").removesuffix(TAG).rstrip()
+    room = LINE - len(TAG) - 1
+    return (text if len(text) <= room else text[:room - 3] + "...") + " " + TAG
+
+
+def ours(reason: str) -> bool:
+    """Whether a node's drain reason is one gpud gave (``scontrol show node`` may add `` [user@time]``)."""
+    import re
+
+    return re.sub(r"\s*\[[^\]]*@[^\]]*\]$", "", reason.strip()).endswith(TAG)
 
 
 def jobs_dir() -> Path:
@@ -55,6 +71,36 @@ def jobs_dir() -> Path:
 def _job_id() -> str | None:
     job = os.environ.get("SLURM_JOB_ID", "")
     return job if job.isdigit() else None
+
+
+def job_gpus(count: int) -> tuple[list[int] | None, str]:
+    """The job's GPUs as NVML indices, and where they came from: ``SLURM_JOB_GPUS`` (Slurm's GPU ids, in
+    the Prolog's and Epilog's environment; with ``AutoDetect=nvml`` in gres.conf they are NVML's indices),
+    else ``CUDA_VISIBLE_DEVICES``, else None: the whole machine. What does not name a GPU of this machine
+    by index (a UUID: telling which needs every GPU opened, seconds each without persistence mode) is said
+    on stderr and the whole machine judged: better a node judged whole than a GPU of the job left out."""
+    for var in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"):
+        value = os.environ.get(var, "").strip()
+        if not value:
+            continue
+        out: list[int] = []
+        for item in value.split(","):
+            item = item.strip()
+            lo, dash, hi = item.partition("-")
+            if item.isdigit():
+                out.append(int(item))
+            elif dash and lo.isdigit() and hi.isdigit() and var == "SLURM_JOB_GPUS":
+                out.extend(range(int(lo), int(hi) + 1))
+            else:
+                sys.stderr.write(f"gpud: {var}={value}: {item!r} is not a GPU index; the whole machine is judged\n")
+                return None, "all"
+        bad = [i for i in out if not 0 <= i < count]
+        if bad:
+            sys.stderr.write(f"gpud: {var}={value}: no GPU {','.join(map(str, bad))} here ({count} GPUs); the whole "
+                             f"machine is judged\n")
+            return None, "all"
+        return sorted(set(out)), var
+    return None, "all"
 
 
 def fit_checks() -> list[str]:
@@ -102,9 +148,10 @@ class Progress:
         self.states: tuple[Health, ...] | None = None  # the answer: the first unhealthy finding, or all read
         self.unread: KernelLogUnreadable | None = None  # no kernel log could be read: the Xids are unknown
         self.error: Exception | None = None
+        self.scope: list[int] | None = None  # the job's GPUs (job_gpus), None: the whole machine
 
 
-def read_health(m: Machine, conf: Config, progress: Progress) -> None:
+def read_health(m: Machine, conf: Config, progress: Progress, job: bool = True) -> None:
     """The states, the first failure first. Without persistence mode each GPU's first handle lookup
     initialises it (nvml.h; 1-3 s each, NVIDIA's driver-persistence documentation) and the driver does
     it under its lock, one GPU at a time: four such GPUs do not fit in a prolog's 10 s. So: the GPUs the
@@ -127,13 +174,18 @@ def read_health(m: Machine, conf: Config, progress: Progress) -> None:
         progress.states = states_of(m, conf, only=fit_checks())[1]  # no NVML: its own finding
         return
     history = hl.journal_history()
+    count = progress.count
+    progress.scope = job_gpus(count)[0] if job else None
+    scope = progress.scope if progress.scope is not None else list(range(count))
     first = []
     for bus in suspects(m, conf):
         try:
-            first.append(m.nvml.open_bus(bus))
+            index = m.nvml.open_bus(bus)
         except GpudError:
             continue  # lost or not NVML's: its index is opened (and judged) below
-    order = list(dict.fromkeys([*first, *range(progress.count)]))
+        if index in scope:  # another job's GPU is not this job's to judge (the health check judges all)
+            first.append(index)
+    order = list(dict.fromkeys([*first, *scope]))
     for n, index in enumerate(order):
         if index not in first:
             try:
@@ -157,25 +209,55 @@ def read_health(m: Machine, conf: Config, progress: Progress) -> None:
         if hl.worst_of(states) == "unhealthy":
             progress.states = states
             return
-    progress.states = states_of(m, conf, only=fit_checks())[1]
+    if progress.scope is None:
+        progress.states = states_of(m, conf, only=fit_checks())[1]
+        return
+    snap = m.snapshot(only=progress.opened)
+    report = diagnose(m, conf, only=fit_checks(), skip=NOT_HEALTH, snapshot=snap)
+    checks = [r for r in report.checks if not (r.id == "gpu.count" and r.gpu is None)]
+    progress.states = hl.gather(m, conf, checks, snap, xids=xids, history=history, unread=progress.unread)
 
 
 def too_slow(progress: Progress, budget: float) -> str:
     """The drain reason when the GPUs could not all be read in time and none read was unhealthy."""
-    unread = [i for i in range(progress.count or 0) if i not in progress.opened]
+    wanted = progress.scope if progress.scope is not None else range(progress.count or 0)
+    unread = [i for i in wanted if i not in progress.opened]
     gpus = ",".join(str(i) for i in unread) or "?"
     if progress.slow:
         slow = ",".join(str(i) for i in sorted(progress.slow))
         took = max(progress.slow.values())
-        return (f"gpud: persistence mode off: GPU{slow} took up to {took:.1f} s each to open (no process held them), "
+        return (f"persistence mode off: GPU{slow} took up to {took:.1f} s each to open (no process held them), "
                 f"GPU{gpus} not read within {budget:.0f} s -> `sudo nvidia-smi -pm 1` or run the gpud daemon")
     if progress.count is None:
-        return f"gpud: NVML did not answer within {budget:.0f} s (a GPU hangs?) -> `nvidia-smi`, reboot"
-    return f"gpud: GPU{gpus} did not answer within {budget:.0f} s (a GPU hangs?) -> `nvidia-smi`, reboot"
+        return f"NVML did not answer within {budget:.0f} s (a GPU hangs?) -> `nvidia-smi`, reboot"
+    return f"GPU{gpus} did not answer within {budget:.0f} s (a GPU hangs?) -> `nvidia-smi`, reboot"
 
 
 def prolog(simulate: str | None, config: str | None, budget: float | None = None) -> int:
     """``budget``: seconds left for the answer (default: ``PROLOG_BUDGET_S`` less this process's age)."""
+    verdict = judge(simulate, config, budget, job=True)
+    if verdict.line:
+        say(verdict.line)
+    verdict.leave()
+    return verdict.code
+
+
+class Verdict:
+    """The prolog's answer: the exit code, the drain reason (None: fit), and whether the reading thread is
+    still stuck in NVML (then the process must end with ``os._exit``: that thread cannot be stopped)."""
+
+    def __init__(self, code: int, line: str | None = None, stuck: bool = False) -> None:
+        self.code, self.line, self.stuck = code, line, stuck
+
+    def leave(self) -> None:
+        if self.stuck:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(self.code)
+
+
+def judge(simulate: str | None, config: str | None, budget: float | None, job: bool) -> Verdict:
+    """Is this node fit (``job``: for the job whose GPUs Slurm names, ``job_gpus``; else the whole machine)?"""
     from gpud import config as cfg
 
     started = time.time()
@@ -184,15 +266,14 @@ def prolog(simulate: str | None, config: str | None, budget: float | None = None
     try:
         conf = cfg.load(config)
     except GpudError as err:
-        say(f"gpud: {err}")
-        return 2
+        return Verdict(2, str(err))
     progress = Progress()
 
     def work() -> None:
         try:
             from gpud.cli.common import machine
 
-            read_health(machine(simulate), conf, progress)
+            read_health(machine(simulate), conf, progress, job=job)
         except Exception as err:  # noqa: BLE001 - said as the one line, never a traceback to Slurm
             progress.error = err
 
@@ -200,37 +281,35 @@ def prolog(simulate: str | None, config: str | None, budget: float | None = None
     t.start()
     t.join(max(0.5, budget))
     if t.is_alive():  # the GPUs open one by one (persistence mode off), or a GPU hangs
-        say(too_slow(progress, PROLOG_BUDGET_S))
-        os._exit(1)  # the reading thread cannot be stopped; Slurm needs the answer now
-    _note_job(started)
+        return Verdict(1, too_slow(progress, PROLOG_BUDGET_S), stuck=True)
+    if job:
+        _note_job(started)
     if progress.error is not None:
-        say(f"gpud: health not read: {progress.error}")
-        return 1
+        return Verdict(1, f"health not read: {progress.error}")
     from gpud.doctor.health import one_line
 
     line = one_line(progress.states or (), LINE)
     if line:
-        say(line)
-        return 1
+        return Verdict(1, line)
     if progress.unread is not None:
-        return unreadable_answer(progress.unread, conf.doctor.unreadable_kernel_log)
-    return 0
+        code, why = unreadable_answer(progress.unread, conf.doctor.unreadable_kernel_log)
+        return Verdict(code, why)
+    return Verdict(0)
 
 
-def unreadable_answer(unread: KernelLogUnreadable, policy: str) -> int:
+def unreadable_answer(unread: KernelLogUnreadable, policy: str) -> tuple[int, str | None]:
     """No kernel log readable and nothing else unhealthy: ``[doctor] unreadable_kernel_log`` says fit
-    (exit 0, one warning line on stderr) or unfit (exit 1, the drain reason names what is missing)."""
+    (exit 0, one warning line on stderr) or unfit (exit 1 and the drain reason, naming what is missing)."""
     from gpud.doctor.xid import unreadable_needs
 
     needs = unreadable_needs(unread.tried, os.geteuid() == 0)
     what = f"no kernel log readable ({unread.says()}): Xids not judged"
     if policy == "unfit":
-        say(f"gpud: {what} -> {needs[0]}")
-        return 1
+        return 1, f"{what} -> {needs[0]}"
     text = " ".join("".join(c if c.isprintable() else " " for c in f"gpud: warning: {what}; node left fit "
                             f"([doctor] unreadable_kernel_log = \"fit\"); gpud needs: {'; '.join(needs)}").split())
     sys.stderr.write(text + "\n")
-    return 0
+    return 0, None
 
 
 def _note_job(started: float) -> None:
@@ -267,7 +346,7 @@ def epilog(simulate: str | None, config: str | None) -> int:
     try:
         conf = cfg.load(config)
     except GpudError as err:
-        say(f"gpud: {err}")
+        say(str(err))
         return 2
     m = machine(simulate)
     restored = _restore(simulate, config, m)
@@ -281,7 +360,7 @@ def epilog(simulate: str | None, config: str | None) -> int:
     for x in xids:
         sys.stderr.write(f"gpud: job {job or '?'}: GPU{x['gpu']} Xid {x['xid']} ({x['kind']}): {x['meaning']}\n")
     if lost:
-        say(f"gpud: GPU{','.join(str(g) for g in lost)} lost during job {job or '?'} (since {source}) -> reboot")
+        say(f"GPU{','.join(str(g) for g in lost)} lost during job {job or '?'} (since {source}) -> reboot")
         return 1
     return 0
 
@@ -312,7 +391,8 @@ def _restore(simulate: str | None, config: str | None, m: Machine) -> list[str]:
 
 
 def _since(m: Machine, conf: Config, since: float | None) -> tuple[list[int], list[dict[str, Any]]]:
-    """GPUs lost now or during the job; the Xids logged since it began."""
+    """The job's GPUs (``job_gpus``; all without) lost now or during the job; the Xids logged on them since
+    it began: an Xid of another job's GPU, or one logged before this job began, is not this job's."""
     from gpud.doctor.health import policy_of
     from gpud.doctor.xid import describe
 
@@ -322,7 +402,9 @@ def _since(m: Machine, conf: Config, since: float | None) -> tuple[list[int], li
         sys.stderr.write(f"gpud: GPUs not read: {err}\n")
         snap = None
     bus = {g.pci_bus_id.lower(): g.index for g in snap.gpus} if snap is not None else {}
-    lost = {s.index for s in snap.samples if s.lost} if snap is not None else set()
+    scope, _ = job_gpus(len(snap.gpus)) if snap is not None else (None, "all")
+    lost = ({s.index for s in snap.samples if s.lost and (scope is None or s.index in scope)}
+            if snap is not None else set())
     boot = m.host.boot_time()
     policy = policy_of(conf.health)
     out = []
@@ -331,6 +413,8 @@ def _since(m: Machine, conf: Config, since: float | None) -> tuple[list[int], li
         if since is not None and at is not None and at < since:
             continue
         gpu = bus.get(x.pci_bus_id.lower())
+        if scope is not None and gpu not in scope:
+            continue
         out.append({"gpu": gpu, "pci_bus_id": x.pci_bus_id, "xid": x.xid, "kind": policy.kind(x.xid),
                     "meaning": describe(x.xid).meaning, "at": at})
         if x.xid == 79 and gpu is not None:  # fell off the bus, even if it answers again
@@ -356,3 +440,82 @@ def _journal(m: Machine, job: str | None, since: float | None, source: str, xids
                        "restored": restored})
     finally:
         j.close()
+
+
+# -- HealthCheckProgram ------------------------------------------------------------------------------
+# Where slurmd's hosts keep scontrol (Debian's and SchedMD's packages, a source build's prefixes). gpud runs
+# as root here: only a root-owned file nobody else may write is run.
+SCONTROL = ("/usr/bin/scontrol", "/usr/local/bin/scontrol", "/opt/slurm/bin/scontrol", "/usr/sbin/scontrol")
+
+
+def scontrol_path() -> str | None:
+    for path in SCONTROL:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if st.st_uid == 0 and not st.st_mode & 0o022 and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def node_name() -> str:
+    """The node's name in slurm.conf: ``SLURMD_NODENAME`` (slurmd sets it), else the short host name."""
+    import socket
+
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def node_state(scontrol: str, node: str) -> tuple[str, str]:
+    """(State, Reason) from ``scontrol show node NODE -o``; raises OSError/ValueError when it cannot tell."""
+    import re
+    import subprocess
+
+    r = subprocess.run([scontrol, "show", "node", node, "-o"], capture_output=True, text=True, timeout=20,
+                       stdin=subprocess.DEVNULL, check=False)
+    if r.returncode != 0:
+        raise ValueError(f"scontrol show node {node}: {(r.stderr or r.stdout).strip()[:200]}")
+    state = re.search(r"\bState=(\S+)", r.stdout)
+    reason = re.search(r"\bReason=(.*?)(?= \w+=|$)", r.stdout.strip())
+    if state is None:
+        raise ValueError(f"scontrol show node {node}: no State= in its answer")
+    return state.group(1), (reason.group(1).strip() if reason else "")
+
+
+def health_check(simulate: str | None, config: str | None) -> int:
+    """Slurm's HealthCheckProgram, with LBNL NHC's manners: the whole machine judged as the prolog judges
+    it; unfit: the node drained with the reason, unless it is drained already with someone else's (an
+    admin's "new PSU" stays); fit: a drain of gpud's own (its reason ends with ``TAG``) lifted, and any
+    other left. Exit 0 fit, 1 unfit, 2 when Slurm could not be asked or told."""
+    import subprocess
+
+    verdict = judge(simulate, config, None, job=False)
+    code = 0 if verdict.code == 0 else 1
+    scontrol = scontrol_path()
+    node = node_name()
+    if verdict.line:
+        say(verdict.line)
+    try:
+        if scontrol is None:
+            raise ValueError(f"no scontrol (looked for {', '.join(SCONTROL)}, root's and only root's to write)")
+        state, reason = node_state(scontrol, node)
+        drained = "DRAIN" in state.upper()
+        change: list[str] = []
+        if code and drained and not ours(reason):
+            sys.stderr.write(f"gpud: node {node} stays drained as it was ({reason!r}): not gpud's drain\n")
+        elif code:
+            change = ["state=drain", f"reason={reason_line(verdict.line or 'unfit')}"]
+        elif drained and ours(reason):
+            change = ["state=resume"]
+            sys.stderr.write(f"gpud: node {node} healthy again: gpud's drain ({reason!r}) lifted\n")
+        if change:
+            r = subprocess.run([scontrol, "update", f"nodename={node}", *change], capture_output=True, text=True,
+                               timeout=20, stdin=subprocess.DEVNULL, check=False)
+            if r.returncode != 0:
+                raise ValueError(f"scontrol update nodename={node} {change[0]}: {(r.stderr or r.stdout).strip()[:200]}")
+    except (OSError, ValueError, subprocess.SubprocessError) as err:
+        sys.stderr.write(f"gpud: health check of node {node}: {err}\n")
+        code = 2
+    verdict.code = code
+    verdict.leave()
+    return code
