@@ -33,6 +33,7 @@ EXPECTED_EMPTY = {
     "GpudProbeFailed": "the CPU probe passed (its figures check function only, so it has no threshold to fail)",
     "GpudPcieReplayRate": "no simulated PCIe replay counter climbs (promtool's unit test proves the rule)",
     "GpudTickStale": "every daemon here ticks (promtool's unit test proves the rule)",
+    "GpudAbsent": "Prometheus has gpud targets here (promtool's unit test proves the rule: none at all)",
     "GpudNvlinkErrorRate": "no simulated NVLink error counter climbs here (promtool's unit test proves the rule)",
 }
 PROBE_PANELS = ("gpud_probe_",)
@@ -109,7 +110,7 @@ def test_each_gpus_active_profile_and_rule_is_on_both_dashboards() -> None:
 def test_promtool_checks_and_tests_the_rules() -> None:
     promtool = tool("promtool")
     r = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True)
-    assert r.returncode == 0 and "SUCCESS: 16 rules found" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "SUCCESS: 17 rules found" in r.stdout, r.stdout + r.stderr
     r = subprocess.run([promtool, "test", "rules", "gpud-rules.test.yml"], capture_output=True, text=True,
                        cwd=RULES.parent)
     assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr

@@ -32,7 +32,7 @@ K8S = DEPLOY / "kubernetes"
 # kubernetes-validate carries: the manifests must be valid on both.
 K8S_VERSIONS = ("1.30.0", "latest")
 # the Prometheus Operator's CRDs are not in Kubernetes' schema: checked against their documented fields
-CUSTOM = {("monitoring.coreos.com/v1", "PodMonitor")}
+CUSTOM = {("monitoring.coreos.com/v1", "PodMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")}
 
 
 @functools.cache
@@ -78,7 +78,7 @@ def test_every_manifest_is_valid_kubernetes_and_kustomize_lists_them_all() -> No
     kv = pytest.importorskip("kubernetes_validate")
     docs = documents()
     assert {d["kind"] for _, d in docs} >= {"Namespace", "ConfigMap", "DaemonSet", "Service", "ServiceAccount",
-                                            "ClusterRole", "ClusterRoleBinding", "PodMonitor"}
+                                            "ClusterRole", "ClusterRoleBinding", "PodMonitor", "PrometheusRule"}
     for version in K8S_VERSIONS:
         v = kv.latest_version() if version == "latest" else version
         for _, doc in docs:
@@ -95,6 +95,32 @@ def test_every_manifest_is_valid_kubernetes_and_kustomize_lists_them_all() -> No
     assert {i["name"] for i in kust["images"]} == {c["image"] for _, d in docs if d["kind"] == "DaemonSet"
                                                   for c in d["spec"]["template"]["spec"]["initContainers"]
                                                   + d["spec"]["template"]["spec"]["containers"]}
+
+
+def test_the_prometheus_rule_is_gpud_rules_yml_and_both_carry_the_label_kube_prometheus_stack_selects() -> None:
+    """The same alert rules in a cluster: grafana/generate.py writes prometheusrule.yaml from gpud-rules.yml
+    (run it after changing the rules); kube-prometheus-stack's default selectors take the objects labelled
+    with its release's name, which the PodMonitor and the PrometheusRule carry (kube-prometheus-stack's
+    values: podMonitorSelectorNilUsesHelmValues, ruleSelectorNilUsesHelmValues, both true by default)."""
+    sys.path.insert(0, str(REPO / "grafana"))
+    import generate
+
+    assert (K8S / "prometheusrule.yaml").read_text() == generate.prometheus_rule()
+    rule = find("PrometheusRule", "gpud")
+    assert rule["spec"] == yaml.safe_load((REPO / "grafana" / "prometheus" / "gpud-rules.yml").read_text())
+    assert set(rule["spec"]) == {"groups"} and all(set(g) <= {"name", "interval", "rules"} for g in rule["spec"]["groups"])
+    for kind in ("PodMonitor", "PrometheusRule"):
+        assert find(kind, "gpud")["metadata"]["labels"]["release"] == "kube-prometheus-stack", kind
+    rendered = subprocess.run([kubectl(), "kustomize", str(K8S)], capture_output=True, text=True, timeout=60)
+    assert rendered.returncode == 0, rendered.stderr
+    assert any(d and d["kind"] == "PrometheusRule" for d in yaml.safe_load_all(rendered.stdout))
+
+
+def test_the_agents_tolerate_every_noschedule_taint_as_npd_does() -> None:
+    for name in ("gpud", "gpud-node-problem-detector"):
+        tolerations = find("DaemonSet", name)["spec"]["template"]["spec"]["tolerations"]
+        assert {"operator": "Exists", "effect": "NoSchedule"} in tolerations, name
+        assert {"key": "CriticalAddonsOnly", "operator": "Exists"} in tolerations, name
 
 
 def test_the_pod_monitor_has_the_operators_fields_and_scrapes_the_named_port() -> None:
