@@ -218,16 +218,21 @@ def lab() -> dict[str, Any]:
               f"(0 * group by (instance) (gpud_build_info{{{INST}}}))", "warnings")], w=12, h=7, table=True)
     b.panel("table", "Failing checks", "none", [(f'gpud_check_status{{{INST}, status="fail"}} == 1', "")], w=24, h=8,
             table=True)
-    # gpud health: 0 healthy, 1 degraded, 2 unhealthy per GPU and component; the worst per machine
-    colours = ("green", "orange", "red")
+    # gpud health: -1 unknown (a source gpud could not read), 0 healthy, 1 degraded, 2 unhealthy per GPU and
+    # component. Per machine: the worst of degraded and unhealthy; else unknown if a component is; else
+    # healthy (a plain max would show a machine whose Xids cannot be read as healthy).
+    named = ((-1, "unknown", "text"), (0, "healthy", "green"), (1, "degraded", "orange"), (2, "unhealthy", "red"))
     states = {"mappings": [{"type": "value", "options": {
-        str(i): {"text": text, "color": colours[i], "index": i}
-        for i, text in enumerate(("healthy", "degraded", "unhealthy"))}}], "color": {"mode": "thresholds"},
-        "thresholds": {"mode": "absolute", "steps": [{"color": c, "value": None if i == 0 else i}
-                                                    for i, c in enumerate(colours)]}}
+        str(v): {"text": text, "color": colour, "index": k} for k, (v, text, colour) in enumerate(named)}}],
+        "color": {"mode": "thresholds"},
+        "thresholds": {"mode": "absolute", "steps": [{"color": colour, "value": None if k == 0 else v}
+                                                    for k, (v, _, colour) in enumerate(named)]}}
+    health = f"gpud_health_state{{{INST}}}"
     b.panel("state-timeline", "Health state per workstation", "none",
-            [(f"max by (instance) (gpud_health_state{{{INST}}})", "{{instance}}")], w=12, h=7, defaults=states,
-            description="The worst component of each machine (`gpud health`): healthy, degraded, unhealthy")
+            [(f"max by (instance) ({health}) > 0 or on (instance) min by (instance) ({health}) == -1 "
+              f"or on (instance) max by (instance) ({health})", "{{instance}}")], w=12, h=7, defaults=states,
+            description="The worst component of each machine (`gpud health`): unhealthy, degraded; unknown when "
+                        "a source could not be read (`gpud health` says which and what gpud needs); else healthy")
     b.panel("table", "Degraded and unhealthy components, with their repair action", "none",
             [(f'gpud_health_info{{{INST}, state!="healthy"}}', "")], w=12, h=7, table=True,
             description="Per GPU (host: machine-wide) and component: the state, its reason and repair action "

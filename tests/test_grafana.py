@@ -181,6 +181,10 @@ def lab(tmp_path_factory: pytest.TempPathFactory):
         degraded = lab.daemon("degraded", "z8-fury-4x-a6000-degraded")
         faulty = lab.daemon("faulty", "z8-fury-4x-rtx6000ada", 'profile = "quiet"\n')
         hgx = lab.daemon("hgx", "hgx-8x-h200")  # NVLink data counters: only NVSwitch GPUs give them
+        # the HGX's kernel log unreadable (a container without /dev/kmsg): its Xid components are unknown
+        r = run_gpud("sim", "inject", "kernel_log_unreadable",
+                     env={"GPUD_STATE_DIR": str(tmp / "hgx" / "state"), "GPUD_SIMULATE": "hgx-8x-h200"})
+        assert r.returncode == 0, r.stderr
         down = f"127.0.0.1:{free_port()}"  # a workstation whose gpud is not running
         lab.start_prometheus([f"127.0.0.1:{d.port}" for d in (healthy, degraded, faulty, hgx)] + [down])
         deadline = time.monotonic() + 30
@@ -260,6 +264,31 @@ def test_every_alert_expression_returns_data_or_is_expected_empty(lab: Lab) -> N
         elif not got and (torch_available() or "probe" not in r["expr"]):
             empty.append(r["alert"])
     assert not empty, empty
+
+
+def test_the_lab_shows_a_machine_whose_xids_are_unknown_as_unknown_not_healthy(lab: Lab) -> None:
+    """The lab's "Health state per workstation": the worst of degraded and unhealthy, else unknown (-1: a
+    source gpud could not read), else healthy; a plain max showed the HGX, whose kernel log is unreadable,
+    as healthy."""
+    sys.path.insert(0, str(GRAFANA))
+    import generate
+
+    def panels(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [q for p in items for q in (p, *panels(p.get("panels", [])))]
+
+    panel = next(p for p in panels(generate.lab()["panels"]) if p.get("title") == "Health state per workstation")
+    expr = _substitute(panel["targets"][0]["expr"])
+    names = {f"127.0.0.1:{d.port}": n for d, n in zip(lab.daemons, ("healthy", "degraded", "faulty", "hgx"),
+                                                       strict=True)}
+    deadline = time.monotonic() + 20
+    while True:
+        got = {names.get(r["metric"].get("instance", ""), "?"): float(r["value"][1]) for r in lab.query(expr)}
+        if {"healthy", "degraded", "hgx"} <= set(got) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert got["healthy"] == 0 and got["degraded"] == 2 and got["hgx"] == -1, got
+    texts = {v["text"] for m in panel["fieldConfig"]["defaults"]["mappings"] for v in m["options"].values()}
+    assert texts == {"unknown", "healthy", "degraded", "unhealthy"}
 
 
 def test_expected_alerts_fire(lab: Lab) -> None:

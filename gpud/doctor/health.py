@@ -124,7 +124,8 @@ class Health:
 
 
 # doctor check id → (component, worst state, action on fail, action on warn). Checks not listed say
-# nothing of health (the caller's environment, processes, the probe's figures).
+# nothing of health (the caller's environment, processes, the probe's figures; topo.numa: GPUs on two
+# sockets are a dual-socket machine's normal layout, doctor's advice on placing ranks, not a fault).
 Rule = tuple[str, State, Action, Action]
 COMPONENTS: dict[str, Rule] = {
     "nvml.available": ("driver", "unhealthy", "reboot", "none"),
@@ -141,7 +142,6 @@ COMPONENTS: dict[str, Rule] = {
     "pcie.acs": ("pcie", "degraded", "none", "none"),
     "host.iommu": ("pcie", "degraded", "none", "none"),
     "nvlink.links": ("nvlink", "degraded", "inspect the hardware", "inspect the hardware"),
-    "topo.numa": ("config", "degraded", "none", "none"),
     "sli.disabled": ("config", "degraded", "none", "none"),
     "config.persistence_mode": ("config", "degraded", "none", "none"),
     "config.power_limit": ("config", "degraded", "none", "none"),
