@@ -58,6 +58,6 @@ def test_a_researchers_shell_changes_no_verdict(tmp_path: Path) -> None:
              "tests/test_sim_import.py::test_doctor_on_every_twin_gives_the_documented_verdicts"]
     r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q",
                         "-k", "own or rtx-a6000-linux-550 or rtx-6000-ada-550 or h200-550", *tests],
-                       capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+                       capture_output=True, text=True, timeout=900, cwd=REPO, env=env)  # a hang guard: ~15 s
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert "5 passed" in r.stdout and "failed" not in r.stdout, r.stdout[-2000:]
