@@ -108,7 +108,8 @@ def test_the_prometheus_rule_is_gpud_rules_yml_and_both_carry_the_label_kube_pro
     assert (K8S / "prometheusrule.yaml").read_text() == generate.prometheus_rule()
     rule = find("PrometheusRule", "gpud")
     assert rule["spec"] == yaml.safe_load((REPO / "grafana" / "prometheus" / "gpud-rules.yml").read_text())
-    assert set(rule["spec"]) == {"groups"} and all(set(g) <= {"name", "interval", "rules"} for g in rule["spec"]["groups"])
+    assert set(rule["spec"]) == {"groups"}
+    assert all(set(g) <= {"name", "interval", "rules"} for g in rule["spec"]["groups"])
     for kind in ("PodMonitor", "PrometheusRule"):
         assert find(kind, "gpud")["metadata"]["labels"]["release"] == "kube-prometheus-stack", kind
     rendered = subprocess.run([kubectl(), "kustomize", str(K8S)], capture_output=True, text=True, timeout=60)
