@@ -84,3 +84,49 @@ def test_every_reason_is_ascii_what_first_and_gpuds_tag_last() -> None:
     assert ours("GPU3 Xid48 DBE ECC -> reset GPU [gpud] [root@2026-12-01T23:59:01]")  # scontrol's addition
     assert ours("no answer from gpud in 30 s [gpud]")
     assert not ours("admin: new PSU [root@2026-12-01T23:59:01]") and not ours("")
+
+
+def test_the_epilog_puts_back_the_jobs_gpus_only(monkeypatch: pytest.MonkeyPatch, state_dir: Path) -> None:
+    """Two jobs on a node, each with a profile for its GPUs: the first job's epilog restores GPU0 and GPU1;
+    GPU2 and GPU3 keep theirs, in the state file too (a later restore still knows their originals)."""
+    from tuning_helpers import fingerprint
+
+    from gpud.tuning import engine
+    from gpud.tuning import state as st
+    from gpud.tuning.profile import load as load_profile
+
+    m = open_machine(HEALTHY)
+    before = fingerprint(m)
+    changes, desired = engine.plan(m, load_profile("quiet"))
+    assert engine.apply(m, load_profile("quiet"), changes, desired, m.host.cpu_governors()).ok
+    applied = fingerprint(m)
+    assert all(applied[g] != before[g] for g in "0123")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_JOB_GPUS", "0,1")
+    assert epilog(HEALTHY, None) == 0
+    now = fingerprint(open_machine(HEALTHY))
+    assert now["0"] == before["0"] and now["1"] == before["1"]  # the job's GPUs: back
+    assert now["2"] == applied["2"] and now["3"] == applied["3"]  # the neighbour's: as applied
+    left = st.load()
+    assert left is not None and set(left.originals) <= {"2", "3", "host"} and set(left.gpu_desired()) == {2, 3}
+    done, failed = engine.restore(open_machine(HEALTHY))  # the neighbour's epilog without a scope: the rest
+    assert not failed and fingerprint(open_machine(HEALTHY)) == before and st.load() is None
+
+
+def test_a_daemon_restores_the_gpus_asked_and_keeps_enforcing_the_others() -> None:
+    from tuning_helpers import fingerprint
+
+    from gpud import config as cfg
+    from gpud.daemon.service import Daemon
+
+    m = open_machine(HEALTHY)
+    before = fingerprint(m)
+    d = Daemon(m, cfg.Config())
+    assert d.handle({"cmd": "apply", "args": {"profile": "quiet"}})["ok"]
+    assert "list of GPU indices" in d.handle({"cmd": "restore", "args": {"gpus": ["0"]}})["error"]
+    reply = d.handle({"cmd": "restore", "args": {"gpus": [3]}})
+    assert reply["ok"] and reply["restored"], reply
+    now = fingerprint(m)
+    assert now["3"] == before["3"] and now["0"] != before["0"]
+    assert d.enforcer.state is not None and set(d.enforcer.state.desired) >= {"0", "1", "2"}
+    assert "3" not in d.enforcer.state.desired  # GPU3 is no longer enforced, the others are

@@ -349,7 +349,12 @@ def epilog(simulate: str | None, config: str | None) -> int:
         say(str(err))
         return 2
     m = machine(simulate)
-    restored = _restore(simulate, config, m)
+    try:
+        m.nvml.init()
+        scope = job_gpus(m.nvml.device_count())[0]
+    except GpudError:
+        scope = None  # no NVML: the restore says why
+    restored = _restore(simulate, config, m, scope)
     boot = m.host.boot_time()
     since, source = job_start(boot)
     job = _job_id()
@@ -365,8 +370,9 @@ def epilog(simulate: str | None, config: str | None) -> int:
     return 0
 
 
-def _restore(simulate: str | None, config: str | None, m: Machine) -> list[str]:
-    """What the job's profile changed, put back: through the daemon when it drives this machine."""
+def _restore(simulate: str | None, config: str | None, m: Machine, gpus: list[int] | None) -> list[str]:
+    """What the job's profile changed on its GPUs (``gpus``; None: all), put back: through the daemon when it
+    drives this machine. The other GPUs keep theirs (another job's)."""
     from gpud.cli.tune import Target, tuning_lock
     from gpud.tuning import engine
     from gpud.tuning import state as tuning_state
@@ -376,13 +382,13 @@ def _restore(simulate: str | None, config: str | None, m: Machine) -> list[str]:
     t = Target(simulate, config)
     t._machine = m
     try:
-        reply = t.daemon("restore")
+        reply = t.daemon("restore", gpus=gpus) if gpus is not None else t.daemon("restore")
         if reply is not None:
             failed = list(reply.get("failed", []))
             done = list(reply.get("restored", []))
         else:
             with tuning_lock("gpud doctor --epilog"):
-                done, failed = engine.restore(m)
+                done, failed = engine.restore(m, gpus=gpus)
     except GpudError as err:
         done, failed = [], [str(err)]
     for line in failed:

@@ -112,6 +112,9 @@ def check_request(request: Any) -> str | None:
             return f"{cmd}: argument {k} has the wrong type"
         if isinstance(v, str) and (len(v) > 4096 or "\0" in v):
             return f"{cmd}: argument {k} is not a usable string"
+        if isinstance(v, list) and (len(v) > 1024 or not all(
+                isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1024 for x in v)):
+            return f"{cmd}: argument {k} must be a list of GPU indices"
     for k in REQUESTS[cmd].required:
         if k not in args:
             return f"{cmd}: missing argument {k!r}"

@@ -39,7 +39,7 @@ class Served(Protocol):
 
     def apply(self, name: str, dry_run: bool = False, peer: Peer | None = None) -> Reply: ...
 
-    def restore(self, fans_only: bool = False, peer: Peer | None = None) -> Reply: ...
+    def restore(self, fans_only: bool = False, peer: Peer | None = None, gpus: list[int] | None = None) -> Reply: ...
 
     def resume_rules(self, profile: str | None = None, peer: Peer | None = None) -> Reply: ...
 
@@ -72,6 +72,11 @@ def _verify(d: Served, args: dict[str, Any], peer: Peer | None) -> Reply:
             "settings": [to_jsonable(x) for x in drifts]}
 
 
+def _gpus(value: Any) -> list[int] | None:
+    """``restore``'s ``gpus``: GPU indices (a Slurm job's; ``check_request`` checked them), or absent: all."""
+    return None if value is None else sorted({int(g) for g in value})
+
+
 # The order is the one "unknown command (known: …)" names.
 REQUESTS: dict[str, Request] = {
     "ping": Request({}, _ping, read_only=True),
@@ -82,7 +87,8 @@ REQUESTS: dict[str, Request] = {
     "apply": Request({"profile": str, "dry_run": bool},
                      lambda d, args, peer: d.apply(str(args["profile"]), bool(args.get("dry_run")), peer),
                      read_only=False, required=("profile",)),
-    "restore": Request({"fans_only": bool}, lambda d, args, peer: d.restore(bool(args.get("fans_only")), peer),
+    "restore": Request({"fans_only": bool, "gpus": list},
+                       lambda d, args, peer: d.restore(bool(args.get("fans_only")), peer, _gpus(args.get("gpus"))),
                        read_only=False),
     "set-healthy": Request({"gpu": str, "reason": str},
                            lambda d, args, peer: d.set_healthy(str(args["gpu"]), str(args["reason"]), peer),

@@ -428,7 +428,10 @@ class Daemon:
         return {"ok": True, "profile": None, "plan": [], "written": 0,
                 "target": engine.target(self.machine)}
 
-    def restore(self, fans_only: bool = False, peer: control.Peer | None = None) -> dict[str, Any]:
+    def restore(self, fans_only: bool = False, peer: control.Peer | None = None,
+                gpus: list[int] | None = None) -> dict[str, Any]:
+        if gpus is not None and not fans_only:
+            return self._restore_gpus(gpus, peer)
         with self.tuning_lock:
             self.fans.release()
             if not fans_only:
@@ -445,6 +448,24 @@ class Daemon:
             self.recorder.profile("profile_restore", f"{'fans' if fans_only else 'settings'} restored by {who}"
                                   + (f"; failed: {failed}" if failed else ""), uid=peer.uid if peer else None,
                                   fans_only=fans_only)
+            return {"ok": not failed, "restored": done, "failed": failed}
+
+    def _restore_gpus(self, gpus: list[int], peer: control.Peer | None) -> dict[str, Any]:
+        """A Slurm job's GPUs put back (``gpud doctor --epilog``): the others keep their profile, enforced and
+        with their fan curves, as the state file still holds it; the rules go on as they were."""
+        from gpud.tuning import state as st
+
+        with self.tuning_lock:
+            done, failed = engine.restore(self.machine, gpus=gpus)
+            data = st.load()
+            desired = data.gpu_desired() if data is not None else {}
+            self.enforcer.follow(data.profile if data is not None and desired else None, desired,
+                                 dict(data.desired.get("host") or {}) if data is not None else None)
+            self.fans.configure(desired)
+            who = f"uid {peer.uid} (pid {peer.pid})" if peer is not None else "the daemon"
+            self.recorder.profile("profile_restore", f"GPU {','.join(map(str, gpus))} restored by {who}"
+                                  + (f"; failed: {failed}" if failed else ""), uid=peer.uid if peer else None,
+                                  fans_only=False)
             return {"ok": not failed, "restored": done, "failed": failed}
 
     # -- requests ------------------------------------------------------------------------

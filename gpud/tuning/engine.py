@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -373,11 +373,13 @@ def verify(machine: Machine, daemon: bool = False, snapshot: Snapshot | None = N
 
 # -- restore ---------------------------------------------------------------------------------
 
-def restore(machine: Machine, fans_only: bool = False) -> tuple[list[str], list[str]]:
+def restore(machine: Machine, fans_only: bool = False,
+            gpus: Collection[int] | None = None) -> tuple[list[str], list[str]]:
     """Write the originals back (reverse order). Returns (done, failed). Safe to run twice.
 
     Fans go back to the automatic policy first, whatever the state file says (or if it is
-    unusable: then StateError follows, after the fans are safe)."""
+    unusable: then StateError follows, after the fans are safe). ``gpus``: those GPUs only (a Slurm job's);
+    the other GPUs' and the host's settings stay applied and in the state file."""
     try:
         data = read_state(machine)
         problem: GpudError | None = None
@@ -394,6 +396,8 @@ def restore(machine: Machine, fans_only: bool = False) -> tuple[list[str], list[
     except GpudError as err:
         return done, [f"NVML: {err}"]
     for gpu in range(count):
+        if gpus is not None and gpu not in gpus:
+            continue
         try:
             s = machine.nvml.sample(gpu)
             if s.lost:
@@ -419,6 +423,10 @@ def restore(machine: Machine, fans_only: bool = False) -> tuple[list[str], list[
             failed.append(str(err))
         return done, failed
     keep: dict[str, dict[str, Any]] = {}
+    others: dict[str, dict[str, Any]] = {}  # what ``gpus`` leaves out: kept applied, and in the state file
+    if gpus is not None:
+        others = {k: v for k, v in originals.items() if k == "host" or int(k) not in gpus}
+        originals = {k: v for k, v in originals.items() if k not in others}
     for key, settings in sorted(originals.items()):
         which = None if key == "host" else int(key)
         for setting in reversed(KEYS):
@@ -432,7 +440,13 @@ def restore(machine: Machine, fans_only: bool = False) -> tuple[list[str], list[
             except GpudError as err:
                 failed.append(f"{where}: {setting}: {err}")
                 keep.setdefault(key, {})[setting] = value
-    if keep:
+    if gpus is not None and others:
+        left = {k: dict(v) for k, v in data.desired.items() if k == "host" or int(k) not in gpus or k in keep}
+        try:
+            st.save(dataclasses.replace(data, originals={**others, **keep}, desired=left))
+        except st.StateError as err:
+            failed.append(str(err))
+    elif keep:
         try:
             st.save(dataclasses.replace(data, originals=keep))
         except st.StateError as err:
