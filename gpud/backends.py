@@ -90,8 +90,16 @@ class SimBench:
         self._touched.clear()
 
     def device_faults(self, gpu: int) -> list[str]:
-        """The faults of the GPU that its stand-in must show: ``wrong_results``, ``memory_errors``."""
-        return [k for k in ("wrong_results", "memory_errors") if self.sim.machine.faults_of(k, gpu)]
+        """The faults of the GPU that its stand-in must show now: ``wrong_results``, ``memory_errors`` (one
+        with ``above_celsius`` only while the GPU is at least that hot: the kernels run with the faults
+        the GPU has when they start)."""
+        m = self.sim.machine
+        out = []
+        for kind in ("wrong_results", "memory_errors"):
+            found = m.faults_of(kind, gpu)
+            if any(f.above_celsius is None or m.temperature(gpu) >= f.above_celsius for f in found):
+                out.append(kind)
+        return out
 
 
 def open_bench(machine: Machine, device: str) -> RealBench | SimBench:
