@@ -396,8 +396,11 @@ class Physics:
         fit = self._two_point(gpu, temp, draw, duty)
         if fit is not None:
             conductance, intake = fit
-        if self.noisy:  # this card's cooler against its model's (COOLER_SIGMA)
+        if self.noisy and draw > 0:
+            # this card's cooler against its model's (COOLER_SIGMA); its intake is what keeps the described
+            # reading the equilibrium (a twin still reads its dump), the spread shows as the load heats it
             conductance *= 1.0 + COOLER_SIGMA * max(-3.0, min(3.0, self.gauss(gpu, "cooler")))
+            intake = temp - draw / (conductance * _cooling(duty))
         th = Thermal(temp, conductance, conductance * TIME_CONSTANT_S, 3.6e9 + gpu * 1.1e8, amb,
                      intake=intake, described_draw=draw)
         # The violation counters count from boot: the machine has been in its described state since, so
