@@ -32,6 +32,8 @@ SIM = "z8-fury-4x-a6000"
 # best at that slowdown is about 9 % with its cited constants (the first test below), and the search stops
 # within NVML's 5 % power resolution under the trials' noise: at least half of it.
 SAVING = 0.045
+# Tune's choice is a verdict a person relies on: its tests run in three realisations of the simulator's noise.
+SEEDS = (1, 2, 3)
 
 
 # -- the model ------------------------------------------------------------------------------
@@ -126,8 +128,10 @@ def test_memclocks_knob_measures_the_supported_clocks_after_the_power_stage_and_
     assert memory_clocks(fresh(SIM), [0, 3]) == ({0: [405], 3: [405]}, "")
 
 
+@pytest.mark.parametrize("seed", SEEDS)
 def test_fans_knob_finds_the_quietest_curve_that_holds_the_gpus_own_ceiling_after_a_soak(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUD_SIM_SEED", str(seed))
     m = fresh(SIM)
     before = fingerprint(m)
     info = m.info(0)
@@ -185,7 +189,10 @@ def _tune(m: Any, **kw: Any) -> Any:
     return run_tune(m, load, LocalApplier(m), **args)
 
 
-def test_energy_goal_on_the_simulated_z8_saves_at_least_10_percent_and_puts_every_gpu_back() -> None:
+@pytest.mark.parametrize("seed", SEEDS)
+def test_energy_goal_on_the_simulated_z8_saves_energy_and_puts_every_gpu_back(seed: int,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUD_SIM_SEED", str(seed))
     m = fresh(SIM)
     before = fingerprint(m)
     out = _tune(m)
@@ -218,7 +225,10 @@ def test_quiet_and_throughput_goals() -> None:
     assert fast.trials[1].settings[0]["power_limit"] == 300.0
 
 
-def test_a_gpu_that_runs_slower_sets_the_pace_and_matching_the_others_is_measured() -> None:
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_gpu_that_runs_slower_sets_the_pace_and_matching_the_others_is_measured(
+        seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUD_SIM_SEED", str(seed))
     m = fresh(SIM)
     before = fingerprint(m)
     m.simulation.machine.inject("clock_events", gpu=3, reasons=["sw_thermal_slowdown"])  # a hotter GPU: -15 %
