@@ -124,7 +124,7 @@ class Physics:
     _boot_seen: int
     noisy: bool  # noise and random per-GPU variation on (GPUD_SIM_NOISE)
     _env_seed: int | None  # GPUD_SIM_SEED
-    _t0: float  # the simulated time this process's physics started at: noise buckets count from it
+    _t0: float  # noise buckets count from it: the physics' start, then this process's first nvmlInit
     # Whether an NVLink is up (the NVML library sets it: link state is its business).
     nvlink_up: Callable[[int, int], bool]
 
