@@ -123,10 +123,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def seed_of(nodeid: str) -> int:
     """The simulator's seed for a test: from its node id, so each test has its own realisation of noise
-    and spread and the same one on every run (docs/simulation.md, "Noise and spread")."""
+    and spread and the same one on every run (docs/simulation.md, "Noise and spread"), in one process or
+    under pytest-xdist (whose ``--dist loadgroup`` appends ``@group`` to a grouped test's id: left out)."""
     import hashlib
 
-    return int.from_bytes(hashlib.blake2b(nodeid.encode(), digest_size=4).digest(), "big")
+    base = nodeid.split("@", 1)[0]
+    return int.from_bytes(hashlib.blake2b(base.encode(), digest_size=4).digest(), "big")
 
 
 @pytest.fixture(autouse=True)
