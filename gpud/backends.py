@@ -90,8 +90,16 @@ class SimBench:
         self._touched.clear()
 
     def device_faults(self, gpu: int) -> list[str]:
-        """The faults of the GPU that its stand-in must show: ``wrong_results``, ``memory_errors``."""
-        return [k for k in ("wrong_results", "memory_errors") if self.sim.machine.faults_of(k, gpu)]
+        """The faults of the GPU that its stand-in must show now: ``wrong_results``, ``memory_errors`` (one
+        with ``above_celsius`` only while the GPU is at least that hot: the kernels run with the faults
+        the GPU has when they start)."""
+        m = self.sim.machine
+        out = []
+        for kind in ("wrong_results", "memory_errors"):
+            found = m.faults_of(kind, gpu)
+            if any(f.above_celsius is None or m.temperature(gpu) >= f.above_celsius for f in found):
+                out.append(kind)
+        return out
 
 
 def open_bench(machine: Machine, device: str) -> RealBench | SimBench:
@@ -105,20 +113,19 @@ def open_bench(machine: Machine, device: str) -> RealBench | SimBench:
 class SimTraining:
     """The tune's workload on a simulated workstation: DDP training as the performance model has it
     (``gpud.sim.perf``). The GPUs draw what the model says at the clocks the physics gives them, so the
-    energy counters, clocks and clock-event reasons NVML reports follow; each simulated second's
-    samples come from the slowest GPU's throughput share at its clock (every rank waits for it at the
-    all-reduce), with the model's step-to-step spread. Simulated time passes as fast as the code runs."""
+    energy counters, clocks and clock-event reasons NVML reports follow; each simulated second's samples
+    come from each GPU's step time at its clock (its model's tensor throughput and memory bandwidth):
+    every rank waits for the slowest at the all-reduce. Under noise each rank's step time varies from
+    second to second (``perf.STEP_CV``), drawn from the machine's seed and the simulated time, so the
+    same run gives the same figures. Simulated time passes as fast as the code runs."""
 
     figures = "model"
     name = "probe"
     unit = "samples"
 
-    def __init__(self, sim: Any, seed: int = 0) -> None:
-        import random
-
+    def __init__(self, sim: Any) -> None:
         self.sim = sim
         self.gpus: list[int] = []
-        self._rng = random.Random(seed)
         self.ticker: Any = None  # called with the simulated time after each simulated second (a trial's fans)
 
     def start(self, gpus: list[int]) -> None:
@@ -140,10 +147,14 @@ class SimTraining:
         while done < seconds - 1e-9:
             step = min(1.0, seconds - done)
             m.advance(step)
-            shares = [perf.throughput_share(m.clock_mhz(g, CLOCK_SM) / float(m.desc.gpus[g].max_sm_mhz),
-                                            m.clock_mhz(g, CLOCK_MEM) / float(m.desc.gpus[g].max_memory_mhz))
-                      for g in self.gpus]
-            samples += perf.step_rate(shares, self._rng) * step
+            times = []
+            for g in self.gpus:
+                spec = m.desc.gpus[g]
+                times.append(perf.step_time(m.clock_mhz(g, CLOCK_SM) / m.boost_mhz(g),
+                                            m.clock_mhz(g, CLOCK_MEM) / float(spec.max_memory_mhz),
+                                            float(spec.tensor_tflops), float(spec.memory_bandwidth_gbs)))
+            jitter = [m.gauss(g, "step", m.bucket()) for g in self.gpus] if m.noisy else None
+            samples += perf.step_rate(times, jitter) * step
             done += step
             if self.ticker is not None:
                 self.ticker(self.now())

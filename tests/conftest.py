@@ -66,6 +66,10 @@ os.environ["GPUD_SIM_EUID"] = "0"
 # GPUs hundreds of times, so it shortens that. The test of it (test_fidelity.py,
 # test_without_persistence_the_first_lookup_initialises_the_gpu) runs with the real figure.
 os.environ["GPUD_SIM_GPU_INIT_S"] = "0.05"
+# Noise on, with a fixed seed: each test sets its own (the ``state_dir`` fixture); this one is what a module's
+# fixture set up before any test's (a soak run once for a module) sees, so the suite stays deterministic.
+os.environ["GPUD_SIM_SEED"] = "34"
+os.environ.pop("GPUD_SIM_NOISE", None)
 # Every gpud the suite starts writes as through a pipe, with no terminal size from outside: pytest-xdist's
 # workers start with COLUMNS=80 and LINES=24, which would wrap each one-line error (a test that wants a
 # width gives COLUMNS itself). Here, before the test modules copy the environment.
@@ -145,10 +149,24 @@ def _add_group_to_nodeid(item: pytest.Item, group: str) -> None:
         item._id = NodeId.parse(f"{item.nodeid}@{group}")
 
 
+def seed_of(nodeid: str) -> int:
+    """The simulator's seed for a test: from its node id, so each test has its own realisation of noise
+    and spread and the same one on every run (docs/simulation.md, "Noise and spread"), in one process or
+    under pytest-xdist (whose ``--dist loadgroup`` appends ``@group`` to a grouped test's id: left out)."""
+    import hashlib
+
+    base = nodeid.split("@", 1)[0]
+    return int.from_bytes(hashlib.blake2b(base.encode(), digest_size=4).digest(), "big")
+
+
 @pytest.fixture(autouse=True)
-def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Path:
     d = tmp_path / "state"
     monkeypatch.setenv("GPUD_STATE_DIR", str(d))
+    # The suite runs under noise (the simulator's default), each test with its own fixed seed; a test that
+    # needs exact figures sets GPUD_SIM_NOISE=0 itself, one that needs several realisations GPUD_SIM_SEED.
+    monkeypatch.setenv("GPUD_SIM_SEED", str(seed_of(request.node.nodeid)))
+    monkeypatch.delenv("GPUD_SIM_NOISE", raising=False)
     monkeypatch.setenv("GPUD_SOCKET", str(tmp_path / "no-daemon.sock"))  # never a real daemon's socket
     monkeypatch.delenv("GPUD_SIMULATE", raising=False)
     monkeypatch.delenv("GPUD_CONFIG", raising=False)

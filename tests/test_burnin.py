@@ -24,6 +24,11 @@ from gpud.burnin.run import run_burnin
 from gpud.config import Config
 from gpud.json_schema import check
 
+# The burn-in's pass/fail is a verdict a person relies on: judged under the simulator's noise and spread in
+# several realisations (docs/simulation.md, "Noise and spread"), no false alarm on the healthy machine and
+# every fault found on the faulty one in each.
+SEEDS = (1, 2, 3)
+
 
 def _failing(doc: dict[str, Any]) -> dict[int, set[str]]:
     out: dict[int, set[str]] = {}
@@ -33,7 +38,10 @@ def _failing(doc: dict[str, Any]) -> dict[int, set[str]]:
     return out
 
 
-def test_quick_on_the_healthy_z8_passes_within_two_minutes(state_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("seed", SEEDS)
+def test_quick_on_the_healthy_z8_passes_within_two_minutes(state_dir: Path, tmp_path: Path, seed: int,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUD_SIM_SEED", str(seed))
     report = tmp_path / "report.html"
     r = run_gpud("burnin", "--simulate", "z8-fury-4x-a6000", "--level", "quick", "--json", "--report", str(report),
                  timeout=120)
@@ -54,7 +62,10 @@ def test_quick_on_the_healthy_z8_passes_within_two_minutes(state_dir: Path, tmp_
     assert ev.returncode == 0 and "burn-in quick: pass" in ev.stdout
 
 
-def test_quick_on_the_degraded_z8_fails_naming_its_gpus_and_tests(state_dir: Path) -> None:
+@pytest.mark.parametrize("seed", SEEDS)
+def test_quick_on_the_degraded_z8_fails_naming_its_gpus_and_tests(state_dir: Path, seed: int,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUD_SIM_SEED", str(seed))
     r = run_gpud("burnin", "--simulate", "z8-fury-4x-a6000-degraded", "--allow-busy", "--json", timeout=120)
     assert r.returncode == 1, r.stderr
     doc = json.loads(r.stdout)
@@ -81,13 +92,14 @@ def test_quick_on_the_degraded_z8_fails_naming_its_gpus_and_tests(state_dir: Pat
     assert "burnin.idle" in text.stdout and "--allow-busy" in text.stdout  # busy GPUs refused without it
 
 
-@pytest.fixture(scope="module")
-def soak(tmp_path_factory: pytest.TempPathFactory) -> tuple[Result, dict[str, Any]]:
+@pytest.fixture(scope="module", params=SEEDS)
+def soak(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> tuple[Result, dict[str, Any]]:
     """One 30-minute soak (simulated time) on the Z8 with a fault on each of GPUs 1–3: GPU1's fan
     stalled; GPU2 in power brake and trained to x8; GPU3 slower (a 200 W limit), computing wrong
     results and with memory errors. GPU0 stays healthy."""
     mp = pytest.MonkeyPatch()
     mp.setenv("GPUD_STATE_DIR", str(tmp_path_factory.mktemp("soak")))
+    mp.setenv("GPUD_SIM_SEED", str(request.param))
     try:
         m = open_machine("z8-fury-4x-a6000")
         sim = m.simulation.machine
@@ -149,8 +161,8 @@ TOO_WEAK = {"mode": "curve", "points": [[40, 30], [90, 50]], "hysteresis": 3}
 TRAINING = {"mode": "curve", "points": [[30, 50], [45, 65], [60, 85], [70, 100]], "hysteresis": 3}
 
 
-@pytest.fixture(scope="module")
-def curve_soak(tmp_path_factory: pytest.TempPathFactory) -> Result:
+@pytest.fixture(scope="module", params=SEEDS)
+def curve_soak(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Result:
     """A 15-minute soak (simulated time) on the Z8 with a profile's fan curves applied (the tuning state)
     and driven each simulated second by the daemon's fan control: GPU0 a curve that holds the load, GPU1
     the same curve with its fan stalled, GPU2 a curve capped at 50 %, GPU3 the `training` profile's
@@ -160,6 +172,7 @@ def curve_soak(tmp_path_factory: pytest.TempPathFactory) -> Result:
 
     mp = pytest.MonkeyPatch()
     mp.setenv("GPUD_STATE_DIR", str(tmp_path_factory.mktemp("curve")))
+    mp.setenv("GPUD_SIM_SEED", str(request.param))
     try:
         m = open_machine("z8-fury-4x-a6000")
         m.simulation.machine.inject("fan_stuck", gpu=1)
@@ -186,7 +199,9 @@ def test_under_a_fan_curve_a_healthy_gpu_settles_at_the_curves_promise(curve_soa
     held = v[("burnin.thermal.curve", 0)]
     assert curve_soak.fan_curves[0]["points"] == HOLDS["points"]  # read from the applied profile
     assert held.status == "pass" and held.figure is not None and held.threshold is not None
-    assert abs(held.figure - held.threshold) <= 2 and 80 <= held.threshold <= 90
+    # at its promise within 2 °C, or below it by up to the curve's hysteresis (3 °C) more: the flickering
+    # reading's peaks set the duty, which the hysteresis holds
+    assert -2 - HOLDS["hysteresis"] <= held.figure - held.threshold <= 2 and 80 <= held.threshold <= 90
     assert "the curve asks" in held.summary and "its promise under this load" in held.summary
     assert ("burnin.thermal.target", 0) not in v  # the curve, not the driver's target
     assert curve_soak.limits[0]["curve_promise_c"] == held.threshold
@@ -426,3 +441,12 @@ def test_the_probes_p2p_and_allreduce_are_judged_on_the_gpus_under_test(state_di
     assert by[("burnin.probe.allreduce", None)].status == "fail"
     p2p = by[("burnin.probe.p2p", 2)]
     assert p2p.status == "fail" and "30%" in p2p.summary and p2p.source
+
+
+def test_an_outlier_among_four_siblings_is_named_by_median_and_mad() -> None:
+    """With sigma of the values themselves no value of four lies more than 1.5 sigma from their mean, so
+    the former '> 3 sigma' never named one; the modified z-score (median, MAD) does, and not a noisy spread."""
+    from gpud.burnin.judge import robust_z
+
+    assert max(abs(z) for z in robust_z([1700.0, 1710.0, 1720.0, 1500.0])) > 3.5
+    assert max(abs(z) for z in robust_z([1708.0, 1718.0, 1722.0, 1710.0])) < 3.5

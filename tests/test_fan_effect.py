@@ -5,8 +5,10 @@ daemon's history of each GPU's cooling (issue 23, item 10)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
+import pytest
 from doctor_helpers import description as d
 
 from gpud import journal
@@ -20,6 +22,14 @@ from gpud.hw.machine import Machine
 from gpud.model import CheckResult
 
 LOADED = "utilization_percent = 100\npower_watts = 280\n"
+
+
+@pytest.fixture(autouse=True, params=(1, 2, 3))
+def seed(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Doctor's fan verdicts are ones a person relies on: every test here runs in three realisations of the
+    simulator's noise and spread (docs/simulation.md, "Noise and spread")."""
+    monkeypatch.setenv("GPUD_SIM_SEED", str(request.param))
+    return int(request.param)
 
 
 def fans(m: Machine, history: ThermalHistory | None = None, in_daemon: bool = False) -> dict[int, CheckResult]:
@@ -71,7 +81,9 @@ def test_the_issues_stuck_fan_beside_an_identical_sibling_fails(tmp_path: Path) 
                                                            1: "temperature_celsius = 72\nfan_percent = 78"},
                             extra='[[fault]]\nkind = "fan_stuck"\ngpu = 0\npercent = 0\n'))
     s = m.snapshot().samples
-    assert s[0].temperature_celsius == 88 and s[1].temperature_celsius == 72 and s[1].fans[0].speed_percent == 78
+    t0, t1 = s[0].temperature_celsius, s[1].temperature_celsius  # the sensor scatters by a degree
+    assert t0 is not None and t1 is not None and abs(t0 - 88) <= 1 and abs(t1 - 72) <= 1
+    assert s[1].fans[0].speed_percent == 78
     assert s[0].fans[0].speed_percent is not None and s[0].fans[0].speed_percent >= 78  # as asked, not as turning
     r = fans(m)
     assert r[0].status == "fail" and "hotter" in r[0].summary and "GPU 1" in r[0].summary, r[0]
@@ -85,7 +97,7 @@ def test_a_smaller_gap_near_the_limit_fails(tmp_path: Path) -> None:
                                                            1: "temperature_celsius = 74"},
                             extra='[[fault]]\nkind = "fan_stuck"\ngpu = 0\npercent = 0\n'))
     r = fans(m)
-    assert r[0].status == "fail" and "12 °C hotter" in r[0].summary and r[1].status == "pass", r
+    assert r[0].status == "fail" and re.search(r"1[1-3] °C hotter", r[0].summary) and r[1].status == "pass", r
 
 
 def test_a_sibling_a_few_degrees_cooler_is_no_alarm(tmp_path: Path) -> None:

@@ -223,9 +223,10 @@ def test_a_stalled_fan_under_load_is_held_below_shutdown_with_its_draw_cut_with_
     s = m.snapshot().samples[0]
     assert not s.lost and s.clock_events and "sw_thermal_slowdown" in s.clock_events
     # the draw is the performance model's at the clock the thermal slowdown leaves (not the full 250 W)
-    share = (s.clocks_mhz["sm"] or 0) / g.max_sm_mhz
+    share = (s.clocks_mhz["sm"] or 0) / sim.boost_mhz(0)  # the model counts from the rated boost clock
     assert s.power_watts is not None and s.power_watts < 0.9 * 250  # the full clock would draw 250 W
-    assert abs(s.power_watts - 250 * perf.power_share(share)) < 2, (s.power_watts, share)
+    # within the power sensor's ripple (an averaged reading: 2 % / sqrt(10) per second, sigma) and 2 W
+    assert abs(s.power_watts - 250 * perf.power_share(share)) < 0.02 * s.power_watts + 2, (s.power_watts, share)
     # where the SW thermal cut is not enough (a weaker cooler: the GPU ran at 75 °C with its fan), HW
     # slowdown halves the clock at the slowdown temperature and the draw falls to the model's at half the
     # clock: the GPU cycles there, below its shutdown temperature (half is enough for this one)
@@ -233,7 +234,7 @@ def test_a_stalled_fan_under_load_is_held_below_shutdown_with_its_draw_cut_with_
                                 gpu0="temperature_celsius = 75"))
     hsim = hot.simulation.machine
     hsim.inject("fan_stuck", gpu=0)
-    slowdown, halved = hsim.desc.gpus[0].slowdown_celsius, int(hsim.desc.gpus[0].max_sm_mhz * 0.5)
+    slowdown, halved = hsim.desc.gpus[0].slowdown_celsius, int(hsim.boost_mhz(0) * 0.5)
     cut = []
     for _ in range(3000):  # ten minutes in 0.2 s steps
         hsim.advance(0.2)
@@ -250,7 +251,7 @@ def test_a_stalled_fan_under_load_is_held_below_shutdown_with_its_draw_cut_with_
     z8.machine.advance(600)
     t1 = z8.machine.temperature(1)
     assert z8.machine.desc.gpus[1].slowdown_celsius <= t1 < z8.machine.desc.gpus[1].slowdown_celsius + 1, t1
-    assert z8.machine.clock_mhz(1, 1) < int(z8.machine.desc.gpus[1].max_sm_mhz * 0.5) and not z8.machine.lost(1)
+    assert z8.machine.clock_mhz(1, 1) < int(z8.machine.boost_mhz(1) * 0.5) and not z8.machine.lost(1)
 
 
 def test_a_gpu_at_its_shutdown_temperature_is_lost_with_xid_79_until_the_reboot(tmp_path) -> None:

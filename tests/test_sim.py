@@ -71,18 +71,19 @@ def test_thermal_model_fan_and_power_move_the_temperature() -> None:
     sim = m.simulation.machine
     sim.set_load(0, 100, 290)
     sim.advance(600)
+    assert sim.temperature(0) > 70
+    m.nvml.set_fan_speed(0, 0, 60)  # below what the automatic policy runs it at under this load (about 95 %)
+    sim.advance(600)
     hot = sim.temperature(0)
-    assert hot > 70
-    auto = m.snapshot().samples[0].fans[0].speed_percent
     m.nvml.set_fan_speed(0, 0, 100)
     sim.advance(600)
     cooled = sim.temperature(0)
-    assert cooled < hot - 2, (hot, cooled, auto)  # the automatic policy already runs it at about 94 %
+    assert cooled < hot - 2, (hot, cooled)
     m.nvml.set_power_limit(0, 150)
     sim.advance(600)
     assert sim.temperature(0) < cooled - 5
-    # the described equilibrium is stable when nothing changes
-    assert abs(sim.temperature(1) - 35) < 0.5
+    # the described equilibrium is stable when nothing changes (GPU 3: no loaded neighbour warms its air)
+    assert abs(sim.temperature(3) - 36) < 0.5
 
 
 def test_fan_stuck_heats_a_loaded_gpu() -> None:

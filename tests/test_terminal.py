@@ -21,6 +21,13 @@ def _fits(out: str) -> None:
     assert "…" not in out and not re.search(r"[\w,]\.\.\.", plain(out)), re.findall(r".{20}[\w,]\.\.\.", plain(out))
 
 
+@pytest.fixture(autouse=True)
+def _flat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests find each figure of one run's JSON in another run's table, digit for digit: the figures
+    must not move between the two runs (the simulator's noise off)."""
+    monkeypatch.setenv("GPUD_SIM_NOISE", "0")
+
+
 def _json(*args: str) -> dict:
     return json.loads(run_gpud(*args, "--json").stdout)
 

@@ -25,25 +25,34 @@ def _groups(res: Result) -> dict[str, list[int]]:
     return out
 
 
+def robust_z(vals: list[float]) -> list[float]:
+    """Each value's modified z-score, 0.6745 (x − median) / MAD (Iglewicz and Hoaglin, "How to Detect and
+    Handle Outliers", 1993): the median and the median absolute deviation, which one outlier cannot drag
+    as it drags the mean and σ. With σ of the values themselves no value of n lies more than (n − 1)/√n σ
+    from their mean, so "> 3σ" could not fire on fewer than 11 GPUs. Zeros where the MAD is 0."""
+    med = statistics.median(vals)
+    mad = statistics.median(abs(v - med) for v in vals)
+    return [0.6745 * (v - med) / mad if mad > 0 else 0.0 for v in vals]
+
+
 def _spread(res: Result, test: str, figures: dict[int, float], unit: str, remedy: str) -> list[Verdict]:
-    """Each GPU against the median of its model's siblings; a > 3σ outlier is named as such."""
+    """Each GPU against the median of its model's siblings; an outlier by its modified z-score is named."""
     out: list[Verdict] = []
-    limit, sigma = THRESHOLDS["spread"], THRESHOLDS["outlier_sigma"]
+    limit, cut = THRESHOLDS["spread"], THRESHOLDS["outlier_z"]
     for _, members in _groups(res).items():
         vals = {g: figures[g] for g in members if g in figures}
         if len(vals) < 2:
             continue
         med = statistics.median(vals.values())
-        sd = statistics.pstdev(vals.values())
-        mean = statistics.fmean(vals.values())
+        zs = dict(zip(vals, robust_z(list(vals.values())), strict=True))
         for g, v in vals.items():
             short = (med - v) / med if med else 0.0
-            outlier = sd > 0 and len(vals) >= 3 and abs(v - mean) > sigma.value * sd
+            outlier = len(vals) >= 3 and abs(zs[g]) > cut.value
             status: Status = "fail" if short > limit.value else "pass"
             text = (f"{v:.4g} {unit}, {short * 100:.1f} % below its siblings' median {med:.4g} {unit}"
                     if short > 0 else f"{v:.4g} {unit}, siblings' median {med:.4g} {unit}")
             if outlier:
-                text += f"; an outlier (> {sigma.value:g}σ from the siblings' mean)"
+                text += f"; an outlier (modified z-score {zs[g]:.1f}: median and MAD of its siblings)"
             out.append(Verdict(test, status, text, g, round(short, 4), limit.value, limit.source,
                                remedy if status == "fail" else ""))
     return out
@@ -302,10 +311,14 @@ def _hold(g: int, soak: list[Any], limits: dict[str, float | None],
             promise = final if ok else promise
         else:
             off = final - promise
-            ok = settled and not throttled and abs(off) <= th.value
+            # The curve's hysteresis holds the duty a rising reading set until the temperature falls that far
+            # below it: a sensor that flickers by a degree (as NVML's does) leaves the fan a little above the
+            # curve and the GPU up to the hysteresis below its promise, with the fan healthy.
+            low = th.value + curve.hysteresis
+            ok = settled and not throttled and -low <= off <= th.value
             text = (f"settled at {temp} with the fan at {duty:.0f} %; the curve asks {duty:.0f} % at {promise:.1f} °C, "
                     f"its promise under this load ({off:+.1f} °C){slow}")
-            if not ok and abs(off) > th.value:
+            if not ok and not -low <= off <= th.value:
                 text += "; the fan does not follow the curve (is gpud's daemon driving it? gpud status)"
         remedy = "" if ok else ("a steeper curve (its maximum earlier) or a lighter load (power limit)"
                                 if spent and top < 100 else

@@ -26,7 +26,9 @@ THRESHOLDS: dict[str, Threshold] = {
     "gemm.reference": Threshold(1, "relative error against a float64 host product within 4× the format's unit "
                                    "roundoff (bf16 2^-8, tf32 2^-10, fp32 2^-20 with sqrt(k) growth; Higham, ch. 3)"),
     "spread": Threshold(0.03, "within 3 % of the median of the GPUs of the same model (siblings)"),
-    "outlier_sigma": Threshold(3.0, "more than 3 standard deviations from the siblings' mean"),
+    "outlier_z": Threshold(3.5, "a modified z-score 0.6745 (x - median) / MAD above 3.5 among the siblings "
+                                "(Iglewicz and Hoaglin, 1993): robust on a handful of GPUs, where '3 sigma' of the "
+                                "values themselves cannot fire below 11"),
     "host_bandwidth": Threshold(0.8, "at least 80 % of what the PCIe link should carry (the probe's expected "
                                      "bandwidth, gpud.probe.expect, docs/probe.md)"),
     "memtest": Threshold(0, "no mismatching word (DCGM memtest/memory plugins fail on any error)"),
@@ -40,7 +42,9 @@ THRESHOLDS: dict[str, Threshold] = {
     "settle_band_c": Threshold(2, "±2 °C band around the settled temperature"),
     "curve_equilibrium_c": Threshold(2, "±2 °C of the fan curve's equilibrium under the load (the issue's "
                                         "acceptance): the temperature at which the curve asks the duty measured "
-                                        "over the soak's settled last tenth (the curve from the applied profile)"),
+                                        "over the soak's settled last tenth (the curve from the applied profile); "
+                                        "below it by up to the curve's hysteresis more (a duty a rising reading "
+                                        "set is held until the temperature falls that far)"),
     "target_c": Threshold(2, "at most 2 °C above the driver's target temperature (NVML_TEMPERATURE_THRESHOLD_"
                              "ACOUSTIC_CURR, nvidia-smi's \"GPU Target Temperature\"): the automatic fan policy "
                              "holds a loaded GPU at or below it"),

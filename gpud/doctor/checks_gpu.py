@@ -556,11 +556,15 @@ def _judge_stretch(stretch: Sequence[ThermalPoint], limit: int) -> list[str]:
 
 
 def _newton_fit(points: Sequence[ThermalPoint]) -> tuple[float, float] | None:
-    """Least squares of the heating rate on the temperature between consecutive points: Newton's cooling
-    at a steady draw gives dT/dt = (T_settle - T) / tau. (T_settle, tau), or None when the rate does not
-    fall as the GPU warms (no settling to project)."""
+    """Least squares of the heating rate on the temperature, the rate taken between points a quarter of
+    the stretch apart: Newton's cooling at a steady draw gives dT/dt = (T_settle - T) / tau (over a lag
+    as well: rate and mid-temperature are both linear in T_settle - T, so the settling point stays where
+    it is). Consecutive whole-degree readings, a second apart, would give rates of 0 or ±1 °C/s that a
+    flickering sensor decides, not the GPU. (T_settle, tau), or None when the rate does not fall as the
+    GPU warms (no settling to project)."""
+    lag = max(1, len(points) // 4)
     xs, ys = [], []
-    for p, q in zip(points, points[1:], strict=False):
+    for p, q in zip(points, points[lag:], strict=False):
         dt = q.timestamp - p.timestamp
         if dt > 0:
             xs.append((p.temperature_celsius + q.temperature_celsius) / 2)

@@ -102,6 +102,9 @@ GPU_KEYS: dict[str, tuple[Any, Any]] = {
     "power_enforced_watts": ((int, float), None),  # a board or module power budget below the limit set
     "mig_mode": (bool, None),  # MIG enabled (nvmlDeviceGetMigMode); None: a GPU without MIG (Not Supported)
     "mig_instances": (list, []),  # with mig_mode: its MIG devices (gpud.sim.mig.MIG_INSTANCE_KEYS)
+    # This GPU's silicon: its draw at a given clock above (+) or below (-) its model's, as a share; None:
+    # drawn from the machine's seed (docs/simulation.md, "Noise and spread"), 0 with GPUD_SIM_NOISE=0
+    "power_variation": ((int, float), None),
 }
 # Every preset key can be overridden per GPU.
 MODEL_KEYS: dict[str, tuple[Any, Any]] = {
@@ -142,6 +145,10 @@ MODEL_KEYS: dict[str, tuple[Any, Any]] = {
     "violation_counters": (bool, None),
     "nvlink_throughput": (bool, None),
     "target_celsius": (int, None),
+    "boost_sm_mhz": (int, None),
+    "tensor_tflops": ((int, float), None),
+    "memory_bandwidth_gbs": ((int, float), None),
+    "power_sensor": (("instant", "average", "partial"), None),
 }
 NVLINK_KEYS: dict[str, tuple[Any, Any]] = {"gpus": (list, _ANY), "links": (int, None)}
 XORG_KEYS: dict[str, tuple[Any, Any]] = {"conf": (str, None), "files": (dict, {}), "log": (str, None)}
@@ -225,6 +232,7 @@ class GpuSpec(Preset):
     power_enforced_watts: float | None
     mig_mode: bool | None
     mig_instances: tuple[MigSpec, ...]
+    power_variation: float | None
 
 
 @dataclass(frozen=True)
@@ -310,8 +318,11 @@ def _check_gpu(gpu: dict[str, Any], file: str, where: str) -> None:
     if gpu["power_enforced_watts"] is not None and not 0 < gpu["power_enforced_watts"] <= 5000:
         raise InvalidInput(file, f"{where}.power_enforced_watts",
                            f"must be 0..5000 W, not {gpu['power_enforced_watts']}")
+    if gpu["power_variation"] is not None and not -0.3 <= gpu["power_variation"] <= 0.5:
+        raise InvalidInput(file, f"{where}.power_variation",
+                           f"must be -0.3..0.5 (a share of the model's draw), not {gpu['power_variation']}")
     for key in ("memory_mib", "pcie_max_generation", "pcie_max_width", "max_graphics_mhz", "max_sm_mhz",
-                "max_memory_mhz"):
+                "max_memory_mhz", "boost_sm_mhz", "tensor_tflops", "memory_bandwidth_gbs"):
         if gpu[key] is not None and gpu[key] <= 0:
             raise InvalidInput(file, f"{where}.{key}", "must be positive")
     if gpu["nvlinks"] is not None and not 0 <= gpu["nvlinks"] <= 18:

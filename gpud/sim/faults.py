@@ -164,6 +164,12 @@ class Fault:
         return str(self.params.get("counter", ""))
 
     @property
+    def above_celsius(self) -> float | None:
+        """A condition: the fault acts only while the GPU is at or above this temperature (None: always)."""
+        v = self.params.get("above_celsius")
+        return None if v is None else float(v)
+
+    @property
     def per_second(self) -> float:
         return float(self.params.get("per_second", 0.0))
 
@@ -199,6 +205,12 @@ def _fan_exists(fault: Fault, gpus: Sequence[Gpu], file: str, where: str) -> Non
     gpu = int(fault.gpu or 0)
     if fault.fan >= gpus[gpu].fans:
         raise InvalidInput(file, f"{where}.fan", f"GPU {gpu} has {gpus[gpu].fans} fan(s): the fault could never fire")
+
+
+def _above(fault: Fault, file: str, where: str) -> None:
+    t = fault.above_celsius
+    if t is not None and not -40 <= t <= 150:
+        raise InvalidInput(file, f"{where}.above_celsius", f"must be a GPU temperature, -40..150 °C, not {t}")
 
 
 def _clock_events(fault: Fault, file: str, where: str) -> None:
@@ -240,10 +252,13 @@ FAULTS: dict[str, FaultKind] = {
                                 "counter": (("replay", "recovery", "crc_flit", "crc_data"), "crc_flit"),
                                 "per_second": ((int, float), 1.0)},
                                "libnvml (nvmlDeviceGetNvLinkErrorCounter)"),
-    "wrong_results": FaultKind({"gpu": (int, _ANY)}, "backends (SimBench.device_faults: the CPU standing in for "
-                                                     "the GPU alters its GEMM results)"),
-    "memory_errors": FaultKind({"gpu": (int, _ANY)}, "backends (SimBench.device_faults: the CPU standing in for "
-                                                     "the GPU flips a bit in the memory test)"),
+    # above_celsius: a marginal GPU that errs only while it is at or above that temperature (it passes cold)
+    "wrong_results": FaultKind({"gpu": (int, _ANY), "above_celsius": ((int, float), None)},
+                               "backends (SimBench.device_faults: the CPU standing in for the GPU alters its GEMM "
+                               "results, while the GPU is at or above above_celsius)", check=_above),
+    "memory_errors": FaultKind({"gpu": (int, _ANY), "above_celsius": ((int, float), None)},
+                               "backends (SimBench.device_faults: the CPU standing in for the GPU flips a bit in "
+                               "the memory test, while the GPU is at or above above_celsius)", check=_above),
 }
 FAULTS["process"] = FaultKind({"gpu": (int, _ANY), **PROCESS_KEYS},
                               "jobs (running: libnvml's process lists, rootfs's /proc/PID)",

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Any, Callable
 
 from gpud.paths import atomic_write
+from gpud.sim import noise
 from gpud.sim.description import Description
 from gpud.sim.faults import FAULTS, Fault, validate_fault
 from gpud.sim.physics import Physics
@@ -77,7 +78,10 @@ class SimMachine(Physics):
         # This boot began long enough ago for the description's kernel-log times (Xid seconds since boot).
         latest = max([f.seconds for f in self.desc.faults if f.kind == "xid"] + [0.0])
         boot_time = int(time.time() - max(86400.0, latest + 3600.0))
-        return {"digest": self.desc.digest, "gpus": gpus, "faults": [], "writes": 0, "boot_time": boot_time}
+        # The machine's realisation of noise and spread (docs/simulation.md, "Noise and spread"): drawn once,
+        # kept with its state, so every process that reads it sees one machine (GPUD_SIM_SEED overrides it).
+        return {"digest": self.desc.digest, "gpus": gpus, "faults": [], "writes": 0, "boot_time": boot_time,
+                "seed": noise.new_seed()}
 
     def _load_state(self) -> None:
         self._generation += 1  # the fault index below is rebuilt for each state read from disk
@@ -211,8 +215,11 @@ class SimMachine(Physics):
         the machine's and come back), and a new boot id. Returns the new boot number."""
         with self.mutate():
             boot = int(self.state.get("boot", 0)) + 1
+            seed = self.state.get("seed")
             self.state = self._initial()
             self.state["boot"] = boot
+            if seed is not None:  # the same silicon after a reboot
+                self.state["seed"] = seed
             self.state["counters_since"] = time.time()  # the driver's counters start at this reboot
         return boot
 
@@ -293,6 +300,8 @@ class SimMachine(Physics):
             if not clients and self.state.get("clients"):
                 self._deinitialise()
             pid = str(os.getpid())
+            if not clients.get(pid):  # this process's first nvmlInit: its noise counts seconds from here, so two
+                self._t0 = self.now()  # runs of one command read alike however long opening the machine took
             clients[pid] = clients.get(pid, 0) + 1
             self.state["clients"] = clients
 

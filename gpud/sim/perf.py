@@ -2,7 +2,9 @@
 are at a given SM clock, and which clock a power limit leaves (docs/tune.md, "The model";
 docs/simulation.md, "Performance and power").
 
-All in shares of the full-clock figures, so one model serves every preset:
+Power in shares of the full-clock figures (the full clock: the model's rated boost clock), time from the
+model's own throughput, so that one model serves every preset and a mixed machine has a faster and a
+slower card:
 
 - **Power** at SM clock ``x`` (a share of the maximum clock): ``P(x) = D · (S + (1 − S) · x · v(x)²)``,
   where ``D`` is what the load draws at the maximum clock, ``S`` the static share (leakage, memory,
@@ -11,20 +13,21 @@ All in shares of the full-clock figures, so one model serves every preset:
   (dynamic CMOS power ``∝ f·V²``; the V–f shape DVFS measurement studies report).
 - **A power limit** below ``P`` at the allowed clock lowers the clock until ``P(x)`` meets the limit,
   as GPU Boost does (the board then reports SW Power Cap).
-- **Throughput** (steps per second) at ``x``: ``1 / ((1 − M) / x + M)`` of the full-clock rate, ``M``
-  the share of a step that does not scale with the SM clock (memory-bound kernels, communication).
-  A locked memory clock ``y`` (a share of its maximum) stretches that part: ``M / y``, and saves
+- **A step's time** on a GPU at SM clock share ``x`` and memory clock share ``y``:
+  ``(1 − M) · (F_ref / F) / x + M · (B_ref / B) / y`` reference steps, ``F`` its dense tensor throughput
+  and ``B`` its memory bandwidth (the datasheets'), ``M`` the memory-bound share of the step on the
+  reference GPU (an RTX A6000 at its boost clock). A locked memory clock saves
   ``MEMORY_POWER_SHARE · (1 − y)`` of the full-clock draw (the DRAM interface's share).
+- **DDP**: every rank waits for the slowest at the all-reduce, so a step lasts the slowest rank's time
+  plus the all-reduce's exposed part (``ALLREDUCE_EXPOSED`` · 2(n − 1)/n, the ring's traffic factor).
 
-The constants are chosen no kinder than the published measurements (docs/tune.md): the energy the
-model saves at 5 % slowdown on an RTX A6000 (about 12 %) is below the 15 % power-capping studies
-report, and its unconstrained saving (about 40 % at a 28 % slowdown) within Zeus's 23.8–74.7 %.
+Every constant is a cited figure or a stated assumption, and the results are what they give
+(docs/simulation.md, "Performance and power"; docs/tune.md).
 """
 
 from __future__ import annotations
 
 import functools
-import random
 
 # The static share of the full-clock draw: leakage, memory and board power that the SM clock does
 # not change (an assumption; Zeus and the power-capping studies measure only the total).
@@ -41,19 +44,30 @@ X_KNEE = 0.55
 # interface busy in its memory-bound half of the step (``MEMORY_BOUND``) at most: 8.5 % and 10.5 %.
 # Below both: a lower memory clock saves no more than that.
 MEMORY_POWER_SHARE = 0.075
-# The share of a DDP training step that does not scale with the SM clock: memory-bound operators
-# take about 40 % of a transformer's training time (Ivanov et al., MLSys 2021: contractions are
-# 99.8 % of the flops but 61 % of the runtime), plus the all-reduce not hidden behind the backward
-# pass. Rounded up to half: a higher share makes a slower clock cheaper in time.
-MEMORY_BOUND = 0.5
+# The share of a training step that does not scale with the SM clock: memory-bound operators take about
+# 40 % of a transformer's training time (Ivanov et al., "Data Movement Is All You Need", MLSys 2021:
+# contractions are 99.8 % of the flops but 61 % of the runtime), on the reference GPU.
+MEMORY_BOUND = 0.4
+# The reference GPU the step's unit is measured on: an RTX A6000 at its 1800 MHz boost clock, 154.8 TFLOP/s
+# dense FP16 tensor throughput with FP32 accumulate (half its datasheet's 309.7 with sparsity) and 768 GB/s
+# (NVIDIA RTX A6000 datasheet).
+REFERENCE_TFLOPS = 154.8
+REFERENCE_BANDWIDTH_GBS = 768.0
+# The all-reduce's part of a DDP step that the backward pass does not hide, in reference steps per unit of
+# the ring's traffic factor 2(n - 1)/n (nccl-tests PERFORMANCE.md): an assumption (DDP overlaps the
+# bucketed all-reduce with the backward pass, Li et al., VLDB 2020; what stays exposed depends on the
+# model and the link), the same on every GPU (the link, not the clock, sets it).
+ALLREDUCE_EXPOSED = 0.05
 # What a training load draws at the maximum clock, as a share of the default power limit: DDP
 # training runs at the power cap on these boards (SW Power Cap active), lightly.
 TRAINING_DEMAND_SHARE = 1.05
-# Step-to-step spread of a training step's time (coefficient of variation), so that a measurement
-# needs repeating until its confidence interval is narrow, as on hardware.
+# Spread of each rank's mean step time from one second to the next (coefficient of variation): an
+# assumption of the size (no published per-second figure was found), so that a measurement needs
+# repeating until its confidence interval is narrow, and a DDP step, the slowest rank's, is slower on
+# average than any rank's mean (the straggler effect of a barrier). Off with GPUD_SIM_NOISE=0.
 STEP_CV = 0.01
-# What one GPU's step rate is in the model's units (samples per second at the maximum clock): a unit,
-# not a measurement; the model's figures are compared with each other only.
+# What the reference GPU's step rate is in the model's units (samples per second at its boost clock): a
+# unit, not a measurement; other GPUs' rates follow from their throughput and bandwidth.
 NOMINAL_SAMPLES_PER_SECOND = 100.0
 
 
@@ -99,15 +113,27 @@ def throughput_share(x: float, mem: float = 1.0) -> float:
     return 1.0 / ((1.0 - MEMORY_BOUND) / x + MEMORY_BOUND / mem)
 
 
-def step_rate(shares: list[float], rng: random.Random | None = None) -> float:
-    """A DDP job's samples per second over GPUs at these throughput shares: every rank waits for the
-    slowest at each all-reduce, so the slowest sets the pace; ``rng`` adds the step-to-step spread."""
-    if not shares:
+def step_time(x: float, mem: float = 1.0, tflops: float = REFERENCE_TFLOPS,
+              bandwidth_gbs: float = REFERENCE_BANDWIDTH_GBS) -> float:
+    """A training step's time, in reference steps, on a GPU of ``tflops`` and ``bandwidth_gbs`` at SM clock
+    share ``x`` (of its boost clock) and memory clock share ``mem``."""
+    if x <= 0 or mem <= 0 or tflops <= 0 or bandwidth_gbs <= 0:
+        return float("inf")
+    return ((1.0 - MEMORY_BOUND) * (REFERENCE_TFLOPS / tflops) / x
+            + MEMORY_BOUND * (REFERENCE_BANDWIDTH_GBS / bandwidth_gbs) / mem)
+
+
+def step_rate(times: list[float], jitter: list[float] | None = None) -> float:
+    """A DDP job's samples per second over ranks whose steps take ``times`` (reference steps): every rank
+    waits for the slowest at each all-reduce, so a step is the slowest rank's time plus the all-reduce's
+    exposed part. ``jitter``: each rank's standard normal deviate for this second (``STEP_CV``)."""
+    if not times:
         return 0.0
-    rate = NOMINAL_SAMPLES_PER_SECOND * len(shares) * min(shares)
-    if rng is not None:
-        rate *= max(0.5, rng.gauss(1.0, STEP_CV))
-    return rate
+    n = len(times)
+    if jitter is not None:
+        times = [t * max(0.5, 1.0 + STEP_CV * j) for t, j in zip(times, jitter, strict=True)]
+    step = max(times) + (ALLREDUCE_EXPOSED * 2.0 * (n - 1) / n if n > 1 else 0.0)
+    return NOMINAL_SAMPLES_PER_SECOND * n / step if step > 0 else 0.0
 
 
 def training_demand_watts(default_limit_w: float) -> float:

@@ -11,11 +11,12 @@ values; the settings it reads are the machine's.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from gpud.sim import perf
+from gpud.sim import noise, perf
 
 if TYPE_CHECKING:
     from gpud.sim.description import Description
@@ -28,6 +29,9 @@ TIME_CONSTANT_S = 30.0
 # assumption (nvidia-smi prints no inlet temperature), so that its load heats it as a warmer one's does.
 COLD_RISE_K = 10.0
 AUTO_FAN_T0, AUTO_FAN_T1 = 40.0, 87.0  # driver curve: minimum duty at T0, 100 % at T1
+# Above the model's target temperature the automatic policy adds this much duty per kelvin (a model of the
+# driver's controller holding "GPU Target Temperature"; its gain is not published)
+TARGET_FAN_GAIN = 10.0
 CLOCK_GRAPHICS, CLOCK_SM, CLOCK_MEM = 0, 1, 2  # nvmlClockType_t
 EVENT_BITS = {"gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4, "hw_slowdown": 0x8,
               "sync_boost": 0x10, "sw_thermal_slowdown": 0x20, "hw_thermal_slowdown": 0x40,
@@ -49,6 +53,37 @@ SW_THERMAL_SHARE = 0.85
 # A GPU at its shutdown temperature powers off and falls off the bus: Xid 79, whose causes NVIDIA's Xid
 # documentation lists as hardware, driver, system-memory, bus "or thermal" issues.
 THERMAL_SHUTDOWN_XID = 79
+# -- noise and spread (docs/simulation.md, "Noise and spread"; off with GPUD_SIM_NOISE=0) -----------------
+# GPU Boost's table moves the clock in bins of 15 MHz on Turing, Ampere, Ada and Hopper (nvidia-smi -q -d
+# SUPPORTED_CLOCKS lists the graphics clocks 15 MHz apart: 2100, 2085, … on an RTX A6000).
+CLOCK_STEP_MHZ = 15
+# Same-model GPUs differ: 8 % (max 22 %) average performance variation across the V100s of four clusters,
+# outliers 1.5x slower (Sinha et al., SC22), from manufacturing variability under power management. The
+# default here is modest: each GPU's draw at a given clock differs from its model's by a normal share of
+# sigma 2 % (so a power cap leaves each its own clock), cut at 3 sigma; a description sets it per GPU.
+SILICON_SIGMA = 0.02
+# Coolers differ from card to card (heatsink contact, paste, fan unit): sigma 2 % of the conductance (an
+# assumption; no measurement of it was found), so siblings under one load read different temperatures.
+COOLER_SIGMA = 0.02
+# A load's draw at a given clock moves from second to second with what its kernels do (an assumption:
+# 1 % per second); under a cap the clock follows it, so it dithers across the bins around the limit.
+DEMAND_CV = 0.01
+# What the power sensor reads beside the true draw: a sample's ripple, sigma 2 % of the draw (an assumption
+# of the size; Yang, Adamek, Armour, SC24, show readings of steady kernels scatter), one sample per 100 ms;
+# an averaged sensor (nvmlDeviceGetPowerUsage on Ampere except GA100 and newer: "averaged over 1 sec")
+# averages 10 of them, a partial one (A100/H100: only 25 % of the runtime is sampled, SC24) 2.5.
+POWER_RIPPLE = 0.02
+POWER_SAMPLES_PER_S = 10.0
+PARTIAL_COVERAGE = 0.25
+# The sensor's update period: 1 s (torch.cuda.power_draw: "each sample period may be between 1 second and
+# 1/6 second, depending on the product"; the slower end, the stricter), and the temperature sensor's
+# noise before NVML's whole degrees: sigma 0.3 K (an assumption), so a steady GPU flickers a degree.
+SENSOR_PERIOD_S = 1.0
+TEMP_SIGMA_K = 0.3
+# Cards that breathe a neighbour's exhaust run hotter: a GPU's intake air warms by 0.3 K per 100 W its
+# neighbours (the GPUs next to it in index order, taken to sit in the adjacent slots) draw above their
+# described draw. Only cards with fans (workstation blowers); an assumption of the size.
+SLOT_PREHEAT_K_PER_100W = 0.3
 
 
 def auto_fan_percent(temp: float, minimum: int) -> int:
@@ -73,6 +108,8 @@ class Thermal:
     violation_ns: dict[str, float] = field(default_factory=dict)  # per reason since boot (field values 74…271)
     nvlink_kib: dict[int, float] = field(default_factory=dict)  # data per link and direction since start, KiB
     intake: float | None = None  # the air the GPU's cooler takes in, °C (None: the machine's ambient)
+    described_draw: float = 0.0  # the draw of the described state (the slot's preheat counts from it)
+    recent: list[tuple[float, float]] = field(default_factory=list)  # (seconds, W) of the last second's steps
 
 
 class Physics:
@@ -85,6 +122,9 @@ class Physics:
     _last: float
     state: dict[str, Any]  # the machine's persisted state (its boot number here)
     _boot_seen: int
+    noisy: bool  # noise and random per-GPU variation on (GPUD_SIM_NOISE)
+    _env_seed: int | None  # GPUD_SIM_SEED
+    _t0: float  # noise buckets count from it: the physics' start, then this process's first nvmlInit
     # Whether an NVLink is up (the NVML library sets it: link state is its business).
     nvlink_up: Callable[[int, int], bool]
 
@@ -106,9 +146,46 @@ class Physics:
     def start_physics(self) -> None:
         """Calibrate each GPU's thermal model to its described state; simulated time starts now."""
         self.nvlink_up = lambda gpu, link: True
+        self.noisy = noise.enabled()
+        self._env_seed = noise.env_seed()
+        self._t0 = self.clock() + self.offset
         self.thermal = [self._calibrate(i) for i in range(len(self.desc.gpus))]
         self._boot_seen = int(self.state.get("boot", 0))
         self._last = self.now()
+
+    # -- noise and spread -------------------------------------------------------------------
+    @property
+    def seed(self) -> int:
+        """The realisation: ``GPUD_SIM_SEED``, else the one the machine drew when its state was created
+        (so every process of one machine shares it), else one derived from the description."""
+        if self._env_seed is not None:
+            return self._env_seed
+        kept = self.state.get("seed")
+        return int(kept) if kept is not None else int(self.desc.digest or "0", 16)
+
+    def gauss(self, gpu: int, quantity: str, *key: object) -> float:
+        """A standard normal deviate for this GPU and quantity: a pure function of the seed, the GPU's UUID
+        and ``key`` (a time bucket), the same in every process (``gpud.sim.noise``)."""
+        return noise.gauss(self.seed, self.desc.gpus[gpu].uuid, quantity, *key)
+
+    def bucket(self, at: float | None = None, period: float = SENSOR_PERIOD_S) -> int:
+        """The interval of this process's simulated time (since its physics started) ``at`` falls in."""
+        return noise.bucket((self.now() if at is None else at) - self._t0, period)
+
+    def power_factor(self, gpu: int) -> float:
+        """This GPU's draw at a given clock against its model's: the description's ``power_variation``, else
+        drawn from the seed (``SILICON_SIGMA``, cut at 3 sigma), else 1 with noise off."""
+        g = self.desc.gpus[gpu]
+        if g.power_variation is not None:
+            return 1.0 + float(g.power_variation)
+        if not self.noisy:
+            return 1.0
+        return 1.0 + SILICON_SIGMA * max(-3.0, min(3.0, self.gauss(gpu, "silicon")))
+
+    def boost_mhz(self, gpu: int) -> float:
+        """The clock a loaded GPU's performance model counts from: the rated boost (at most the maximum)."""
+        g = self.desc.gpus[gpu]
+        return float(min(g.boost_sm_mhz or g.max_sm_mhz, g.max_sm_mhz) or g.max_sm_mhz)
 
     # -- load and thermal model ----------------------------------------------------------
     def now(self) -> float:
@@ -123,12 +200,17 @@ class Physics:
         load = self.settings(gpu).get("load")
         return int(load[0]) if load else int(self.desc.gpus[gpu].utilization_percent)
 
-    def demand_watts(self, gpu: int) -> float:
+    def demand_watts(self, gpu: int, at: float | None = None) -> float:
         """What the load draws at its full clock: the load set, or the described draw, which a GPU read
-        in thermal slowdown drew at its cut clock (the full-clock demand is then that much higher)."""
+        in thermal slowdown drew at its cut clock (the full-clock demand is then that much higher). A load
+        set at run time draws this GPU's own share (``power_factor``) and, under noise, moves from second
+        to second (``DEMAND_CV``) around it."""
         load = self.settings(gpu).get("load")
         if load:
-            return float(load[1])
+            demand = float(load[1]) * self.power_factor(gpu)
+            if self.noisy and int(load[0]) > 0:
+                demand *= 1.0 + DEMAND_CV * max(-4.0, min(4.0, self.gauss(gpu, "demand", self.bucket(at))))
+            return demand
         g = self.desc.gpus[gpu]
         cut = self.thermal_share(gpu, float(g.temperature_celsius), described=True)
         return float(g.power_watts) / perf.power_share(cut)
@@ -161,33 +243,38 @@ class Physics:
             return SW_THERMAL_SHARE
         return 1.0
 
-    def power_state(self, gpu: int, temp: float | None = None) -> tuple[float, float, bool]:
+    def power_state(self, gpu: int, temp: float | None = None, at: float | None = None) -> tuple[float, float, bool]:
         """(SM clock share, draw in W, whether the power cap binds), from the performance model
         (``gpud.sim.perf``): a loaded GPU's locked clock caps the share and lowers the draw; a thermal
         slowdown at ``temp`` (the current temperature) lowers that ceiling, and the draw falls with the
         clock: in SW thermal slowdown the driver takes the clock down as far as holds the temperature
         (the draw the cooling sheds there), no further than ``SW_THERMAL_SHARE``; HW slowdown halves it.
         A limit below the draw at the clock left lowers the clock until the draw meets it: the lowest
-        limiter wins, as in GPU Boost. A GPU lost (shut down, off the bus) draws nothing."""
+        limiter wins, as in GPU Boost. A GPU lost (shut down, off the bus) draws nothing. Shares count from
+        the rated boost clock (``boost_mhz``). Under noise the clock sits in the boost table's bins: under a
+        cap it dithers between the bins either side of where the draw meets the limit (the time spent in
+        the upper one is the fraction that keeps the mean draw at the limit), held lower by a thermal
+        slowdown it takes the bin below; ``at``: the time whose second's noise applies (default now)."""
         g, s = self.desc.gpus[gpu], self.settings(gpu)
         if self.lost(gpu):
             return 0.0, 0.0, False
         top = 1.0
+        ref = self.boost_mhz(gpu)
         if s["locked_gpu"] and self.utilization(gpu) > 0 and g.max_sm_mhz:
-            top = min(1.0, float(s["locked_gpu"][1]) / float(g.max_sm_mhz))
+            top = min(1.0, float(s["locked_gpu"][1]) / ref)
         mem = 1.0  # a locked memory clock below the maximum saves the DRAM interface's share (gpud.sim.perf)
         if s["locked_mem"] and self.utilization(gpu) > 0 and g.max_memory_mhz:
             mem = min(1.0, float(s["locked_mem"][1]) / float(g.max_memory_mhz))
         t = self.temperature(gpu) if temp is None else temp
         cut = self.thermal_share(gpu, t, faults=False)
-        demand = self.demand_watts(gpu)
+        demand = self.demand_watts(gpu, at)
         ceiling = top * cut
         if gpu < len(getattr(self, "thermal", [])) and cut < 1.0 and t >= (g.max_operating_celsius or t):
             held = perf.capped_share(top, demand, self.heat_loss(gpu, t), mem)[0]  # the clock that holds t
             if cut == SW_THERMAL_SHARE:  # the driver goes no lower than its floor
                 ceiling = max(ceiling, held)
             elif t >= g.slowdown_celsius:  # half, "or more": as far as holds it, down to the idle clock
-                floor = top * float(g.idle_sm_mhz or 0) / float(g.max_sm_mhz or 1)
+                floor = top * float(g.idle_sm_mhz or 0) / (ref or 1.0)
                 ceiling = min(ceiling, max(held, floor))
         share, draw, capped = perf.capped_share(ceiling, demand, self.enforced_limit_watts(gpu), mem)
         # a clock_events fault's slowdown: that much slower than the limiters leave it (beyond the cut its
@@ -199,13 +286,44 @@ class Physics:
             # the injected cut is then the lowest limiter: the draw is below the limit, and the power cap,
             # which would let the clock rise to meet it, holds nothing back (GPU Boost: the lowest wins)
             capped = capped and draw >= self.enforced_limit_watts(gpu)
+        if self.noisy and ref and 0 < share < top - 1e-9:
+            share = self._binned(gpu, share, capped, ref, at)
+            draw = demand * (perf.power_share(share) - perf.memory_saving(mem))
         return share, draw, capped
+
+    def _binned(self, gpu: int, share: float, capped: bool, ref: float, at: float | None) -> float:
+        """``share`` in the boost table's bins: under a cap one of the two either side, the upper one with
+        the probability of its distance (so the clock's mean is where the draw meets the limit); otherwise
+        the bin below (a thermal limit is not exceeded)."""
+        mhz = share * ref
+        lo = math.floor(mhz / CLOCK_STEP_MHZ + 1e-9) * CLOCK_STEP_MHZ
+        frac = (mhz - lo) / CLOCK_STEP_MHZ
+        up = capped and noise.uniform(self.seed, self.desc.gpus[gpu].uuid, "dither", self.bucket(at)) < frac
+        return float(lo + (CLOCK_STEP_MHZ if up else 0)) / ref
 
     def heat_loss(self, gpu: int, temp: float) -> float:
         """What the GPU's cooling sheds at ``temp``, W (its fans as they turn)."""
         th = self.thermal[gpu]
-        intake = th.ambient if th.intake is None else th.intake
-        return max(0.0, (temp - intake) * th.conductance * _cooling(self._mean_duty(gpu, temp)))
+        return max(0.0, (temp - self.intake(gpu)) * th.conductance * _cooling(self._mean_duty(gpu, temp)))
+
+    def intake(self, gpu: int) -> float:
+        """The air the GPU's cooler takes in, °C: the machine's (or its calibrated intake), warmed under
+        noise by its neighbours' exhaust (``SLOT_PREHEAT_K_PER_100W``)."""
+        th = self.thermal[gpu]
+        base = th.ambient if th.intake is None else th.intake
+        if not self.noisy or not self.desc.gpus[gpu].fans:
+            return base
+        extra = 0.0
+        for j in (gpu - 1, gpu + 1):
+            if 0 <= j < len(self.thermal) and self.desc.gpus[j].fans:
+                extra += max(0.0, self.recent_draw(j) - self.thermal[j].described_draw)
+        return base + SLOT_PREHEAT_K_PER_100W * extra / 100.0
+
+    def recent_draw(self, gpu: int) -> float:
+        """The mean draw over the last second of integrated steps, W (the described draw before any)."""
+        th = self.thermal[gpu]
+        secs = sum(dt for dt, _ in th.recent)
+        return sum(dt * w for dt, w in th.recent) / secs if secs > 0 else th.described_draw
 
     def draw_watts(self, gpu: int, temp: float | None = None) -> float:
         return self.power_state(gpu, temp)[1]
@@ -225,10 +343,14 @@ class Physics:
         temperature (a zero-RPM fan stays stopped until the GPU warms past its reading)."""
         g = self.desc.gpus[gpu]
         curve = auto_fan_percent(temp, g.fan_min_percent or 0)
-        if g.fan_percent is None:
-            return curve
-        shift = int(g.fan_percent) - auto_fan_percent(float(g.temperature_celsius), g.fan_min_percent or 0)
-        return max(min(int(g.fan_percent), int(g.fan_min_percent or 0)), min(100, curve + shift))
+        if g.fan_percent is not None:
+            shift = int(g.fan_percent) - auto_fan_percent(float(g.temperature_celsius), g.fan_min_percent or 0)
+            curve = max(min(int(g.fan_percent), int(g.fan_min_percent or 0)), min(100, curve + shift))
+        if g.target_celsius is not None and temp > g.target_celsius:
+            # above its "GPU Target Temperature" the driver speeds the fan up to hold it there (what the
+            # target is for), so a card a little warmer than its model (cooler, slot) still holds it
+            curve = min(100, int(round(curve + TARGET_FAN_GAIN * (temp - g.target_celsius))))
+        return curve
 
     def fan_duty(self, gpu: int, fan: int, temp: float | None = None) -> int:
         """What the fan really does (cools with): the stuck value of a failed fan, else as asked."""
@@ -274,8 +396,13 @@ class Physics:
         fit = self._two_point(gpu, temp, draw, duty)
         if fit is not None:
             conductance, intake = fit
+        if self.noisy and draw > 0:
+            # this card's cooler against its model's (COOLER_SIGMA); its intake is what keeps the described
+            # reading the equilibrium (a twin still reads its dump), the spread shows as the load heats it
+            conductance *= 1.0 + COOLER_SIGMA * max(-3.0, min(3.0, self.gauss(gpu, "cooler")))
+            intake = temp - draw / (conductance * _cooling(duty))
         th = Thermal(temp, conductance, conductance * TIME_CONSTANT_S, 3.6e9 + gpu * 1.1e8, amb,
-                     intake=intake)
+                     intake=intake, described_draw=draw)
         # The violation counters count from boot: the machine has been in its described state since, so
         # every process (and every reader) starts from the same totals, and a reboot starts them again.
         since_boot = max(0.0, time.time() - float(self.state.get("counters_since") or self.boot_time()))
@@ -322,23 +449,26 @@ class Physics:
         if dt_total < 0.05:
             return
         self._last = now
-        for gpu, th in enumerate(self.thermal):
-            amb = th.ambient
-            remaining = dt_total
-            while remaining > 1e-9:
-                dt = min(1.0, remaining)
-                draw = self.draw_watts(gpu, th.temperature)
-                intake = amb if th.intake is None else th.intake
-                loss = (th.temperature - intake) * th.conductance * _cooling(self._mean_duty(gpu))
+        remaining = dt_total
+        while remaining > 1e-9:  # each 1 s step for every GPU (a neighbour's exhaust is of the same step)
+            dt = min(1.0, remaining)
+            at = now - remaining
+            intakes = [self.intake(gpu) for gpu in range(len(self.thermal))]
+            for gpu, th in enumerate(self.thermal):
+                draw = self.power_state(gpu, th.temperature, at)[1]
+                loss = (th.temperature - intakes[gpu]) * th.conductance * _cooling(self._mean_duty(gpu))
                 th.temperature += (draw - loss) / th.capacity * dt
                 th.energy_mj += draw * dt * 1000.0
+                th.recent.append((dt, draw))
+                while len(th.recent) > 1 and sum(d for d, _ in th.recent[1:]) >= SENSOR_PERIOD_S:
+                    th.recent.pop(0)
                 tx, rx = self.pcie_rates(gpu)
                 th.pcie_tx_bytes += tx * dt
                 th.pcie_rx_bytes += rx * dt
                 self._count_violations_and_links(gpu, th, dt)
-                remaining -= dt
                 if th.temperature >= self.desc.gpus[gpu].shutdown_celsius and not self.lost(gpu):
-                    self._thermal_shutdown(gpu, now - remaining)
+                    self._thermal_shutdown(gpu, now - remaining + dt)
+            remaining -= dt
 
     def _thermal_shutdown(self, gpu: int, at: float) -> None:
         """The GPU reached its shutdown temperature: it powers off and is lost to the driver until the
@@ -365,6 +495,34 @@ class Physics:
     def temperature(self, gpu: int) -> float:
         self.step()
         return self.thermal[gpu].temperature
+
+    def temperature_reading(self, gpu: int) -> int:
+        """What NVML's sensor reads, in whole degrees (``nvmlDeviceGetTemperature``): under noise with the
+        sensor's scatter (``TEMP_SIGMA_K``), one reading per ``SENSOR_PERIOD_S``."""
+        t = self.temperature(gpu)
+        if self.noisy:
+            t += TEMP_SIGMA_K * self.gauss(gpu, "temperature", self.bucket())
+        return int(round(t))
+
+    def power_reading_mw(self, gpu: int) -> int:
+        """What ``nvmlDeviceGetPowerUsage`` reads, mW. Without noise the draw now. With it, as the model's
+        sensor gives it (``power_sensor``): an instantaneous sample with its ripple, or the mean of the last
+        second (which lags a change of load by up to that second) with the ripple of its samples averaged:
+        10 of them, or a quarter of that where only part of each interval is sampled (SC24)."""
+        if not self.noisy:
+            return int(self.draw_watts(gpu) * 1000)
+        kind = self.desc.gpus[gpu].power_sensor
+        if kind == "instant":
+            draw, sigma = self.draw_watts(gpu), POWER_RIPPLE
+        else:
+            self.step()
+            draw = self.recent_draw(gpu) if self.thermal[gpu].recent else self.draw_watts(gpu)
+            if self.lost(gpu):
+                draw = 0.0
+            samples = POWER_SAMPLES_PER_S * SENSOR_PERIOD_S * (PARTIAL_COVERAGE if kind == "partial" else 1.0)
+            sigma = POWER_RIPPLE / math.sqrt(samples)
+        ripple = 1.0 + sigma * max(-4.0, min(4.0, self.gauss(gpu, "power", self.bucket())))
+        return int(max(0.0, draw * ripple) * 1000)
 
     def violation_ns(self, gpu: int) -> dict[str, int]:
         """Time in each reason with a violation counter since boot, ns (``VIOLATION_REASONS``)."""
@@ -417,10 +575,14 @@ class Physics:
             return int(s["locked_mem"][1] if s["locked_mem"] else g.max_memory_mhz)
         if idle:
             return int(s["locked_gpu"][0]) if s["locked_gpu"] else int(g.idle_sm_mhz)
-        top = float(s["locked_gpu"][1] if s["locked_gpu"] else g.max_sm_mhz)  # GPU Boost up to the maximum
+        top = float(s["locked_gpu"][1] if s["locked_gpu"] else g.max_sm_mhz)
         t = self.temperature(gpu)
         if not g.max_sm_mhz:
             return int(top * self.thermal_share(gpu, t))
         # the clock the power cap and the thermal slowdowns leave: the one the draw follows (power_state)
         share = self.power_state(gpu, t)[0]
-        return int(share * float(g.max_sm_mhz)) if share * float(g.max_sm_mhz) < top - 0.5 else int(top)
+        ref = self.boost_mhz(gpu)
+        top = min(top, ref)  # GPU Boost holds a loaded GPU at its rated boost (the lock's maximum, if lower)
+        if self.noisy:  # in the table's bins (power_state)
+            return int(round(share * ref)) if share * ref < top - 0.5 else int(top)
+        return int(share * ref) if share * ref < top - 0.5 else int(top)

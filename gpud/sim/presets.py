@@ -55,6 +55,16 @@ class Preset:
     # "GPU Target Temperature" (nvidia-smi -q): where the driver's fan policy holds the GPU at its default
     # power limit; the thermal model's loaded equilibrium (None: not known, the model has one point only)
     target_celsius: int | None
+    # The rated boost clock (the datasheet's): where GPU Boost holds a loaded GPU that no limit holds back
+    # (``max_sm_mhz`` is the highest clock of the boost table, reached only lightly loaded and cool)
+    boost_sm_mhz: int
+    # Dense FP16/BF16 tensor throughput with FP32 accumulate at the boost clock (TFLOP/s), and memory
+    # bandwidth (GB/s): the datasheets' figures; a training step's time follows them (gpud.sim.perf)
+    tensor_tflops: float
+    memory_bandwidth_gbs: float
+    # What nvmlDeviceGetPowerUsage returns: "instant" (GA100 and older), "average" (over 1 s: Ampere except
+    # GA100, and newer), "partial" (a 1 s average of samples covering a quarter of it: A100/H100, SC24)
+    power_sensor: str
 
 
 GPU_MODELS: dict[str, Preset] = {
@@ -96,6 +106,10 @@ GPU_MODELS: dict[str, Preset] = {
         violation_counters=False,
         nvlink_throughput=False,
         target_celsius=84,
+        boost_sm_mhz=1800,
+        tensor_tflops=154.8,
+        memory_bandwidth_gbs=768,
+        power_sensor="average",
     ),
     "RTX 6000 Ada": Preset(
         name="NVIDIA RTX 6000 Ada Generation",
@@ -135,6 +149,10 @@ GPU_MODELS: dict[str, Preset] = {
         violation_counters=False,
         nvlink_throughput=False,
         target_celsius=85,
+        boost_sm_mhz=2505,
+        tensor_tflops=364.2,
+        memory_bandwidth_gbs=960,
+        power_sensor="average",
     ),
     "Quadro RTX 8000": Preset(
         name="Quadro RTX 8000",
@@ -174,6 +192,10 @@ GPU_MODELS: dict[str, Preset] = {
         violation_counters=False,
         nvlink_throughput=False,
         target_celsius=None,
+        boost_sm_mhz=1770,
+        tensor_tflops=130.5,
+        memory_bandwidth_gbs=672,
+        power_sensor="instant",
     ),
     "H200": Preset(
         name="NVIDIA H200",
@@ -213,5 +235,9 @@ GPU_MODELS: dict[str, Preset] = {
         violation_counters=True,
         nvlink_throughput=True,
         target_celsius=None,
+        boost_sm_mhz=1980,
+        tensor_tflops=989.4,
+        memory_bandwidth_gbs=4800,
+        power_sensor="partial",
     ),
 }

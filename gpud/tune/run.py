@@ -8,6 +8,7 @@ happened (Ctrl-C included), the load is stopped and the originals are written ba
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -199,7 +200,8 @@ def run_tune(machine: Machine, workload: Workload, applier: Applier, *, goal: Go
         out.baseline = base
         if not base.ok or not base.samples_per_second:
             raise GpudError(f"the baseline did not measure: {base.status}: {base.note}")
-        c = Constraint(goal, max_slowdown, base.samples_per_second)
+        c = Constraint(goal, max_slowdown, base.samples_per_second,
+                       base.ci if base.ci is not None and math.isfinite(base.ci) else 0.0)
 
         def at_share(permille: int, clocks: dict[int, list[int]] | None = None) -> Settings:
             s: Settings = {}
@@ -242,9 +244,10 @@ def run_tune(machine: Machine, workload: Workload, applier: Applier, *, goal: Go
                 clocks = chosen.sm_mhz
                 if clocks and min(clocks.values()) < (1 - MATCH_SPREAD) * max(clocks.values()) and len(gpus) > 1:
                     pace = round(min(clocks.values()))  # the slowest GPU's clock: the others wait for it anyway
+                    slowest = min(clocks, key=lambda g: clocks[g])
                     settings = {g: dict(chosen.settings.get(g, {"power_limit": power[g]})) for g in gpus}
-                    for g in gpus:
-                        if clocks.get(g, 0) > pace:
+                    for g in gpus:  # not the slowest itself: its mean clock (dithering in bins) rounds to the pace
+                        if g != slowest and clocks.get(g, 0) > pace:
                             settings[g]["gpu_clocks"] = [pace, pace]
                     trial("match", settings)
             else:
@@ -376,22 +379,36 @@ def _fans(machine: Machine, out: Outcome, trial: TrialFn, c: Constraint, gpus: l
 
     def value(knee: int) -> float:
         t = trial("fans", curve(knee))
-        return fan_objective(t, c, top)
+        return fan_objective(t, c, top, base)
 
     # The driver's automatic policy, soaked like the curves: what a curve must be quieter than.
     trial("fans", {g: {**start.get(g, {}), **({"fan": {"mode": "auto"}} if g in fanned else {})} for g in gpus})
     search.golden(value, lo, hi, FAN_RESOLUTION_C)
-    held = [t for t in out.trials if t.stage == "fans" and fan_objective(t, c, top) < float("inf")]
-    return min(held, key=lambda t: (fan_objective(t, c, top), t.number)) if held else None
+    held = [t for t in out.trials if t.stage == "fans" and fan_objective(t, c, top, base) < float("inf")]
+    return min(held, key=lambda t: (fan_objective(t, c, top, base), t.number)) if held else None
+
+
+def as_fast(t: Trial, base: Trial, c: Constraint) -> bool:
+    """``t`` is not measurably slower than ``base``, a feasible trial: its rate is below ``base``'s by no more
+    than the root sum of squares of their relative 95 % half-widths (``Trial.ci``)."""
+    if not (t.ok and search.feasible(base, c) and t.samples_per_second and base.samples_per_second):
+        return False
+    cis = [x for x in (t.ci, base.ci) if x is not None and math.isfinite(x)]
+    margin = math.sqrt(sum(x * x for x in cis)) if len(cis) == 2 else 0.0
+    return 1.0 - t.samples_per_second / base.samples_per_second <= margin
 
 
 FAN_RESOLUTION_C = 1.0  # NVML reports whole degrees: knees closer than that cannot be told apart
 
 
-def fan_objective(t: Trial, c: Constraint, ceilings: dict[int, float]) -> float:
+def fan_objective(t: Trial, c: Constraint, ceilings: dict[int, float], base: Trial | None = None) -> float:
     """A fans trial's mean duty over its GPUs; infinite when it failed, ran at or past a ceiling or beyond
-    the slowdown bound (quiet that costs throughput is not what was asked)."""
-    if not search.feasible(t, c) or not t.fan_percent:
+    the slowdown bound (quiet that costs throughput is not what was asked). A fans trial runs the settings
+    of ``base`` (the best trial so far, feasible) with a curve: it is within the bound unless it is slower
+    than ``base`` by more than the two measurements' confidence intervals together (``as_fast``), so that
+    measuring ``base``'s settings once more, with the noise every measurement has, does not by itself put a
+    curve beyond a bound ``base`` met."""
+    if not t.fan_percent or not (search.feasible(t, c) or (base is not None and as_fast(t, base, c))):
         return float("inf")
     if any(t.temperature_c.get(g, 0.0) >= top for g, top in ceilings.items()):
         return float("inf")

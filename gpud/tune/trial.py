@@ -29,7 +29,9 @@ class Measure:
     min_windows: int = 3
     max_windows: int = 12
     ci_bound: float = 0.01
-    z: float = 1.96  # 95 % (normal approximation)
+    # The 95 % interval of a mean of n windows takes Student's t with n - 1 degrees of freedom (4.30 for 3
+    # windows), not the normal's 1.96, which claims a narrower interval than 3 windows give (Student 1908).
+    confidence: float = 0.95
     # A fan-curve trial first soaks until the temperature settles: the hottest GPU moved less than NVML's
     # 1 °C resolution over ``settle_s`` (two time constants of a GPU's heatsink warm it to 86 % of its
     # rise; the simulator's is 30 s, docs/simulation.md), for at most ``soak_max_s`` (the burn-in's soak).
@@ -92,12 +94,27 @@ def _r(v: float | None, nd: int) -> float | None:
     return None if v is None else round(v, nd)
 
 
-def relative_ci(values: list[float], z: float = 1.96) -> float:
-    """Half-width of the confidence interval of the mean, relative to the mean (inf for < 2 values)."""
+# Student's t, two-sided 95 % (the 0.975 quantile), for 1..30 degrees of freedom (any table of it); beyond
+# 30 the normal's 1.96 is within 4 % of it.
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t_quantile(df: int, confidence: float = 0.95) -> float:
+    """The two-sided ``confidence`` quantile of Student's t with ``df`` degrees of freedom (95 % only)."""
+    if abs(confidence - 0.95) > 1e-9:
+        raise ValueError("only the 95 % interval is tabulated")
+    return T_975[df - 1] if 1 <= df <= len(T_975) else 1.96
+
+
+def relative_ci(values: list[float], confidence: float = 0.95) -> float:
+    """Half-width of the ``confidence`` interval of the mean (Student's t: the windows' spread is estimated
+    from the windows themselves), relative to the mean (inf for < 2 values)."""
     if len(values) < 2:
         return math.inf
     mean = statistics.fmean(values)
-    return z * statistics.stdev(values) / math.sqrt(len(values)) / mean if mean else math.inf
+    t = t_quantile(len(values) - 1, confidence)
+    return t * statistics.stdev(values) / math.sqrt(len(values)) / mean if mean else math.inf
 
 
 def _energy(machine: Machine, gpus: list[int]) -> float | None:
@@ -194,7 +211,7 @@ def run_trial(machine: Machine, workload: Workload, applier: Applier, gpus: list
                     fans[g].append(statistics.fmean(duty))
             if reasons & set(HW_REASONS):
                 break
-            if len(rates) >= measure.min_windows and relative_ci(rates, measure.z) <= measure.ci_bound:
+            if len(rates) >= measure.min_windows and relative_ci(rates, measure.confidence) <= measure.ci_bound:
                 break
         e1, t1 = _energy(machine, gpus), workload.now()
     except WorkloadFailed as err:
@@ -214,7 +231,7 @@ def run_trial(machine: Machine, workload: Workload, applier: Applier, gpus: list
     t.fan_percent = {g: statistics.fmean(v) for g, v in fans.items() if v}
     if rates:
         t.samples_per_second = samples / seconds if seconds > 0 else None
-        t.ci = relative_ci(rates, measure.z)
+        t.ci = relative_ci(rates, measure.confidence)
         t.ci_reached = t.ci <= measure.ci_bound
     if e0 is not None and e1 is not None and samples > 0:
         t.joules_per_sample = (e1 - e0) / samples

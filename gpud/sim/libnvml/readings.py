@@ -28,7 +28,7 @@ from gpud.sim.physics import CLOCK_GRAPHICS, CLOCK_MEM, CLOCK_SM
 def _temperature(lib: SimLibrary, i: int, sensor: int) -> int:
     if sensor != 0:  # NVML_TEMPERATURE_GPU is the only sensor
         fail(INVALID_ARGUMENT)
-    return int(round(lib.sim.temperature(i)))
+    return lib.sim.temperature_reading(i)  # whole degrees, with the sensor's scatter under noise
 
 
 @entry("nvmlDeviceGetTemperatureThreshold")
@@ -65,7 +65,7 @@ def _margin(lib: SimLibrary, i: int, out: Any) -> None:
     if not g.tlimit_thresholds:
         fail(NOT_SUPPORTED)
     limit = g.max_operating_celsius  # a model with T.Limit thresholds has a max operating temperature
-    target.marginTemperature = int(limit) - int(round(lib.sim.temperature(i)))  # type: ignore[arg-type]
+    target.marginTemperature = int(limit) - lib.sim.temperature_reading(i)  # type: ignore[arg-type]
 
 
 @entry("nvmlDeviceGetNumFans")
@@ -121,7 +121,9 @@ def _fan_policy(lib: SimLibrary, i: int, fan: int) -> int:
 
 @entry("nvmlDeviceGetPowerUsage")
 def _power(lib: SimLibrary, i: int) -> int:
-    return int(lib.sim.draw_watts(i) * 1000)
+    """The sensor's reading: instantaneous, or averaged over 1 s on Ampere (but GA100) and newer (nvml.h),
+    with its ripple under noise (``Physics.power_reading_mw``)."""
+    return lib.sim.power_reading_mw(i)
 
 
 @entry("nvmlDeviceGetPowerManagementLimit")
