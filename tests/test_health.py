@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import time
 from pathlib import Path
@@ -313,7 +314,8 @@ def test_a_prolog_out_of_time_says_persistence_mode_is_off(tmp_path: Path, monke
     t.join(2.2)  # GPU0 open (1.5 s), GPU1 initialising until 3 s
     line = too_slow(progress, 2.2)
     t.join(10)
-    assert line.startswith("persistence mode off: GPU0 took up to 1.5 s") and "GPU1 not read" in line, line
+    # the first open waits the simulator's 1.5 s, measured as it ran (a loaded machine adds a little)
+    assert re.match(r"persistence mode off: GPU0 took up to 1\.[5-9] s", line) and "GPU1 not read" in line, line
     assert "nvidia-smi -pm 1" in line and len(line) <= LINE, line
     assert progress.states is not None and hl.worst_of(progress.states) != "unhealthy"  # nothing else wrong
 
