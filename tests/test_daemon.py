@@ -83,11 +83,13 @@ def test_gpu_lost_mid_run(daemon: RunningDaemon) -> None:
 def test_temperature_read_failure_triggers_the_failsafe(daemon: RunningDaemon) -> None:
     daemon.wait_for(lambda: _sim().settings(1)["fans"][0]["policy"] == 1, 5, "GPU1's fan manual")
     sim = _sim()
+    ticks = daemon.value("gpud_tick_duration_seconds_count") or 0
     sim.inject("unsupported", call="nvmlDeviceGetTemperature", gpu=1)
-    t0 = time.monotonic()
     daemon.wait_for(lambda: _sim().settings(1)["fans"][0]["policy"] == 0, 5, "GPU1's fan automatic")
-    # the simulator's state reaches the daemon within 0.25 s, then the failsafe acts in that tick (0.2 s)
-    assert time.monotonic() - t0 < 1.0
+    # the simulator's state reaches the daemon within 0.25 s, then the failsafe acts in the tick that reads
+    # it, not at the slow readings' refresh (10 s: 50 ticks). Counted in the daemon's ticks, not in seconds:
+    # this test's own inject and polls stretch under load (7-13 ticks measured at load 13 on 2 cores).
+    assert (daemon.value("gpud_tick_duration_seconds_count") or 0) - ticks <= 20
     assert _sim().settings(0)["fans"][0]["policy"] == 1
     daemon.wait_for(lambda: (daemon.value("gpud_fan_failsafe_total") or 0) >= 1, 3, "the failsafe counted")
 
