@@ -17,7 +17,7 @@ from typing import Any
 from gpud.config import Config
 from gpud.doctor import diagnose
 from gpud.doctor.health import Health, gather
-from gpud.exporter import Observation, TickStats
+from gpud.exporter import Counters, Observation, TickStats
 from gpud.hw.machine import Machine
 from gpud.model import CheckResult, Snapshot, XidEvent
 from gpud.paths import burnin_path
@@ -44,9 +44,7 @@ def drift_of(machine: Machine, daemon: bool, snapshot: Snapshot) -> tuple[str | 
 class Running:
     """What only a running daemon knows (a one-shot ``gpud metrics`` has none of it)."""
 
-    reapply_total: int = 0
-    reapply_failures_total: int = 0
-    fan_failsafe_total: int = 0
+    counters: Counters = Counters()
     tick: TickStats | None = None
     last_tick: float | None = None
     usage: Usage | None = None  # time accounting over the daemon's ticks
@@ -58,7 +56,8 @@ def observe(machine: Machine, config: Config | None, *, snapshot: Snapshot | Non
             probe: Callable[[], ProbeReport | None] = history.latest,
             running: Running | None = None, daemon_fans: bool = False,
             health: tuple[Health, ...] | None = None,
-            profiles: tuple[tuple[int, str, str], ...] | None = None) -> Observation:
+            profiles: tuple[tuple[int, str, str], ...] | None = None,
+            previous: Observation | None = None) -> Observation:
     """The observation of ``machine``: what is not given is read now.
 
     Without ``running`` (``gpud metrics``): a missing snapshot is taken, doctor runs (``config``), the
@@ -66,7 +65,8 @@ def observe(machine: Machine, config: Config | None, *, snapshot: Snapshot | Non
     file. With ``running`` (the daemon): ``snapshot`` may be None (no reading yet) and is never taken
     here; ``tuning`` is (the profile the daemon enforces, its drift). ``daemon_fans``: a daemon drives
     the fans, so ``gpud metrics`` compares their curves as the daemon does. ``profiles``: (gpu, profile,
-    rule) per GPU, as the daemon holds them; read from the state file when not given."""
+    rule) per GPU, as the daemon holds them; read from the state file when not given. ``previous``: the
+    daemon's last observation, whose ``version`` this one keeps if its slow families read the same."""
     snap = snapshot if snapshot is not None or running is not None else machine.snapshot()
     if checks is None:
         checks = diagnose(machine, config if config is not None else Config(), snapshot=snap, in_daemon=True).checks
@@ -87,10 +87,9 @@ def observe(machine: Machine, config: Config | None, *, snapshot: Snapshot | Non
         profiles = profiles_of(tuning_state.load())
     run = running if running is not None else Running()
     return Observation(snapshot=snap, xids=xids, checks=checks, profile=profile, drift=drifts,
-                       reapply_total=run.reapply_total, reapply_failures_total=run.reapply_failures_total,
-                       fan_failsafe_total=run.fan_failsafe_total, probe=probe(),
-                       nvml_errors=dict(machine.nvml.errors), tick=run.tick, last_tick=run.last_tick,
-                       usage=run.usage, burnin=last_burnin(), health=health, profiles=profiles)
+                       counters=run.counters, probe=probe(), nvml_errors=dict(machine.nvml.errors), tick=run.tick,
+                       last_tick=run.last_tick, usage=run.usage, burnin=last_burnin(), health=health,
+                       profiles=profiles).following(previous)
 
 
 def profiles_of(data: tuning_state.TuningState | None) -> tuple[tuple[int, str, str], ...]:

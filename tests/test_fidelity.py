@@ -566,7 +566,7 @@ def test_a_tick_with_no_reading_hands_every_manual_fan_back(state_dir) -> None:
     with pytest.raises(GpudError):
         m.snapshot()
     d.tick()
-    assert d.fans.failsafes == 4 and d.observation.fan_failsafe_total == 4
+    assert d.fans.failsafes == 4 and d.observation.counters.fan_failsafe_total == 4
     m.simulation.machine.clear_faults()
     assert {f.policy for s in open_machine("z8-fury-4x-a6000").snapshot().samples for f in s.fans} == {"auto"}
 

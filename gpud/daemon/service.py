@@ -30,7 +30,7 @@ from gpud.daemon.systemd import notify, watchdog_seconds
 from gpud.daemon.tick import Ticker, TuningFacts
 from gpud.doctor import configcheck
 from gpud.errors import GpudError, InvalidInput
-from gpud.exporter import Observation
+from gpud.exporter import Counters, Observation
 from gpud.hw.machine import Machine
 from gpud.journal import Journal
 from gpud.model import Snapshot
@@ -354,8 +354,11 @@ class Daemon:
             return self._enforce(snap)
 
     def _tuning_facts(self) -> TuningFacts:
-        return TuningFacts(self.profile, self.enforcer.reapply_total, self.enforcer.reapply_failures_total,
-                           self.fans.failsafes, self.rules.profiles())
+        return TuningFacts(self.profile, self.counters(), self.rules.profiles())
+
+    def counters(self) -> Counters:
+        """The running counts, for the metrics and ``/status``."""
+        return Counters(self.enforcer.reapply_total, self.enforcer.reapply_failures_total, self.fans.failsafes)
 
     def _enforce(self, snap: Snapshot) -> DriftMetric:
         return self.enforcer.enforce(snap)  # gpud.tuning.enforce: drift, re-apply, what still differs
@@ -526,7 +529,7 @@ class Daemon:
     def status(self, full: bool = False) -> dict[str, Any]:
         return self.report.status(self.observation, self.ticker.timing, self.tick_summary(),
                                   show_processes=full or self.show_processes(), profile=self.profile,
-                                  reapply_total=self.enforcer.reapply_total, fan_failsafe_total=self.fans.failsafes,
+                                  counters=self.counters(),
                                   probe_running=self.schedule.probe_running())
 
     def tick_summary(self) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from gpud import __version__
-from gpud.exporter import Observation, Renderer, TickStats
+from gpud.exporter import Counters, Observation, Renderer, TickStats
 from gpud.hw.machine import Machine
 from gpud.model import document, host_json, probe_document, sample_json, to_jsonable
 from gpud.probe import history
@@ -95,7 +95,7 @@ class Report:
         return cached[1]
 
     def status(self, obs: Observation, timing: TickTiming, tick: dict[str, Any], *, show_processes: bool,
-               profile: str | None, reapply_total: int, fan_failsafe_total: int, probe_running: bool
+               profile: str | None, counters: Counters, probe_running: bool
                ) -> dict[str, Any]:
         snap = obs.snapshot
         infos = {g.index: g for g in snap.gpus} if snap is not None else {}
@@ -115,7 +115,7 @@ class Report:
                         timestamp=snap.timestamp if snap is not None else None, gpus=gpus,
                         checks=[to_jsonable(c) for c in obs.checks],
                         drift=[{"gpu": g, "setting": s, "drift": d} for g, s, d in obs.drift],
-                        reapply_total=reapply_total, fan_failsafe_total=fan_failsafe_total,
+                        reapply_total=counters.reapply_total, fan_failsafe_total=counters.fan_failsafe_total,
                         probe=probe_document(last.to_json(), __version__, host_json(last.host)) if last else None,
                         probe_running=probe_running, tick=tick, health=health_part(obs),
                         profiles=[{"gpu": g, "profile": p, "rule": r or None} for g, p, r in obs.profiles])

@@ -14,7 +14,7 @@ from gpud.daemon.status import TickTiming
 from gpud.daemon.thermal import ThermalHistory
 from gpud.doctor.health import Tracker
 from gpud.errors import GpudError
-from gpud.exporter import Observation
+from gpud.exporter import Counters, Observation
 from gpud.hw.machine import Machine
 from gpud.model import Snapshot, XidEvent
 from gpud.observe import Drift, Running, observe
@@ -28,15 +28,14 @@ XID_EVERY_S = 10.0
 # The tick's hardware work: (snapshot, why there is none) → drift. With no snapshot every fan goes
 # to its failsafe; with one, the fan loop steps and the applied profile is enforced.
 Drive = Callable[[Snapshot | None, str], Drift]
+
+
 class TuningFacts(NamedTuple):
     """What the enforcement tells the tick: the profile it enforces and its counters."""
 
     profile: str | None
-    reapply_total: int
-    reapply_failures_total: int
-    fan_failsafe_total: int
+    counters: Counters
     profiles: tuple[tuple[int, str, str], ...] = ()  # (gpu, profile, rule): what each GPU follows
-
 
 
 class KernelLog:
@@ -115,7 +114,7 @@ class Ticker:
         else:
             drift = ()
         facts = self._tuning()
-        recorder.fan_failsafes(facts.fan_failsafe_total)
+        recorder.fan_failsafes(facts.counters.fan_failsafe_total)
         self.timing.end(now, time.perf_counter() - t0)
         xids = self.kernel_log.read(now)
         self.observation = observe(
@@ -123,9 +122,8 @@ class Ticker:
             tuning=(facts.profile, drift), probe=self.probe,
             health=self.health.update(self.machine, self.schedule.config(), self.schedule.checks, self.snapshot,
                                       xids, now),
-            running=Running(reapply_total=facts.reapply_total, reapply_failures_total=facts.reapply_failures_total,
-                            fan_failsafe_total=facts.fan_failsafe_total, tick=self.timing.copy(),
-                            last_tick=now, usage=self.accounting.frozen()), profiles=facts.profiles)
+            running=Running(counters=facts.counters, tick=self.timing.copy(), last_tick=now,
+                            usage=self.accounting.frozen()), profiles=facts.profiles, previous=self.observation)
 
     def _log_lost(self, snap: Snapshot) -> None:
         """A lost GPU is logged when it is lost and when it is back, not on every tick."""
