@@ -224,7 +224,7 @@ def test_torch_absent_is_a_skip(tmp_path: Path) -> None:
 def test_a_crashing_check_is_reported_not_fatal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from gpud.doctor import registry
 
-    def boom(ctx):  # type: ignore[no-untyped-def]
+    def boom(ctx, r):  # type: ignore[no-untyped-def]
         raise RuntimeError("kaput")
 
     check = next(c for c in registry.CHECKS if c.id == "host.shm")

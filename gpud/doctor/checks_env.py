@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from gpud import child
-from gpud.doctor.registry import Context, check, fail, ok, skip, warn
+from gpud.doctor.registry import Context, Reporter, check
 from gpud.model import CheckResult
 
 TRUE = {"1", "true", "yes", "on"}
@@ -35,7 +35,7 @@ INJECTION = ("CUDA_INJECTION64_PATH", "NVTX_INJECTION64_PATH", "CUDA_AUTO_BOOST"
 
 
 @check("env.cuda", "Environment", needs_nvml=False)
-def env_cuda(ctx: Context) -> Iterator[CheckResult]:
+def env_cuda(ctx: Context, r: Reporter) -> Iterator[CheckResult]:
     found = []
     for var, why in FLAGS.items():
         if ctx.env.get(var, "").strip().lower() in TRUE:
@@ -55,12 +55,12 @@ def env_cuda(ctx: Context) -> Iterator[CheckResult]:
         elif total is not None and len(entries) < total:
             found.append(f"CUDA_VISIBLE_DEVICES={visible} shows {len(entries)} of {total} GPUs")
     if found:
-        yield warn("env.cuda", found[0] if len(found) == 1 else f"{len(found)} variables slow or restrict training: "
-                   + found[0], detail="\n".join(found),
-                   remedy="unset them in the job's environment (`env | grep -E 'NCCL|CUDA|TORCH'`) unless "
-                          "debugging on purpose")
+        yield r.warn(found[0] if len(found) == 1 else f"{len(found)} variables slow or restrict training: "
+                     + found[0], detail="\n".join(found),
+                     remedy="unset them in the job's environment (`env | grep -E 'NCCL|CUDA|TORCH'`) unless "
+                            "debugging on purpose")
     else:
-        yield ok("env.cuda", "no variable that slows or restricts training")
+        yield r.ok("no variable that slows or restricts training")
 
 
 FIND_TORCH = ("import importlib.util, json, sys; s = importlib.util.find_spec('torch'); "
@@ -122,34 +122,34 @@ def _ver(text: str) -> tuple[int, int]:
 
 
 @check("torch.cuda", "Environment", needs_nvml=False)
-def torch_cuda(ctx: Context) -> Iterator[CheckResult]:
+def torch_cuda(ctx: Context, r: Reporter) -> Iterator[CheckResult]:
     python = _python(ctx)
     t = inspect_torch(python)
     if t is None:
-        yield skip("torch.cuda", f"torch is not installed for {python} ({_python_origin(ctx)})",
-                   remedy="set [doctor] python in gpud.toml (or GPUD_PYTHON) to your training environment's python; "
-                          "to install torch there see the README's \"PyTorch for the probe\"")
+        yield r.skip(f"torch is not installed for {python} ({_python_origin(ctx)})",
+                     remedy="set [doctor] python in gpud.toml (or GPUD_PYTHON) to your training environment's python; "
+                            "to install torch there see the README's \"PyTorch for the probe\"")
         return
     name = f"torch {t['version']} ({t['python']}: {_python_origin(ctx)})"
     driver = ctx.snapshot.versions.cuda_driver if ctx.snapshot else None
     if t["hip"]:
-        yield warn("torch.cuda", f"{name} is a ROCm build: it cannot use NVIDIA GPUs",
-                   remedy="install a CUDA build: https://pytorch.org/get-started/locally/")
+        yield r.warn(f"{name} is a ROCm build: it cannot use NVIDIA GPUs",
+                     remedy="install a CUDA build: https://pytorch.org/get-started/locally/")
     elif not t["cuda"]:
-        yield warn("torch.cuda", f"{name} is a CPU-only build: training will not use the GPUs",
-                   remedy="install a CUDA build matching the driver's CUDA "
-                          f"{driver or '?'}: https://pytorch.org/get-started/locally/")
+        yield r.warn(f"{name} is a CPU-only build: training will not use the GPUs",
+                     remedy="install a CUDA build matching the driver's CUDA "
+                            f"{driver or '?'}: https://pytorch.org/get-started/locally/")
     elif driver and _ver(str(t["cuda"]))[0] > _ver(driver)[0]:
-        yield fail("torch.cuda", f"{name} is built for CUDA {t['cuda']}, the driver supports CUDA {driver}: torch "
-                   "cannot use the GPUs", remedy=f"update the NVIDIA driver, or install torch built for CUDA "
-                   f"≤ {driver}")
+        yield r.fail(f"{name} is built for CUDA {t['cuda']}, the driver supports CUDA {driver}: torch "
+                     "cannot use the GPUs", remedy=f"update the NVIDIA driver, or install torch built for CUDA "
+                     f"≤ {driver}")
     elif driver and _ver(str(t["cuda"])) > _ver(driver):
-        yield warn("torch.cuda", f"{name} is built for CUDA {t['cuda']}, newer than the driver's {driver}: it runs "
-                   "through minor-version compatibility, but kernels JIT-compiled from PTX can fail",
-                   remedy=f"update the NVIDIA driver, or install torch built for CUDA ≤ {driver}")
+        yield r.warn(f"{name} is built for CUDA {t['cuda']}, newer than the driver's {driver}: it runs "
+                     "through minor-version compatibility, but kernels JIT-compiled from PTX can fail",
+                     remedy=f"update the NVIDIA driver, or install torch built for CUDA ≤ {driver}")
     elif not t["nccl"] and len(ctx.samples) > 1:
-        yield warn("torch.cuda", f"{name} (CUDA {t['cuda']}) has no NCCL: multi-GPU DDP falls back to gloo",
-                   remedy="install torch's CUDA wheel with its nvidia-nccl dependency")
+        yield r.warn(f"{name} (CUDA {t['cuda']}) has no NCCL: multi-GPU DDP falls back to gloo",
+                     remedy="install torch's CUDA wheel with its nvidia-nccl dependency")
     else:
-        yield ok("torch.cuda", f"{name}, CUDA {t['cuda']} (driver {driver or '?'}), NCCL "
-                 f"{'present' if t['nccl'] else 'absent'}")
+        yield r.ok(f"{name}, CUDA {t['cuda']} (driver {driver or '?'}), NCCL "
+                   f"{'present' if t['nccl'] else 'absent'}")

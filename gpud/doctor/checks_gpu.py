@@ -8,7 +8,7 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from gpud.doctor.registry import Context, check, fail, ok, skip, warn
+from gpud.doctor.registry import Context, Reporter, check
 from gpud.doctor.xid import describe, escalated, unreadable_summary
 from gpud.hw.host import KernelLogUnreadable
 from gpud.model import CheckResult, GpuSample, MigInstance, ThermalPoint, slow_open
@@ -20,50 +20,50 @@ HW_EVENTS = {"hw_slowdown": "HW slowdown", "hw_thermal_slowdown": "HW thermal sl
 
 
 @check("config.persistence_mode", "Configuration")
-def persistence(ctx: Context) -> Iterator[CheckResult]:
+def persistence(ctx: Context, r: Reporter) -> Iterator[CheckResult]:
     for s in ctx.samples:
         if s.persistence_mode is None:
-            yield skip("config.persistence_mode", "persistence mode not reported", gpu=s.index)
+            yield r.skip("persistence mode not reported", gpu=s.index)
         elif s.persistence_mode:
-            yield ok("config.persistence_mode", "persistence mode on", gpu=s.index)
+            yield r.ok("persistence mode on", gpu=s.index)
         else:
             slow = slow_open(ctx.infos.get(s.index))
-            yield warn("config.persistence_mode", "persistence mode off: the driver unloads between jobs "
-                       "(slow start, settings lost)" + (f"; {slow}" if slow else ""), gpu=s.index,
-                       remedy="`sudo systemctl enable --now nvidia-persistenced` (or `sudo nvidia-smi -pm 1`, "
-                              "or a gpud profile); confirm with "
-                              "`nvidia-smi --query-gpu=persistence_mode --format=csv`")
+            yield r.warn("persistence mode off: the driver unloads between jobs "
+                         "(slow start, settings lost)" + (f"; {slow}" if slow else ""), gpu=s.index,
+                         remedy="`sudo systemctl enable --now nvidia-persistenced` (or `sudo nvidia-smi -pm 1`, "
+                                "or a gpud profile); confirm with "
+                                "`nvidia-smi --query-gpu=persistence_mode --format=csv`")
 
 
 @check("config.power_limit", "Configuration")
-def power_limit(ctx: Context) -> Iterator[CheckResult]:
+def power_limit(ctx: Context, r: Reporter) -> Iterator[CheckResult]:
     for s in ctx.samples:
         g = ctx.infos[s.index]
         limit = s.power_management_limit_watts or s.power_limit_watts
         default = g.power_default_limit_watts
         if limit is None or default is None:
-            yield skip("config.power_limit", "power limit not reported", gpu=s.index)
+            yield r.skip("power limit not reported", gpu=s.index)
             continue
         asked = ctx.profile_settings.get(s.index, {}).get("power_limit_watts")
         if limit < default - 1 and (asked is None or abs(asked - limit) > 1):
-            yield warn("config.power_limit", f"power limit {limit:.0f} W, below the default {default:.0f} W, and no "
-                       "active gpud profile asks for it", gpu=s.index,
-                       remedy=f"`sudo nvidia-smi -i {s.index} -pl {default:.0f}` (or apply a gpud profile); "
-                              "confirm with `nvidia-smi -q -d POWER`")
+            yield r.warn(f"power limit {limit:.0f} W, below the default {default:.0f} W, and no "
+                         "active gpud profile asks for it", gpu=s.index,
+                         remedy=f"`sudo nvidia-smi -i {s.index} -pl {default:.0f}` (or apply a gpud profile); "
+                                "confirm with `nvidia-smi -q -d POWER`")
         elif s.power_limit_watts is not None and s.power_limit_watts < limit - 1:
             # not lowered by anyone: the limit set is the default (or asked for); something else holds it
-            yield warn("config.power_limit", f"enforced limit {s.power_limit_watts:.0f} W below the set "
-                       f"{limit:.0f} W: another limiter holds it (a board or module power budget, an "
-                       "out-of-band limit)", gpu=s.index,
-                       remedy="compare Current/Enforced with Requested Power Limit and the Module Power Readings "
-                              "in `nvidia-smi -q -d POWER`; on a GH200 the module's budget is shared with its CPU")
+            yield r.warn(f"enforced limit {s.power_limit_watts:.0f} W below the set "
+                         f"{limit:.0f} W: another limiter holds it (a board or module power budget, an "
+                         "out-of-band limit)", gpu=s.index,
+                         remedy="compare Current/Enforced with Requested Power Limit and the Module Power Readings "
+                                "in `nvidia-smi -q -d POWER`; on a GH200 the module's budget is shared with its CPU")
         else:
             note = " (asked by the active profile)" if asked is not None and limit < default - 1 else ""
-            yield ok("config.power_limit", f"power limit {limit:.0f} W (default {default:.0f} W){note}", gpu=s.index)
+            yield r.ok(f"power limit {limit:.0f} W (default {default:.0f} W){note}", gpu=s.index)
 
 
 @check("config.mig_mode", "Configuration")
-def mig_mode(ctx: Context) -> Iterator[CheckResult]:
+def mig_mode(ctx: Context, r: Reporter) -> Iterator[CheckResult]:
     """MIG partitions a GPU: CUDA sees its instances, not the GPU (NVIDIA's MIG user guide: one
     instance per CUDA process, no P2P over PCIe or NVLink between instances or GPUs). The finding
     lists the instances: which job can go where."""
@@ -71,7 +71,7 @@ def mig_mode(ctx: Context) -> Iterator[CheckResult]:
         if s.mig_mode is None:
             continue  # a GPU without MIG: nothing to say
         if not s.mig_mode:
-            yield ok("config.mig_mode", "MIG disabled: the whole GPU", gpu=s.index)
+            yield r.ok("MIG disabled: the whole GPU", gpu=s.index)
             continue
         if s.mig_instances is None:
             listed = "its instances could not be read"
@@ -79,13 +79,13 @@ def mig_mode(ctx: Context) -> Iterator[CheckResult]:
             listed = "no instance created: no CUDA process can run on it"
         else:
             listed = f"{len(s.mig_instances)} instance(s): " + "; ".join(_instance(m) for m in s.mig_instances)
-        yield warn("config.mig_mode", f"MIG enabled, {listed}. A job gets one instance (CUDA_VISIBLE_DEVICES="
-                   "MIG-…), not the GPU; instances have no P2P (NVLink or PCIe) to each other or to other GPUs, "
-                   "so DDP and pipeline jobs across them fall back to host copies", gpu=s.index,
-                   detail="\n".join(f"{m.uuid}: {_instance(m)}" for m in s.mig_instances or ()),
-                   remedy=f"list the instances with `nvidia-smi -L` and `nvidia-smi mig -lgi`; for whole-GPU "
-                          f"training disable MIG: `sudo nvidia-smi -i {s.index} -mig 0` (the GPU must be idle; "
-                          "then reset it)")
+        yield r.warn(f"MIG enabled, {listed}. A job gets one instance (CUDA_VISIBLE_DEVICES="
+                     "MIG-…), not the GPU; instances have no P2P (NVLink or PCIe) to each other or to other GPUs, "
+                     "so DDP and pipeline jobs across them fall back to host copies", gpu=s.index,
+                     detail="\n".join(f"{m.uuid}: {_instance(m)}" for m in s.mig_instances or ()),
+                     remedy=f"list the instances with `nvidia-smi -L` and `nvidia-smi mig -lgi`; for whole-GPU "
+                            f"training disable MIG: `sudo nvidia-smi -i {s.index} -mig 0` (the GPU must be idle; "
+                            "then reset it)")
 
 
 def _instance(m: MigInstance) -> str:
@@ -100,51 +100,51 @@ def _instance(m: MigInstance) -> str:
 
 
 @check("config.compute_mode", "Configuration")
-def compute_mode(ctx: Context) -> Iterator[CheckResult]:
+def compute_mode(ctx: Context, r: Reporter) -> Iterator[CheckResult]:
     for s in ctx.samples:
         if s.compute_mode is None:
-            yield skip("config.compute_mode", "compute mode not reported", gpu=s.index)
+            yield r.skip("compute mode not reported", gpu=s.index)
         elif s.compute_mode != "default":
-            yield warn("config.compute_mode", f"compute mode {s.compute_mode}: DDP and other multi-process jobs "
-                       "may fail to open the GPU", gpu=s.index,
-                       remedy=f"`sudo nvidia-smi -i {s.index} -c DEFAULT`")
+            yield r.warn(f"compute mode {s.compute_mode}: DDP and other multi-process jobs "
+                         "may fail to open the GPU", gpu=s.index,
+                         remedy=f"`sudo nvidia-smi -i {s.index} -c DEFAULT`")
         else:
-            yield ok("config.compute_mode", "compute mode Default", gpu=s.index)
+            yield r.ok("compute mode Default", gpu=s.index)
 
 
 @check("config.ecc", "Configuration")
-def ecc_config(ctx: Context) -> Iterator[CheckResult]:
+def ecc_config(ctx: Context, r: Reporter) -> Iterator[CheckResult]:
     pending = [s.index for s in ctx.samples if s.ecc_enabled is not None and s.ecc_pending is not None
                and s.ecc_pending != s.ecc_enabled]
     if pending:
-        yield warn("config.ecc", f"ECC mode change pending on GPU {', '.join(map(str, pending))}: applies at the "
-                   "next reboot or GPU reset", remedy="reboot (or, with the GPU idle, "
-                   + " and ".join(f"`sudo nvidia-smi -r -i {i}`" for i in pending) + ")")
+        yield r.warn(f"ECC mode change pending on GPU {', '.join(map(str, pending))}: applies at the "
+                     "next reboot or GPU reset", remedy="reboot (or, with the GPU idle, "
+                     + " and ".join(f"`sudo nvidia-smi -r -i {i}`" for i in pending) + ")")
     modes: dict[str, set[bool]] = {}
     for s in ctx.samples:
         if s.ecc_enabled is not None:
             modes.setdefault(ctx.infos[s.index].name, set()).add(s.ecc_enabled)
     mixed = [name for name, m in modes.items() if len(m) > 1]
     if mixed:
-        yield warn("config.ecc", f"ECC on for some {mixed[0]} GPUs and off for others: memory and speed differ "
-                   "between ranks", remedy="`sudo nvidia-smi -e 0|1` on all, then reboot")
+        yield r.warn(f"ECC on for some {mixed[0]} GPUs and off for others: memory and speed differ "
+                     "between ranks", remedy="`sudo nvidia-smi -e 0|1` on all, then reboot")
     if not pending and not mixed:
         if not modes:
-            yield skip("config.ecc", "ECC not supported on these GPUs")
+            yield r.skip("ECC not supported on these GPUs")
         else:
             state = {"on" if True in m else "off" for m in modes.values()}
-            yield ok("config.ecc", f"ECC {'/'.join(sorted(state))} on all GPUs, nothing pending")
+            yield r.ok(f"ECC {'/'.join(sorted(state))} on all GPUs, nothing pending")
 
 
 @check("health.xid", "Health", needs_nvml=False)
-def xid(ctx: Context) -> Iterator[CheckResult]:
+def xid(ctx: Context, r: Reporter) -> Iterator[CheckResult]:
     events = ctx.host.read_xids()
     if isinstance(events, KernelLogUnreadable):  # not read is not "no Xid": not judged, with what gpud needs
         summary, remedy = unreadable_summary(events.tried, os.geteuid() == 0)
-        yield skip("health.xid", summary, remedy=remedy)
+        yield r.skip(summary, remedy=remedy)
         return
     if not events:
-        yield ok("health.xid", "no Xid in the kernel log since boot")
+        yield r.ok("no Xid in the kernel log since boot")
         return
     bus = ctx.by_bus()
     by_gpu: dict[int | None, list[Any]] = {}
@@ -163,8 +163,8 @@ def xid(ctx: Context) -> Iterator[CheckResult]:
         boot = ctx.host.boot_time()
         detail = "\n".join(f"Xid {e.xid} at {_clock(boot, e.seconds_since_boot)}: {describe(e.xid).meaning}"
                            f" — {e.text}" for e in evs[-10:])
-        make = fail if "hardware" in kinds else warn
-        yield make("health.xid", f"{listed} since boot{where}: {d.meaning}", gpu=gpu, detail=detail,
+        make = r.fail if "hardware" in kinds else r.warn
+        yield make(f"{listed} since boot{where}: {d.meaning}", gpu=gpu, detail=detail,
                    remedy=f"{d.action.replace('-i N', f'-i {gpu if gpu is not None else worst.pci_bus_id}')}; "
                           "read them with "
                           "`sudo dmesg -T | grep -i xid`")
@@ -187,7 +187,7 @@ ECC_XIDS = (48, 63, 64, 94, 95)
 
 
 @check("health.ecc", "Health")
-def ecc_health(ctx: Context) -> Iterator[CheckResult]:
+def ecc_health(ctx: Context, r: Reporter) -> Iterator[CheckResult]:
     read = ctx.host.xid_events()
     events = read or []
     sources = "since boot, lifetime, kernel log" if read is not None else \
@@ -225,31 +225,31 @@ def ecc_health(ctx: Context) -> Iterator[CheckResult]:
             problems.append("row remapping pending")
         known = [s.ecc_enabled, s.retired_pages_pending, s.remapped_rows_pending]
         if problems:
-            yield fail("health.ecc", "; ".join(problems), gpu=s.index,
-                       remedy=f"drain the GPU and reset it (`sudo nvidia-smi -r -i {s.index}`) or reboot; a failed "
-                              "remapping or retired pages at the limit mean RMA; confirm with "
-                              f"`nvidia-smi -i {s.index} -q -d ECC,ROW_REMAPPER,PAGE_RETIREMENT`")
+            yield r.fail("; ".join(problems), gpu=s.index,
+                         remedy=f"drain the GPU and reset it (`sudo nvidia-smi -r -i {s.index}`) or reboot; a failed "
+                                "remapping or retired pages at the limit mean RMA; confirm with "
+                                f"`nvidia-smi -i {s.index} -q -d ECC,ROW_REMAPPER,PAGE_RETIREMENT`")
         elif history:
-            yield warn("health.ecc", history, gpu=s.index,
-                       remedy="repaired by row remapping: watch for more (`nvidia-smi -i "
-                              f"{s.index} -q -d ECC,ROW_REMAPPER`: a pending remap needs a reset, a remapping failure "
-                              "or an exhausted Bank Remap Availability Histogram means RMA)")
+            yield r.warn(history, gpu=s.index,
+                         remedy="repaired by row remapping: watch for more (`nvidia-smi -i "
+                                f"{s.index} -q -d ECC,ROW_REMAPPER`: a pending remap needs a reset, a remapping "
+                                "failure or an exhausted Bank Remap Availability Histogram means RMA)")
         elif all(k is None for k in known):
-            yield skip("health.ecc", "no ECC or memory-repair data on this GPU", gpu=s.index)
+            yield r.skip("no ECC or memory-repair data on this GPU", gpu=s.index)
         else:
             ecc = {True: f"ECC on, no uncorrectable error ({sources})", False: "ECC off",
                    None: "ECC not reported"}[s.ecc_enabled]
-            yield ok("health.ecc", f"{ecc}; nothing pending", gpu=s.index)
+            yield r.ok(f"{ecc}; nothing pending", gpu=s.index)
 
 
 THROTTLE_SHARE_WARN = 0.10  # of the last hour, from the health journal's throttle episodes
 
 
 @check("health.clock_events", "Health")
-def clock_events(ctx: Context) -> Iterator[CheckResult]:
+def clock_events(ctx: Context, r: Reporter) -> Iterator[CheckResult]:
     for s in ctx.samples:
         if s.clock_events is None:
-            yield skip("health.clock_events", "clock events not reported", gpu=s.index)
+            yield r.skip("clock events not reported", gpu=s.index)
             continue
         ev = set(s.clock_events)
         hw = [label for key, label in HW_EVENTS.items() if key in ev]
@@ -258,27 +258,27 @@ def clock_events(ctx: Context) -> Iterator[CheckResult]:
                       "cables and supply" + (" (power brake: the supply or a cable asserted it)"
                                              if "hw_power_brake_slowdown" in ev else "")
                       + f"; confirm with `nvidia-smi -i {s.index} -q -d PERFORMANCE`")
-            yield fail("health.clock_events", f"{', '.join(hw)} active: clocks cut", gpu=s.index, remedy=remedy)
+            yield r.fail(f"{', '.join(hw)} active: clocks cut", gpu=s.index, remedy=remedy)
         elif "sw_thermal_slowdown" in ev:
-            yield warn("health.clock_events", "SW thermal slowdown active: the driver lowers clocks to stay cool",
-                       gpu=s.index, remedy="improve cooling or a steeper fan curve (`gpud apply training`)")
+            yield r.warn("SW thermal slowdown active: the driver lowers clocks to stay cool",
+                         gpu=s.index, remedy="improve cooling or a steeper fan curve (`gpud apply training`)")
         elif "sw_power_cap" in ev and ctx.loaded(s):
-            yield ok("health.clock_events", "at its power limit under load (SW power cap): expected", gpu=s.index)
+            yield r.ok("at its power limit under load (SW power cap): expected", gpu=s.index)
         elif "sw_power_cap" in ev and _far_below_limit(s):
             # idle GPUs list SW Power Cap with the draw a fraction of the limit (real dumps: A40, A10, A6000,
             # RTX 5090 at 8-30 % of it): the driver's power management at idle, not a limit holding it back
-            yield ok("health.clock_events", f"SW power cap listed at low load with the draw ({s.power_watts:.0f} W) "
-                     f"far below the limit ({s.power_limit_watts:.0f} W): not a limit holding the GPU back",
-                     gpu=s.index)
+            yield r.ok(f"SW power cap listed at low load with the draw ({s.power_watts:.0f} W) "
+                       f"far below the limit ({s.power_limit_watts:.0f} W): not a limit holding the GPU back",
+                       gpu=s.index)
         elif "sw_power_cap" in ev:
-            yield warn("health.clock_events", "SW power cap active at low load", gpu=s.index,
-                       remedy="check the power limit (config.power_limit)")
+            yield r.warn("SW power cap active at low load", gpu=s.index,
+                         remedy="check the power limit (config.power_limit)")
         elif (share := ctx.throttled_share(s.uuid, s.timestamp)) >= THROTTLE_SHARE_WARN:
-            yield warn("health.clock_events", f"GPU{s.index} throttled {share:.0%} of the last hour (not now)",
-                       gpu=s.index, remedy="try the `training` profile (`gpud apply training`: a steeper fan curve); "
-                                           "`gpud events --kind throttle --gpu " f"{s.index}` lists the episodes")
+            yield r.warn(f"GPU{s.index} throttled {share:.0%} of the last hour (not now)",
+                         gpu=s.index, remedy="try the `training` profile (`gpud apply training`: a steeper fan curve); "
+                                             "`gpud events --kind throttle --gpu " f"{s.index}` lists the episodes")
         else:
-            yield ok("health.clock_events", "no throttling" + (" (idle)" if "gpu_idle" in ev else ""), gpu=s.index)
+            yield r.ok("no throttling" + (" (idle)" if "gpu_idle" in ev else ""), gpu=s.index)
 
 
 def _far_below_limit(s: GpuSample) -> bool:
@@ -288,7 +288,7 @@ def _far_below_limit(s: GpuSample) -> bool:
 
 
 @check("health.thermal", "Health")
-def thermal(ctx: Context) -> Iterator[CheckResult]:
+def thermal(ctx: Context, r: Reporter) -> Iterator[CheckResult]:
     warn_margin = ctx.config.doctor.thermal_margin_warn_celsius
     fail_margin = ctx.config.doctor.thermal_margin_fail_celsius
     idle_max = ctx.config.doctor.idle_temperature_warn_celsius
@@ -296,21 +296,21 @@ def thermal(ctx: Context) -> Iterator[CheckResult]:
         g = ctx.infos[s.index]
         t, slow = s.temperature_celsius, g.temperature_slowdown_celsius
         if t is None:
-            yield skip("health.thermal", "temperature not reported", gpu=s.index)
+            yield r.skip("temperature not reported", gpu=s.index)
             continue
         remedy = ("improve airflow (clear intakes, dust, spacing between cards), check the fans (health.fans), or "
                   "apply a steeper fan curve; confirm with `nvidia-smi -q -d TEMPERATURE`")
         margin = slow - t if slow is not None else None
         if margin is not None and margin < fail_margin:
-            yield fail("health.thermal", f"{t} °C, {margin} °C below slowdown ({slow} °C)", gpu=s.index, remedy=remedy)
+            yield r.fail(f"{t} °C, {margin} °C below slowdown ({slow} °C)", gpu=s.index, remedy=remedy)
         elif margin is not None and margin < warn_margin:
-            yield warn("health.thermal", f"{t} °C, only {margin} °C below slowdown ({slow} °C)", gpu=s.index,
-                       remedy=remedy)
+            yield r.warn(f"{t} °C, only {margin} °C below slowdown ({slow} °C)", gpu=s.index,
+                         remedy=remedy)
         elif ctx.idle(s) and t > idle_max:
-            yield warn("health.thermal", f"{t} °C at idle (above {idle_max} °C)", gpu=s.index, remedy=remedy)
+            yield r.warn(f"{t} °C at idle (above {idle_max} °C)", gpu=s.index, remedy=remedy)
         else:
             rest = f", {margin} °C below slowdown" if margin is not None else ""
-            yield ok("health.thermal", f"{t} °C{rest}", gpu=s.index)
+            yield r.ok(f"{t} °C{rest}", gpu=s.index)
 
 
 # NVML reports the speed a fan is *asked* for, not a measurement ("if the fan is physically blocked
@@ -322,12 +322,12 @@ THERMAL_EVENTS = ("sw_thermal_slowdown", "hw_thermal_slowdown")
 
 
 @check("health.fans", "Health")
-def fans(ctx: Context) -> Iterator[CheckResult]:
+def fans(ctx: Context, r: Reporter) -> Iterator[CheckResult]:
     hot = ctx.config.doctor.fan_check_min_celsius
     lag = ctx.config.doctor.fan_lag_percent
     for s in ctx.samples:
         if not s.fans:
-            yield skip("health.fans", "no fan reported (passive card cooled by the chassis)", gpu=s.index)
+            yield r.skip("no fan reported (passive card cooled by the chassis)", gpu=s.index)
             continue
         g = ctx.infos[s.index]
         t = s.temperature_celsius
@@ -360,19 +360,19 @@ def fans(ctx: Context) -> Iterator[CheckResult]:
             failed, curve_warning = _against_the_curve(ctx, s)
             bad += failed
         if bad:
-            yield fail("health.fans", "; ".join(bad), gpu=s.index,
-                       remedy="NVML reports the speed asked for, not the real one: look at the fan (stalled, "
-                              "blocked, cable) and the airflow; until then keep the GPU idle; watch "
-                              f"`nvidia-smi -i {s.index} --query-gpu=fan.speed,temperature.gpu,"
-                              "clocks_event_reasons.active --format=csv -l 1`")
+            yield r.fail("; ".join(bad), gpu=s.index,
+                         remedy="NVML reports the speed asked for, not the real one: look at the fan (stalled, "
+                                "blocked, cable) and the airflow; until then keep the GPU idle; watch "
+                                f"`nvidia-smi -i {s.index} --query-gpu=fan.speed,temperature.gpu,"
+                                "clocks_event_reasons.active --format=csv -l 1`")
         elif manual:
-            yield warn("health.fans", f"{', '.join(manual)} in manual mode while no gpud daemon runs", gpu=s.index,
-                       remedy="`gpud restore --fans-only` hands the fans back to the driver's automatic policy")
+            yield r.warn(f"{', '.join(manual)} in manual mode while no gpud daemon runs", gpu=s.index,
+                         remedy="`gpud restore --fans-only` hands the fans back to the driver's automatic policy")
         elif curve_warning is not None:
-            yield warn("health.fans", curve_warning[0], gpu=s.index, remedy=curve_warning[1])
+            yield r.warn(curve_warning[0], gpu=s.index, remedy=curve_warning[1])
         else:
             speeds = "/".join(f"{f.speed_percent} %" for f in s.fans if f.speed_percent is not None)
-            yield ok("health.fans", f"fan {speeds or 'n/a'} at {t} °C", gpu=s.index)
+            yield r.ok(f"fan {speeds or 'n/a'} at {t} °C", gpu=s.index)
 
 
 def _curve_of(ctx: Context, gpu: int) -> FanCurve | None:
@@ -582,26 +582,26 @@ def _newton_fit(points: Sequence[ThermalPoint]) -> tuple[float, float] | None:
 
 
 @check("health.pcie_replay", "Health")
-def pcie_replay(ctx: Context) -> Iterator[CheckResult]:
+def pcie_replay(ctx: Context, r: Reporter) -> Iterator[CheckResult]:
     limit = ctx.config.doctor.pcie_replay_warn
     for s in ctx.samples:
         if s.pcie_replay_errors is None:
-            yield skip("health.pcie_replay", "PCIe replay counter not reported", gpu=s.index)
+            yield r.skip("PCIe replay counter not reported", gpu=s.index)
         elif s.pcie_replay_errors > limit:
-            yield warn("health.pcie_replay", f"{s.pcie_replay_errors} PCIe replays since boot: a marginal link",
-                       gpu=s.index, remedy="reseat the card and riser; check the slot; watch "
-                       f"`nvidia-smi -i {s.index} -q -d PCIE` (Replays)")
+            yield r.warn(f"{s.pcie_replay_errors} PCIe replays since boot: a marginal link",
+                         gpu=s.index, remedy="reseat the card and riser; check the slot; watch "
+                         f"`nvidia-smi -i {s.index} -q -d PCIE` (Replays)")
         else:
-            yield ok("health.pcie_replay", f"{s.pcie_replay_errors} PCIe replays", gpu=s.index)
+            yield r.ok(f"{s.pcie_replay_errors} PCIe replays", gpu=s.index)
 
 
 @check("gpu.processes", "Health")
-def processes(ctx: Context) -> Iterator[CheckResult]:
+def processes(ctx: Context, r: Reporter) -> Iterator[CheckResult]:
     """Jobs on the GPUs (NVML's compute list) warn; a desktop's display server and shell (the graphics list
     alone) are named, not warned about: they are the workstation's desktop, and what they do shows in the
     GPU's utilisation and memory, which other checks and `gpud select`'s thresholds judge."""
     if all(s.processes is None for s in ctx.samples):
-        yield skip("gpu.processes", "process list not reported")
+        yield r.skip("process list not reported")
         return
     rows: list[str] = []
     desktop: list[str] = []
@@ -612,13 +612,13 @@ def processes(ctx: Context) -> Iterator[CheckResult]:
             (desktop if p.graphics_only else rows).append(row)
     if rows:
         gpus = sorted({int(r[3:r.index(':')]) for r in rows})
-        yield warn("gpu.processes", f"{plural(len(rows), 'process', 'processes')} on "
-                   f"{'GPU' if len(gpus) == 1 else 'GPUs'} {', '.join(map(str, gpus))}: {rows[0]}",
-                   detail="\n".join(rows + [f"{d} (graphics)" for d in desktop]),
-                   remedy="wait for them or stop them before a benchmark or a job that needs whole GPUs; see "
-                          "`nvidia-smi --query-compute-apps=pid,used_memory --format=csv`")
+        yield r.warn(f"{plural(len(rows), 'process', 'processes')} on "
+                     f"{'GPU' if len(gpus) == 1 else 'GPUs'} {', '.join(map(str, gpus))}: {rows[0]}",
+                     detail="\n".join(rows + [f"{d} (graphics)" for d in desktop]),
+                     remedy="wait for them or stop them before a benchmark or a job that needs whole GPUs; see "
+                            "`nvidia-smi --query-compute-apps=pid,used_memory --format=csv`")
     elif desktop:
-        yield ok("gpu.processes", f"no compute process on the GPUs (the desktop: "
-                 f"{plural(len(desktop), 'graphics process', 'graphics processes')})", detail="\n".join(desktop))
+        yield r.ok(f"no compute process on the GPUs (the desktop: "
+                   f"{plural(len(desktop), 'graphics process', 'graphics processes')})", detail="\n".join(desktop))
     else:
-        yield ok("gpu.processes", "no compute process on the GPUs")
+        yield r.ok("no compute process on the GPUs")

@@ -6,7 +6,7 @@ import math
 from collections import Counter
 from collections.abc import Iterator
 
-from gpud.doctor.registry import Context, check, ok, skip, warn
+from gpud.doctor.registry import Context, Reporter, check
 from gpud.model import CheckResult
 from gpud.text import plural
 
@@ -21,67 +21,67 @@ def _gpu_count(ctx: Context) -> int:
 
 
 @check("host.cpu_governor", "Host", needs_nvml=False)
-def cpu_governor(ctx: Context) -> Iterator[CheckResult]:
+def cpu_governor(ctx: Context, r: Reporter) -> Iterator[CheckResult]:
     govs = ctx.host.cpu_governors()
     if not govs:
-        yield skip("host.cpu_governor", "no cpufreq governor (a VM, or no frequency driver)")
+        yield r.skip("no cpufreq governor (a VM, or no frequency driver)")
         return
     counts = Counter(govs.values())
     others = {g: n for g, n in counts.items() if g != "performance"}
     if others:
         desc = ", ".join(f"{n}/{len(govs)} CPUs on {g}" for g, n in sorted(others.items()))
-        yield warn("host.cpu_governor", f"{desc}: data loading and kernel launches run slower",
-                   remedy="`sudo cpupower frequency-set -g performance` (persist it with a gpud profile's "
-                          "[host] cpu_governor); confirm with `cat /sys/devices/system/cpu/cpu*/cpufreq/"
-                          "scaling_governor | sort | uniq -c`")
+        yield r.warn(f"{desc}: data loading and kernel launches run slower",
+                     remedy="`sudo cpupower frequency-set -g performance` (persist it with a gpud profile's "
+                            "[host] cpu_governor); confirm with `cat /sys/devices/system/cpu/cpu*/cpufreq/"
+                            "scaling_governor | sort | uniq -c`")
     else:
-        yield ok("host.cpu_governor", f"all {len(govs)} CPUs on performance")
+        yield r.ok(f"all {len(govs)} CPUs on performance")
 
 
 @check("host.shm", "Host", needs_nvml=False)
-def shm(ctx: Context) -> Iterator[CheckResult]:
+def shm(ctx: Context, r: Reporter) -> Iterator[CheckResult]:
     size = ctx.host.shm_bytes()
     n = _gpu_count(ctx)
     want = ctx.config.doctor.shm_min_gib_per_gpu * n * 2**30
     if size is None:
-        yield skip("host.shm", "/dev/shm not found")
+        yield r.skip("/dev/shm not found")
     elif size < want:
-        yield warn("host.shm", f"/dev/shm is {size / 2**20:.0f} MiB for {plural(n, 'GPU')} "
-                   f"(want ≥ {want / 2**30:.0f} GiB): "
-                   "DataLoader workers and NCCL's shared-memory transport fail or fall back",
-                   remedy="`sudo mount -o remount,size=32G /dev/shm` (and in /etc/fstab); in containers "
-                          "`--shm-size=32g` or `--ipc=host`; confirm with `df -h /dev/shm`")
+        yield r.warn(f"/dev/shm is {size / 2**20:.0f} MiB for {plural(n, 'GPU')} "
+                     f"(want ≥ {want / 2**30:.0f} GiB): "
+                     "DataLoader workers and NCCL's shared-memory transport fail or fall back",
+                     remedy="`sudo mount -o remount,size=32G /dev/shm` (and in /etc/fstab); in containers "
+                            "`--shm-size=32g` or `--ipc=host`; confirm with `df -h /dev/shm`")
     else:
-        yield ok("host.shm", f"/dev/shm is {size / 2**30:.0f} GiB")
+        yield r.ok(f"/dev/shm is {size / 2**30:.0f} GiB")
 
 
 @check("host.memlock", "Host", needs_nvml=False)
-def memlock(ctx: Context) -> Iterator[CheckResult]:
+def memlock(ctx: Context, r: Reporter) -> Iterator[CheckResult]:
     limit = ctx.host.memlock_bytes()
     want = ctx.config.doctor.memlock_min_mib * 2**20
     if limit is None:
-        yield skip("host.memlock", "locked-memory limit not readable")
+        yield r.skip("locked-memory limit not readable")
     elif limit < want:
-        yield warn("host.memlock", f"locked-memory limit {limit / 2**20:.0f} MiB: pinned buffers and NCCL's "
-                   "network transports need more", remedy="`ulimit -l unlimited` for the job (limits.conf: "
-                   "`* - memlock unlimited`; systemd: LimitMEMLOCK=infinity); confirm with `ulimit -l`")
+        yield r.warn(f"locked-memory limit {limit / 2**20:.0f} MiB: pinned buffers and NCCL's "
+                     "network transports need more", remedy="`ulimit -l unlimited` for the job (limits.conf: "
+                     "`* - memlock unlimited`; systemd: LimitMEMLOCK=infinity); confirm with `ulimit -l`")
     else:
-        yield ok("host.memlock", "locked-memory limit " + ("unlimited" if math.isinf(limit)
-                                                           else f"{limit / 2**30:.1f} GiB"))
+        yield r.ok("locked-memory limit " + ("unlimited" if math.isinf(limit)
+                                                             else f"{limit / 2**30:.1f} GiB"))
 
 
 @check("host.memory", "Host")
-def memory(ctx: Context) -> Iterator[CheckResult]:
+def memory(ctx: Context, r: Reporter) -> Iterator[CheckResult]:
     ram = ctx.host.memory_total_bytes()
     vram = sum(g.memory_total_bytes or 0 for g in ctx.infos.values())
     if ram is None:
-        yield skip("host.memory", "/proc/meminfo not readable")
+        yield r.skip("/proc/meminfo not readable")
     elif ram < vram:
-        yield warn("host.memory", f"{ram / 2**30:.0f} GiB of RAM for {vram / 2**30:.0f} GiB of GPU memory: "
-                   "checkpoints, pinned buffers and data loading will swap",
-                   remedy="add RAM (at least the GPUs' total memory), or use fewer DataLoader workers")
+        yield r.warn(f"{ram / 2**30:.0f} GiB of RAM for {vram / 2**30:.0f} GiB of GPU memory: "
+                     "checkpoints, pinned buffers and data loading will swap",
+                     remedy="add RAM (at least the GPUs' total memory), or use fewer DataLoader workers")
     else:
-        yield ok("host.memory", f"{ram / 2**30:.0f} GiB of RAM for {vram / 2**30:.0f} GiB of GPU memory")
+        yield r.ok(f"{ram / 2**30:.0f} GiB of RAM for {vram / 2**30:.0f} GiB of GPU memory")
 
 
 def dmi_supply_watts(ctx: Context) -> int | None:
@@ -102,7 +102,7 @@ def dmi_supply_watts(ctx: Context) -> int | None:
 
 
 @check("host.psu", "Host")
-def psu(ctx: Context) -> Iterator[CheckResult]:
+def psu(ctx: Context, r: Reporter) -> Iterator[CheckResult]:
     product = ctx.host.product_name() or ""
     supply = ctx.config.machine.psu_watts
     if supply is None:
@@ -112,15 +112,15 @@ def psu(ctx: Context) -> Iterator[CheckResult]:
     cpu = ctx.config.machine.cpu_tdp_watts or ctx.host.cpu_power_limit_watts()
     if supply is None or cpu is None:
         missing = " and ".join(k for k, v in (("psu_watts", supply), ("cpu_tdp_watts", cpu)) if v is None)
-        yield skip("host.psu", f"power budget unknown ({missing})",
-                   remedy=f"set [machine] {missing} in /etc/gpud/gpud.toml")
+        yield r.skip(f"power budget unknown ({missing})",
+                     remedy=f"set [machine] {missing} in /etc/gpud/gpud.toml")
         return
     gpus = sum(s.power_limit_watts or 0 for s in ctx.samples)
     total = gpus + cpu
     ratio = ctx.config.doctor.psu_load_warn_ratio
     text = f"GPU limits {gpus:.0f} W + CPU {cpu:.0f} W = {total:.0f} W of a {supply:.0f} W supply"
     if total > ratio * supply:
-        yield warn("host.psu", f"{text} (over {ratio:.0%}): a full load can trip the supply or brake the GPUs",
-                   remedy="lower the GPUs' power limits (`gpud apply quiet`, or `sudo nvidia-smi -pl W`)")
+        yield r.warn(f"{text} (over {ratio:.0%}): a full load can trip the supply or brake the GPUs",
+                     remedy="lower the GPUs' power limits (`gpud apply quiet`, or `sudo nvidia-smi -pl W`)")
     else:
-        yield ok("host.psu", f"{text} ({total / supply:.0%})")
+        yield r.ok(f"{text} ({total / supply:.0%})")

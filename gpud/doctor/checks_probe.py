@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from gpud.doctor.registry import Context, check, fail, ok, skip, warn
+from gpud.doctor.registry import Context, Reporter, check
 from gpud.model import CheckResult
 from gpud.probe.report import ProbeReport
 from gpud.text import plural
@@ -22,24 +22,24 @@ def _cpu(ctx: Context) -> bool:
 
 
 @check("probe.ddp_scaling", "Probe", needs_nvml=False, probe=True)
-def ddp_scaling(ctx: Context) -> Iterator[CheckResult]:
-    r = _report(ctx)
-    by = r.ddp
-    corr = r.correctness
+def ddp_scaling(ctx: Context, r: Reporter) -> Iterator[CheckResult]:
+    report = _report(ctx)
+    by = report.ddp
+    corr = report.correctness
     if not by:
-        yield skip("probe.ddp_scaling", "DDP not measured")
+        yield r.skip("DDP not measured")
         return
     if corr.params_identical_across_ranks is False or corr.ddp_matches_one_process is False:
-        yield fail("probe.ddp_scaling", "DDP is wrong: ranks disagree, or a DDP step differs from one process's",
-                   remedy="check the NCCL/gloo set-up and the environment (env.cuda); " + REMEDY)
+        yield r.fail("DDP is wrong: ranks disagree, or a DDP step differs from one process's",
+                     remedy="check the NCCL/gloo set-up and the environment (env.cuda); " + REMEDY)
         return
-    diag = r.diagnosis
+    diag = report.diagnosis
     sentences = diag.sentences
     for n, x in sorted(by.items(), key=lambda kv: int(kv[0])):
         if int(n) < 2:
             continue
         if _cpu(ctx):  # a functional check: no ratio is a result
-            yield ok("probe.ddp_scaling", f"{n} CPU ranks: DDP works (a functional check, not a measure of hardware)")
+            yield r.ok(f"{n} CPU ranks: DDP works (a functional check, not a measure of hardware)")
             continue
         verdict = diag.verdicts.get(n, "n/a")
         why = next((s for s in sentences if s.startswith(f"{n} GPUs (")), "")
@@ -51,76 +51,76 @@ def ddp_scaling(ctx: Context) -> Iterator[CheckResult]:
         if d is not None and d.bus_ratio is not None:
             text += f", bus bandwidth {d.bus_ratio:.0%} of expected"
         if verdict == "fail":
-            yield fail("probe.ddp_scaling", text, detail=why, remedy=REMEDY)
+            yield r.fail(text, detail=why, remedy=REMEDY)
         elif verdict == "warn":
-            yield warn("probe.ddp_scaling", text, detail=why, remedy=REMEDY)
+            yield r.warn(text, detail=why, remedy=REMEDY)
         else:
-            yield ok("probe.ddp_scaling", text, detail=why)
+            yield r.ok(text, detail=why)
 
 
 @check("probe.pipeline", "Probe", needs_nvml=False, probe=True)
-def pipeline(ctx: Context) -> Iterator[CheckResult]:
+def pipeline(ctx: Context, r: Reporter) -> Iterator[CheckResult]:
     by = _report(ctx).pipeline
     if not by:
-        yield skip("probe.pipeline", "pipeline not measured (needs 2 GPUs, or 2 CPU ranks)")
+        yield r.skip("pipeline not measured (needs 2 GPUs, or 2 CPU ranks)")
         return
     for k, p in sorted(by.items()):
         if _report(ctx).correctness.pipeline_matches_unsplit is False:
-            yield fail("probe.pipeline", f"{k}-stage pipeline output differs from the unsplit model's "
-                       f"(max difference {p['output_max_abs_diff']:.3g})", remedy=REMEDY)
+            yield r.fail(f"{k}-stage pipeline output differs from the unsplit model's "
+                         f"(max difference {p['output_max_abs_diff']:.3g})", remedy=REMEDY)
         elif _cpu(ctx):
-            yield ok("probe.pipeline", f"{k} stages: output matches the unsplit model (CPU: a functional check)")
+            yield r.ok(f"{k} stages: output matches the unsplit model (CPU: a functional check)")
         else:
-            yield ok("probe.pipeline", f"{k} stages: GPipe {p.get('speedup', 0):.2f}× one GPU, naive split "
-                     f"{p.get('naive_speedup', 0):.2f}×; activations {p['activation_bytes_per_second'] / GB:.2f} GB/s "
-                     "(measured); output matches the unsplit model")
+            yield r.ok(f"{k} stages: GPipe {p.get('speedup', 0):.2f}× one GPU, naive split "
+                       f"{p.get('naive_speedup', 0):.2f}×; activations "
+                       f"{p['activation_bytes_per_second'] / GB:.2f} GB/s (measured); output matches the unsplit model")
 
 
 @check("probe.allreduce", "Probe", needs_nvml=False, probe=True)
-def allreduce(ctx: Context) -> Iterator[CheckResult]:
+def allreduce(ctx: Context, r: Reporter) -> Iterator[CheckResult]:
     by = _report(ctx).allreduce
     if not by:
-        yield skip("probe.allreduce", "all-reduce not measured (one GPU)")
+        yield r.skip("all-reduce not measured (one GPU)")
         return
     unit = "CPU ranks" if _cpu(ctx) else "GPUs"
     peaks = ", ".join(f"{n} {unit} {x['peak_busbw_bytes_per_second'] / GB:.1f} GB/s"
                       for n, x in sorted(by.items(), key=lambda kv: int(kv[0])))
-    yield ok("probe.allreduce", f"peak busbw: {peaks}" + (" (CPU: function only)" if _cpu(ctx) else ""))
+    yield r.ok(f"peak busbw: {peaks}" + (" (CPU: function only)" if _cpu(ctx) else ""))
 
 
 @check("probe.p2p", "Probe", needs_nvml=False, probe=True)
-def p2p(ctx: Context) -> Iterator[CheckResult]:
-    r = _report(ctx)
-    pairs = r.p2p_pairs
+def p2p(ctx: Context, r: Reporter) -> Iterator[CheckResult]:
+    report = _report(ctx)
+    pairs = report.p2p_pairs
     if not pairs:
-        yield skip("probe.p2p", "P2P not measured")
+        yield r.skip("P2P not measured")
         return
-    slow = [x for x in r.diagnosis.links if x.ratio < 0.5]
+    slow = [x for x in report.diagnosis.links if x.ratio < 0.5]
     if slow:
         detail = "\n".join(f"GPU{x.src}→GPU{x.dst}: {x.measured_bytes_per_second / GB:.1f} GB/s of "
                            f"{x.expected_bytes_per_second / GB:.1f} ({x.link}) {'; '.join(x.notes)}"
                            for x in slow)
-        yield warn("probe.p2p", f"{plural(len(slow), 'pair')} below half of what their link allows", detail=detail,
-                   remedy=REMEDY)
+        yield r.warn(f"{plural(len(slow), 'pair')} below half of what their link allows", detail=detail,
+                     remedy=REMEDY)
     else:
         best = max((x.get("bandwidth_bytes_per_second") or 0.0 for x in pairs), default=0.0)
-        yield ok("probe.p2p", f"{plural(len(pairs), 'pair')}, up to {best / GB:.1f} GB/s" +
-                 (" (CPU: function only)" if _cpu(ctx) else ""))
+        yield r.ok(f"{plural(len(pairs), 'pair')}, up to {best / GB:.1f} GB/s" +
+                   (" (CPU: function only)" if _cpu(ctx) else ""))
 
 
 @check("pcie.link_gen", "PCIe and topology", needs_nvml=True, probe=True)
-def link_gen_under_load(ctx: Context) -> Iterator[CheckResult]:
+def link_gen_under_load(ctx: Context, r: Reporter) -> Iterator[CheckResult]:
     load = _report(ctx).load
     seen = load.pcie_max_generation_under_load if load is not None else {}
     if not seen:
-        yield skip("pcie.link_gen", "not re-checked under load (no GPU load seen during the probe)")
+        yield r.skip("not re-checked under load (no GPU load seen during the probe)")
         return
     for gpu, gen in sorted(seen.items()):
         g = ctx.infos.get(int(gpu))
         top = g.pcie_max_generation if g else None
         if top and gen < top:
-            yield fail("pcie.link_gen", f"Gen{gen} under the probe's load, max Gen{top}", gpu=int(gpu),
-                       remedy="set the slot to its full generation (or Auto) in the BIOS, check the riser; confirm "
-                              f"with `nvidia-smi -i {gpu} -q -d PCIE` under load")
+            yield r.fail(f"Gen{gen} under the probe's load, max Gen{top}", gpu=int(gpu),
+                         remedy="set the slot to its full generation (or Auto) in the BIOS, check the riser; confirm "
+                                f"with `nvidia-smi -i {gpu} -q -d PCIE` under load")
         else:
-            yield ok("pcie.link_gen", f"Gen{gen} under load (max Gen{top})", gpu=int(gpu))
+            yield r.ok(f"Gen{gen} under load (max Gen{top})", gpu=int(gpu))

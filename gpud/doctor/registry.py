@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 Area = Literal["Driver", "Display", "PCIe and topology", "Configuration", "Health", "Host", "Environment", "Probe",
                "Burn-in"]  # the last: `gpud doctor --burnin` shows the last burn-in there (not a registered check)
 AREAS: tuple[Area, ...] = get_args(Area)
-CheckFn = Callable[["Context"], Iterable[CheckResult]]
+CheckFn = Callable[["Context", "Reporter"], Iterable[CheckResult]]
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,9 @@ CHECKS: list[Check] = []
 
 
 def check(check_id: str, area: Area, needs_nvml: bool = True, probe: bool = False) -> Callable[[CheckFn], CheckFn]:
-    """Register a check. ``needs_nvml`` checks are skipped (with the reason) when NVML is down."""
+    """Register a check: its id said once, here. The check is called with the ``Context`` and a ``Reporter``
+    bound to this id, which makes its results. ``needs_nvml`` checks are skipped (with the reason) when NVML
+    is down."""
 
     def deco(fn: CheckFn) -> CheckFn:
         assert area in AREAS and all(c.id != check_id or c.probe != probe for c in CHECKS), check_id
@@ -49,14 +51,27 @@ def check(check_id: str, area: Area, needs_nvml: bool = True, probe: bool = Fals
     return deco
 
 
-def result(status: Status) -> Callable[..., CheckResult]:
-    def make(check_id: str, summary: str, gpu: int | None = None, detail: str = "", remedy: str = "") -> CheckResult:
-        return CheckResult(check_id, status, summary, gpu, detail, remedy)
+@dataclass(frozen=True)
+class Reporter:
+    """The results of one check, each under the check's own id (the one its ``@check`` registers)."""
 
-    return make
+    id: str
 
+    def result(self, status: Status, summary: str, gpu: int | None = None, detail: str = "",
+               remedy: str = "") -> CheckResult:
+        return CheckResult(self.id, status, summary, gpu, detail, remedy)
 
-ok, warn, fail, skip = result("pass"), result("warn"), result("fail"), result("skip")
+    def ok(self, summary: str, gpu: int | None = None, detail: str = "", remedy: str = "") -> CheckResult:
+        return self.result("pass", summary, gpu, detail, remedy)
+
+    def warn(self, summary: str, gpu: int | None = None, detail: str = "", remedy: str = "") -> CheckResult:
+        return self.result("warn", summary, gpu, detail, remedy)
+
+    def fail(self, summary: str, gpu: int | None = None, detail: str = "", remedy: str = "") -> CheckResult:
+        return self.result("fail", summary, gpu, detail, remedy)
+
+    def skip(self, summary: str, gpu: int | None = None, detail: str = "", remedy: str = "") -> CheckResult:
+        return self.result("skip", summary, gpu, detail, remedy)
 
 
 @dataclass
@@ -150,16 +165,21 @@ def selected(checks: Iterable[Check], only: list[str], skip_globs: list[str], pr
 
 
 def run(ctx: Context, checks: list[Check], debug: bool = False) -> list[CheckResult]:
-    """Run the checks in order; one check's crash is reported, never the end of the run."""
+    """Run the checks in order; one check's crash is reported, never the end of the run, and so is a result
+    under another id than the check's (made without its ``Reporter``)."""
     results: list[CheckResult] = []
     for c in checks:
+        r = Reporter(c.id)
         if c.needs_nvml and ctx.snapshot is None:
-            results.append(skip(c.id, "NVML not available (see nvml.available)"))
+            results.append(r.skip("NVML not available (see nvml.available)"))
             continue
         try:
-            results.extend(c.fn(ctx))
+            for x in c.fn(ctx, r):
+                if x.id != c.id:
+                    raise ValueError(f"reported under the id {x.id!r}")
+                results.append(x)
         except Exception as err:  # noqa: BLE001 - a broken check must not hide the others
             if debug:
                 traceback.print_exc()
-            results.append(skip(c.id, f"could not run: {err}", remedy="run with --debug and report it"))
+            results.append(r.skip(f"could not run: {err}", remedy="run with --debug and report it"))
     return results
