@@ -12,7 +12,7 @@ from gpud.burnin.result import Result, Status, Verdict
 from gpud.burnin.telemetry import HW_REASONS, cv, settle
 from gpud.model import GpuInfo
 from gpud.probe import expect
-from gpud.tuning.fancurve import FanCurve
+from gpud.tuning.fancurve import FanCurve, curve_of
 
 LOADED = ("load", "power", "pulse_full", "soak")
 THERMAL_REASONS = ("sw_thermal_slowdown", "hw_thermal_slowdown")  # the driver, not the fan, holds the GPU
@@ -188,8 +188,7 @@ def _telemetry(res: Result, infos: dict[int, GpuInfo]) -> list[Verdict]:
         soak = s.of("soak")
         if len(soak) >= 10:
             out += _thermal(g, soak, res.limits.get(g, {}))
-            fan = res.fan_curves.get(g)
-            curve = FanCurve.from_profile(fan) if fan is not None else None
+            curve = curve_of(res.fan_curves.get(g))
             held, promise = _hold(g, soak, res.limits.get(g, {}), curve)
             out += held
             if promise is not None:

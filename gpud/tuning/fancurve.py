@@ -14,6 +14,7 @@ Pure: no NVML here, so the daemon drives it and tests feed it. Behaviour (after 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,12 +29,22 @@ class FanCurve:
     max_ramp: float = 10.0  # %/s
 
     @classmethod
-    def from_profile(cls, fan: dict[str, Any]) -> FanCurve:
-        if fan["mode"] == "fixed":
-            pts: tuple[tuple[float, float], ...] = ((0.0, float(fan["percent"])), (110.0, float(fan["percent"])))
-        else:
-            pts = tuple((float(t), float(d)) for t, d in fan["points"])
-        return cls(pts, float(fan.get("hysteresis", 3)), float(fan.get("minimum", 0)), float(fan.get("max_ramp", 10)))
+    def from_profile(cls, fan: Mapping[str, Any]) -> FanCurve:
+        """A profile's (or the state file's) ``fan`` table as a curve: ``fixed`` a flat one at its
+        ``percent``, ``curve`` its points. ``ValueError`` where it is none: see ``curve_of``."""
+        try:
+            if fan["mode"] == "fixed":
+                pts: tuple[tuple[float, float], ...] = ((0.0, float(fan["percent"])), (110.0, float(fan["percent"])))
+            elif fan["mode"] == "curve":
+                pts = tuple((float(t), float(d)) for t, d in fan["points"])
+            else:
+                raise ValueError(f"mode {fan['mode']!r} is not a curve")
+            if not pts:
+                raise ValueError("a curve without points")
+            return cls(pts, float(fan.get("hysteresis", 3)), float(fan.get("minimum", 0)),
+                       float(fan.get("max_ramp", 10)))
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"not a fan curve: {err!r}") from err
 
     def duty_at(self, temp: float) -> float:
         pts = self.points
@@ -48,6 +59,18 @@ class FanCurve:
         """The temperature at which the curve reaches its maximum duty."""
         top = self.points[-1][1]
         return next(t for t, d in self.points if d >= top)
+
+
+def curve_of(fan: object) -> FanCurve | None:
+    """The curve a fan setting asks gpud to drive, or None: ``auto``, a setting a plan skipped
+    (``"unsupported"``), or one that cannot be read as a curve (a state file ``gpud verify`` reports as
+    such). The one reading of a fan setting, for the fan loop, doctor's ``health.fans`` and the burn-in."""
+    if not isinstance(fan, Mapping) or fan.get("mode") not in ("fixed", "curve"):
+        return None
+    try:
+        return FanCurve.from_profile(fan)
+    except ValueError:
+        return None
 
 
 @dataclass

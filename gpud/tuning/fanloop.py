@@ -17,7 +17,7 @@ from gpud.errors import GpudError
 from gpud.hw.machine import Machine
 from gpud.hw.nvml import TEMPERATURE_GPU
 from gpud.model import GpuSample
-from gpud.tuning.fancurve import FAILSAFE, FanController, FanCurve
+from gpud.tuning.fancurve import FAILSAFE, FanController, FanCurve, curve_of
 
 log = logging.getLogger("gpud.fans")
 
@@ -48,21 +48,22 @@ class FanControl:
 
     def configure(self, desired: dict[int, dict[str, Any]]) -> None:
         """(Re)build the controllers from a profile's per-GPU settings; fans no longer asked for go auto."""
-        # A fan setting the plan skipped (a GPU without fans) is "unsupported", not a curve.
-        wanted = {gpu: s["fan"] for gpu, s in desired.items()
-                  if isinstance(s.get("fan"), dict) and s["fan"]["mode"] != "auto"}
+        # A fan setting the plan skipped (a GPU without fans) is "unsupported", not a curve; one that cannot
+        # be read as a curve is driven by no one here (`gpud verify` reports the state file).
+        wanted: dict[int, tuple[dict[str, Any], FanCurve]] = {
+            gpu: (s["fan"], curve) for gpu, s in desired.items() if (curve := curve_of(s.get("fan"))) is not None}
         for gpu in set(self.controllers) - set(wanted):
             self._to_auto(gpu, "no longer controlled")
             self.controllers.pop(gpu, None)
             self.commanded.pop(gpu, None)
             self.settings.pop(gpu, None)
-        for gpu, fan in wanted.items():
+        for gpu, (fan, curve) in wanted.items():
             if gpu in self.controllers and self.settings.get(gpu) == fan:
                 continue  # the same curve: its state (hysteresis, the duty written) stands, nothing is rewritten
             info = self.machine.info(gpu)
             if info is None or not info.fan_count:
                 continue
-            self.controllers[gpu] = FanController(FanCurve.from_profile(fan), float(info.fan_min_speed_percent or 0),
+            self.controllers[gpu] = FanController(curve, float(info.fan_min_speed_percent or 0),
                                                   float(info.fan_max_speed_percent or 100))
             self.settings[gpu] = fan
             self.commanded.pop(gpu, None)
