@@ -20,7 +20,7 @@ from daemon_helpers import METRICS, RunningDaemon
 
 from gpud.backends import open_machine
 from gpud.daemon.control import request
-from gpud.probe.runner import torch_available
+from gpud.probe.torchrun import torch_available
 
 
 def promtool() -> str | None:

@@ -20,7 +20,7 @@ import yaml
 from conftest import REPO, run_gpud
 from daemon_helpers import RunningDaemon, free_port
 
-from gpud.probe.runner import torch_available
+from gpud.probe.torchrun import torch_available
 
 GRAFANA = REPO / "grafana"
 DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))

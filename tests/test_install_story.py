@@ -35,9 +35,10 @@ def test_unit_documentation_points_at_installed_files() -> None:
 
 def test_missing_torch_remedy_points_at_the_readme(monkeypatch: pytest.MonkeyPatch) -> None:
     from gpud.probe import runner
+    from gpud.probe.errors import ProbeError
 
     monkeypatch.setattr(runner, "torch_available", lambda: False)
-    with pytest.raises(runner.ProbeError) as err:
+    with pytest.raises(ProbeError) as err:
         runner.run_probe(device="cpu", gpus=0)
     assert "PyTorch for the probe" in err.value.remedy and "gpud[probe]" not in err.value.remedy
     readme = (REPO / "README.md").read_text()

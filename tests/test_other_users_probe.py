@@ -17,8 +17,11 @@ from conftest import REPO
 
 from gpud import child
 from gpud.doctor.checks_env import inspect_torch
-from gpud.probe import runner
-from gpud.probe.runner import ProbeError, launch, probe_lock, torch_available
+from gpud.probe import launch as launcher
+from gpud.probe.errors import ProbeBusy, ProbeError
+from gpud.probe.launch import launch
+from gpud.probe.lock import probe_lock
+from gpud.probe.torchrun import torch_available
 
 needs_torch = pytest.mark.skipif(not torch_available() and os.environ.get("CI") != "true",
                                  reason="PyTorch not installed: README, Run the tests, says how to add the CPU build")
@@ -67,7 +70,7 @@ def test_a_listener_on_the_rendezvous_port_gets_no_rank_and_ranks_listen_on_loop
     port = trap.getsockname()[1]
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(port))
-    monkeypatch.setattr(runner, "_free_port", lambda: port, raising=False)  # the launcher's old pick
+    monkeypatch.setattr(launcher, "_free_port", lambda: port, raising=False)  # the launcher's old pick
     caught: list[object] = []
     stop = threading.Event()
     pids: set[int] = set()
@@ -203,5 +206,5 @@ def test_a_held_lock_still_says_who_holds_it(tmp_path: Path, monkeypatch: pytest
         mode = stat.S_IMODE(os.stat(tmp_path / "probe.lock").st_mode)
         assert mode & 0o022 == 0
         assert (tmp_path / "probe.lock").read_text().strip() == str(os.getpid())
-        with pytest.raises(runner.ProbeBusy, match=f"pid {os.getpid()}"), probe_lock():  # at once, not waiting
+        with pytest.raises(ProbeBusy, match=f"pid {os.getpid()}"), probe_lock():  # at once, not waiting
             pass

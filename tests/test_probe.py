@@ -12,7 +12,10 @@ from conftest import run_gpud
 
 from gpud.model import GpuSample
 from gpud.probe import history
-from gpud.probe.runner import SUITES, ProbeError, launch, make_plan, restrict_to_mig, torch_available
+from gpud.probe.errors import ProbeError
+from gpud.probe.launch import launch
+from gpud.probe.plan import SUITES, make_plan, restrict_to_mig
+from gpud.probe.torchrun import torch_available
 
 needs_torch = pytest.mark.skipif(not torch_available() and os.environ.get("CI") != "true",
                                  reason="PyTorch not installed: README, Run the tests, says how to add the CPU build")
@@ -223,7 +226,7 @@ def torchrun_env(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_under_torchrun_a_cpu_run_gets_no_regression_verdict(state_dir, torchrun_env) -> None:
-    from gpud.probe.runner import run_distributed
+    from gpud.probe.torchrun import run_distributed
 
     torchrun_env(_Ranks(100.0))
     first = run_distributed(quick=True, suites=["ddp"], host="z8")
@@ -235,7 +238,9 @@ def test_under_torchrun_a_cpu_run_gets_no_regression_verdict(state_dir, torchrun
 
 def test_under_torchrun_local_rank_0_takes_the_lock_and_checks_the_gpus(state_dir, torchrun_env) -> None:
     from gpud.backends import open_machine
-    from gpud.probe.runner import ProbeBusy, probe_lock, run_distributed
+    from gpud.probe.errors import ProbeBusy
+    from gpud.probe.lock import probe_lock
+    from gpud.probe.torchrun import run_distributed
 
     ranks = _Ranks(100.0)
     torchrun_env(ranks)
@@ -253,7 +258,7 @@ def test_under_torchrun_local_rank_0_takes_the_lock_and_checks_the_gpus(state_di
 def test_under_torchrun_the_report_names_each_ranks_node_and_host(state_dir, torchrun_env, capsys) -> None:
     from gpud.cli.probe import render
     from gpud.probe.report import Placement, ProbeReport, by_node
-    from gpud.probe.runner import run_distributed
+    from gpud.probe.torchrun import run_distributed
 
     class TwoHosts(_Ranks):
         def run(self, spec, rank, world, local):

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gpud.probe.runner import torch_available
+from gpud.probe.torchrun import torch_available
 
 pytestmark = pytest.mark.skipif(not torch_available() and os.environ.get("CI") != "true",
                                 reason="PyTorch not installed: README, Run the tests, says how to add the CPU build")

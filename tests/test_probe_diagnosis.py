@@ -12,8 +12,9 @@ from gpud.backends import open_machine
 from gpud.probe import expect
 from gpud.probe.diagnose import Seen, View, _observed_hops, nccl_device
 from gpud.probe.diagnose import explain as _explain
+from gpud.probe.monitor import acs_above
+from gpud.probe.nccl import parse_nccl_transports
 from gpud.probe.report import Diagnosis, ProbeReport
-from gpud.probe.runner import acs_above, parse_nccl_transports
 
 GB = 1e9
 # The probe's scaling verdict is one a person relies on: judged over the machine as the simulator shows it in

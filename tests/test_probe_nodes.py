@@ -74,7 +74,7 @@ def test_the_cli_exits_2_with_one_line_on_a_bad_node_rank(state_dir) -> None:
 
 def test_under_torchrun_already_gpud_does_not_start_another(state_dir, monkeypatch) -> None:
     from gpud.errors import InvalidInput
-    from gpud.probe.runner import torchrun_command
+    from gpud.probe.torchrun import torchrun_command
 
     for k, v in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}.items():
         monkeypatch.setenv(k, v)

@@ -22,19 +22,15 @@ from gpud.backends import open_machine
 from gpud.daemon.control import request
 from gpud.model import GpuProcess
 from gpud.probe import history, runner
-from gpud.probe.runner import (
-    LoadMonitor,
-    ProbeBusy,
-    assemble,
-    busy_gpus,
-    cpu_affinity,
-    launch,
-    make_plan,
-    probe_lock,
-    run_probe,
-    torch_available,
-    visible_gpus,
-)
+from gpud.probe import launch as launcher
+from gpud.probe.assemble import assemble
+from gpud.probe.errors import ProbeBusy, ProbeError
+from gpud.probe.launch import launch, launch_kept, rank_env
+from gpud.probe.lock import probe_lock
+from gpud.probe.monitor import LoadMonitor, busy_gpus, cpu_affinity, visible_gpus
+from gpud.probe.plan import make_plan
+from gpud.probe.runner import run_probe
+from gpud.probe.torchrun import torch_available
 
 needs_torch = pytest.mark.skipif(not torch_available() and os.environ.get("CI") != "true",
                                  reason="PyTorch not installed: README, Run the tests, says how to add the CPU build")
@@ -147,7 +143,7 @@ def test_pipeline_with_three_stages_over_four_layers(state_dir) -> None:
 
 @needs_torch
 def test_a_teardown_that_hangs_after_the_result_does_not_fail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner, "TEARDOWN_GRACE", 1.0)
+    monkeypatch.setattr(launcher, "TEARDOWN_GRACE", 1.0)
     t0 = time.monotonic()
     res = launch({"device": "cpu", "tasks": ["allreduce"], "quick": True, "test_teardown_hang_seconds": 120}, 2,
                  90.0, tmp_path)
@@ -241,7 +237,7 @@ def test_a_failed_launch_keeps_what_it_measured_and_the_report_says_why(state_di
     [failure] = res.failures
     assert failure.startswith("world size 1 (ddp, no_such_task): rank 0 exited with 1: KeyError: 'no_such_task'")
     assert "the ranks' logs: " in failure
-    assert "--debug" not in runner.ProbeError.remedy  # `gpud probe --debug` does not exist; the logs are kept
+    assert "--debug" not in ProbeError.remedy  # `gpud probe --debug` does not exist; the logs are kept
     assert res.ok is False and res.diagnosis.sentences  # diagnosed
     latest = history.latest()  # and kept in the history
     assert latest is not None and latest.failures == [failure] and latest.ddp["1"]
@@ -255,7 +251,7 @@ def test_a_p2p_pair_that_hangs_is_killed_at_its_deadline_and_named_with_acs(tmp_
             "test_hang": {"p2p_pair": [1, 2], "deadline_seconds": 2, "done": done}}
     failures: list[str] = []
     t0 = time.monotonic()
-    kept = runner._launch_kept(spec, 1, 120, tmp_path, None, [], LoadMonitor(None), failures, m)
+    kept = launch_kept(spec, 1, 120, tmp_path, None, [], LoadMonitor(None), failures, m)
     assert time.monotonic() - t0 < 60  # the pair's deadline, not the launch's 120 s
     assert failures[0].startswith("P2P GPU1→GPU2 hung: its copies did not finish within 2 s; ACS on a PCIe bridge "
                                   "above the GPUs redirects peer-to-peer requests through the root complex")
@@ -300,14 +296,14 @@ def test_the_daemons_probe_logs_its_result_and_leaves_no_zombie(tmp_path: Path, 
 
 def test_gpu_ranks_write_nccls_transports_to_a_file_each(tmp_path: Path) -> None:
     spec = {"device": "cuda", "tasks": ["allreduce"]}
-    env = runner.rank_env(spec, 2, 1, tmp_path, 2, environ={"PATH": "/bin", "RANK": "7", "MASTER_PORT": "29500"})
+    env = rank_env(spec, 2, 1, tmp_path, 2, environ={"PATH": "/bin", "RANK": "7", "MASTER_PORT": "29500"})
     assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == ("1", "1", "2") and "MASTER_PORT" not in env
     assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_SUBSYS"] == "INIT"
     assert env["NCCL_DEBUG_FILE"] == str(tmp_path / "nccl-ws2-rank1.log")
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
-    mine = runner.rank_env(spec, 2, 0, tmp_path, 2, environ={"NCCL_DEBUG": "WARN", "CUDA_VISIBLE_DEVICES": "2,3"})
+    mine = rank_env(spec, 2, 0, tmp_path, 2, environ={"NCCL_DEBUG": "WARN", "CUDA_VISIBLE_DEVICES": "2,3"})
     assert mine["NCCL_DEBUG"] == "WARN" and "NCCL_DEBUG_SUBSYS" not in mine and mine["CUDA_VISIBLE_DEVICES"] == "2,3"
-    assert "NCCL_DEBUG" not in runner.rank_env({"device": "cpu"}, 2, 0, tmp_path, None, environ={})
+    assert "NCCL_DEBUG" not in rank_env({"device": "cpu"}, 2, 0, tmp_path, None, environ={})
 
 
 @needs_torch

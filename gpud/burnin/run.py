@@ -46,7 +46,7 @@ class Bench(Protocol):
 
 def _workload(machine: Machine, bench: Bench, snap: Snapshot, gpus: list[int], device: str, memtest: bool,
               seconds: float) -> dict[int, dict[str, Any]]:
-    from gpud.probe.runner import cpu_affinity
+    from gpud.probe.monitor import cpu_affinity
     from gpud.probe.stress_run import gpu_env, run_children
 
     size = SIZES[device]
@@ -70,7 +70,8 @@ def _probe(machine: Machine, gpus: list[int], allow_busy: bool) -> list[Verdict]
     """The probe's P2P and all-reduce on the GPUs, judged against what each path should carry
     (gpud.probe.diagnose and its expected bandwidths, docs/probe.md)."""
     from gpud.probe.diagnose import BUS_WARN
-    from gpud.probe.runner import ProbeError, run_probe
+    from gpud.probe.errors import ProbeError
+    from gpud.probe.runner import run_probe
 
     source = "the probe's expected bandwidth for the path (gpud.probe.expect, docs/probe.md)"
     saved = os.environ.get("CUDA_VISIBLE_DEVICES")

@@ -143,9 +143,9 @@ def doctor(
     picked = None if ids is None else gpu_ids(ids, gpus_of(m.snapshot()))  # a wrong id: exit 2 before any check
     result = None
     if probe:
-        from gpud.probe import runner
+        from gpud.probe import runner, torchrun
 
-        have = runner.torch_gpus()
+        have = torchrun.torch_gpus()
         result = runner.run_probe(device="cuda" if have else "cpu", gpus=have, quick=True, machine=m, host=m.label,
                                   thresholds=conf.efficiency_thresholds())
     report = diagnose(m, conf, only=only, skip=skip, expect_gpus=expect_gpus, debug=debug_enabled(), probe=result)

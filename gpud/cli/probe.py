@@ -161,13 +161,14 @@ def probe(
     """
     from gpud import config as cfg
     from gpud.errors import GpudError, InvalidInput
-    from gpud.probe import runner
+    from gpud.probe import runner, torchrun
+    from gpud.probe.plan import SUITES
 
     conf = cfg.load(config)
     suites = [s.strip() for s in suite.split(",") if s.strip()]
     for s in suites:
-        if s not in runner.SUITES:
-            raise InvalidInput("--suite", s, f"unknown suite (known: {', '.join(runner.SUITES)})")
+        if s not in SUITES:
+            raise InvalidInput("--suite", s, f"unknown suite (known: {', '.join(SUITES)})")
     try:
         sizes = [int(x) for x in world_sizes.split(",")] if world_sizes else None
     except ValueError as err:
@@ -187,29 +188,28 @@ def probe(
         # the ranks start in an empty directory of their own, so files named here are passed whole.
         inner += ["--json"] * json + (["--simulate", _whole(simulate)] if simulate else [])
         inner += ["--config", _whole(config)] if config else []
-        cmd = runner.torchrun_command(nnodes=nnodes, node_rank=node_rank, endpoint=rdzv_endpoint,
-                                      nproc_per_node=nproc_per_node or gpus,
-                                      probe_args=inner)
+        cmd = torchrun.torchrun_command(nnodes=nnodes, node_rank=node_rank, endpoint=rdzv_endpoint,
+                                        nproc_per_node=nproc_per_node or gpus, probe_args=inner)
         import subprocess
         import tempfile
 
         with tempfile.TemporaryDirectory(prefix="gpud-torchrun-") as cwd:
             code = subprocess.run(cmd, check=False, cwd=cwd).returncode
         raise typer.Exit(code)
-    if runner.under_torchrun():
+    if torchrun.under_torchrun():
         import socket
 
         try:
             node: Any = machine(simulate)
         except GpudError:
             node = None  # no NVML here: the GPUs are not checked for other jobs
-        res = runner.run_distributed(quick=quick, suites=suites, host=socket.gethostname(),
-                                     thresholds=conf.efficiency_thresholds(), machine=node, allow_busy=allow_busy)
+        res = torchrun.run_distributed(quick=quick, suites=suites, host=socket.gethostname(),
+                                       thresholds=conf.efficiency_thresholds(), machine=node, allow_busy=allow_busy)
         if res is None:
             _leave_rank(0)
     else:
         m = machine(simulate)
-        have = runner.torch_gpus()
+        have = torchrun.torch_gpus()
         dev: Device = "cuda" if device == "cuda" or (device is None and have) else "cpu"
         if dev == "cuda" and not have:
             raise InvalidInput("--device", "cuda", "torch sees no GPU here (a CPU build, or no driver)")
@@ -227,7 +227,7 @@ def probe(
         from gpud.cli.common import host as host_of
         from gpud.model import host_json, probe_document
 
-        if runner.under_torchrun():
+        if torchrun.under_torchrun():
             where = host_json(res.host)
         else:
             try:
@@ -237,7 +237,7 @@ def probe(
         emit_json(probe_document(res.to_json(), __version__, where))
     else:
         render(res)
-    if runner.under_torchrun():
+    if torchrun.under_torchrun():
         _leave_rank(0 if res.ok else 1)
     if not res.ok:
         raise typer.Exit(1)

@@ -40,7 +40,7 @@ class Path:
 
 @dataclass
 class Seen:
-    """What was observed while the probe ran (gpud.probe.runner.LoadMonitor), by NVML index."""
+    """What was observed while the probe ran (gpud.probe.monitor.LoadMonitor), by NVML index."""
 
     clock_events: dict[int, set[str]] = field(default_factory=dict)
     pcie_generation: dict[int, int] = field(default_factory=dict)  # highest seen under load

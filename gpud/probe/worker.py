@@ -643,7 +643,7 @@ def init(spec: dict[str, Any], rank: int, world: int, local_rank: int) -> Ctx:
     if world > 1 and not dist.is_initialized():
         # CPU bookkeeping is legal on a GPU run too: one backend per device type. On one machine the ranks
         # meet through a file store in the launcher's private (0700) directory, not a TCP port another
-        # user could take first (gpud.probe.runner.launch); under torchrun, through torchrun's rendezvous.
+        # user could take first (gpud.probe.launch.launch); under torchrun, through torchrun's rendezvous.
         file_store = dist.FileStore  # type: ignore[attr-defined]
         store = file_store(spec["store"], world) if spec.get("store") else None
         dist.init_process_group("cpu:gloo,cuda:nccl" if device == "cuda" else "gloo", rank=rank, world_size=world,

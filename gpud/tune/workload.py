@@ -229,7 +229,8 @@ class Probe:
         self.gpus = gpus
 
     def window(self, seconds: float) -> tuple[float, float]:
-        from gpud.probe.runner import ProbeError, run_probe
+        from gpud.probe.errors import ProbeError
+        from gpud.probe.runner import run_probe
 
         t0 = time.monotonic()
         try:
