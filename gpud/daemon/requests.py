@@ -2,9 +2,8 @@
 and its handler.
 
 Every request needs the control socket's access (root, the daemon's own user or a member of
-``[daemon] socket_group``: ``control.Access``); ``read_only`` marks those that change neither the
-hardware nor the daemon. The socket server checks each request's shape against ``args``; the
-daemon's ``handle`` dispatches to ``handler`` and turns gpud's errors into replies.
+``[daemon] socket_group``: ``control.Access``). The socket server checks each request's shape against
+``args``; the daemon's ``handle`` dispatches to ``handler`` and turns gpud's errors into replies.
 """
 
 from __future__ import annotations
@@ -57,7 +56,6 @@ Handler = Callable[[Served, dict[str, Any], "Peer | None"], Reply]
 class Request:
     args: dict[str, type | tuple[type, ...]]  # argument → type(s); checked before the handler runs
     handler: Handler
-    read_only: bool  # changes neither the hardware nor the daemon's state
     group: bool = True  # needs the socket's access (root, the daemon's user, the socket group)
     required: tuple[str, ...] = ()
 
@@ -79,21 +77,19 @@ def _gpus(value: Any) -> list[int] | None:
 
 # The order is the one "unknown command (known: …)" names.
 REQUESTS: dict[str, Request] = {
-    "ping": Request({}, _ping, read_only=True),
-    "status": Request({}, lambda d, args, peer: {"ok": True, **d.status(full=True)}, read_only=True),
-    "verify": Request({}, _verify, read_only=True),
-    "reload": Request({}, lambda d, args, peer: d.reload(), read_only=False),
-    "probe-now": Request({}, lambda d, args, peer: d.start_probe("requested"), read_only=False),
+    "ping": Request({}, _ping),
+    "status": Request({}, lambda d, args, peer: {"ok": True, **d.status(full=True)}),
+    "verify": Request({}, _verify),
+    "reload": Request({}, lambda d, args, peer: d.reload()),
+    "probe-now": Request({}, lambda d, args, peer: d.start_probe("requested")),
     "apply": Request({"profile": str, "dry_run": bool},
                      lambda d, args, peer: d.apply(str(args["profile"]), bool(args.get("dry_run")), peer),
-                     read_only=False, required=("profile",)),
+                     required=("profile",)),
     "restore": Request({"fans_only": bool, "gpus": list},
-                       lambda d, args, peer: d.restore(bool(args.get("fans_only")), peer, _gpus(args.get("gpus"))),
-                       read_only=False),
+                       lambda d, args, peer: d.restore(bool(args.get("fans_only")), peer, _gpus(args.get("gpus")))),
     "set-healthy": Request({"gpu": str, "reason": str},
                            lambda d, args, peer: d.set_healthy(str(args["gpu"]), str(args["reason"]), peer),
-                           read_only=False, required=("gpu", "reason")),
+                           required=("gpu", "reason")),
     # `gpud apply --rules [PROFILE]`: the [[rules]] switch again (a person's apply paused them)
-    "rules-resume": Request({"profile": str}, lambda d, args, peer: d.resume_rules(args.get("profile"), peer),
-                            read_only=False),
+    "rules-resume": Request({"profile": str}, lambda d, args, peer: d.resume_rules(args.get("profile"), peer)),
 }

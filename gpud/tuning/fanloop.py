@@ -37,7 +37,6 @@ class FanControl:
     failsafes: int = 0
     in_failsafe: set[int] = field(default_factory=set)
     unreleased: set[int] = field(default_factory=set)  # GPUs whose fans could not be handed back yet
-    reapplied: int = 0  # curves written again after the fans were found off gpud's control (a driver reload)
     settings: dict[int, dict[str, Any]] = field(default_factory=dict)  # the fan setting each controller follows
 
     @classmethod
@@ -90,7 +89,6 @@ class FanControl:
             taken = (gpu in self.commanded and gpu not in self.in_failsafe
                      and any(f.policy not in ("manual", None) for f in s.fans))
             if taken:
-                self.reapplied += 1
                 policies = "/".join(sorted({str(f.policy) for f in s.fans}))
                 log.warning("GPU %d: fans found on the %s policy, not gpud's curve (a driver reload or another "
                             "tool): curve re-applied", gpu, policies)
