@@ -490,14 +490,25 @@ METRICS: tuple[Spec, ...] = (
     Spec("gpud_health_state", "Health per GPU and component: 0 healthy, 1 degraded, 2 unhealthy, -1 unknown (a "
          "source gpud could not read)", "gauge", (*GPU_LABELS, "component"),
          lambda sc: [([h.label, h.uuid, h.component], RANK[h.state]) for h in sc.obs.health], slow=True),
-    Spec("gpud_health_info", "Health per GPU and component: its state, reason and repair action (always 1)", "gauge",
+    # ``reason``: what found it (a check's id, ``Xid 48``), never its live figures: a label that carried
+    # "94 °C, 1 °C below slowdown" made a new series at every degree (`gpud health` has the whole reason).
+    Spec("gpud_health_info", "Health per GPU and component: its state, what found it (a check's id or the Xid) "
+         "and the repair action (always 1)", "gauge",
          (*GPU_LABELS, "component", "state", "reason", "action"),
-         lambda sc: [([h.label, h.uuid, h.component, h.state, h.reason[:300], h.action], 1) for h in sc.obs.health],
+         lambda sc: [([h.label, h.uuid, h.component, h.state, _cause(h.reason), h.action], 1) for h in sc.obs.health],
          slow=True),
 )
 
 # Families that change at most every few seconds: the daemon renders them once per change (Renderer).
 SLOW_FAMILIES = frozenset(s.name for s in METRICS if s.slow)
+
+
+def _cause(reason: str) -> str:
+    """A health reason's source, without its figures: ``health.thermal: 94 °C, …`` → ``health.thermal``."""
+    head, sep, _ = reason.partition(": ")
+    if sep:
+        return head.strip()[:80]
+    return "" if any(c.isdigit() for c in reason) else reason.strip()[:80]  # a figure without its source: left out
 
 
 def _figure(record: object, key: str) -> float | None:

@@ -235,7 +235,7 @@ def lab() -> dict[str, Any]:
                         "a source could not be read (`gpud health` says which and what gpud needs); else healthy")
     b.panel("table", "Degraded and unhealthy components, with their repair action", "none",
             [(f'gpud_health_info{{{INST}, state!="healthy"}}', "")], w=12, h=7, table=True,
-            description="Per GPU (host: machine-wide) and component: the state, its reason and repair action "
+            description="Per GPU (host: machine-wide) and component: the state, what found it and the repair action "
                         "(`gpud health`; `gpud health set-healthy GPU --reason TEXT` after a repair)")
     b.row("Scaling, heat, power")
     b.panel("timeseries", "DDP scaling efficiency per workstation", "percentunit",

@@ -249,6 +249,10 @@ def test_the_exporter_has_one_health_series_per_gpu_and_component() -> None:
     info = next(s for s in families["gpud_health_info"].samples
                 if s.labels["gpu"] == "3" and s.labels["component"] == "xid")
     assert info.labels["action"] == "reset the GPU" and info.labels["state"] == "unhealthy"
+    # what found it, never the live figures (a label holding "94 °C" made a new series at every degree)
+    assert info.labels["reason"] == "Xid 48"
+    causes = {s.labels["reason"] for s in families["gpud_health_info"].samples if s.labels["state"] != "healthy"}
+    assert "health.thermal" in causes and not any("°C" in c or "%" in c for c in causes), causes
 
 
 def test_prolog_answers_within_10_s_on_every_shipped_description() -> None:
