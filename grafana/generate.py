@@ -77,10 +77,17 @@ def variables(with_gpu: bool) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = [
         {"name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus",
          "current": {}, "hide": 0},
+        # In a cluster a target is a pod's IP:port; the PodMonitor's relabelling adds the node's name
+        # (deploy/kubernetes/podmonitor.yaml): pick machines by node. A static scrape config has no such
+        # label, and "All" (.*) matches series without it.
+        {"name": "node", "label": "Node", "type": "query", "datasource": DS,
+         "query": {"query": "label_values(gpud_build_info, node)", "refId": "node"},
+         "definition": "label_values(gpud_build_info, node)", "refresh": 2, "multi": True, "includeAll": True,
+         "allValue": ".*", "current": {"text": "All", "value": "$__all"}, "sort": 1, "hide": 0},
         {"name": "instance", "label": "Workstation", "type": "query", "datasource": DS,
-         "query": {"query": "label_values(gpud_build_info, instance)", "refId": "instance"},
-         "definition": "label_values(gpud_build_info, instance)", "refresh": 2, "multi": True, "includeAll": True,
-         "current": {"text": "All", "value": "$__all"}, "sort": 1, "hide": 0},
+         "query": {"query": 'label_values(gpud_build_info{node=~"$node"}, instance)', "refId": "instance"},
+         "definition": 'label_values(gpud_build_info{node=~"$node"}, instance)', "refresh": 2, "multi": True,
+         "includeAll": True, "current": {"text": "All", "value": "$__all"}, "sort": 1, "hide": 0},
     ]
     if with_gpu:
         out.append({"name": "gpu", "label": "GPU", "type": "query", "datasource": DS,

@@ -139,7 +139,9 @@ class Lab:
         # The `for:` durations are proven by promtool's unit tests; here the expressions must fire now.
         rules_copy.write_text(re.sub(r"\n(\s+)for: \w+", r"\n\1for: 0s", RULES.read_text()))
         cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "rule_files": [str(rules_copy)],
-               "scrape_configs": [{"job_name": "gpud", "static_configs": [{"targets": targets}]}]}
+               # a node label per target, as the PodMonitor's relabelling adds one (the dashboards' $node)
+               "scrape_configs": [{"job_name": "gpud", "static_configs": [
+                   {"targets": [t], "labels": {"node": f"node-{k}"}} for k, t in enumerate(targets)]}]}
         (self.tmp / "prometheus.yml").write_text(yaml.safe_dump(cfg))
         port = free_port()
         self.prom = subprocess.Popen([tool("prometheus"), f"--config.file={self.tmp / 'prometheus.yml'}",
@@ -264,6 +266,23 @@ def test_every_alert_expression_returns_data_or_is_expected_empty(lab: Lab) -> N
         elif not got and (torch_available() or "probe" not in r["expr"]):
             empty.append(r["alert"])
     assert not empty, empty
+
+
+def test_a_node_picks_its_machines_through_the_instance_variable(lab: Lab) -> None:
+    """$node (the PodMonitor's node label) narrows $instance: the instance variable's own query, with
+    $node as Grafana substitutes it, gives that node's machine only; "All" (.*) gives every machine."""
+    sys.path.insert(0, str(GRAFANA))
+    import generate
+
+    for board in (generate.lab(), generate.workstation()):
+        variables = {v["name"]: v for v in board["templating"]["list"]}
+        assert variables["node"]["allValue"] == ".*"
+        query = variables["instance"]["query"]["query"]
+        series = re.fullmatch(r"label_values\((.*), instance\)", query)
+        assert series, query
+        one = {r["metric"]["instance"] for r in lab.query(series.group(1).replace("$node", "node-1"))}
+        every = {r["metric"]["instance"] for r in lab.query(series.group(1).replace("$node", ".*"))}
+        assert one == {f"127.0.0.1:{lab.daemons[1].port}"} and len(every) == 4, (one, every)
 
 
 def test_the_lab_shows_a_machine_whose_xids_are_unknown_as_unknown_not_healthy(lab: Lab) -> None:
