@@ -213,34 +213,29 @@ class NvmlHandles:
                 if not self._initialized:
                     self.init()
                 return self._raw(name, *args, gpu=gpu)
-        except (GpuLost, DriverNotLoaded):
-            raise
-        except Unsupported as err:
-            self._unsupported_now(key, err)
-            return None
-        except NvmlError:
-            return None
+        except NvmlError as err:
+            return self._not_read(key, err)
 
     def _optional(self, key: tuple[Any, ...], read: Callable[[], Any]) -> Any:
         if key in self._unsupported:
             return None
         try:
             return read()
-        except (GpuLost, DriverNotLoaded):
-            raise
-        except Unsupported as err:
-            self._unsupported_now(key, err)
-            return None
-        except NvmlError:
-            return None
+        except NvmlError as err:
+            return self._not_read(key, err)
 
-    def _unsupported_now(self, key: tuple[Any, ...], err: Unsupported) -> None:
-        """What a GPU said it does not support is not asked again (but for ``CHANGING_SUPPORT``)."""
-        name = key[0]
-        if name not in CHANGING_SUPPORT:
-            self._unsupported.add(key)
-        if err.code in (13, None):  # FUNCTION_NOT_FOUND, or not in these bindings: gone for good
-            self._gone.add(name)
+    def _not_read(self, key: tuple[Any, ...], err: NvmlError) -> None:
+        """An optional reading that failed: None, and what a GPU said it does not support is not asked again
+        (but for ``CHANGING_SUPPORT``). A lost GPU or a missing driver still raise."""
+        if isinstance(err, (GpuLost, DriverNotLoaded)):
+            raise err
+        if isinstance(err, Unsupported):
+            name = key[0]
+            if name not in CHANGING_SUPPORT:
+                self._unsupported.add(key)
+            if err.code in (13, None):  # FUNCTION_NOT_FOUND, or not in these bindings: gone for good
+                self._gone.add(name)
+        return None
 
     def get_out(self, name: str, h: Any, *inputs: Any, outputs: int = 1, gpu: int) -> tuple[int, ...] | None:
         """An optional reading whose outputs gpud passes as pointers and reads back (unsigned ints).
