@@ -186,6 +186,14 @@ def read_health(m: Machine, conf: Config, progress: Progress, job: bool = True) 
         if index in scope:  # another job's GPU is not this job's to judge (the health check judges all)
             first.append(index)
     order = list(dict.fromkeys([*first, *scope]))
+
+    def judge_opened() -> tuple[Health, ...]:
+        """The fit checks of the GPUs opened so far. gpu.count's machine-wide findings compare every GPU
+        with the PCI bus: not made here; its per-GPU ones (a GPU that cannot be opened, and why) stand."""
+        snap = m.snapshot(only=progress.opened)
+        report = diagnose(m, conf, only=fit_checks(), skip=NOT_HEALTH, snapshot=snap)
+        checks = [r for r in report.checks if not (r.id == "gpu.count" and r.gpu is None)]
+        return hl.gather(m, conf, checks, snap, xids=xids, history=history, unread=progress.unread)
     for n, index in enumerate(order):
         if index not in first:
             try:
@@ -200,22 +208,12 @@ def read_health(m: Machine, conf: Config, progress: Progress, job: bool = True) 
         # next may be as slow); GPUs that open at once wait for the whole machine's judgement below.
         if n + 1 == len(order) or not (n + 1 == len(first) or index in progress.slow):
             continue
-        snap = m.snapshot(only=progress.opened)
-        report = diagnose(m, conf, only=fit_checks(), skip=NOT_HEALTH, snapshot=snap)
-        # gpu.count's machine-wide findings compare every GPU with the PCI bus: not yet; its per-GPU ones
-        # (a GPU that cannot be opened, and why) stand
-        checks = [r for r in report.checks if not (r.id == "gpu.count" and r.gpu is None)]
-        states = hl.gather(m, conf, checks, snap, xids=xids, history=history, unread=progress.unread)
+        states = judge_opened()
         if hl.worst_of(states) == "unhealthy":
             progress.states = states
             return
-    if progress.scope is None:
-        progress.states = states_of(m, conf, only=fit_checks())[1]
-        return
-    snap = m.snapshot(only=progress.opened)
-    report = diagnose(m, conf, only=fit_checks(), skip=NOT_HEALTH, snapshot=snap)
-    checks = [r for r in report.checks if not (r.id == "gpu.count" and r.gpu is None)]
-    progress.states = hl.gather(m, conf, checks, snap, xids=xids, history=history, unread=progress.unread)
+    # the job's GPUs all read: judged as such; the whole machine: with gpu.count, which needs every GPU
+    progress.states = judge_opened() if progress.scope is not None else states_of(m, conf, only=fit_checks())[1]
 
 
 def too_slow(progress: Progress, budget: float) -> str:
@@ -358,7 +356,7 @@ def epilog(simulate: str | None, config: str | None) -> int:
     boot = m.host.boot_time()
     since, source = job_start(boot)
     job = _job_id()
-    lost, xids = _since(m, conf, since)
+    lost, xids = _since(m, conf, since, scope)
     _journal(m, job, since, source, xids, lost, restored)
     if job is not None:
         (jobs_dir() / job).unlink(missing_ok=True)
@@ -396,9 +394,10 @@ def _restore(simulate: str | None, config: str | None, m: Machine, gpus: list[in
     return done
 
 
-def _since(m: Machine, conf: Config, since: float | None) -> tuple[list[int], list[dict[str, Any]]]:
-    """The job's GPUs (``job_gpus``; all without) lost now or during the job; the Xids logged on them since
-    it began: an Xid of another job's GPU, or one logged before this job began, is not this job's."""
+def _since(m: Machine, conf: Config, since: float | None,
+           scope: list[int] | None) -> tuple[list[int], list[dict[str, Any]]]:
+    """The job's GPUs (``scope``; None: all) lost now or during the job; the Xids logged on them since it
+    began: an Xid of another job's GPU, or one logged before this job began, is not this job's."""
     from gpud.doctor.health import policy_of
     from gpud.doctor.xid import describe
 
@@ -408,7 +407,6 @@ def _since(m: Machine, conf: Config, since: float | None) -> tuple[list[int], li
         sys.stderr.write(f"gpud: GPUs not read: {err}\n")
         snap = None
     bus = {g.pci_bus_id.lower(): g.index for g in snap.gpus} if snap is not None else {}
-    scope, _ = job_gpus(len(snap.gpus)) if snap is not None else (None, "all")
     lost = ({s.index for s in snap.samples if s.lost and (scope is None or s.index in scope)}
             if snap is not None else set())
     boot = m.host.boot_time()
@@ -455,12 +453,15 @@ SCONTROL = ("/usr/bin/scontrol", "/usr/local/bin/scontrol", "/opt/slurm/bin/scon
 
 
 def scontrol_path() -> str | None:
+    from gpud.paths import _dir_refusal
+
     for path in SCONTROL:
         try:
-            st = os.stat(path)
+            st, parent = os.stat(path), os.stat(os.path.dirname(path))
         except OSError:
             continue
-        if st.st_uid == 0 and not st.st_mode & 0o022 and os.access(path, os.X_OK):
+        if (st.st_uid == 0 and not st.st_mode & 0o022 and os.access(path, os.X_OK)
+                and _dir_refusal(parent, os.path.dirname(path), "scontrol") is None):
             return path
     return None
 
