@@ -1,5 +1,5 @@
 """The slow readings: ECC, retired pages, remapped rows, PCIe replays, violation counters, NVLink
-counters (field values).
+states and counters (field values).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from gpud.hw.nvml.constants import (
     ECC_VOLATILE,
     FI_NVLINK_DATA,
     NVLINK_DATA_RETRY_S,
+    NVLINK_DEVICE_SWITCH,
     NVLINK_ERROR_COUNTERS,
     PERF_POLICIES,
     RETIRE_DBE,
@@ -29,10 +30,11 @@ from gpud.hw.nvml.constants import (
     SLOW_EVERY_S,
 )
 from gpud.hw.nvml.processes import NvmlProcesses
-from gpud.hw.nvml.values import field_int, violation_fields
+from gpud.hw.nvml.values import field_int, normalize_bus_id, violation_fields
 from gpud.model import (
     EccCounts,
     GpuInfo,
+    NvLinkInfo,
 )
 
 
@@ -43,8 +45,13 @@ class NvmlCounters(NvmlProcesses):
     def _slow_fields(self, index: int, h: Any, info: GpuInfo, now: float) -> dict[str, Any]:
         """What changes only when someone sets it, or slowly: health counters (ECC, page retirement, row
         remapping, PCIe replays), modes, the management power limit, application clocks, fan policies
-        and the trained link width. Read every SLOW_EVERY_S seconds, not every tick; gpud's own setters
-        read them afresh (the enforced limit, clocks, link generation and NVLink state stay per tick)."""
+        the trained link width and the NVLink states. Read every SLOW_EVERY_S seconds, not every tick; gpud's
+        own setters read them afresh (the enforced limit, clocks and link generation stay per tick).
+
+        An NVLink's state was read every tick: four calls a GPU, a fifth of the tick's (32.6 calls/s on
+        eight bridged A6000s, benchmarks/footprint.py). A link that goes down is also an Xid 74 in the
+        kernel log (read every 10 s, gpud/daemon/tick.py) and moves its error counters, both read at this
+        cadence; dcgm-exporter collects its NVLink fields every 30 s by default."""
         cached = self._slow.get(index)
         if cached is not None and now - cached[0] < SLOW_EVERY_S:
             return cached[1]
@@ -75,10 +82,36 @@ class NvmlCounters(NvmlProcesses):
                   "applications_clocks": {k: get("nvmlDeviceGetApplicationsClock", CLOCK_TYPES[k])
                                           for k in ("graphics", "memory")},
                   "pcie_width": get("nvmlDeviceGetCurrPcieLinkWidth"),
-                  "nvlink_errors": self._nvlink_errors(index, h, info),
+                  "nvlink_errors": self._nvlink_errors(index, h, info), "nvlinks": self._nvlinks(index, h),
                   "violations": self._violations(index, h), "nvlink_data": self._nvlink_data(index, h, info)}
         self._slow[index] = (now, fields)
         return fields
+
+    def _nvlinks(self, index: int, h: Any) -> tuple[NvLinkInfo, ...]:
+        """Link states (a slow field: ``_slow_fields``); a link's remote end is read when it comes up, then kept."""
+        out = []
+        remotes = self._remotes.setdefault(index, {})
+        for link, sli in enumerate(self._sli.get(index, ())):
+            state = self.get("nvmlDeviceGetNvLinkState", h, link, gpu=index)
+            up = bool(state)
+            remote: str | None = None
+            switch: bool | None = None
+            if up:
+                known = remotes.get(link)
+                if known is None:
+                    pci = self.get("nvmlDeviceGetNvLinkRemotePciInfo", h, link, gpu=index)
+                    if pci is not None:
+                        kind = self.get("nvmlDeviceGetNvLinkRemoteDeviceType", h, link, gpu=index)
+                        known = (normalize_bus_id(pci.busId), kind == NVLINK_DEVICE_SWITCH if kind is not None
+                                 else None)
+                        remotes[link] = known
+                if known is not None:
+                    remote, switch = known
+            else:
+                remotes.pop(link, None)
+            out.append(NvLinkInfo(link=link, up=up, remote_pci_bus_id=remote, sli_bridge=sli,
+                                  remote_is_switch=switch))
+        return tuple(out)
 
     def _violations(self, index: int, h: Any) -> dict[str, int] | None:
         """NVML's violation counters, ns per clock-event reason: one field-value call for every id; a

@@ -4,44 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpud.hw.nvml.constants import NVLINK_DEVICE_SWITCH, P2P_NVLINK, P2P_READ, P2P_STATUS, P2P_WRITE, TOPO_LEVEL
+from gpud.hw.nvml.constants import P2P_NVLINK, P2P_READ, P2P_STATUS, P2P_WRITE, TOPO_LEVEL
 from gpud.hw.nvml.counters import NvmlCounters
-from gpud.hw.nvml.values import normalize_bus_id
 from gpud.model import (
     GpuSample,
-    NvLinkInfo,
     Topology,
 )
 
 
 class NvmlPairs(NvmlCounters):
     """NVLinks and the pairs of GPUs: links, peers, P2P status and the topology matrix."""
-
-    def _nvlinks(self, index: int, h: Any) -> tuple[NvLinkInfo, ...]:
-        """Link states every tick; a link's remote end is read when it comes up, then kept."""
-        out = []
-        remotes = self._remotes.setdefault(index, {})
-        for link, sli in enumerate(self._sli.get(index, ())):
-            state = self.get("nvmlDeviceGetNvLinkState", h, link, gpu=index)
-            up = bool(state)
-            remote: str | None = None
-            switch: bool | None = None
-            if up:
-                known = remotes.get(link)
-                if known is None:
-                    pci = self.get("nvmlDeviceGetNvLinkRemotePciInfo", h, link, gpu=index)
-                    if pci is not None:
-                        kind = self.get("nvmlDeviceGetNvLinkRemoteDeviceType", h, link, gpu=index)
-                        known = (normalize_bus_id(pci.busId), kind == NVLINK_DEVICE_SWITCH if kind is not None
-                                 else None)
-                        remotes[link] = known
-                if known is not None:
-                    remote, switch = known
-            else:
-                remotes.pop(link, None)
-            out.append(NvLinkInfo(link=link, up=up, remote_pci_bus_id=remote, sli_bridge=sli,
-                                  remote_is_switch=switch))
-        return tuple(out)
 
     # -- pairs ------------------------------------------------------------------------
     def _pair(self, i: int, j: int) -> tuple[str, str, str, str]:

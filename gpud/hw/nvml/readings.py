@@ -147,7 +147,7 @@ class NvmlReadings(NvmlPairs):
             remapped_rows_uncorrectable=remap[1] if remap is not None else None,
             remapped_rows_pending=bool(remap[2]) if remap is not None else None,
             remapped_rows_failure=bool(remap[3]) if remap is not None else None,
-            nvlinks=self._nvlinks(index, h),
+            nvlinks=slow["nvlinks"],
             nvlink_errors=slow["nvlink_errors"],
             clock_event_nanoseconds=slow["violations"],
             nvlink_data_bytes=slow["nvlink_data"],
