@@ -2,14 +2,19 @@
 the simulated NVML library's: RSS and CPU on a simulated 8-GPU machine with profile rules configured
 while a real Prometheus scrapes it, with doctor's checks running as often as the daemon allows.
 
-    python benchmarks/footprint.py [--simulate 2s-8x-a6000] [--seconds 60] [--scrape-interval 5s]
+    python benchmarks/footprint.py [--simulate 2s-8x-a6000] [--seconds 60] [--scrape-interval 15s]
+                                   [--healthz-interval 5] [--status-interval 0] [--stress]
                                    [--doctor-interval 10] [--json PATH]
 
 The daemon runs as a child process (1 s ticks, a base profile and two ``[[rules]]``: a ``command``
 regex and a ``user``, polled every 0.5 s as by default; ``doctor_interval_seconds = 10``: thirty times
 the default, so the doctor thread's peak is inside the window), scraped by ``prometheus`` (Debian's
-package) on loopback for ``/metrics``, and by this script for ``/status`` and ``/healthz`` every
-scrape interval. RSS is read from ``/proc/PID/status`` every second (``VmRSS``; ``VmHWM`` is the
+package) on loopback for ``/metrics``, and by this script for ``/healthz`` and ``/status``. By default
+the load is the DaemonSet's as shipped: Prometheus every 15 s (deploy/kubernetes/podmonitor.yaml's
+``interval``, docs/deployment.md's ``scrape_interval``), ``/healthz`` every 5 s (the kubelet's readiness
+and liveness probes, each every 10 s: daemonset.yaml), ``/status`` never (nothing in a deployment asks
+it; ``gpud status`` does, once). ``--stress``: the load of earlier runs, Prometheus, ``/status`` and
+``/healthz`` every 5 s. RSS is read from ``/proc/PID/status`` every second (``VmRSS``; ``VmHWM`` is the
 kernel's own peak), CPU from ``/proc/PID/stat`` (utime + stime) over the window after a 5 s settling
 time. ``gpud doctor`` (what Node Problem Detector's check runs) is measured once as a child: wall
 time and its peak RSS (``getrusage`` of the children). docs/deployment.md, "Resources", holds a run.
@@ -95,16 +100,19 @@ def thread_kind(name: str) -> str:
 
 
 def thread_cpu() -> dict[str, float]:
-    """CPU seconds of each live thread of this process so far, by kind (``/proc/self/task/TID/stat``)."""
+    """CPU seconds of each live thread of this process so far, by kind, from each thread's own CPU clock
+    (``pthread_getcpuclockid``: nanoseconds, where ``/proc/self/task/TID/stat`` counts 1/100 s ticks, too
+    coarse for a thread that costs a tenth of a percent over a minute)."""
     out: dict[str, float] = {}
-    tick = os.sysconf("SC_CLK_TCK")
     for t in threading.enumerate():
+        if t.ident is None:
+            continue
         try:
-            fields = Path(f"/proc/self/task/{t.native_id}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            cpu = time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+        except (OSError, ProcessLookupError):
             continue
         kind = thread_kind(t.name)
-        out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        out[kind] = out.get(kind, 0.0) + cpu
     return out
 
 
@@ -332,7 +340,7 @@ def report(cpu: dict[str, Any]) -> list[str]:
     for r in cpu["threads"]:
         lines.append(f"  {r['name']:<46} {r['calls_per_s']:>8.2f} {r['stand_in_cpu_ms_per_s']:>14.3f}"
                      f" {r['modelled_ms_per_s']:>14.3f}")
-    lines.append("gpud's own CPU by thread (doctor's excluded), % of a core (/proc ticks: ±1/100 s a thread):")
+    lines.append("gpud's own CPU by thread (doctor's excluded), % of a core (each thread's CPU clock):")
     for k, v in sorted(cpu["own_percent_by_thread"].items(), key=lambda kv: -kv[1]):
         lines.append(f"  {k:<58} {v:>8.3f}")
     return lines
@@ -345,12 +353,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--simulate", default="2s-8x-a6000")
     ap.add_argument("--seconds", type=float, default=60)
-    ap.add_argument("--scrape-interval", default="5s", help="Prometheus's scrape_interval (0: nothing scrapes or "
-                                                             "asks /status: the daemon alone, its rules and ticks)")
+    ap.add_argument("--scrape-interval", default="15s", help="Prometheus's scrape_interval (0: nothing scrapes; "
+                                                              "default: the shipped PodMonitor's)")
+    ap.add_argument("--healthz-interval", type=float, default=5.0,
+                    help="seconds between /healthz requests (default: the kubelet's two probes, each every 10 s)")
+    ap.add_argument("--status-interval", type=float, default=0.0, help="seconds between /status requests (0: none)")
+    ap.add_argument("--stress", action="store_true",
+                    help="Prometheus, /status and /healthz every 5 s (earlier runs' load)")
     ap.add_argument("--doctor-interval", type=float, default=10, help="[daemon] doctor_interval_seconds")
     ap.add_argument("--no-prometheus", action="store_true", help="no Prometheus, even where it is installed")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
+    if args.stress:
+        args.scrape_interval, args.healthz_interval, args.status_interval = "5s", 5.0, 5.0
     work = Path(tempfile.mkdtemp(prefix="gpud-footprint-"))
     port, prom_port = free_port(), free_port()
     (work / "gpud.toml").write_text(f'[daemon]\ninterval_seconds = 1\n'
@@ -380,12 +395,15 @@ def main() -> int:
         first = pipes.read()
         t0, c0 = time.monotonic(), cpu_seconds(daemon.pid)
         load = os.getloadavg()[0]
-        rss, errors, next_scrape = [], 0, 0.0
+        rss, errors = [], 0
+        asks = [(p, every, 0.0) for p, every in (("/healthz", args.healthz_interval), ("/status", args.status_interval))
+                if every > 0]
         while time.monotonic() - t0 < args.seconds:
             now = time.monotonic() - t0
-            if step > 0 and now >= next_scrape:
-                errors += sum(get(port, p) != 200 for p in ("/status", "/healthz"))
-                next_scrape += step
+            for n, (path, every, due) in enumerate(asks):
+                if now >= due:
+                    errors += get(port, path) != 200
+                    asks[n] = (path, every, due + every)
             rss.append(proc_kib(daemon.pid, "VmRSS"))
             time.sleep(1)
         last = pipes.read()
@@ -412,6 +430,7 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     cpu = split(first, last, args.doctor_interval)
     out = {"simulate": args.simulate, "seconds": round(span, 1), "scrape_interval": args.scrape_interval,
+           "healthz_interval_s": args.healthz_interval, "status_interval_s": args.status_interval,
            "prometheus_up": up, "http_errors": errors, "load_average_1m_max": round(load, 2),
            "daemon_cpu_percent_of_a_core": round(100 * used / span, 2),
            "daemon_rss_mib_max_sampled": round(max(rss) / 1024, 1), "daemon_rss_mib_median": round(
