@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
@@ -167,3 +168,23 @@ def test_reconfiguring_the_same_curves_rewrites_nothing(state_dir) -> None:
     fc.step(m.snapshot().samples, now=1)
     assert all(fc.controllers[g] is kept[g] for g in kept)
     assert set(writes) == {3}, writes
+
+
+def test_a_reset_to_auto_that_a_duty_change_would_undo_is_still_counted(state_dir) -> None:
+    """The sample's fan policies are slow fields (read every 10 s) and a speed write takes a fan back to
+    manual (nvml.h, nvmlDeviceSetFanSpeed_v2): a driver reload just before a duty change was re-taken
+    unseen, neither logged nor counted (a daemon test met it under load). The policy is asked afresh
+    before a write, so the re-apply is seen however the reload and the slow read fall."""
+    m = open_machine("z8-fury-4x-a6000")
+    fc = FanControl.from_profile(m, {0: {"fan": {"mode": "curve", "points": [[20, 30], [90, 100]]}}})
+    first = m.snapshot()
+    assert [e.kind for e in fc.step(first.samples, now=0.0)] == ["duty"]
+    stale = m.snapshot()  # the policies now cached as manual for the next 10 s
+    assert all(f.policy == "manual" for f in stale.samples[0].fans)
+    m.nvml.set_fan_auto(0, 0)  # what a driver reload does, between two slow reads
+    hotter = [dataclasses.replace(s, temperature_celsius=(s.temperature_celsius or 0) + 20) if s.index == 0 else s
+              for s in stale.samples]  # a warmer reading: the curve asks another duty, a write is due
+    events = fc.step(hotter, now=30.0)
+    assert [e.kind for e in events] == ["reapply", "duty"], events
+    assert "auto policy" in events[0].detail
+    assert m.nvml.fan_policy(0, 0) == "manual"

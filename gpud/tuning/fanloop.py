@@ -25,7 +25,7 @@ log = logging.getLogger("gpud.fans")
 @dataclass
 class FanEvent:
     gpu: int
-    kind: str  # duty | failsafe
+    kind: str  # duty | failsafe | reapply
     detail: str
 
 
@@ -86,10 +86,16 @@ class FanControl:
                 log.warning("GPU %d: temperature readable again (%s °C): fans back on the curve", gpu, temp)
             # A driver reload (or another tool) hands the fans back to the automatic policy; NVML then
             # reports them "auto" while gpud believes its duty stands: take them back at once.
-            taken = (gpu in self.commanded and gpu not in self.in_failsafe
-                     and any(f.policy not in ("manual", None) for f in s.fans))
+            ours = gpu in self.commanded and gpu not in self.in_failsafe
+            seen = [f.policy for f in s.fans]
+            if ours and self.commanded.get(gpu) != duty and not any(p not in ("manual", None) for p in seen):
+                # The sample's policies are up to 10 s old (slow fields), and a speed write takes the fan back
+                # to manual (nvml.h, nvmlDeviceSetFanSpeed_v2): asked afresh before one, so a reset the write
+                # would undo unseen is still counted and logged.
+                seen = [self._fan_policy(gpu, fan) for fan in range(len(s.fans))]
+            taken = ours and any(p not in ("manual", None) for p in seen)
             if taken:
-                policies = "/".join(sorted({str(f.policy) for f in s.fans}))
+                policies = "/".join(sorted({str(p) for p in seen if p not in ("manual", None)}))
                 log.warning("GPU %d: fans found on the %s policy, not gpud's curve (a driver reload or another "
                             "tool): curve re-applied", gpu, policies)
                 events.append(FanEvent(gpu, "reapply", f"fans were on the {policies} policy: curve re-applied"))
@@ -110,6 +116,12 @@ class FanControl:
         """No reading at all this tick (the driver or NVML failed): every controlled fan back to the
         driver's automatic policy, each counted and logged once, as for a single lost GPU."""
         return [self._failsafe(gpu, ctl, why) for gpu, ctl in self.controllers.items()]
+
+    def _fan_policy(self, gpu: int, fan: int) -> str | None:
+        try:
+            return self.machine.nvml.fan_policy(gpu, fan)
+        except GpudError:
+            return None
 
     def _read_temperature(self, gpu: int) -> float | None:
         """Ask NVML again, past its cache of what a GPU "does not support": a GPU whose curve was

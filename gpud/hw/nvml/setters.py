@@ -72,6 +72,12 @@ class NvmlSetters(NvmlReadings):
         return int(self._set(index, "nvmlDeviceSetFanSpeed_v2", (fan, int(percent)),
                          "nvmlDeviceGetTargetFanSpeed", (fan,), convert=int))
 
+    def fan_policy(self, index: int, fan: int) -> str | None:
+        """The fan's control policy now (``auto`` or ``manual``), past the slow fields' 10 s cache; None
+        where NVML cannot say."""
+        out = self.get_out("nvmlDeviceGetFanControlPolicy_v2", self.handle(index), fan, gpu=index)
+        return FAN_POLICY.get(out[0], str(out[0])) if out is not None else None
+
     def set_fan_auto(self, index: int, fan: int) -> str:
         """Hand the fan back to the driver's automatic policy; returns the policy read back."""
         h = self.handle(index)
