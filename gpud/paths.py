@@ -42,10 +42,12 @@ def state_dir() -> Path:
     return Path(base) / "gpud"
 
 
-def atomic_write(path: Path, data: str) -> None:
+def atomic_write(path: Path, data: str, durable: bool = True) -> None:
     """Write temp, fsync, rename: a reader sees the old file or the new one, never half. The temporary
     file is created new (O_EXCL, O_NOFOLLOW): nothing planted under its name is written through, and
-    the rename replaces a symbolic link at ``path`` itself, never the file it points to."""
+    the rename replaces a symbolic link at ``path`` itself, never the file it points to. ``durable=False``
+    skips both fsyncs: the rename alone keeps readers from a half file, and nothing is promised across a
+    power loss (the simulator's hardware state, which its processes share and a reboot need not keep)."""
     import secrets
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -54,8 +56,9 @@ def atomic_write(path: Path, data: str) -> None:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
         with open(fd, "w") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -63,6 +66,8 @@ def atomic_write(path: Path, data: str) -> None:
         except OSError:
             pass
         raise
+    if not durable:
+        return
     try:
         dfd = os.open(path.parent, os.O_RDONLY)
         try:

@@ -150,7 +150,9 @@ class SimMachine(Physics):
         the simulator's problem, not the simulated hardware's: the GPUs keep what was written to them
         (in this process) and gpud meets the error in its own writes, as on a real machine."""
         try:
-            atomic_write(self.state_file, json.dumps(self.state, indent=1, sort_keys=True))
+            # no fsync: the processes sharing these GPUs need a whole file, not one that outlives a power loss
+            # (two fsyncs a write were 4-10 ms each, and a daemon's fan loop writes every tick)
+            atomic_write(self.state_file, json.dumps(self.state, indent=1, sort_keys=True), durable=False)
         except OSError as err:
             self._disk_error(err)
             return
