@@ -229,22 +229,26 @@ def kernel_messages(root: Path, boot_id: str | None) -> list[tuple[float | None,
             found.append((rel, fds))
         with_files = [rel for rel, fds in found if fds]
         if not with_files or any(w != "absent" for _, w in failed):  # one refused directory: Xids unknown
-            return NotRead((*failed, *((rel, "no journal files") for rel, fds in found if not fds)))
+            return _in_order((*failed, *((rel, "no journal files") for rel, fds in found if not fds)))
         if not boot_id:
-            return NotRead(tuple((rel, "boot id unknown (/proc/sys/kernel/random/boot_id)") for rel in with_files))
-        lib = _load(LIBRARY)
-        if lib is None:
-            return NotRead(tuple((rel, "libsystemd not found") for rel in with_files))
-        got = _read(lib, found, boot_id.replace("-", "").strip().lower())
+            got: list[tuple[float | None, str]] | str = "boot id unknown (/proc/sys/kernel/random/boot_id)"
+        elif (lib := _load(LIBRARY)) is None:
+            got = "libsystemd not found"
+        else:
+            got = _read(lib, found, boot_id.replace("-", "").strip().lower())
     finally:
         for _, fds in found:
             for fd in fds:
                 os.close(fd)
-    if isinstance(got, str):
-        return NotRead(tuple((rel, got) for rel in with_files))
     if not got:
-        return NotRead(tuple((rel, "no kernel messages of this boot") for rel in with_files))
+        got = "no kernel messages of this boot"
+    if isinstance(got, str):  # the directories read say why; the others are absent or hold no file
+        return _in_order((*failed, *((rel, got if rel in with_files else "no journal files") for rel, _ in found)))
     return got
+
+
+def _in_order(tried: tuple[tuple[str, str], ...]) -> NotRead:
+    return NotRead(tuple(sorted(tried, key=lambda t: JOURNAL_DIRS.index(t[0]))))
 
 
 def _read(lib: ctypes.CDLL, found: list[tuple[str, list[int]]], boot_id: str) -> list[tuple[float | None, str]] | str:
