@@ -82,6 +82,7 @@ def journald_only(m) -> None:
     write_journal(m.host.root, "/var/log/journal", [entry(boot, 5123.4, GPU1_XID),
                                                     entry(boot, 5200.0, "a later line", source=False),
                                                     entry(boot, 5300.0, "a service's line", transport="stdout")])
+    (m.host.root / "var/log/journal" / OTHER_BOOT).write_text("")  # a file by a machine id's name: passed over
 
 
 def test_a_journald_only_node_reports_the_xid_from_the_journal(tmp_path: Path) -> None:

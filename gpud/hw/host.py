@@ -67,7 +67,9 @@ KERNEL_LOG_FILES = ("/var/log/kern.log", "/var/log/messages")  # syslog's kernel
 @dataclass(frozen=True)
 class KernelLogUnreadable:
     """No kernel log could be read: each source tried, in order, and why it failed ("absent",
-    "permission denied", or the error's text). Not an empty log: the Xids are unknown."""
+    "permission denied", the error's text, or for a journal directory one of ``gpud.hw.journald``'s
+    reasons: "libsystemd not found", "no kernel messages of this boot", "refused: …"). Not an empty
+    log: the Xids are unknown."""
 
     tried: tuple[tuple[str, str], ...]
 

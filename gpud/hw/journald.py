@@ -20,8 +20,9 @@ Why gpud opens the files and not ``sd_journal_open_directory(3)``: that call fai
 directory cannot be opened. A machine directory (``/var/log/journal/<machine-id>``, mode 2750) or a
 journal file (0640) it may not read is skipped, recorded only in the library's private list
 (journalctl's "insufficient permissions" hint reads it), and the journal reads as empty: "no Xid",
-where the truth is "not read". Opening each file here tells a refusal (EACCES) from an empty journal,
-and what is checked is what libsystemd reads (the descriptors), nothing looked up twice.
+where the truth is "not read" (seen with Debian bookworm's libsystemd 252 as uid 65534: return 0 and no
+entry; -EACCES only for the top directory). Opening each file here tells a refusal (EACCES) from an
+empty journal, and what is checked is what libsystemd reads (the descriptors), nothing looked up twice.
 
 Which files: ``system.journal`` and its archives (``system@….journal``, ``system@….journal~``), in the
 journal directory and in its machine-id directories (32 hex digits); journald writes kernel messages to
@@ -165,8 +166,10 @@ def _collect(dfd: int, shown: str, as_root: bool, fds: list[int], top: bool) -> 
             try:
                 sub = os.open(name, _OPEN_DIR | os.O_NOFOLLOW, dir_fd=dfd)
             except OSError as err:
-                if err.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise _Refused(f"refused: {where} is a symbolic link or not a directory") from err
+                if err.errno == errno.ENOTDIR:
+                    continue  # a file by that name: no machine's directory
+                if err.errno == errno.ELOOP:
+                    raise _Refused(f"refused: {where} is a symbolic link") from err
                 raise
             try:
                 why = _refusal(os.fstat(sub), where, journal=True) if as_root else None
