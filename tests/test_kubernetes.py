@@ -167,6 +167,25 @@ def test_the_daemonset_runs_on_nvidia_nodes_without_privilege() -> None:
     assert "cpu" not in c["resources"]["limits"] and c["resources"]["requests"]["memory"]
 
 
+def test_both_agents_mount_every_kernel_log_source_gpud_reads_where_gpud_reads_it() -> None:
+    """gpud.hw.host reads the kernel log under GPUD_ROOT: the syslog files and the persistent journal in
+    /var/log, the volatile journal in /run/log/journal (gpud.hw.journald's JOURNAL_DIRS), each read-only,
+    with group adm (the journal's ACL, kern.log's group) among the pod's groups."""
+    from gpud.hw.host import KERNEL_LOG_FILES
+    from gpud.hw.journald import JOURNAL_DIRS
+
+    for name in ("gpud", "gpud-node-problem-detector"):
+        pod = find("DaemonSet", name)["spec"]["template"]["spec"]
+        (c,) = pod["containers"]
+        root = {e["name"]: e.get("value") for e in c["env"]}["GPUD_ROOT"]
+        host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+        mounted = {host[m["name"]] for m in c["volumeMounts"] if m["name"] in host and m.get("readOnly")
+                   and m["mountPath"] == root + host[m["name"]]}
+        for path in (*JOURNAL_DIRS, *KERNEL_LOG_FILES):
+            assert any(path == m or path.startswith(m + "/") for m in mounted), (name, path, mounted)
+        assert 4 in pod["securityContext"]["supplementalGroups"], name
+
+
 def test_the_image_the_manifests_and_gpud_toml_agree() -> None:
     text = (DEPLOY / "Containerfile").read_text()
     user = re.search(r"^USER (\d+):(\d+)$", text, re.M)

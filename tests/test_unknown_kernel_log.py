@@ -41,8 +41,9 @@ def test_the_xid_check_on_an_unreadable_kernel_log_is_not_judged(tmp_path: Path)
     r = only(doctor(tmp_path, "health.xid", description(2, extra=UNREADABLE)))
     assert r.status == "skip", r
     assert r.summary.startswith("not judged:"), r.summary
-    for text in ("/dev/kmsg absent", "/var/log/kern.log absent", "/var/log/messages absent",
-                 "mount /dev/kmsg read-only into the container", "journald-only node"):
+    for text in ("/dev/kmsg absent", "/var/log/journal absent", "/run/log/journal absent", "/var/log/kern.log absent",
+                 "/var/log/messages absent", "mount /dev/kmsg read-only into the container", "journald-only node",
+                 "mount the host's /var/log/journal and /run/log/journal read-only"):
         assert text in r.summary, (text, r.summary)
     assert "no Xid" not in r.summary and r.remedy
 
@@ -69,7 +70,8 @@ def test_a_source_refused_is_named_with_what_gpud_needs(tmp_path: Path, monkeypa
     monkeypatch.setattr(Path, "read_text", read_text)
     h = Host(tmp_path)
     got = h.read_xids()
-    assert got == KernelLogUnreadable((("/dev/kmsg", "permission denied"), ("/var/log/kern.log", "absent"),
+    assert got == KernelLogUnreadable((("/dev/kmsg", "permission denied"), ("/var/log/journal", "absent"),
+                                       ("/run/log/journal", "absent"), ("/var/log/kern.log", "absent"),
                                        ("/var/log/messages", "permission denied")))
     assert h.xid_events() is None and h.kernel_log() is None and h.kernel_log_unreadable() == got
     as_root = " ".join(unreadable_needs(got.tried, root=True))

@@ -302,8 +302,8 @@ def unreadable_answer(unread: KernelLogUnreadable, policy: str) -> tuple[int, st
 
     needs = unreadable_needs(unread.tried, os.geteuid() == 0)
     what = f"no kernel log readable ({unread.says()}): Xids not judged"
-    if policy == "unfit":
-        return 1, f"{what} -> {needs[0]}"
+    if policy == "unfit":  # what to mount or grant first: a long list of sources is what a 200-character reason cuts
+        return 1, f"Xids not judged -> {needs[0]} (no kernel log readable: {unread.says()})"
     text = " ".join("".join(c if c.isprintable() else " " for c in f"gpud: warning: {what}; node left fit "
                             f"([doctor] unreadable_kernel_log = \"fit\"); gpud needs: {'; '.join(needs)}").split())
     sys.stderr.write(text + "\n")

@@ -20,7 +20,7 @@ journal (earlier boots' Xids, lost GPUs, reboots and set-healthy entries).
   ``reboot_threshold`` boots is unhealthy, "inspect the hardware". An Xid of an earlier boot alone is
   healthy: the reboot was the repair. An Xid the catalog does not list is unhealthy, "reset the GPU"
   (the device plugin treats every Xid it does not list as fatal).
-- No kernel log readable (``Host.read_xids``: /dev/kmsg and the syslog files each absent or refused):
+- No kernel log readable (``Host.read_xids``: /dev/kmsg, the journal and the syslog files each absent or refused):
   each GPU's Xid component is ``unknown``, "not judged: …" with what gpud needs to read one; never
   "no Xid since boot". Unknown is worse than healthy and better than any finding (``SEVERITY``).
 - A GPU lost now, or lost earlier in this boot, is unhealthy, "reboot" (NVIDIA: Xid 79 needs a

@@ -360,25 +360,52 @@ def describe(xid: int) -> Xid:
 def unreadable_needs(tried: tuple[tuple[str, str], ...], root: bool) -> list[str]:
     """What gpud needs to read a kernel log, from each source tried and why it failed (``Host.read_xids``'s
     ``KernelLogUnreadable.tried``): /dev/kmsg refused needs root or CAP_SYSLOG (kernel.dmesg_restrict=1,
-    Linux ``check_syslog_permissions``); absent, it was not mounted into the container; a syslog file
-    refused needs read access (Debian's kern.log is 0640 syslog:adm, RHEL's messages 0600 root); none
-    there at all is a journald-only node, where only /dev/kmsg carries the kernel's messages."""
+    Linux ``check_syslog_permissions``); absent, it was not mounted into the container. The journal
+    (``gpud.hw.journald``) refused needs group systemd-journal, or adm where systemd-tmpfiles gave adm
+    read by ACL (systemd's tmpfiles.d/systemd.conf: Debian and Ubuntu build it with adm, Fedora and RHEL
+    with adm and wheel); it needs libsystemd, and this boot's kernel messages in the directories read. A
+    syslog file refused needs read access (Debian's kern.log is 0640 syslog:adm, RHEL's messages 0600
+    root). Nothing there at all is a journald-only node whose journal was not mounted."""
+    from gpud.hw.journald import JOURNAL_DIRS
+
     why = dict(tried)
     needs = []
     kmsg = why.get("/dev/kmsg")
-    files = [(p, w) for p, w in tried if p != "/dev/kmsg"]
+    journal = [(p, w) for p, w in tried if p in JOURNAL_DIRS]
+    files = [(p, w) for p, w in tried if p != "/dev/kmsg" and p not in JOURNAL_DIRS]
     if kmsg == "permission denied":
         needs.append("grant CAP_SYSLOG (or `sudo sysctl kernel.dmesg_restrict=0`) to read /dev/kmsg"
                      if root else "run as root (or grant CAP_SYSLOG) to read /dev/kmsg")
     elif kmsg == "absent":
         needs.append("mount /dev/kmsg read-only into the container")
+
+    def where(reason: str) -> str:
+        return " and ".join(p for p, w in journal if w == reason)
+
+    if where("permission denied"):
+        needs.append(f"grant read access to the journal in {where('permission denied')}" if root else
+                     f"join group systemd-journal, or adm where the journal's ACL grants it, to read "
+                     f"{where('permission denied')}")
+    if where("libsystemd not found"):
+        needs.append(f"install libsystemd (libsystemd0, systemd-libs) to read {where('libsystemd not found')}")
+    if where("no kernel messages of this boot"):
+        absent = " and ".join(p for p, w in journal if w == "absent")
+        needs.append(f"{where('no kernel messages of this boot')} has no kernel message of this boot"
+                     + (f": mount {absent} (journald's volatile journal) too" if absent else
+                        ": check journald's Storage= setting"))
+    for p, w in journal:
+        if w.startswith(("refused", "libsystemd:", "boot id")):
+            needs.append(f"{p}: {w}" if not w.startswith("refused") else
+                         f"make {p} root's and writable by root alone ({w})")
     denied = [p for p, w in files if w == "permission denied"]
     if denied:
         needs.append(f"grant read access to {' or '.join(denied)}" + ("" if root else " (run as root, or join "
                                                                                       "its group, e.g. adm)"))
-    if files and all(w == "absent" for _, w in files):
-        needs.append("journald-only node: no /var/log/kern.log or /var/log/messages, so /dev/kmsg is the only "
-                     "source (gpud does not read the journal)")
+    nothing = [w for _, w in journal + files]
+    if files and all(w in ("absent", "no journal files") for w in nothing):
+        needs.append("journald-only node: no /var/log/kern.log or /var/log/messages, and no journal: mount the "
+                     "host's /var/log/journal and /run/log/journal read-only, readable by group systemd-journal "
+                     "(or adm by the journal's ACL)")
     return needs or ["a readable /dev/kmsg"]
 
 

@@ -15,6 +15,7 @@ from functools import cached_property
 from pathlib import Path
 
 from gpud import procinfo
+from gpud.hw import journald
 from gpud.model import CpuInfo, PciDevice, XidEvent, XorgOption
 
 PCI_ADDR = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -66,7 +67,9 @@ KERNEL_LOG_FILES = ("/var/log/kern.log", "/var/log/messages")  # syslog's kernel
 @dataclass(frozen=True)
 class KernelLogUnreadable:
     """No kernel log could be read: each source tried, in order, and why it failed ("absent",
-    "permission denied", or the error's text). Not an empty log: the Xids are unknown."""
+    "permission denied", the error's text, or for a journal directory one of ``gpud.hw.journald``'s
+    reasons: "libsystemd not found", "no kernel messages of this boot", "refused: …"). Not an empty
+    log: the Xids are unknown."""
 
     tried: tuple[tuple[str, str], ...]
 
@@ -125,13 +128,18 @@ class Host:
         return None if isinstance(log, KernelLogUnreadable) else log
 
     def read_kernel_log(self) -> list[tuple[float | None, str]] | KernelLogUnreadable:
-        """Kernel messages since boot: ``/dev/kmsg`` records, else ``/var/log/kern.log`` or
-        ``/var/log/messages`` lines of this boot; when none of them can be read, which were tried and
-        why each failed (``KernelLogUnreadable``), never an empty log: "not read" is not "no Xids".
+        """Kernel messages since boot: ``/dev/kmsg`` records, else the systemd journal's kernel messages
+        of this boot (``gpud.hw.journald``: ``/var/log/journal`` and ``/run/log/journal``), else
+        ``/var/log/kern.log`` or ``/var/log/messages`` lines of this boot; when none of them can be read,
+        which were tried and why each failed (``KernelLogUnreadable``), never an empty log: "not read" is
+        not "no Xids".
 
         ``/dev/kmsg`` needs CAP_SYSLOG when ``kernel.dmesg_restrict`` is 1 (open fails with EPERM); a
         container has it only when it is mounted in; RHEL's ``/var/log/messages`` is 0600 root, Debian's
-        ``kern.log`` 0640 syslog:adm, and a journald-only node has neither.
+        ``kern.log`` 0640 syslog:adm, and a journald-only node has neither. The journal comes before the
+        syslog files: its entries carry the boot's id and the kernel's own time (the seconds /dev/kmsg
+        gives), where a syslog file's boot is found by its banner or its clock; rsyslog's files are
+        copies of what the kernel (or journald) gave it, so a node with both loses nothing.
         """
         tried: list[tuple[str, str]] = []
         try:
@@ -150,6 +158,10 @@ class Host:
                 secs = int(fields[2]) / 1e6 if len(fields) > 2 and fields[2].isdigit() else None
                 out.append((secs, msg.rstrip("\n")))
             return out
+        journal = journald.kernel_messages(self.root, self.boot_id())
+        if not isinstance(journal, journald.NotRead):
+            return journal
+        tried.extend(journal.tried)
         for rel in KERNEL_LOG_FILES:
             try:
                 text = self.path(rel).read_text(errors="replace")

@@ -239,8 +239,9 @@ FAULTS: dict[str, FaultKind] = {
                               check=_clock_events),
     "xid": FaultKind({"gpu": (int, _ANY), "xid": (int, _ANY), "text": (str, None), "seconds": ((int, float), 5123.4)},
                      "rootfs (the kernel log); machine (the boot began before its time)"),
-    "kernel_log_unreadable": FaultKind({}, "rootfs (no /dev/kmsg and no /var/log/kern.log or /var/log/messages: "
-                                           "a container without the /dev/kmsg mount on a journald-only node)"),
+    "kernel_log_unreadable": FaultKind({}, "rootfs (no /dev/kmsg, no journal, no /var/log/kern.log or "
+                                           "/var/log/messages: a container without the /dev/kmsg and journal "
+                                           "mounts on a journald-only node)"),
     "fan_stuck": FaultKind({"gpu": (int, _ANY), "fan": (int, 0), "percent": (int, 0)},
                            "physics (fan_duty: cools with the stuck duty, reads as asked)",
                            check=_fan_stuck, check_gpus=_fan_exists),

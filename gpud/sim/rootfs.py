@@ -317,8 +317,9 @@ def _xorg(root: Path, xorg: Xorg) -> None:
 
 def _kmsg(root: Path, sim: SimMachine) -> None:
     """/dev/kmsg records (``prio,seq,usec,flags;message``) as a plain file; none at all under a
-    ``kernel_log_unreadable`` fault (the tree has no syslog kernel file either), so the host reader
-    meets an absent source as on a node whose container was given no /dev/kmsg."""
+    ``kernel_log_unreadable`` fault (the tree has no journal and no syslog kernel file either), so the
+    host reader meets an absent source as on a node whose container was given no /dev/kmsg. A journal
+    is no simulated file: a test writes a real one under the root (``tests/test_journald.py``)."""
     if sim.faults_of("kernel_log_unreadable"):
         return
     m = sim.desc.machine
