@@ -211,15 +211,9 @@ def kernel_messages(root: Path, boot_id: str | None) -> list[tuple[float | None,
     found: list[tuple[str, list[int]]] = []
     try:
         for rel in JOURNAL_DIRS:
-            try:
+            dfd: int | None = None
+            try:  # the directory, then its files: a refusal or an error of either is this directory's reason
                 dfd = _open_journal_dir(root, rel, as_root)
-            except _Refused as err:
-                failed.append((rel, str(err)))
-                continue
-            except OSError as err:
-                failed.append((rel, _why(err)))
-                continue
-            try:
                 fds = _journal_files(dfd, rel, as_root)
             except _Refused as err:
                 failed.append((rel, str(err)))
@@ -228,7 +222,8 @@ def kernel_messages(root: Path, boot_id: str | None) -> list[tuple[float | None,
                 failed.append((rel, _why(err)))
                 continue
             finally:
-                os.close(dfd)
+                if dfd is not None:
+                    os.close(dfd)
             found.append((rel, fds))
         with_files = [rel for rel, fds in found if fds]
         if not with_files or any(w != "absent" for _, w in failed):  # one refused directory: Xids unknown
