@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gpud.daemon.requests import REQUESTS
+from gpud.daemon.wake import Wakeable
 from gpud.errors import GpudError
 from gpud.procinfo import status_ids
 
@@ -157,7 +158,7 @@ class Peer:
         return bool(info.st_mode & st.S_IROTH)
 
 
-class _Server(socketserver.ThreadingUnixStreamServer):
+class _Server(Wakeable, socketserver.ThreadingUnixStreamServer):
     daemon_threads = True
 
     def handle_error(self, request: Any, client_address: Any) -> None:

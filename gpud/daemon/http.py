@@ -35,6 +35,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from gpud.daemon.wake import Wakeable
 from gpud.errors import InvalidInput
 from gpud.paths import open_trusted, read_trusted
 
@@ -375,7 +376,7 @@ def make_handler(ep: Endpoints) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-class Server(ThreadingHTTPServer):
+class Server(Wakeable, ThreadingHTTPServer):
     """A thread per connection for reading its request (cheap: it sleeps in recv), MAX_HANDLERS
     slots for answering, MAX_CONNECTIONS open at once: fifty scrapers never turn into fifty threads
     fighting the daemon's loop for the interpreter, and a hundred idle ones block nobody."""
