@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from conftest import run_gpud
 
-from gpud.backends import open_bench, open_machine
+from gpud.backends import SimBench, open_bench, open_machine
 from gpud.burnin.result import Result
 from gpud.burnin.run import run_burnin
 from gpud.config import Config
@@ -108,6 +108,7 @@ def soak(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReques
         sim.inject("link_degraded", gpu=2, width=8)
         sim.inject("wrong_results", gpu=3)
         sim.inject("memory_errors", gpu=3)
+        sim.inject("wrong_results", gpu=1, above_celsius=75)  # the stalled fan's GPU errs once hot
         m.nvml.set_power_limit(3, 200)
         res = run_burnin(m, open_bench(m, "cpu"), Config(), level="soak", gpus=None, device="cpu",
                          duration_s=1800.0)
@@ -138,6 +139,12 @@ def test_the_soak_detects_each_fault(soak: tuple[Result, dict[str, Any]]) -> Non
     assert "burnin.performance.spread" in failing[3]  # slower than its siblings
     assert {"burnin.gemm.fp32.digest", "burnin.gemm.fp32.reference"} <= failing[3]  # wrong results
     assert "burnin.memtest" in failing[3]  # memory errors
+    # wrong only from 75 °C: the load's checked products name the temperature their errors began at
+    hot = next(x for x in soak[0].verdicts if x.test == "burnin.gemm.load" and x.gpu == 1)
+    assert hot.status == "fail" and hot.figure is not None and hot.figure >= 75 and hot.remedy
+    assert f"the first at {hot.figure:.0f} °C" in hot.summary and "a minute" in hot.summary
+    # wrong from the first product on: the same wrong bits each time, which only the siblings show
+    assert "burnin.gemm.load.siblings" in failing[3] and "burnin.gemm.load" not in failing[3]
     brake = next(x for x in soak[0].verdicts if x.test == "burnin.clocks.hw_slowdown" and x.gpu == 2)
     assert "hw_power_brake_slowdown" in brake.summary and brake.source and brake.remedy
 
@@ -450,3 +457,105 @@ def test_an_outlier_among_four_siblings_is_named_by_median_and_mad() -> None:
 
     assert max(abs(z) for z in robust_z([1700.0, 1710.0, 1720.0, 1500.0])) > 3.5
     assert max(abs(z) for z in robust_z([1708.0, 1718.0, 1722.0, 1710.0])) < 3.5
+
+
+def _run(monkeypatch: pytest.MonkeyPatch, name: str, level: str, gpus: list[int] | None = None,
+         faults: list[dict[str, Any]] = (), largest_share: float | None = None) -> Result:  # type: ignore[assignment]
+    """A burn-in in simulated time without the short kernels' child (what is tested is the load and the
+    verdicts)."""
+    from gpud.burnin import run as burnin_run
+
+    m = open_machine(name)
+    for f in faults:
+        m.simulation.machine.inject(**f)
+    m = open_machine(name)  # as the next command sees it (the kernel log's fault is the root tree's)
+    monkeypatch.setattr(burnin_run, "_workload", lambda *a, **k: {g: {} for g in a[3]})
+    bench = SimBench(m.simulation, largest_share)
+    return run_burnin(m, bench, Config(), level=level, gpus=gpus, device="cpu")  # type: ignore[arg-type]
+
+
+def test_wrong_only_hot_fails_a_standard_burnin_and_a_quick_one_says_how_hot_it_checked(
+        state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUD_SIM_SEED", "4")
+    hot = [{"kind": "wrong_results", "gpu": 1, "above_celsius": 75},
+           {"kind": "wrong_results", "gpu": 2, "above_celsius": 95}]  # 95 °C: beyond what the load heats it to
+    res = _run(monkeypatch, "z8-fury-4x-a6000", "standard", faults=hot)
+    v = {(x.test, x.gpu): x for x in res.verdicts}
+    bad = v[("burnin.gemm.load", 1)]
+    assert bad.status == "fail" and bad.figure is not None and bad.figure >= 75
+    first = next(c for c in res.series[1].checks if c.wrong)
+    assert first.temperature_c == bad.figure and all(not c.wrong for c in res.series[1].checks if c.t < first.t)
+    assert v[("burnin.gemm.load.siblings", 1)].status == "fail"
+    spared = v[("burnin.gemm.load", 2)]
+    hottest = max(c.temperature_c or 0 for c in res.series[2].checks)
+    assert spared.status == "pass" and hottest < 95 and f"results checked only up to {hottest} °C" in spared.summary
+    checked = {c.phase for c in res.series[0].checks}
+    assert {"load", "power", "pulse_full"} <= checked and "pulse_idle" not in checked  # every load phase
+    assert res.status == "fail" and res.failed_gpus() == [1]
+
+
+def test_what_could_not_be_measured_is_not_judged_never_a_pass(state_dir: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """One GPU of an RTX 6000 Ada Z8 (ECC off: no counters), its kernel log unreadable: the siblings'
+    comparisons, ECC and Xids are "not judged" with what gpud needs, and the last line says so."""
+    import io
+    from contextlib import redirect_stdout
+
+    from gpud.cli.burnin import render
+
+    res = _run(monkeypatch, "z8-fury-4x-rtx6000ada", "quick", gpus=[0], faults=[{"kind": "kernel_log_unreadable"}])
+    doc = res.json("test", {"name": "z8"})
+    nj = set(doc["not_judged"])
+    assert {"burnin.errors.xid", "burnin.errors.ecc", "burnin.performance.spread", "burnin.gemm.load.siblings",
+            "burnin.workload.figures"} <= nj, nj
+    by = {v.test: v for v in res.not_judged()}
+    assert "/dev/kmsg" in by["burnin.errors.xid"].summary + by["burnin.errors.xid"].remedy
+    assert by["burnin.errors.ecc"].remedy and by["burnin.gemm.load.siblings"].remedy
+    assert all(v.status != "pass" for v in res.verdicts if v.test in nj)
+    out = io.StringIO()
+    with redirect_stdout(out):
+        render(doc)
+    last = out.getvalue().strip().splitlines()[-1]
+    assert "not judged" in last and "PASS: fit to train on" not in out.getvalue() and res.exit_code() == 0
+
+
+def test_a_cpu_rehearsal_judges_no_workload_test_of_the_gpus() -> None:
+    """--device cpu on a machine whose GPUs work: what passed on the host's CPU is not judged; an error
+    found there still fails (the host computes wrong)."""
+    from gpud.backends import RealBench
+    from gpud.burnin.judge import judge
+
+    assert RealBench("cpu").results_are_the_gpus is False and RealBench("cuda").results_are_the_gpus
+    res = Result("ws", "standard", "cpu", [0, 1], {0: "A", 1: "A"}, 0.0, results_are_the_gpus=False)
+    gemm = [{"dtype": d, "digest": "x", "reference_ok": True, "reference_error": 0.0, "reference_rtol": 1.0,
+             "tflops": 1.0} for d in ("bf16", "tf32", "fp32")]
+    res.workload = {g: {"gemm": gemm, "memtest": {"mib": 8, "errors": {"random": 0}, "total_errors": g}}
+                    for g in (0, 1)}
+    health = {"at": 0.0, "ecc": {}, "replay": {}, "xids": []}
+    got = {(v.test, v.gpu): v for v in judge(res, {}, health, health)}
+    assert got[("burnin.gemm.fp32.digest", 0)].summary.startswith("not judged")
+    assert got[("burnin.memtest", 0)].status == "skip" and got[("burnin.memtest", 1)].status == "fail"
+    assert not [v for v in got.values() if v.status == "pass" and v.test.startswith(("burnin.gemm", "burnin.mem"))]
+
+
+def test_targeted_power_closes_the_loop_and_names_why_a_gpu_stays_short(state_dir: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A workload whose largest load asks 80 % of what the GEMM stress does (less than the 300 W limit): GPU0
+    stays short because of the load, which is not judged, never a pass nor the power cables; GPU1 in HW
+    slowdown is held down by it, named, with its remedy."""
+    from gpud.burnin.plan import next_share
+
+    monkeypatch.setenv("GPUD_SIM_SEED", "2")
+    res = _run(monkeypatch, "z8-fury-4x-a6000", "standard", gpus=[0, 1], largest_share=0.8,
+               faults=[{"kind": "clock_events", "gpu": 1, "reasons": ["hw_slowdown"]}])
+    v = {(x.test, x.gpu): x for x in res.verdicts}
+    short, slow = v[("burnin.targeted_power", 0)], v[("burnin.targeted_power", 1)]
+    assert short.status == "skip" and short.summary.startswith("not judged")
+    assert "the load at its largest" in short.summary
+    assert "cable" not in short.remedy and "burnin.targeted_power" in res.json("t", {"name": "z8"})["not_judged"]
+    assert slow.status == "fail" and "held down by HW slowdown" in slow.summary and "cooling" in slow.remedy
+    assert [p.load_share for p in res.series[0].of("power")][-1] == 1.0  # the loop went to the largest load
+    # below 90 % of the board's maximum the loop sizes the load to the target (DCGM's RecalcMatrixDim)
+    assert next_share(1.0, 300.0, 200.0, 300.0) == pytest.approx(200 / 300)
+    assert next_share(0.5, 100.0, 200.0, 300.0) == 1.0 and next_share(0.6, 201.0, 200.0, 300.0) == 0.6
+    assert next_share(0.3, 100.0, 290.0, 300.0) == 1.0  # a target near the maximum takes the largest at once

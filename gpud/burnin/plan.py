@@ -23,6 +23,13 @@ class Threshold:
 THRESHOLDS: dict[str, Threshold] = {
     "gemm.digest": Threshold(0, "bit-identical results across GPUs of one model on the same inputs with "
                                 "deterministic kernels (gpu-burn compares results the same way)"),
+    "checked": Threshold(0, "every product of the load (targeted power, load steps, soak) the same bits as the GPU's "
+                            "first product of the same inputs (fp32, deterministic kernels); gpu-burn and DCGM's "
+                            "diagnostic compare each iteration's result for the whole run, heat being when a "
+                            "marginal GPU starts to err"),
+    "load.reference": Threshold(1, "the first product's leading rows within Higham's bound of the host's float64 "
+                                   "product: |C - fl(AB)| <= gamma_k |A||B|, gamma_k = k u / (1 - k u), u = 2^-24 "
+                                   "(Higham, Accuracy and Stability of Numerical Algorithms, 2002, eq. 3.13)"),
     "gemm.reference": Threshold(1, "relative error against a float64 host product within 4× the format's unit "
                                    "roundoff (bf16 2^-8, tf32 2^-10, fp32 2^-20 with sqrt(k) growth; Higham, ch. 3)"),
     "spread": Threshold(0.03, "within 3 % of the median of the GPUs of the same model (siblings)"),
@@ -51,7 +58,21 @@ THRESHOLDS: dict[str, Threshold] = {
     "clock_cv": Threshold(0.01, "SM clock coefficient of variation at most 1 % after settling"),
     "link": Threshold(1, "under load the link runs at its own maximum generation and width (NVML's max link, "
                          "the lower of the GPU's and the slot's)"),
-    "new_errors": Threshold(0, "no new Xid, ECC error or PCIe replay during the run"),
+    "new_errors": Threshold(0, "no new Xid, ECC error or NVLink replay/recovery error during the run"),
+    # DCGM's DcgmGpuHardwareLimits.h: "8 replays per minute is the maximum recommended by RM"
+    # (DCGM_LIMIT_MAX_PCIREPLAY_RATE); below it a new replay is a warning.
+    "pcie_replay_rate": Threshold(8, "PCIe replays at most 8 a minute (DCGM_LIMIT_MAX_PCIREPLAY_RATE: \"the maximum "
+                                     "recommended by RM\"); fewer new ones warn"),
+    # DcgmGpuHardwareLimits.h: "CRC errors only matter at rates of 100+ per second"
+    # (DCGM_LIMIT_MAX_LWLINK_CRC_ERROR 100.0); replay and recovery errors: DCGM_LIMIT_MAX_LWLINK_ERROR 1.
+    "nvlink_crc_rate": Threshold(100, "NVLink CRC errors under 100 a second (DCGM_LIMIT_MAX_LWLINK_CRC_ERROR); "
+                                      "any replay or recovery error fails (DCGM_LIMIT_MAX_LWLINK_ERROR 1)"),
+    # DcgmGpuHardwareLimits.h: DCGM_LIMIT_MAX_RETIRED_PAGES 60, DCGM_LIMIT_MAX_RETIRED_PAGES_SOFT_LIMIT 15.
+    "retired_pages": Threshold(60, "fewer than 60 retired pages and none pending (DCGM_LIMIT_MAX_RETIRED_PAGES); "
+                                   "15 or more warn (its soft limit)"),
+    "retired_pages_soft": Threshold(15, "DCGM_LIMIT_MAX_RETIRED_PAGES_SOFT_LIMIT"),
+    "remapped_rows": Threshold(0, "no failed row remap (nvmlDeviceGetRemappedRows: a failure means no spare row "
+                                  "was left); a pending remap warns: it applies at the next GPU reset"),
 }
 
 
@@ -69,6 +90,13 @@ class Plan:
     soak_s: float
     gemm_seconds: float  # per dtype, in the child (wall time)
 
+    @property
+    def soak_sample_s(self) -> float:
+        """Seconds between the soak's readings: each second up to 2 hours, then at most 7 200 readings per
+        GPU (a 24-hour soak reads every 12 s), which bounds the result file and the report (a reading a second
+        of four GPUs for 24 hours is 345 600 points, about 80 MB of JSON)."""
+        return max(1.0, self.soak_s / 7200.0)
+
 
 def plan_for(level: Level, duration_s: float | None = None) -> Plan:
     if level == "quick":
@@ -77,3 +105,21 @@ def plan_for(level: Level, duration_s: float | None = None) -> Plan:
         # DCGM targeted power: test_duration 120 s (nvvs/plugin_src/targeted_power defaults).
         return Plan(level, 60.0, True, 120.0, 5, 15.0, 0.0, 5.0)
     return Plan(level, 60.0, True, 120.0, 5, 15.0, float(duration_s or 1800.0), 5.0)
+
+
+def next_share(share: float, power_w: float | None, target_w: float, max_w: float | None) -> float:
+    """Targeted power's closed loop, DCGM's way (nvvs plugin ``TargetedPower.cpp``, ``RecalcMatrixDim``): a
+    target at 90 % or more of the board's maximum power takes the largest load ("if we're targeting close to
+    max power, just go for it"); otherwise the load's work (n² of the matrix dimension) follows the percent
+    difference between the draw and the target, ramping up fast from far below (-50 % or less) and left alone
+    within ±5 %. ``share``: the load's work as a share of its largest."""
+    if max_w is not None and target_w >= 0.9 * max_w:
+        return 1.0
+    if power_w is None or power_w <= 0:
+        return share
+    diff = 200.0 * (power_w - target_w) / (power_w + target_w)  # DCGM's PercentDiff
+    if diff <= -50.0:
+        return min(1.0, share * 2.0)
+    if abs(diff) >= 5.0:
+        return max(0.01, min(1.0, share * target_w / power_w))
+    return share

@@ -167,15 +167,115 @@ def memtest(device: torch.device, mib: int, chunk_mib: int = 256) -> dict[str, A
     return {"mib": mib, "errors": errors, "total_errors": sum(errors.values())}
 
 
-def burn(device: torch.device, seconds: float, n: int) -> dict[str, Any]:
-    """Sustained GEMM load for ``seconds`` (the soak, targeted power and load steps hold it)."""
-    a, b = _inputs(n, torch.float32, device)
+# The fp32 product's error bound (Higham, "Accuracy and Stability of Numerical Algorithms", 2nd ed., 2002,
+# §3.5, eq. (3.13)): |C - fl(AB)| <= gamma_k |A||B| elementwise, gamma_k = k u / (1 - k u), u = 2^-24 for
+# IEEE single precision, whatever the order of the sums (cuBLAS's split-k included). TF32 is off for it.
+FP32_UNIT_ROUNDOFF = 2.0**-24
+# The host checks the rows of the first product it can afford: at most this many multiply-adds in float64.
+HOST_REFERENCE_MACS = 2e9
+
+
+def checksum(t: torch.Tensor) -> int:
+    """The product's bits summed as 64-bit integers: two products with the same bits have the same sum, one
+    flipped bit changes it. Cheap on the device, so siblings can compare each report's last product."""
+    return int(t.contiguous().view(torch.int32).to(torch.int64).sum().item())
+
+
+class Checked:
+    """The sustained load's products, checked: the same inputs each iteration, each product compared bit for
+    bit with the GPU's first (fp32 GEMM, deterministic kernels: the same bits every time on a sound GPU;
+    gpu-burn compares each result against its first one too), and the first product's leading rows with the
+    host's float64 product (the same kernel, on the rows the host can afford; Higham's bound)."""
+
+    def __init__(self, device: torch.device, n: int) -> None:
+        if device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = False
+        self.device, self.n = device, n
+        self.a, self.b = _inputs(n, torch.float32, device, seed=4321)
+        self.first: torch.Tensor | None = None
+        self.first_sum: int | None = None
+        self.reference: dict[str, Any] | None = None
+
+    def _reference(self, c: torch.Tensor) -> dict[str, Any]:
+        rows = max(1, min(self.n, int(HOST_REFERENCE_MACS // (self.n * self.n))))
+        a, b = self.a[:rows].double().cpu(), self.b.double().cpu()
+        ref = a @ b
+        bound = a.abs() @ b.abs()
+        k = self.n
+        gamma = k * FP32_UNIT_ROUNDOFF / (1 - k * FP32_UNIT_ROUNDOFF)
+        err = (c[:rows].double().cpu() - ref).abs()
+        ratio = float((err / (gamma * bound).clamp_min(1e-300)).max().item())
+        return {"rows": rows, "worst_share_of_bound": ratio, "ok": ratio <= 1.0}
+
+    def run(self, iterations: int, faults: list[str]) -> dict[str, Any]:
+        """``iterations`` products; how many differed from the first (and in how many words)."""
+        wrong = torch.zeros((), dtype=torch.int64, device=self.device)
+        words = torch.zeros((), dtype=torch.int64, device=self.device)
+        c = self.first
+        for _ in range(max(1, iterations)):
+            c = self.a @ self.b
+            if "wrong_results" in faults:  # a simulated GPU's fault: its stand-in alters one element
+                c.view(-1)[0] += 1.0
+            if self.first is None:
+                self.first, self.first_sum = c.clone(), checksum(c)
+                self.reference = self._reference(c)
+                continue
+            diff = (c.view(torch.int32) != self.first.view(torch.int32)).sum()
+            words += diff
+            wrong += (diff > 0).to(torch.int64)
+        _sync(self.device)
+        assert c is not None
+        return {"iterations": max(1, iterations), "wrong": int(wrong.item()), "words": int(words.item()),
+                "checksum": checksum(c), "first": self.first_sum, "reference": self.reference}
+
+
+def serve(spec: dict[str, Any], lines: Any, out: Any) -> None:
+    """The checked load stepped by its parent: one JSON request a line (``iterations``, each GPU's
+    ``faults``), one JSON answer a line (each GPU's ``Checked.run``). A simulated workstation paces it with
+    simulated time; the CPU stands in for each GPU (one ``Checked`` each, the same inputs)."""
+    device = torch.device("cpu") if spec["device"] != "cuda" else torch.device("cuda", int(spec.get("cuda_index", 0)))
+    checkers = {str(g): Checked(device, int(spec["gemm_n"])) for g in spec["gpus"]}
+    for line in lines:
+        req = json.loads(line)
+        faults = req.get("faults") or {}
+        answer = {g: c.run(int(req.get("iterations", 1)), list(faults.get(g, []))) for g, c in checkers.items()
+                  if g in (req.get("gpus") or checkers)}
+        out.write(json.dumps({"gpus": answer}) + "\n")
+        out.flush()
+
+
+def _size(path: str | None, n: int) -> int:
+    """The matrix dimension the parent asks for now (targeted power's closed loop writes it), else ``n``."""
+    if not path:
+        return n
+    try:
+        with open(path) as f:
+            return max(64, min(n, int(f.read().strip() or n)))
+    except (OSError, ValueError):
+        return n
+
+
+def burn(device: torch.device, seconds: float, n: int, report: str | None = None,
+         size: str | None = None) -> dict[str, Any]:
+    """Sustained, checked GEMM load for ``seconds`` (the soak, targeted power and load steps hold it): each
+    product compared with the first of its size (``Checked``); about once a second a line of what was checked
+    since the last is appended to ``report`` (the parent reads it as it goes), and the matrix dimension is
+    read again from ``size`` (at most ``n``): targeted power's closed loop sizes the load so."""
+    checks: dict[int, Checked] = {}
     start, reps = time.perf_counter(), 0
     while time.perf_counter() - start < seconds:
-        for _ in range(8):
-            a @ b
-        reps += 8
-        _sync(device)
+        dim = _size(size, n)
+        check = checks.get(dim) or checks.setdefault(dim, Checked(device, dim))
+        t, done = time.perf_counter(), {"iterations": 0, "wrong": 0, "words": 0, "n": dim}
+        while time.perf_counter() - t < 1.0:
+            more = check.run(8, [])
+            for k in ("iterations", "wrong", "words"):
+                done[k] += more[k]
+            done.update(checksum=more["checksum"], first=more["first"], reference=more["reference"])
+        reps += done["iterations"]
+        if report:
+            with open(report, "a") as f:
+                f.write(json.dumps(done) + "\n")
     return {"seconds": time.perf_counter() - start, "products": reps}
 
 
@@ -199,7 +299,8 @@ def run_one(spec: dict[str, Any], index: int) -> dict[str, Any]:
         elif task == "memtest":
             out["memtest"] = memtest(device, int(spec["memtest_mib"]))
         elif task == "burn":
-            out["burn"] = burn(device, float(spec["burn_seconds"]), int(spec["gemm_n"]))
+            out["burn"] = burn(device, float(spec["burn_seconds"]), int(spec["gemm_n"]), spec.get("report"),
+                               spec.get("size"))
         else:
             raise SystemExit(f"unknown task {task!r}")
     return out
@@ -216,6 +317,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     spec = json.loads(open(argv[0]).read())
+    if spec.get("tasks") == ["serve"]:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        if spec["device"] != "cuda":
+            torch.set_num_threads(1)  # small products, one at a time: threads would only wait on each other
+        serve(spec, sys.stdin, sys.stdout)
+        return 0
     result = run(spec)
     tmp = spec["out"] + ".tmp"
     with open(tmp, "w") as f:
