@@ -53,9 +53,10 @@ class RealBench:
     def release(self) -> None:
         self._load.stop()
 
-    def check(self, gpus: list[int]) -> dict[int, dict[str, Any]]:
-        """What the load's children checked since the last call: every product, against each GPU's first."""
-        return self._load.checks()
+    def check(self, gpus: list[int], tag: Any = None) -> list[tuple[Any, dict[int, dict[str, Any]]]]:
+        """What the load's children checked since the last call (every product, against each GPU's first),
+        as of now (``tag``); nothing to collect at a phase's end (``tag`` None)."""
+        return [(tag, self._load.checks())] if tag is not None else []
 
     def size(self, gpu: int, share: float) -> None:
         """The GPU's load sized to ``share`` of its largest (the children's matrix dimension)."""
@@ -104,17 +105,22 @@ class SimBench:
         if (m.settings(gpu).get("load") or [0])[0]:
             m.set_load(gpu, 100, self._demand(gpu))
 
-    def check(self, gpus: list[int]) -> dict[int, dict[str, Any]]:
+    def check(self, gpus: list[int], tag: Any = None) -> list[tuple[Any, dict[int, dict[str, Any]]]]:
         """One checked product per GPU on its stand-in, with the faults the GPU has now (a ``wrong_results``
-        with ``above_celsius`` while it is that hot): the same ``Checked`` kernel and comparison as the
-        load's children on GPUs, stepped by simulated time."""
+        with ``above_celsius`` while it is that hot), tagged ``tag``: the same ``Checked`` kernel and
+        comparison as the load's children on GPUs, stepped by simulated time. The stand-in computes while
+        the caller reads the telemetry: the answers returned are of the step asked before (each with its
+        tag); ``tag`` None collects the last one and asks nothing (a phase's end)."""
         from gpud.probe.stress_run import SteppedChecks
 
         if self._checks is None or self._checks.gpus != list(gpus):
+            if tag is None:
+                return []
             if self._checks is not None:
                 self._checks.stop()
             self._checks = SteppedChecks("cpu", list(gpus))
-        return dict(self._checks.check({g: self.device_faults(g) for g in gpus}))
+        faults = {g: self.device_faults(g) for g in gpus} if tag is not None else None
+        return list(self._checks.check(faults, tag))
 
     def now(self) -> float:
         return float(self.sim.machine.now())

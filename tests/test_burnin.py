@@ -559,3 +559,91 @@ def test_targeted_power_closes_the_loop_and_names_why_a_gpu_stays_short(state_di
     assert next_share(1.0, 300.0, 200.0, 300.0) == pytest.approx(200 / 300)
     assert next_share(0.5, 100.0, 200.0, 300.0) == 1.0 and next_share(0.6, 201.0, 200.0, 300.0) == 0.6
     assert next_share(0.3, 100.0, 290.0, 300.0) == 1.0  # a target near the maximum takes the largest at once
+
+
+def test_a_24_hour_soak_runs_in_simulated_time_and_writes_its_result_as_it_goes(
+        state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpud.burnin import run as burnin_run
+    from gpud.burnin.progress import ProgressLog, load
+
+    monkeypatch.setenv("GPUD_SIM_SEED", "5")
+    monkeypatch.setattr(burnin_run, "_workload", lambda *a, **k: {g: {} for g in a[3]})
+    m = open_machine("z8-fury-4x-a6000")
+    path = tmp_path / "run.jsonl"
+    res = run_burnin(m, open_bench(m, "cpu"), Config(), level="soak", gpus=[0], device="cpu", duration_s=86400.0,
+                     log=ProgressLog(path, "test", {"name": "z8"}))
+    soak = res.series[0].of("soak")
+    assert res.seconds >= 86400 + 330 and res.wall_seconds < res.seconds / 1000
+    assert 7100 <= len(soak) <= 7300 and soak[1].t - soak[0].t == pytest.approx(12.0, abs=0.5)  # 7 200 readings
+    assert max(c.t for c in res.series[0].checks) > 86000  # checked to the end
+    v = {x.test: x for x in res.verdicts if x.gpu == 0}
+    assert v["burnin.thermal.settle"].status == "pass" and v["burnin.gemm.load"].status == "pass"
+    lines = path.read_text().splitlines()
+    assert sum('"so_far"' in line for line in lines) >= 47 and '"end"' in lines[-1]  # every 30 min of 24 h
+    back, env = load(path)
+    assert not back.interrupted and [x.json() for x in back.verdicts] == [x.json() for x in res.verdicts]
+    assert len(back.series[0].points) == len(res.series[0].points) and env["host"] == {"name": "z8"}
+
+
+KILLED = """
+import os, signal, sys
+from pathlib import Path
+from gpud.backends import open_bench, open_machine
+from gpud.burnin import run as burnin_run
+from gpud.burnin.progress import ProgressLog
+from gpud.config import Config
+burnin_run._workload = lambda *a, **k: {g: {} for g in a[3]}
+m = open_machine("z8-fury-4x-a6000")
+m.simulation.machine.inject("clock_events", gpu=1, reasons=["hw_power_brake_slowdown"])
+m = open_machine("z8-fury-4x-a6000")
+bench = open_bench(m, "cpu")
+sleep, start = bench.sleep, bench.now()
+def dying(seconds):
+    sleep(seconds)
+    if bench.now() - start > 1500:  # 25 minutes in: the power goes (SIGKILL, nothing flushed on the way out)
+        os.kill(os.getpid(), signal.SIGKILL)
+bench.sleep = dying
+burnin_run.run_burnin(m, bench, Config(), level="soak", gpus=[0, 1], device="cpu", duration_s=1800.0,
+                      log=ProgressLog(Path(sys.argv[1]), "test", {"name": "z8"}))
+"""
+
+
+def test_a_burnin_killed_in_its_middle_keeps_its_results_so_far(state_dir: Path, tmp_path: Path) -> None:
+    import sys
+
+    from gpud.burnin.progress import load
+
+    path, report = tmp_path / "run.jsonl", tmp_path / "r.html"
+    r = subprocess.run([sys.executable, "-c", KILLED, str(path)], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "GPUD_SIM_SEED": "6"})
+    assert r.returncode == -9, r.stderr[-2000:]
+    res, _ = load(path)
+    assert res.interrupted and 1400 <= res.seconds <= 1520  # what was measured up to the kill
+    assert len(res.series[1].of("soak")) > 1000 and res.series[1].checks
+    so_far = {(v.test, v.gpu): v for v in res.verdicts}
+    assert so_far[("burnin.clocks.hw_slowdown", 1)].status == "fail"  # judged as far as it ran
+    assert so_far[("burnin.clocks.hw_slowdown", 0)].status == "pass"
+    shown = run_gpud("burnin", "--from", str(path), "--report", str(report))
+    assert shown.returncode == 130 and "interrupted after" in shown.stdout
+    assert "burnin.clocks.hw_slowdown" in shown.stdout
+    assert report.read_text().count("<svg") == 2 * 5
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_gpu_a_few_percent_slower_than_its_three_siblings_is_named(state_dir: Path, seed: int,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the simulator's noise and spread (silicon, coolers, dithering clocks): GPU2 at a 273 W limit (its
+    siblings at 300 W) runs about 5 % slower and fails the spread, named; its siblings raise no alarm (the
+    healthy Z8 raises none: test_quick_on_the_healthy_z8_passes_within_two_minutes)."""
+    from gpud.burnin import run as burnin_run
+
+    monkeypatch.setenv("GPUD_SIM_SEED", str(seed))
+    monkeypatch.setattr(burnin_run, "_workload", lambda *a, **k: {g: {} for g in a[3]})
+    m = open_machine("z8-fury-4x-a6000")
+    m.nvml.set_power_limit(2, 273)
+    res = run_burnin(m, open_bench(m, "cpu"), Config(), level="quick", gpus=None, device="cpu")
+    spread = {v.gpu: v for v in res.verdicts if v.test == "burnin.performance.spread"}
+    assert spread[2].status == "fail" and spread[2].figure is not None and 0.03 < spread[2].figure < 0.08
+    assert "below its siblings' median" in spread[2].summary and spread[2].remedy
+    assert [spread[g].status for g in (0, 1, 3)] == ["pass"] * 3
+    assert res.failed_gpus() == [2]

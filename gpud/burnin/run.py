@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from gpud.burnin.judge import judge
 from gpud.burnin.plan import Level, next_share, plan_for
+from gpud.burnin.progress import ProgressLog
 from gpud.burnin.result import Result, Verdict
 from gpud.burnin.telemetry import Check, Series, point
 from gpud.config import Config
@@ -37,7 +38,7 @@ class Bench(Protocol):
     results_are_the_gpus: bool
     check_every_s: float  # how often the load's checks are collected (seconds of the GPUs' time)
 
-    def check(self, gpus: list[int]) -> dict[int, dict[str, Any]]: ...
+    def check(self, gpus: list[int], tag: Any = None) -> list[tuple[Any, dict[int, dict[str, Any]]]]: ...
 
     def size(self, gpu: int, share: float) -> None: ...
 
@@ -148,10 +149,11 @@ def _health(machine: Machine, gpus: list[int], at: float) -> dict[str, Any]:
 def run_burnin(machine: Machine, bench: Bench, config: Config, *, level: Level, gpus: list[int] | None,
                device: str, duration_s: float | None = None, allow_busy: bool = False,
                progress: Progress | None = None, fan_curves: dict[int, dict[str, Any]] | None = None,
-               target_power_w: float | None = None) -> Result:
+               target_power_w: float | None = None, log: ProgressLog | None = None) -> Result:
     """``fan_curves``: each GPU's fan setting to hold it to (a profile's ``fan`` table, ``mode = "curve"``);
     by default the applied profile's, from the tuning state (the daemon drives them). ``target_power_w``:
-    targeted power's target (default each GPU's enforced limit)."""
+    targeted power's target (default each GPU's enforced limit). ``log``: the result file written as the run
+    goes (``gpud.burnin.progress``): every reading, and the verdicts so far every 10 minutes."""
     plan = plan_for(level, duration_s)
     wall0 = time.monotonic()
     snap = machine.snapshot()
@@ -228,25 +230,51 @@ def run_burnin(machine: Machine, bench: Bench, config: Config, *, level: Level, 
             done += step
             t = bench.now() - t0
             due = done - last >= bench.check_every_s - 1e-9 or done >= end - 1e-9
-            got = bench.check(chosen) if busy_now and due else {}
+            answered = bench.check(chosen, (t, phase)) if busy_now and due else []
             last = done if due else last
+            temps: dict[int, int | None] = {}
             for g in chosen:
                 p = point(t, phase, machine.nvml.telemetry(g))
                 series[g].points.append(p)
+                temps[g] = p.temperature_c
                 if phase == "power":
                     steer(g, p)
-                c = got.get(g)
-                if c is None:
+            if busy_now and due:
+                asked[(t, phase)] = temps
+            new = collect(answered)
+            if log is not None:
+                log.reading({g: series[g].points[-1] for g in chosen}, new)
+                if log.due(done):
+                    res.seconds = done
+                    log.so_far(res, res.verdicts + judge(res, infos, before, _health(machine, chosen, bench.now())),
+                               done)
+            if int(done) % 10 < every:
+                say(phase, max(0.0, _total(plan) - done))
+        new = collect(bench.check(chosen, None))  # the phase's last step
+        if log is not None and new:
+            log.reading({}, new)
+        asked.clear()
+
+    asked: dict[tuple[float, str], dict[int, int | None]] = {}  # each check's time and phase → temperatures
+
+    def collect(answered: list[tuple[Any, dict[int, dict[str, Any]]]]) -> list[tuple[int, Check]]:
+        """File each answered check under the reading it was asked at (its time, phase and temperature)."""
+        out: list[tuple[int, Check]] = []
+        for tag, got in answered:
+            t, phase = tag if tag is not None else (bench.now() - t0, "?")
+            temps = asked.pop(tag, {}) if tag is not None else {}
+            for g, c in got.items():
+                if g not in series:
                     continue
                 if "error" in c:
                     series[g].check_error = str(c["error"])
                     continue
-                series[g].checks.append(Check(t, phase, p.temperature_c, int(c["iterations"]), int(c["wrong"]),
+                series[g].checks.append(Check(t, phase, temps.get(g), int(c["iterations"]), int(c["wrong"]),
                                               int(c["words"]), c.get("checksum"), c.get("first")))
+                out.append((g, series[g].checks[-1]))
                 if series[g].reference is None and c.get("reference"):
                     series[g].reference = dict(c["reference"])
-            if int(done) % 10 < every:
-                say(phase, max(0.0, _total(plan) - done))
+        return out
 
     try:
         say("GEMM, bandwidth" + (", memory test" if plan.memtest else ""), _total(plan))
@@ -259,6 +287,8 @@ def run_burnin(machine: Machine, bench: Bench, config: Config, *, level: Level, 
             res.verdicts.append(Verdict("burnin.probe", "skip", "the probe's P2P and all-reduce are judged on GPUs "
                                         "only (--device cuda): on the CPU they measure the host",
                                         source="gpud probe (docs/probe.md)"))
+        if log is not None:
+            log.start(res, _total(plan))
         hold("load", plan.load_s, True)
         if plan.targeted_power_s:
             hold("power", plan.targeted_power_s, True)
@@ -280,6 +310,8 @@ def run_burnin(machine: Machine, bench: Bench, config: Config, *, level: Level, 
     after = _health(machine, chosen, bench.now())
     res.verdicts.extend(judge(res, infos, before, after))
     res.wall_seconds = time.monotonic() - wall0
+    if log is not None:
+        log.end(res)
     return res
 
 

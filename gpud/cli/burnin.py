@@ -103,7 +103,7 @@ def render(doc: dict[str, Any]) -> None:
     failed = [g["index"] for g in doc["gpus"] if g["status"] == "fail"]
     tests = sorted({v["test"] for v in doc["verdicts"] if v["status"] == "fail"})
     if doc["interrupted"]:
-        print("burn-in interrupted: the load was released; the verdicts cover what ran")
+        print(f"burn-in interrupted after {doc['seconds'] / 60:.1f} min: the verdicts cover what ran")
     if doc["status"] == "fail":
         who = f"GPU {ranges(failed)}" if failed else "the machine"
         echo_wrapped(f"{who} — {', '.join(tests)}", indent="  ", first=colour("FAIL: ", "31"))
@@ -131,6 +131,12 @@ def burnin(
     target_power: Annotated[float | None, typer.Option(
         "--target-power", metavar="W", min=1.0,
         help="Targeted power's target in watts (default each GPU's enforced limit).")] = None,
+    result: Annotated[Path | None, typer.Option(
+        "--result", metavar="FILE.jsonl",
+        help="Write the run to FILE as it goes (default burnin-run.jsonl in the state directory).")] = None,
+    from_file: Annotated[Path | None, typer.Option(
+        "--from", metavar="FILE.jsonl",
+        help="Run nothing: show (and --report) the run a result file holds, also one cut short.")] = None,
     rehearsal: Annotated[bool, typer.Option(
         "--rehearsal", help="Allow --device cpu on a machine whose GPUs work: a rehearsal, its workload tests "
                             "not judged.")] = False,
@@ -159,6 +165,8 @@ def burnin(
         from gpud.paths import check_output
 
         check_output(report, "--report", (".html", ".htm"), "FILE.html in an existing directory")
+    if from_file is not None:
+        _show(from_file, report, json)
     m = machine(simulate)
     snap = m.snapshot()
     chosen = parse_gpus(gpus, len(snap.samples)) if gpus is not None else None
@@ -170,8 +178,15 @@ def burnin(
                                            "to rehearse (its workload tests are not judged)")
     progress = Progress(bench.simulated_time)
     config = cfg.load()
-    res = run_burnin(m, bench, config, level=lv, gpus=chosen, device=dev, duration_s=seconds,
-                     allow_busy=allow_busy, progress=progress, target_power_w=target_power)
+    from gpud.burnin.progress import ProgressLog
+    from gpud.paths import burnin_run_path
+
+    log = ProgressLog(result or burnin_run_path(), __version__, host(m, snap))
+    try:
+        res = run_burnin(m, bench, config, level=lv, gpus=chosen, device=dev, duration_s=seconds,
+                         allow_busy=allow_busy, progress=progress, target_power_w=target_power, log=log)
+    finally:
+        log.close()
     progress.done()
     doc = res.json(__version__, host(m, snap))
     record(res, doc)
@@ -188,6 +203,29 @@ def burnin(
     if res.interrupted:
         raise typer.Exit(130)
     raise typer.Exit(res.exit_code())
+
+
+def _show(path: Path, report: Path | None, json: bool) -> None:
+    """``--from FILE``: the run a result file holds, as text or JSON, and its HTML report; exit as the run
+    would have (130 for one cut short: what it measured is judged as far as its last verdicts so far)."""
+    from gpud.burnin.progress import load
+
+    try:
+        res, env = load(path)
+    except (OSError, ValueError) as err:
+        raise InvalidInput("--from", "", f"{path}: {err}") from err
+    doc = res.json(str(env["version"]), dict(env["host"]))
+    if report is not None:
+        from gpud.burnin.html import write_report
+
+        write_report(report, res, doc)
+    if json:
+        emit_json(doc)
+    else:
+        render(doc)
+        if report is not None:
+            print(f"report: {report}")
+    raise typer.Exit(130 if res.interrupted else res.exit_code())
 
 
 def register(app: Any) -> None:

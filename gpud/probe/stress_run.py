@@ -188,6 +188,7 @@ class SteppedChecks:
         self.device, self.gpus, self.gemm_n, self.timeout = device, list(gpus), gemm_n, timeout
         self._proc: subprocess.Popen[bytes] | None = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._pending: Any = None  # the tag of the step asked and not yet collected
 
     def _open(self) -> subprocess.Popen[bytes]:
         self._tmp = tempfile.TemporaryDirectory(prefix="gpud-check-")
@@ -203,28 +204,43 @@ class SteppedChecks:
         finally:
             log.close()
 
-    def check(self, faults: dict[int, list[str]], iterations: int = 1) -> dict[int, dict[str, Any]]:
-        """One step: ``iterations`` checked products per GPU with ``faults``; each GPU's answer, or
-        ``{"error": …}`` for all when the child is gone."""
+    def check(self, faults: dict[int, list[str]] | None, tag: Any = None,
+              iterations: int = 1) -> list[tuple[Any, dict[int, dict[str, Any]]]]:
+        """Ask for one step (``iterations`` checked products per GPU with ``faults``, tagged ``tag``) and
+        collect the step asked before: the child computes while the caller reads its telemetry, so one
+        request is outstanding at a time. ``faults`` None asks nothing: the outstanding answer only (the end
+        of a phase). Returns (tag, each GPU's answer) of the steps answered; ``{"error": …}`` for every
+        GPU when the child is gone."""
+        out: list[tuple[Any, dict[int, dict[str, Any]]]] = []
         try:
-            if self._proc is None:
-                self._proc = self._open()
-            assert self._proc.stdin is not None and self._proc.stdout is not None
-            req = {"iterations": iterations, "faults": {str(g): f for g, f in faults.items() if f}}
-            self._proc.stdin.write((json.dumps(req) + "\n").encode())
-            self._proc.stdin.flush()
-            line = self._proc.stdout.readline()
-            if not line:
-                raise StressError("the checked load's child exited")
-            return {int(g): r for g, r in json.loads(line)["gpus"].items()}
+            if self._pending is not None:
+                out.append((self._pending, self._read_answer()))
+                self._pending = None
+            if faults is not None:
+                if self._proc is None:
+                    self._proc = self._open()
+                assert self._proc.stdin is not None
+                req = {"iterations": iterations, "faults": {str(g): f for g, f in faults.items() if f}}
+                self._proc.stdin.write((json.dumps(req) + "\n").encode())
+                self._proc.stdin.flush()
+                self._pending = tag
         except (OSError, ValueError, StressError) as err:
             log = Path(self._tmp.name) / "serve.log" if self._tmp is not None else None
             lines = log.read_text(errors="replace").strip().splitlines() if log and log.is_file() else []
             tail = lines[-1] if lines else ""
             self.stop()
-            return {g: {"error": f"{err}" + (f": {tail}" if tail else "")} for g in self.gpus}
+            out.append((tag, {g: {"error": f"{err}" + (f": {tail}" if tail else "")} for g in self.gpus}))
+        return out
+
+    def _read_answer(self) -> dict[int, dict[str, Any]]:
+        assert self._proc is not None and self._proc.stdout is not None
+        line = self._proc.stdout.readline()
+        if not line:
+            raise StressError("the checked load's child exited")
+        return {int(g): r for g, r in json.loads(line)["gpus"].items()}
 
     def stop(self) -> None:
+        self._pending = None
         if self._proc is not None:
             _kill(self._proc)
             for f in (self._proc.stdin, self._proc.stdout):
