@@ -474,7 +474,7 @@ def _run(monkeypatch: pytest.MonkeyPatch, name: str, level: str, gpus: list[int]
     return run_burnin(m, bench, Config(), level=level, gpus=gpus, device="cpu")  # type: ignore[arg-type]
 
 
-def test_wrong_only_hot_fails_a_standard_burnin_and_a_quick_one_says_how_hot_it_checked(
+def test_wrong_only_hot_fails_a_standard_burnin_naming_the_temperature(
         state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUD_SIM_SEED", "4")
     hot = [{"kind": "wrong_results", "gpu": 1, "above_celsius": 75},
@@ -647,3 +647,38 @@ def test_a_gpu_a_few_percent_slower_than_its_three_siblings_is_named(state_dir: 
     assert "below its siblings' median" in spread[2].summary and spread[2].remedy
     assert [spread[g].status for g in (0, 1, 3)] == ["pass"] * 3
     assert res.failed_gpus() == [2]
+
+
+def test_error_counters_are_judged_with_dcgms_limits_and_unread_ones_are_not_judged(state_dir: Path) -> None:
+    """PCIe replays above DCGM's 8 a minute fail (fewer warn), AER uncorrectable errors fail, NVLink replay
+    errors fail and CRC errors below 100 a second warn; retired pages at DCGM's 60 fail; a GPU whose sysfs
+    has no AER counters and whose NVML has no replay counter is not judged for them. The counts come from the
+    simulated root tree and NVML as the burn-in reads them (Host.aer_counts, fresh samples)."""
+    from gpud.burnin.judge import judge
+    from gpud.burnin.run import _health
+
+    m = open_machine("z8-fury-4x-a6000")
+    infos = {i: m.info(i) for i in range(3)}
+    before = _health(m, [0, 1, 2], 0.0)
+    assert before["aer"][0] == {"correctable": 0, "nonfatal": 0, "fatal": 0}  # the root tree's sysfs
+    after = copy.deepcopy(before)
+    after["at"] = 600.0  # ten minutes later
+    after["replay"][0] = (before["replay"][0] or 0) + 200  # 20 a minute
+    after["aer"][1] = {"correctable": 3, "nonfatal": 0, "fatal": 1}
+    after["nvlink"][2] = {**(before["nvlink"][2] or {}), (0, "replay"): 2, (1, "crc_flit"): 50}
+    before["nvlink"][2] = {**(before["nvlink"][2] or {}), (0, "replay"): 0, (1, "crc_flit"): 0}
+    after["retired"][2] = (60, False)
+    res = Result("z8", "quick", "cuda", [0, 1, 2], {g: "A" for g in range(3)}, 0.0)
+    got = {(v.test, v.gpu): v for v in judge(res, infos, before, after)}  # type: ignore[arg-type]
+    assert got[("burnin.errors", 0)].status == "fail" and "above DCGM's 8" in got[("burnin.errors", 0)].summary
+    assert got[("burnin.errors", 1)].status == "fail" and "1 fatal" in got[("burnin.errors", 1)].summary
+    assert got[("burnin.errors", 2)].status == "fail" and "NVLink 0 replay: 2" in got[("burnin.errors", 2)].summary
+    assert "crc_flit: 50" in got[("burnin.errors", 2)].summary
+    assert got[("burnin.memory.retired_pages", 2)].status == "fail"
+    # a source that could not be read
+    for h in (before, after):
+        h["aer"][0], h["replay"][0] = None, None
+    got = {(v.test, v.gpu): v for v in judge(res, infos, before, after)}  # type: ignore[arg-type]
+    assert got[("burnin.errors.aer", 0)].summary.startswith("not judged") and got[("burnin.errors.aer", 0)].remedy
+    assert got[("burnin.errors.pcie_replay", 0)].status == "skip"
+    assert "PCIe replays" not in got[("burnin.errors", 0)].summary

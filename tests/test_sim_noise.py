@@ -311,6 +311,7 @@ def test_the_burnin_checks_results_while_hot(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("GPUD_SIM_SEED", "9")
     m = open_machine(SIM)
     m.simulation.machine.inject("wrong_results", gpu=1, above_celsius=75)
+    m.simulation.machine.inject("wrong_results", gpu=2, above_celsius=95)  # hotter than a quick load makes it
     r = run_gpud("burnin", "--simulate", SIM, "--level", "quick", "--json", timeout=300)
     doc = json.loads(r.stdout)
     assert r.returncode == 1, r.stderr
@@ -319,3 +320,7 @@ def test_the_burnin_checks_results_while_hot(monkeypatch: pytest.MonkeyPatch) ->
     hot = failed[("burnin.gemm.load", 1)]
     assert hot["figure"] >= 75 and f"the first at {hot['figure']:.0f} °C" in hot["summary"]
     assert {g for _, g in failed} == {1}
+    # GPU2 passes the quick level, which never heated it to 95 °C, and the verdict says how hot it checked
+    spared = next(v for v in doc["verdicts"] if v["test"] == "burnin.gemm.load" and v["gpu"] == 2)
+    hottest = int(spared["summary"].rsplit("up to ", 1)[1].split(" ")[0])
+    assert spared["status"] == "pass" and "results checked only up to" in spared["summary"] and hottest < 95

@@ -445,6 +445,9 @@ def _errors(res: Result, infos: dict[int, GpuInfo], before: dict[str, Any], afte
             elif n > 0:
                 warned.append(f"{n} new PCIe replays ({n / minutes:.1f} a minute)")
         links = delta("nvlink")
+        if links is None and g in infos and infos[g].nvlink_count:
+            unread.append(("nvlink", f"no NVLink error counters for its {infos[g].nvlink_count} links",
+                           "a driver whose NVML gives nvmlDeviceGetNvLinkErrorCounter"))
         if links is not None:
             read.append("NVLink errors")
             seconds = minutes * 60.0
@@ -458,6 +461,18 @@ def _errors(res: Result, infos: dict[int, GpuInfo], before: dict[str, Any], afte
                     (found if rate > lim.value else warned).append(f"NVLink {link} {counter}: {n} ({rate:.1f}/s)")
                 else:  # replay, recovery
                     found.append(f"NVLink {link} {counter}: {n} new")
+        aer = delta("aer")
+        if aer is None:
+            unread.append(("aer", "no PCIe AER counters in sysfs (aer_dev_*: no AER capability, or a kernel "
+                           "without CONFIG_PCIEAER)", "a kernel with AER (CONFIG_PCIEAER) and the GPU's "
+                           "/sys/bus/pci/devices/*/aer_dev_* readable"))
+        else:
+            read.append("PCIe AER")
+            grew = {k: aer[1].get(k, 0) - aer[0].get(k, 0) for k in ("correctable", "nonfatal", "fatal")}
+            if grew["fatal"] > 0 or grew["nonfatal"] > 0:
+                found.append(f"PCIe AER: {grew['fatal']} fatal, {grew['nonfatal']} non-fatal uncorrectable errors")
+            elif grew["correctable"] > 0:  # the link corrected them (replays): as the replay counter, a warning
+                warned.append(f"PCIe AER: {grew['correctable']} correctable errors")
         bus = buses[g].lower()
         if unread_log is None:
             read.append("Xids")

@@ -118,9 +118,11 @@ def _health(machine: Machine, gpus: list[int], at: float) -> dict[str, Any]:
     where NVML gives none) and the Xids in the kernel log (None and why, where none can be read), read
     afresh: compared at the end. ``at``: the GPUs' time of the reading (rates per minute and second)."""
     out: dict[str, Any] = {"at": at, "ecc": {}, "replay": {}, "nvlink": {}, "retired": {}, "remapped": {},
-                           "xids": None, "xids_unread": None}
+                           "aer": {}, "xids": None, "xids_unread": None}
     for g in gpus:
         s = machine.nvml.fresh_sample(g)
+        info = machine.info(g)
+        out["aer"][g] = machine.host.aer_counts(info.pci_bus_id) if info is not None and info.pci_bus_id else None
         e = s.ecc_errors
         out["ecc"][g] = None if e is None or e.volatile_corrected is None and e.volatile_uncorrected is None else \
             (e.volatile_corrected or 0) + (e.volatile_uncorrected or 0)
