@@ -19,7 +19,7 @@ import pytest
 from conftest import run_gpud
 
 from gpud.backends import SimBench, open_bench, open_machine
-from gpud.burnin.result import Result
+from gpud.burnin.result import Result, Verdict
 from gpud.burnin.run import run_burnin
 from gpud.config import Config
 from gpud.json_schema import check
@@ -397,6 +397,14 @@ def test_the_load_on_real_gpus_is_a_child_that_stop_kills() -> None:
             time.sleep(0.02)
         return "running"
 
+    got: dict[int, dict[str, Any]] = {}
+    for _ in range(300):  # the child checks every product and reports each second (after torch's import)
+        got = load.checks()
+        if got:
+            break
+        time.sleep(0.1)
+    assert got[0]["iterations"] > 0 and got[0]["wrong"] == 0 and got[0]["checksum"] == got[0]["first"]
+    assert got[0]["reference"]["ok"]  # its first product's rows within Higham's bound of the host's
     load.pause()  # an idle step: paused, not restarted
     assert state() == "stopped"
     load.start([0], 600.0)
@@ -682,3 +690,30 @@ def test_error_counters_are_judged_with_dcgms_limits_and_unread_ones_are_not_jud
     assert got[("burnin.errors.aer", 0)].summary.startswith("not judged") and got[("burnin.errors.aer", 0)].remedy
     assert got[("burnin.errors.pcie_replay", 0)].status == "skip"
     assert "PCIe replays" not in got[("burnin.errors", 0)].summary
+
+
+def test_reports_list_hardware_failures_before_configuration_warnings() -> None:
+    import io
+    from contextlib import redirect_stdout
+
+    from gpud.burnin.html import render as html
+    from gpud.cli.burnin import render
+
+    res = Result("z8", "quick", "cuda", [0], {0: "A"}, 0.0)
+    res.verdicts = [Verdict("doctor.host.shm", "warn", "/dev/shm is 64 MiB", source="gpud doctor"),
+                    Verdict("doctor.host.governor", "fail", "governor powersave", source="gpud doctor"),
+                    Verdict("burnin.errors.ecc", "skip", "not judged: no ECC counters", 0, remedy="ECC on"),
+                    Verdict("burnin.gemm.load", "fail", "3 of 60 products differed", 0, source="s", remedy="r"),
+                    Verdict("burnin.thermal.sw_slowdown", "warn", "SW thermal 0.5 %", 0, source="s")]
+    doc = res.json("test", {"name": "z8"})
+    out = io.StringIO()
+    with redirect_stdout(out):
+        render(doc)
+    text = out.getvalue()
+    order = [text.index(t) for t in ("burnin.gemm.load", "burnin.thermal.sw_slowdown", "burnin.errors.ecc",
+                                      "host.governor", "host.shm")]
+    assert order == sorted(order), text
+    page = html(res, doc)
+    rows = [page.index(t) for t in ("burnin.gemm.load", "doctor.host.governor", "burnin.thermal.sw_slowdown",
+                                    "doctor.host.shm", "burnin.errors.ecc")]
+    assert rows == sorted(rows)

@@ -100,8 +100,9 @@ def _workload(res: Result, infos: dict[int, GpuInfo]) -> list[Verdict]:
         for r in w.get("gemm", []):
             if not r["reference_ok"]:
                 out.append(Verdict(f"burnin.gemm.{r['dtype']}.reference", "fail",
-                                   f"relative error {r['reference_error']:.3g} against the host's float64 product "
-                                   f"(allowed {r['reference_rtol']:.3g})", g, r["reference_error"], r["reference_rtol"],
+                                   f"an element off the host's float64 product by {r['reference_error']:.3g}× "
+                                   f"Higham's bound (allowed {r['reference_rtol']:.3g}×)", g, r["reference_error"],
+                                   r["reference_rtol"],
                                    THRESHOLDS["gemm.reference"].source, "the GPU computes wrong results: replace it"))
         mem = w.get("memtest")
         if mem is not None and host and not int(mem["total_errors"]):
@@ -130,12 +131,13 @@ def _workload(res: Result, infos: dict[int, GpuInfo]) -> list[Verdict]:
             hb = w.get("host_bandwidth")
             if i is None or hb is None:
                 continue
-            want = expect.pcie(i.pcie_max_generation, i.pcie_max_width, model=False)
+            want = expect.pcie(i.pcie_max_generation, i.pcie_max_width, model=True)  # NCCL's figure (plan.py)
             got = min(float(hb["h2d_gbps"]), float(hb["d2h_gbps"]))
             ratio = got / want if want else 1.0
             out.append(Verdict("burnin.host_bandwidth", "fail" if ratio < th.value else "pass",
                                f"pinned host↔device {got:.1f} GB/s, {ratio * 100:.0f} % of the {want:.1f} GB/s a "
-                               f"Gen{i.pcie_max_generation} x{i.pcie_max_width} link carries", g, round(ratio, 3),
+                               f"healthy Gen{i.pcie_max_generation} x{i.pcie_max_width} link carries (NCCL's model)",
+                               g, round(ratio, 3),
                                th.value, th.source,
                                ("check the link (gpud doctor: pcie.*, lspci -vv) and the CPU affinity"
                                 if ratio < th.value else "")))
@@ -599,11 +601,11 @@ def _sibling_checksums(res: Result, cpu: bool, why_cpu: tuple[str, str]) -> list
                                       "with", "burn in two or more GPUs of one model together (all GPUs: no --gpus)",
                                       th.source))
             continue
-        by_t: dict[float, dict[int, int | None]] = {}
+        by_t: dict[tuple[float, int | None], dict[int, int | None]] = {}  # (reading, matrix size) → checksums
         for g in have:
             for c in res.series[g].checks:
-                by_t.setdefault(round(c.t, 3), {})[g] = c.checksum
-                by_t.setdefault(-1.0, {})[g] = c.first
+                by_t.setdefault((round(c.t, 3), c.n), {})[g] = c.checksum
+                by_t.setdefault((-1.0, c.n), {})[g] = c.first
         differs: Counter[int] = Counter()
         compared = 0
         for sums in by_t.values():

@@ -22,22 +22,33 @@ class Threshold:
 
 THRESHOLDS: dict[str, Threshold] = {
     "gemm.digest": Threshold(0, "bit-identical results across GPUs of one model on the same inputs with "
-                                "deterministic kernels (gpu-burn compares results the same way)"),
+                                "deterministic kernels (gpu-burn compares each result with its own first within "
+                                "an epsilon; deterministic kernels allow bit for bit)"),
     "checked": Threshold(0, "every product of the load (targeted power, load steps, soak) the same bits as the GPU's "
-                            "first product of the same inputs (fp32, deterministic kernels); gpu-burn and DCGM's "
-                            "diagnostic compare each iteration's result for the whole run, heat being when a "
-                            "marginal GPU starts to err"),
+                            "first product of the same inputs (fp32, deterministic kernels); gpu-burn compares each "
+                            "iteration's result with its first for the whole run (within an epsilon), heat being "
+                            "when a marginal GPU starts to err"),
     "load.reference": Threshold(1, "the first product's leading rows within Higham's bound of the host's float64 "
                                    "product: |C - fl(AB)| <= gamma_k |A||B|, gamma_k = k u / (1 - k u), u = 2^-24 "
                                    "(Higham, Accuracy and Stability of Numerical Algorithms, 2002, eq. 3.13)"),
-    "gemm.reference": Threshold(1, "relative error against a float64 host product within 4× the format's unit "
-                                   "roundoff (bf16 2^-8, tf32 2^-10, fp32 2^-20 with sqrt(k) growth; Higham, ch. 3)"),
+    "gemm.reference": Threshold(1, "each element of a 64x64 product within Higham's bound of the float64 host "
+                                   "product: (2 u_in + gamma_k(u_acc) + u_out) |A||B| (tf32 inputs 2^-11, fp32 "
+                                   "sums 2^-24, a bf16 result 2^-8; Higham, Accuracy and Stability of Numerical "
+                                   "Algorithms, 2002, eq. 3.13)"),
     "spread": Threshold(0.03, "within 3 % of the median of the GPUs of the same model (siblings)"),
     "outlier_z": Threshold(3.5, "a modified z-score 0.6745 (x - median) / MAD above 3.5 among the siblings "
                                 "(Iglewicz and Hoaglin, 1993): robust on a handful of GPUs, where '3 sigma' of the "
                                 "values themselves cannot fire below 11"),
-    "host_bandwidth": Threshold(0.8, "at least 80 % of what the PCIe link should carry (the probe's expected "
-                                     "bandwidth, gpud.probe.expect, docs/probe.md)"),
+    # A healthy link delivers less than its nominal rate (TLP headers, framing, flow-control DLLPs): pinned
+    # copies on Gen4 x16 land about 24-26 GB/s of its 31.5, which 80 % of nominal (25.2) failed. The figure
+    # a link of that generation and width is expected to carry is NCCL's model of it (kvDictPciGen: 24 GB/s
+    # for Gen4 x16, 76 % of nominal; gpud.probe.expect.PCIE_LANE_MODEL). What the test must catch are links
+    # at half or less (x8, or a generation down), which land at or below 50 % of that: 80 % of NCCL's figure
+    # separates the two with a margin either side.
+    "host_bandwidth": Threshold(0.8, "at least 80 % of what NCCL's topology model expects of the link's "
+                                     "generation and width (kvDictPciGen: 24 GB/s for Gen4 x16; gpud.probe.expect, "
+                                     "docs/probe.md): a healthy link lands at 100-110 % of it, one at half its "
+                                     "width or a generation down at 50 %"),
     "memtest": Threshold(0, "no mismatching word (DCGM memtest/memory plugins fail on any error)"),
     "targeted_power": Threshold(0.95, "mean draw at least 95 % of the enforced limit while the load wants more "
                                       "(stricter than DCGM targeted power's 0.75× lower bound)"),

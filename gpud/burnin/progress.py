@@ -148,7 +148,8 @@ def load(path: Path) -> tuple[Result, dict[str, Any]]:
             elif "c" in row:
                 g = int(row.pop("c"))
                 checks.setdefault(g, []).append(Check(**{k: row[k] for k in (
-                    "t", "phase", "temperature_c", "products", "wrong", "words", "checksum", "first")}))
+                    "t", "phase", "temperature_c", "products", "wrong", "words", "checksum", "first")},
+                    n=row.get("n")))
             elif "so_far" in row:
                 verdicts = row["so_far"]["verdicts"]
             elif "end" in row:

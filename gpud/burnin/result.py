@@ -88,6 +88,17 @@ class Result:
         }
 
 
+RANK = {"fail": 0, "warn": 1, "skip": 2, "pass": 3}
+
+
+def shown_order(v: dict[str, Any]) -> tuple[int, int, int]:
+    """How a report lists verdicts: failures first, then warnings, then what was not judged, then passes;
+    within each, the GPU's and the burn-in's own tests (hardware) before doctor's (configuration: /dev/shm,
+    the governor), the machine's before a GPU's."""
+    return (RANK.get(str(v["status"]), 3), 1 if str(v["test"]).startswith("doctor.") else 0,
+            v["gpu"] if v["gpu"] is not None else -1)
+
+
 def _worst(verdicts: list[Verdict], gpu: int) -> Status:
     mine = [v.status for v in verdicts if v.gpu == gpu]
     for s in ("fail", "warn", "pass"):

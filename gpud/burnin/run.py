@@ -272,7 +272,7 @@ def run_burnin(machine: Machine, bench: Bench, config: Config, *, level: Level, 
                     series[g].check_error = str(c["error"])
                     continue
                 series[g].checks.append(Check(t, phase, temps.get(g), int(c["iterations"]), int(c["wrong"]),
-                                              int(c["words"]), c.get("checksum"), c.get("first")))
+                                              int(c["words"]), c.get("checksum"), c.get("first"), c.get("n")))
                 out.append((g, series[g].checks[-1]))
                 if series[g].reference is None and c.get("reference"):
                     series[g].reference = dict(c["reference"])

@@ -60,11 +60,12 @@ class Check:
     words: int
     checksum: int | None
     first: int | None
+    n: int | None = None  # the matrix dimension (targeted power sizes the load): checksums compare at one size
 
     def json(self) -> dict[str, Any]:
         return {"t": round(self.t, 3), "phase": self.phase, "temperature_c": self.temperature_c,
                 "products": self.products, "wrong": self.wrong, "words": self.words, "checksum": self.checksum,
-                "first": self.first}
+                "first": self.first, "n": self.n}
 
 
 @dataclass

@@ -76,16 +76,11 @@ def render(doc: dict[str, Any]) -> None:
     print(f"gpud burnin — {doc['host']['name']}, level {doc['level']}, device {doc['device']}"
           + (" (CPU figures)" if doc["figures"] == "cpu" else "")
           + (f", {doc['seconds'] / 60:.1f} min of simulated time" if doc["simulated_time"] else ""))
-    shown = [v for v in doc["verdicts"] if v["status"] != "pass"]
+    from gpud.burnin.result import shown_order
+
+    shown = sorted((v for v in doc["verdicts"] if v["status"] != "pass"), key=shown_order)
     doctor = [v for v in shown if v["test"].startswith("doctor.")]
-    if doctor:  # one line each: `gpud doctor` shows their remedies
-        print("  doctor (remedies: gpud doctor):")
-        for v in doctor:
-            word, code = MARK[v["status"]]
-            gpu = f" GPU{v['gpu']}" if v["gpu"] is not None else ""
-            echo_wrapped(f"{v['test'][len('doctor.'):]}: {v['summary']}", indent="        ",
-                         first=f"    {colour(word, code)}{gpu} ")
-    for v in shown:
+    for v in shown:  # the hardware's failures first; doctor's configuration findings after them
         if v in doctor:
             continue
         word, code = MARK[v["status"]]
@@ -95,6 +90,13 @@ def render(doc: dict[str, Any]) -> None:
             echo_wrapped(f"threshold: {v['source']}", indent="        ", first="      ")
         if v["remedy"]:
             echo_wrapped(f"do: {v['remedy']}", indent="        ", first="      ")
+    if doctor:  # one line each: `gpud doctor` shows their remedies
+        print("  doctor (remedies: gpud doctor):")
+        for v in doctor:
+            word, code = MARK[v["status"]]
+            gpu = f" GPU{v['gpu']}" if v["gpu"] is not None else ""
+            echo_wrapped(f"{v['test'][len('doctor.'):]}: {v['summary']}", indent="        ",
+                         first=f"    {colour(word, code)}{gpu} ")
     passed = sum(1 for v in doc["verdicts"] if v["status"] == "pass")
     print(f"  {passed} test(s) passed")
     for g in doc["gpus"]:
