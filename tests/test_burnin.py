@@ -525,6 +525,10 @@ def test_what_could_not_be_measured_is_not_judged_never_a_pass(state_dir: Path,
         render(doc)
     last = out.getvalue().strip().splitlines()[-1]
     assert "not judged" in last and "PASS: fit to train on" not in out.getvalue() and res.exit_code() == 0
+    from gpud.burnin.store import as_checks
+
+    gpu = next(c for c in as_checks(doc) if c.id == "burnin.gpu")  # gpud doctor --burnin says so too
+    assert "not judged: " in gpu.summary and "burnin.errors.xid" in gpu.summary
 
 
 def test_a_cpu_rehearsal_judges_no_workload_test_of_the_gpus() -> None:
