@@ -38,6 +38,10 @@ class RealBench:
         self.results_are_the_gpus = device == "cuda"  # on the host's CPU they say nothing of the GPUs
         self.check_every_s = 1.0  # the children check every product; each reading collects what they found
 
+    def check_period(self, reading_s: float) -> float:
+        """Seconds between collecting the load's checks: each reading (the children check every product)."""
+        return max(self.check_every_s, reading_s)
+
     def now(self) -> float:
         return time.monotonic()
 
@@ -79,6 +83,12 @@ class SimBench:
     # One checked product per GPU every 5 s of simulated time: the CPU standing in cannot compute the GPU's
     # products; a fault's onset is seen within 5 s (its temperature then, at most that late).
     check_every_s = 5.0
+
+    def check_period(self, reading_s: float) -> float:
+        """Seconds between the stand-in's checked products: every 5 s, or every fifth reading where readings
+        are further apart (a 24-hour soak reads every 12 s: a product a minute, its errors still counted per
+        minute); each is a sample of what the GPU computes then."""
+        return max(self.check_every_s, 5 * reading_s) if reading_s > 1.0 else self.check_every_s
 
     def __init__(self, sim: Any, largest_share: float | None = None) -> None:
         """``largest_share``: what the load at its largest asks, as a share of the board's maximum power

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_gpud
+from conftest import REPO, run_gpud
 
 from gpud.backends import SimBench, open_bench, open_machine
 from gpud.burnin.result import Result, Verdict
@@ -580,9 +580,16 @@ def test_a_24_hour_soak_runs_in_simulated_time_and_writes_its_result_as_it_goes(
 
     monkeypatch.setenv("GPUD_SIM_SEED", "5")
     monkeypatch.setattr(burnin_run, "_workload", lambda *a, **k: {g: {} for g in a[3]})
-    m = open_machine("z8-fury-4x-a6000")
+    # a workstation with one RTX 6000 Ada: the Z8's description cut after its first GPU (the physics steps
+    # every GPU of a machine each simulated second, so a 24-hour soak costs per GPU it has)
+    src = (REPO / "gpud/sim/descriptions/z8-fury-4x-rtx6000ada.toml").read_text()
+    one = tmp_path / "one-ada.toml"
+    one.write_text(src[:src.index("[[gpu]]", src.index("[[gpu]]") + 1)].replace(
+        'name = "z8-fury-4x-rtx6000ada"', 'name = "one-ada"'))
+    m = open_machine(str(one))
+    assert m.nvml.device_count() == 1
     path = tmp_path / "run.jsonl"
-    res = run_burnin(m, open_bench(m, "cpu"), Config(), level="soak", gpus=[0], device="cpu", duration_s=86400.0,
+    res = run_burnin(m, open_bench(m, "cpu"), Config(), level="soak", gpus=None, device="cpu", duration_s=86400.0,
                      log=ProgressLog(path, "test", {"name": "z8"}))
     soak = res.series[0].of("soak")
     assert res.seconds >= 86400 + 330 and res.wall_seconds < res.seconds / 1000

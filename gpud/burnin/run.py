@@ -38,6 +38,8 @@ class Bench(Protocol):
     results_are_the_gpus: bool
     check_every_s: float  # how often the load's checks are collected (seconds of the GPUs' time)
 
+    def check_period(self, reading_s: float) -> float: ...
+
     def check(self, gpus: list[int], tag: Any = None) -> list[tuple[Any, dict[int, dict[str, Any]]]]: ...
 
     def size(self, gpu: int, share: float) -> None: ...
@@ -231,7 +233,7 @@ def run_burnin(machine: Machine, bench: Bench, config: Config, *, level: Level, 
             bench.sleep(step)
             done += step
             t = bench.now() - t0
-            due = done - last >= bench.check_every_s - 1e-9 or done >= end - 1e-9
+            due = done - last >= bench.check_period(every) - 1e-9 or done >= end - 1e-9
             answered = bench.check(chosen, (t, phase)) if busy_now and due else []
             last = done if due else last
             temps: dict[int, int | None] = {}
