@@ -602,6 +602,10 @@ def test_a_24_hour_soak_runs_in_simulated_time_and_writes_its_result_as_it_goes(
     back, env = load(path)
     assert not back.interrupted and [x.json() for x in back.verdicts] == [x.json() for x in res.verdicts]
     assert len(back.series[0].points) == len(res.series[0].points) and env["host"] == {"name": "z8"}
+    from gpud.journal import events
+
+    hourly = [e for e in events(kinds=("burnin",)) if "so far" in e.summary]
+    assert len(hourly) >= 23 and "nothing failed yet" in hourly[-1].summary  # the journal, every hour
 
 
 KILLED = """
