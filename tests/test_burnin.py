@@ -54,6 +54,8 @@ def test_quick_on_the_healthy_z8_passes_within_two_minutes(state_dir: Path, tmp_
     assert {"burnin.gemm.bf16.digest", "burnin.clocks.hw_slowdown", "burnin.pcie.link_under_load",
             "burnin.performance.spread", "burnin.errors"} <= tests
     assert all(v["source"] for v in doc["verdicts"] if v["status"] != "skip")
+    # what a simulated workstation's CPU cannot measure is said, and nothing else: every counter is read
+    assert doc["not_judged"] == ["burnin.probe", "burnin.workload.figures"], doc["not_judged"]
     assert report.read_text().count("<svg") == 4 * 5
     # the last result is kept for doctor --burnin and the exporter, the journal has an entry
     last = json.loads((state_dir / "burnin.json").read_text())

@@ -288,9 +288,9 @@ def run_burnin(machine: Machine, bench: Bench, config: Config, *, level: Level, 
             say("the probe's P2P and all-reduce", _total(plan))
             res.verdicts.extend(_probe(machine, chosen, allow_busy))
         elif len(chosen) > 1:
-            res.verdicts.append(Verdict("burnin.probe", "skip", "the probe's P2P and all-reduce are judged on GPUs "
-                                        "only (--device cuda): on the CPU they measure the host",
-                                        source="gpud probe (docs/probe.md)"))
+            res.verdicts.append(Verdict("burnin.probe", "skip", "not judged: the probe's P2P and all-reduce are "
+                                        "judged on GPUs only (--device cuda): on the CPU they measure the host",
+                                        source="gpud probe (docs/probe.md)", remedy="gpud burnin --device cuda"))
         if log is not None:
             log.start(res, _total(plan))
         hold("load", plan.load_s, True)
