@@ -143,8 +143,9 @@ def test_the_soak_detects_each_fault(soak: tuple[Result, dict[str, Any]]) -> Non
     assert "burnin.memtest" in failing[3]  # memory errors
     # wrong only from 75 °C: the load's checked products name the temperature their errors began at
     hot = next(x for x in soak[0].verdicts if x.test == "burnin.gemm.load" and x.gpu == 1)
-    assert hot.status == "fail" and hot.figure is not None and hot.figure >= 75 and hot.remedy
-    assert f"the first at {hot.figure:.0f} °C" in hot.summary and "a minute" in hot.summary
+    began = next(c for c in soak[0].series[1].checks if c.wrong).temperature_c
+    assert hot.status == "fail" and began is not None and began >= 75 and hot.remedy and hot.figure
+    assert f"the first at {began} °C" in hot.summary and "a minute" in hot.summary
     # wrong from the first product on: the same wrong bits each time, which only the siblings show
     assert "burnin.gemm.load.siblings" in failing[3] and "burnin.gemm.load" not in failing[3]
     brake = next(x for x in soak[0].verdicts if x.test == "burnin.clocks.hw_slowdown" and x.gpu == 2)
@@ -492,9 +493,11 @@ def test_wrong_only_hot_fails_a_standard_burnin_naming_the_temperature(
     res = _run(monkeypatch, "z8-fury-4x-a6000", "standard", faults=hot)
     v = {(x.test, x.gpu): x for x in res.verdicts}
     bad = v[("burnin.gemm.load", 1)]
-    assert bad.status == "fail" and bad.figure is not None and bad.figure >= 75
     first = next(c for c in res.series[1].checks if c.wrong)
-    assert first.temperature_c == bad.figure and all(not c.wrong for c in res.series[1].checks if c.t < first.t)
+    assert bad.status == "fail" and first.temperature_c is not None and first.temperature_c >= 75
+    assert f"the first at {first.temperature_c} °C" in bad.summary and bad.figure == sum(c.wrong for c in
+                                                                                       res.series[1].checks)
+    assert all(not c.wrong for c in res.series[1].checks if c.t < first.t)
     assert v[("burnin.gemm.load.siblings", 1)].status == "fail"
     spared = v[("burnin.gemm.load", 2)]
     hottest = max(c.temperature_c or 0 for c in res.series[2].checks)

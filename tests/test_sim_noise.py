@@ -318,7 +318,8 @@ def test_the_burnin_checks_results_while_hot(monkeypatch: pytest.MonkeyPatch) ->
     failed = {(v["test"], v["gpu"]): v for v in doc["verdicts"] if v["status"] == "fail"}
     assert not any(t.endswith(".digest") or t.endswith(".reference") for t, _ in failed)  # cold: right
     hot = failed[("burnin.gemm.load", 1)]
-    assert hot["figure"] >= 75 and f"the first at {hot['figure']:.0f} °C" in hot["summary"]
+    began = int(hot["summary"].split("the first at ", 1)[1].split(" °C")[0])
+    assert began >= 75 and hot["figure"] > 0  # named with the temperature its errors began at
     assert {g for _, g in failed} == {1}
     # GPU2 passes the quick level, which never heated it to 95 °C, and the verdict says how hot it checked
     spared = next(v for v in doc["verdicts"] if v["test"] == "burnin.gemm.load" and v["gpu"] == 2)

@@ -567,8 +567,7 @@ def _checked(res: Result) -> list[Verdict]:
                     f"{first.temperature_c} °C ({first.phase}, {first.t:.0f} s in)"
                     + (f"; right up to {max(clean)} °C before" if clean else "")
                     + f"; wrong in {len(per_min)} minute(s), at most {max(per_min.values())} a minute")
-            out.append(Verdict("burnin.gemm.load", "fail", text, g, float(first.temperature_c or 0),
-                               th.value, th.source,
+            out.append(Verdict("burnin.gemm.load", "fail", text, g, float(wrong), th.value, th.source,
                                f"the GPU computes wrong results from {first.temperature_c} °C on: check its "
                                "cooling (fans, airflow, paste), reseat it and replace it if it persists"))
         elif cpu:
