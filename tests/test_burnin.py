@@ -628,7 +628,7 @@ bench = open_bench(m, "cpu")
 sleep, start = bench.sleep, bench.now()
 def dying(seconds):
     sleep(seconds)
-    if bench.now() - start > 1500:  # 25 minutes in: the power goes (SIGKILL, nothing flushed on the way out)
+    if bench.now() - start > 700:  # soaking, past its first verdicts so far: the power goes (SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)
 bench.sleep = dying
 burnin_run.run_burnin(m, bench, Config(), level="soak", gpus=[0, 1], device="cpu", duration_s=1800.0,
@@ -646,8 +646,8 @@ def test_a_burnin_killed_in_its_middle_keeps_its_results_so_far(state_dir: Path,
                        env={**os.environ, "GPUD_SIM_SEED": "6"})
     assert r.returncode == -9, r.stderr[-2000:]
     res, _ = load(path)
-    assert res.interrupted and 1400 <= res.seconds <= 1520  # what was measured up to the kill
-    assert len(res.series[1].of("soak")) > 1000 and res.series[1].checks
+    assert res.interrupted and 650 <= res.seconds <= 720  # what was measured up to the kill
+    assert len(res.series[1].of("soak")) > 300 and res.series[1].of("soak")[-1].t > 690 and res.series[1].checks
     so_far = {(v.test, v.gpu): v for v in res.verdicts}
     assert so_far[("burnin.clocks.hw_slowdown", 1)].status == "fail"  # judged as far as it ran
     assert so_far[("burnin.clocks.hw_slowdown", 0)].status == "pass"
