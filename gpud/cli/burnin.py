@@ -147,8 +147,9 @@ def burnin(
 ) -> None:
     """Accept a workstation: doctor's checks, GEMM (bf16, tf32, fp32) compared bit for bit across
     GPUs, memory and host bandwidth, then (standard) a memory test, targeted power and load steps,
-    and (soak) a thermal soak with telemetry every second. A verdict per GPU and test, each with its
-    threshold's source. Exit 0 pass, 1 a GPU failed, 2 invalid input."""
+    and (soak) a thermal soak of up to 24 h; every load phase checks its results. A verdict per GPU and test,
+    each with its threshold's source; what could not be measured is "not judged" and named. Exit 0 pass
+    (tests not judged are listed, not failed), 1 a GPU failed, 2 invalid input, 130 interrupted."""
     from gpud import config as cfg
     from gpud.backends import open_bench
     from gpud.burnin.plan import LEVELS
