@@ -35,6 +35,12 @@ class RealBench:
         from gpud.probe.stress_run import HardwareLoad
 
         self._load = HardwareLoad(device, uuids=uuids)
+        self.results_are_the_gpus = device == "cuda"  # on the host's CPU they say nothing of the GPUs
+        self.check_every_s = 1.0  # the children check every product; each reading collects what they found
+
+    def check_period(self, reading_s: float) -> float:
+        """Seconds between collecting the load's checks: each reading (the children check every product)."""
+        return max(self.check_every_s, reading_s)
 
     def now(self) -> float:
         return time.monotonic()
@@ -51,6 +57,15 @@ class RealBench:
     def release(self) -> None:
         self._load.stop()
 
+    def check(self, gpus: list[int], tag: Any = None) -> list[tuple[Any, dict[int, dict[str, Any]]]]:
+        """What the load's children checked since the last call (every product, against each GPU's first),
+        as of now (``tag``); nothing to collect at a phase's end (``tag`` None)."""
+        return [(tag, self._load.checks())] if tag is not None else []
+
+    def size(self, gpu: int, share: float) -> None:
+        """The GPU's load sized to ``share`` of its largest (the children's matrix dimension)."""
+        self._load.size(gpu, share)
+
     def device_faults(self, gpu: int) -> list[str]:
         return []
 
@@ -63,10 +78,59 @@ class SimBench:
     for each GPU; a GPU's ``wrong_results`` or ``memory_errors`` fault reaches its stand-in from here."""
 
     simulated_time = True
+    # The stand-in computes what the simulated GPU does: its faults (wrong_results, memory_errors) reach it.
+    results_are_the_gpus = True
+    # One checked product per GPU every 5 s of simulated time: the CPU standing in cannot compute the GPU's
+    # products; a fault's onset is seen within 5 s (its temperature then, at most that late).
+    check_every_s = 5.0
 
-    def __init__(self, sim: Any) -> None:
+    def check_period(self, reading_s: float) -> float:
+        """Seconds between the stand-in's checked products: every 5 s, or every fifth reading where readings
+        are further apart (a 24-hour soak reads every 12 s: a product a minute, its errors still counted per
+        minute); each is a sample of what the GPU computes then."""
+        return max(self.check_every_s, 5 * reading_s) if reading_s > 1.0 else self.check_every_s
+
+    def __init__(self, sim: Any, largest_share: float | None = None) -> None:
+        """``largest_share``: what the load at its largest asks, as a share of the board's maximum power
+        limit (default the physics' GEMM stress, ``STRESS_DEMAND_SHARE``: more than the board may draw); a
+        lighter workload (one that stops short of the limit) asks less."""
         self.sim = sim
         self._touched: set[int] = set()
+        self._checks: Any = None  # the checked load's child (gpud.probe.stress_run.SteppedChecks), when asked
+        self._largest = largest_share
+        self._share: dict[int, float] = {}
+
+    def _demand(self, gpu: int) -> float:
+        from gpud.sim.physics import STRESS_DEMAND_SHARE
+
+        m = self.sim.machine
+        full = m.stress_demand_watts(gpu) * (self._largest or STRESS_DEMAND_SHARE) / STRESS_DEMAND_SHARE
+        return float(full * self._share.get(gpu, 1.0))
+
+    def size(self, gpu: int, share: float) -> None:
+        """The load sized to ``share`` of its largest: it asks that share of the largest's power (a GEMM's
+        draw follows its work, n² of the matrix dimension, as DCGM's targeted power assumes)."""
+        self._share[gpu] = max(0.0, min(1.0, share))
+        m = self.sim.machine
+        if (m.settings(gpu).get("load") or [0])[0]:
+            m.set_load(gpu, 100, self._demand(gpu))
+
+    def check(self, gpus: list[int], tag: Any = None) -> list[tuple[Any, dict[int, dict[str, Any]]]]:
+        """One checked product per GPU on its stand-in, with the faults the GPU has now (a ``wrong_results``
+        with ``above_celsius`` while it is that hot), tagged ``tag``: the same ``Checked`` kernel and
+        comparison as the load's children on GPUs, stepped by simulated time. The stand-in computes while
+        the caller reads the telemetry: the answers returned are of the step asked before (each with its
+        tag); ``tag`` None collects the last one and asks nothing (a phase's end)."""
+        from gpud.probe.stress_run import SteppedChecks
+
+        if self._checks is None or self._checks.gpus != list(gpus):
+            if tag is None:
+                return []
+            if self._checks is not None:
+                self._checks.stop()
+            self._checks = SteppedChecks("cpu", list(gpus))
+        faults = {g: self.device_faults(g) for g in gpus} if tag is not None else None
+        return list(self._checks.check(faults, tag))
 
     def now(self) -> float:
         return float(self.sim.machine.now())
@@ -78,7 +142,7 @@ class SimBench:
         m = self.sim.machine
         for g in gpus:
             self._touched.add(g)
-            m.set_load(g, 100 if busy else 0, m.stress_demand_watts(g) if busy else m.desc.gpus[g].idle_power_watts)
+            m.set_load(g, 100 if busy else 0, self._demand(g) if busy else m.desc.gpus[g].idle_power_watts)
 
     def release(self) -> None:
         """Put back the described load on every GPU the burn-in loaded."""
@@ -88,6 +152,9 @@ class SimBench:
             for g in self._touched:
                 m.settings(g)["load"] = None
         self._touched.clear()
+        if self._checks is not None:
+            self._checks.stop()
+            self._checks = None
 
     def device_faults(self, gpu: int) -> list[str]:
         """The faults of the GPU that its stand-in must show now: ``wrong_results``, ``memory_errors`` (one

@@ -113,6 +113,7 @@ PROBE = _document("probe", {
     "cpu_affinity_by_rank": {"type": "array", "items": INTS}, "busy_at_start": {"type": "array"},
 }, extra=True)  # measurement details (docs/probe.md) may grow without a schema change
 
+STRS_EARLY: Schema = {"type": "array", "items": {"type": "string"}}
 BURNIN_VERDICT = _obj({"test": {"type": "string"}, "gpu": INT, "status": {"enum": list(STATUSES)},
                        "summary": {"type": "string"}, "figure": NUM, "threshold": NUM, "source": {"type": "string"},
                        "remedy": {"type": "string"}})
@@ -125,7 +126,8 @@ BURNIN = _document("burnin", {
                                              "status": {"enum": list(STATUSES)}, "limits": {"type": "object"},
                                              "workload": {"type": "object"}})},
     "verdicts": {"type": "array", "items": BURNIN_VERDICT},
-    "telemetry": {"type": ["object", "null"]},
+    "not_judged": STRS_EARLY,
+    "telemetry": {"type": ["object", "null"]}, "checks": {"type": ["object", "null"]},
 })
 ANY: Schema = {}
 STRS = {"type": "array", "items": {"type": "string"}}

@@ -381,3 +381,8 @@ class TuningLock:
 def burnin_path() -> Path:
     """The last ``gpud burnin`` result (its JSON document without telemetry)."""
     return state_dir() / "burnin.json"
+
+
+def burnin_run_path() -> Path:
+    """The running (or last) ``gpud burnin``'s result file, written as it goes (``gpud.burnin.progress``)."""
+    return state_dir() / "burnin-run.jsonl"

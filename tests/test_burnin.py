@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_gpud
+from conftest import REPO, run_gpud
 
-from gpud.backends import open_bench, open_machine
-from gpud.burnin.result import Result
+from gpud.backends import SimBench, open_bench, open_machine
+from gpud.burnin.result import Result, Verdict
 from gpud.burnin.run import run_burnin
 from gpud.config import Config
 from gpud.json_schema import check
@@ -54,6 +54,8 @@ def test_quick_on_the_healthy_z8_passes_within_two_minutes(state_dir: Path, tmp_
     assert {"burnin.gemm.bf16.digest", "burnin.clocks.hw_slowdown", "burnin.pcie.link_under_load",
             "burnin.performance.spread", "burnin.errors"} <= tests
     assert all(v["source"] for v in doc["verdicts"] if v["status"] != "skip")
+    # what a simulated workstation's CPU cannot measure is said, and nothing else: every counter is read
+    assert doc["not_judged"] == ["burnin.probe", "burnin.workload.figures"], doc["not_judged"]
     assert report.read_text().count("<svg") == 4 * 5
     # the last result is kept for doctor --burnin and the exporter, the journal has an entry
     last = json.loads((state_dir / "burnin.json").read_text())
@@ -108,6 +110,7 @@ def soak(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReques
         sim.inject("link_degraded", gpu=2, width=8)
         sim.inject("wrong_results", gpu=3)
         sim.inject("memory_errors", gpu=3)
+        sim.inject("wrong_results", gpu=1, above_celsius=75)  # the stalled fan's GPU errs once hot
         m.nvml.set_power_limit(3, 200)
         res = run_burnin(m, open_bench(m, "cpu"), Config(), level="soak", gpus=None, device="cpu",
                          duration_s=1800.0)
@@ -138,6 +141,13 @@ def test_the_soak_detects_each_fault(soak: tuple[Result, dict[str, Any]]) -> Non
     assert "burnin.performance.spread" in failing[3]  # slower than its siblings
     assert {"burnin.gemm.fp32.digest", "burnin.gemm.fp32.reference"} <= failing[3]  # wrong results
     assert "burnin.memtest" in failing[3]  # memory errors
+    # wrong only from 75 °C: the load's checked products name the temperature their errors began at
+    hot = next(x for x in soak[0].verdicts if x.test == "burnin.gemm.load" and x.gpu == 1)
+    began = next(c for c in soak[0].series[1].checks if c.wrong).temperature_c
+    assert hot.status == "fail" and began is not None and began >= 75 and hot.remedy and hot.figure
+    assert f"the first at {began} °C" in hot.summary and "a minute" in hot.summary
+    # wrong from the first product on: the same wrong bits each time, which only the siblings show
+    assert "burnin.gemm.load.siblings" in failing[3] and "burnin.gemm.load" not in failing[3]
     brake = next(x for x in soak[0].verdicts if x.test == "burnin.clocks.hw_slowdown" and x.gpu == 2)
     assert "hw_power_brake_slowdown" in brake.summary and brake.source and brake.remedy
 
@@ -390,6 +400,14 @@ def test_the_load_on_real_gpus_is_a_child_that_stop_kills() -> None:
             time.sleep(0.02)
         return "running"
 
+    got: dict[int, dict[str, Any]] = {}
+    for _ in range(300):  # the child checks every product and reports each second (after torch's import)
+        got = load.checks()
+        if got:
+            break
+        time.sleep(0.1)
+    assert got[0]["iterations"] > 0 and got[0]["wrong"] == 0 and got[0]["checksum"] == got[0]["first"]
+    assert got[0]["reference"]["ok"]  # its first product's rows within Higham's bound of the host's
     load.pause()  # an idle step: paused, not restarted
     assert state() == "stopped"
     load.start([0], 600.0)
@@ -450,3 +468,287 @@ def test_an_outlier_among_four_siblings_is_named_by_median_and_mad() -> None:
 
     assert max(abs(z) for z in robust_z([1700.0, 1710.0, 1720.0, 1500.0])) > 3.5
     assert max(abs(z) for z in robust_z([1708.0, 1718.0, 1722.0, 1710.0])) < 3.5
+
+
+def _run(monkeypatch: pytest.MonkeyPatch, name: str, level: str, gpus: list[int] | None = None,
+         faults: list[dict[str, Any]] = (), largest_share: float | None = None) -> Result:  # type: ignore[assignment]
+    """A burn-in in simulated time without the short kernels' child (what is tested is the load and the
+    verdicts)."""
+    from gpud.burnin import run as burnin_run
+
+    m = open_machine(name)
+    for f in faults:
+        m.simulation.machine.inject(**f)
+    m = open_machine(name)  # as the next command sees it (the kernel log's fault is the root tree's)
+    monkeypatch.setattr(burnin_run, "_workload", lambda *a, **k: {g: {} for g in a[3]})
+    bench = SimBench(m.simulation, largest_share)
+    return run_burnin(m, bench, Config(), level=level, gpus=gpus, device="cpu")  # type: ignore[arg-type]
+
+
+def test_wrong_only_hot_fails_a_standard_burnin_naming_the_temperature(
+        state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUD_SIM_SEED", "4")
+    hot = [{"kind": "wrong_results", "gpu": 1, "above_celsius": 75},
+           {"kind": "wrong_results", "gpu": 2, "above_celsius": 95}]  # 95 °C: beyond what the load heats it to
+    res = _run(monkeypatch, "z8-fury-4x-a6000", "standard", faults=hot)
+    v = {(x.test, x.gpu): x for x in res.verdicts}
+    bad = v[("burnin.gemm.load", 1)]
+    first = next(c for c in res.series[1].checks if c.wrong)
+    assert bad.status == "fail" and first.temperature_c is not None and first.temperature_c >= 75
+    assert f"the first at {first.temperature_c} °C" in bad.summary and bad.figure == sum(c.wrong for c in
+                                                                                       res.series[1].checks)
+    assert all(not c.wrong for c in res.series[1].checks if c.t < first.t)
+    assert v[("burnin.gemm.load.siblings", 1)].status == "fail"
+    spared = v[("burnin.gemm.load", 2)]
+    hottest = max(c.temperature_c or 0 for c in res.series[2].checks)
+    assert spared.status == "pass" and hottest < 95 and f"results checked only up to {hottest} °C" in spared.summary
+    checked = {c.phase for c in res.series[0].checks}
+    assert {"load", "power", "pulse_full"} <= checked and "pulse_idle" not in checked  # every load phase
+    assert res.status == "fail" and res.failed_gpus() == [1]
+
+
+def test_what_could_not_be_measured_is_not_judged_never_a_pass(state_dir: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """One GPU of an RTX 6000 Ada Z8 (ECC off: no counters), its kernel log unreadable: the siblings'
+    comparisons, ECC and Xids are "not judged" with what gpud needs, and the last line says so."""
+    import io
+    from contextlib import redirect_stdout
+
+    from gpud.cli.burnin import render
+
+    res = _run(monkeypatch, "z8-fury-4x-rtx6000ada", "quick", gpus=[0], faults=[{"kind": "kernel_log_unreadable"}])
+    doc = res.json("test", {"name": "z8"})
+    nj = set(doc["not_judged"])
+    assert {"burnin.errors.xid", "burnin.errors.ecc", "burnin.performance.spread", "burnin.gemm.load.siblings",
+            "burnin.workload.figures"} <= nj, nj
+    by = {v.test: v for v in res.not_judged()}
+    assert "/dev/kmsg" in by["burnin.errors.xid"].summary + by["burnin.errors.xid"].remedy
+    assert by["burnin.errors.ecc"].remedy and by["burnin.gemm.load.siblings"].remedy
+    assert all(v.status != "pass" for v in res.verdicts if v.test in nj)
+    out = io.StringIO()
+    with redirect_stdout(out):
+        render(doc)
+    last = out.getvalue().strip().splitlines()[-1]
+    assert "not judged" in last and "PASS: fit to train on" not in out.getvalue() and res.exit_code() == 0
+    from gpud.burnin.store import as_checks
+
+    gpu = next(c for c in as_checks(doc) if c.id == "burnin.gpu")  # gpud doctor --burnin says so too
+    assert "not judged: " in gpu.summary and "burnin.errors.xid" in gpu.summary
+
+
+def test_a_cpu_rehearsal_judges_no_workload_test_of_the_gpus() -> None:
+    """--device cpu on a machine whose GPUs work: what passed on the host's CPU is not judged; an error
+    found there still fails (the host computes wrong)."""
+    from gpud.backends import RealBench
+    from gpud.burnin.judge import judge
+
+    assert RealBench("cpu").results_are_the_gpus is False and RealBench("cuda").results_are_the_gpus
+    res = Result("ws", "standard", "cpu", [0, 1], {0: "A", 1: "A"}, 0.0, results_are_the_gpus=False)
+    gemm = [{"dtype": d, "digest": "x", "reference_ok": True, "reference_error": 0.0, "reference_rtol": 1.0,
+             "tflops": 1.0} for d in ("bf16", "tf32", "fp32")]
+    res.workload = {g: {"gemm": gemm, "memtest": {"mib": 8, "errors": {"random": 0}, "total_errors": g}}
+                    for g in (0, 1)}
+    health = {"at": 0.0, "ecc": {}, "replay": {}, "xids": []}
+    got = {(v.test, v.gpu): v for v in judge(res, {}, health, health)}
+    assert got[("burnin.gemm.fp32.digest", 0)].summary.startswith("not judged")
+    assert got[("burnin.memtest", 0)].status == "skip" and got[("burnin.memtest", 1)].status == "fail"
+    assert not [v for v in got.values() if v.status == "pass" and v.test.startswith(("burnin.gemm", "burnin.mem"))]
+
+
+def test_targeted_power_closes_the_loop_and_names_why_a_gpu_stays_short(state_dir: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A workload whose largest load asks 80 % of what the GEMM stress does (less than the 300 W limit): GPU0
+    stays short because of the load, which is not judged, never a pass nor the power cables; GPU1 in HW
+    slowdown is held down by it, named, with its remedy."""
+    from gpud.burnin.plan import next_share
+
+    monkeypatch.setenv("GPUD_SIM_SEED", "2")
+    res = _run(monkeypatch, "z8-fury-4x-a6000", "standard", gpus=[0, 1], largest_share=0.8,
+               faults=[{"kind": "clock_events", "gpu": 1, "reasons": ["hw_slowdown"]}])
+    v = {(x.test, x.gpu): x for x in res.verdicts}
+    short, slow = v[("burnin.targeted_power", 0)], v[("burnin.targeted_power", 1)]
+    assert short.status == "skip" and short.summary.startswith("not judged")
+    assert "the load at its largest" in short.summary
+    assert "cable" not in short.remedy and "burnin.targeted_power" in res.json("t", {"name": "z8"})["not_judged"]
+    assert slow.status == "fail" and "held down by HW slowdown" in slow.summary and "cooling" in slow.remedy
+    assert [p.load_share for p in res.series[0].of("power")][-1] == 1.0  # the loop went to the largest load
+    # below 90 % of the board's maximum the loop sizes the load to the target (DCGM's RecalcMatrixDim)
+    assert next_share(1.0, 300.0, 200.0, 300.0) == pytest.approx(200 / 300)
+    assert next_share(0.5, 100.0, 200.0, 300.0) == 1.0 and next_share(0.6, 201.0, 200.0, 300.0) == 0.6
+    assert next_share(0.3, 100.0, 290.0, 300.0) == 1.0  # a target near the maximum takes the largest at once
+
+
+def test_a_24_hour_soak_runs_in_simulated_time_and_writes_its_result_as_it_goes(
+        state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpud.burnin import run as burnin_run
+    from gpud.burnin.progress import ProgressLog, load
+
+    monkeypatch.setenv("GPUD_SIM_SEED", "5")
+    monkeypatch.setattr(burnin_run, "_workload", lambda *a, **k: {g: {} for g in a[3]})
+    # a workstation with one RTX 6000 Ada: the Z8's description cut after its first GPU (the physics steps
+    # every GPU of a machine each simulated second, so a 24-hour soak costs per GPU it has)
+    src = (REPO / "gpud/sim/descriptions/z8-fury-4x-rtx6000ada.toml").read_text()
+    one = tmp_path / "one-ada.toml"
+    one.write_text(src[:src.index("[[gpu]]", src.index("[[gpu]]") + 1)].replace(
+        'name = "z8-fury-4x-rtx6000ada"', 'name = "one-ada"'))
+    m = open_machine(str(one))
+    assert m.nvml.device_count() == 1
+    path = tmp_path / "run.jsonl"
+    res = run_burnin(m, open_bench(m, "cpu"), Config(), level="soak", gpus=None, device="cpu", duration_s=86400.0,
+                     log=ProgressLog(path, "test", {"name": "z8"}))
+    soak = res.series[0].of("soak")
+    assert res.seconds >= 86400 + 330 and res.wall_seconds < res.seconds / 1000
+    assert 7100 <= len(soak) <= 7300 and soak[1].t - soak[0].t == pytest.approx(12.0, abs=0.5)  # 7 200 readings
+    assert max(c.t for c in res.series[0].checks) > 86000  # checked to the end
+    v = {x.test: x for x in res.verdicts if x.gpu == 0}
+    assert v["burnin.thermal.settle"].status == "pass" and v["burnin.gemm.load"].status == "pass"
+    lines = path.read_text().splitlines()
+    assert sum('"so_far"' in line for line in lines) >= 47 and '"end"' in lines[-1]  # every 30 min of 24 h
+    back, env = load(path)
+    assert not back.interrupted and [x.json() for x in back.verdicts] == [x.json() for x in res.verdicts]
+    assert len(back.series[0].points) == len(res.series[0].points) and env["host"] == {"name": "z8"}
+    from gpud.journal import events
+
+    hourly = [e for e in events(kinds=("burnin",)) if "so far" in e.summary]
+    assert len(hourly) >= 23 and "nothing failed yet" in hourly[-1].summary  # the journal, every hour
+
+
+KILLED = """
+import os, signal, sys
+from pathlib import Path
+from gpud.backends import open_bench, open_machine
+from gpud.burnin import run as burnin_run
+from gpud.burnin.progress import ProgressLog
+from gpud.config import Config
+burnin_run._workload = lambda *a, **k: {g: {} for g in a[3]}
+m = open_machine("z8-fury-4x-a6000")
+m.simulation.machine.inject("clock_events", gpu=1, reasons=["hw_power_brake_slowdown"])
+m = open_machine("z8-fury-4x-a6000")
+bench = open_bench(m, "cpu")
+sleep, start = bench.sleep, bench.now()
+def dying(seconds):
+    sleep(seconds)
+    if bench.now() - start > 700:  # soaking, past its first verdicts so far: the power goes (SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+bench.sleep = dying
+burnin_run.run_burnin(m, bench, Config(), level="soak", gpus=[0, 1], device="cpu", duration_s=1800.0,
+                      log=ProgressLog(Path(sys.argv[1]), "test", {"name": "z8"}))
+"""
+
+
+def test_a_burnin_killed_in_its_middle_keeps_its_results_so_far(state_dir: Path, tmp_path: Path) -> None:
+    import sys
+
+    from gpud.burnin.progress import load
+
+    path, report = tmp_path / "run.jsonl", tmp_path / "r.html"
+    r = subprocess.run([sys.executable, "-c", KILLED, str(path)], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "GPUD_SIM_SEED": "6"})
+    assert r.returncode == -9, r.stderr[-2000:]
+    res, _ = load(path)
+    assert res.interrupted and 650 <= res.seconds <= 720  # what was measured up to the kill
+    assert len(res.series[1].of("soak")) > 300 and res.series[1].of("soak")[-1].t > 690 and res.series[1].checks
+    so_far = {(v.test, v.gpu): v for v in res.verdicts}
+    assert so_far[("burnin.clocks.hw_slowdown", 1)].status == "fail"  # judged as far as it ran
+    assert so_far[("burnin.clocks.hw_slowdown", 0)].status == "pass"
+    shown = run_gpud("burnin", "--from", str(path), "--report", str(report))
+    assert shown.returncode == 130 and "interrupted after" in shown.stdout
+    assert "burnin.clocks.hw_slowdown" in shown.stdout
+    assert report.read_text().count("<svg") == 2 * 5
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_gpu_a_few_percent_slower_than_its_three_siblings_is_named(state_dir: Path, seed: int,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the simulator's noise and spread (silicon, coolers, dithering clocks): GPU2 at a 273 W limit (its
+    siblings at 300 W) runs about 5 % slower and fails the spread, named; its siblings raise no alarm (the
+    healthy Z8 raises none: test_quick_on_the_healthy_z8_passes_within_two_minutes)."""
+    from gpud.burnin import run as burnin_run
+
+    monkeypatch.setenv("GPUD_SIM_SEED", str(seed))
+    monkeypatch.setattr(burnin_run, "_workload", lambda *a, **k: {g: {} for g in a[3]})
+    m = open_machine("z8-fury-4x-a6000")
+    m.nvml.set_power_limit(2, 273)
+    res = run_burnin(m, open_bench(m, "cpu"), Config(), level="quick", gpus=None, device="cpu")
+    spread = {v.gpu: v for v in res.verdicts if v.test == "burnin.performance.spread"}
+    assert spread[2].status == "fail" and spread[2].figure is not None and 0.03 < spread[2].figure < 0.08
+    assert "below its siblings' median" in spread[2].summary and spread[2].remedy
+    assert [spread[g].status for g in (0, 1, 3)] == ["pass"] * 3
+    assert res.failed_gpus() == [2]
+
+
+def test_error_counters_are_judged_with_dcgms_limits_and_unread_ones_are_not_judged(state_dir: Path) -> None:
+    """PCIe replays above DCGM's 8 a minute fail (fewer warn), AER uncorrectable errors fail, NVLink replay
+    errors fail and CRC errors below 100 a second warn; retired pages at DCGM's 60 fail; a GPU whose sysfs
+    has no AER counters and whose NVML has no replay counter is not judged for them. The counts come from the
+    simulated root tree and NVML as the burn-in reads them (Host.aer_counts, fresh samples)."""
+    from gpud.burnin.judge import judge
+    from gpud.burnin.run import _health
+
+    m = open_machine("z8-fury-4x-a6000")
+    infos = {i: m.info(i) for i in range(3)}
+    before = _health(m, [0, 1, 2], 0.0)
+    assert before["aer"][0] == {"correctable": 0, "nonfatal": 0, "fatal": 0}  # the root tree's sysfs
+    after = copy.deepcopy(before)
+    after["at"] = 600.0  # ten minutes later
+    after["replay"][0] = (before["replay"][0] or 0) + 200  # 20 a minute
+    after["aer"][1] = {"correctable": 3, "nonfatal": 0, "fatal": 1}
+    after["nvlink"][2] = {**(before["nvlink"][2] or {}), (0, "replay"): 2, (1, "crc_flit"): 50}
+    before["nvlink"][2] = {**(before["nvlink"][2] or {}), (0, "replay"): 0, (1, "crc_flit"): 0}
+    after["retired"][2] = (60, False)
+    res = Result("z8", "quick", "cuda", [0, 1, 2], {g: "A" for g in range(3)}, 0.0)
+    got = {(v.test, v.gpu): v for v in judge(res, infos, before, after)}  # type: ignore[arg-type]
+    assert got[("burnin.errors", 0)].status == "fail" and "above DCGM's 8" in got[("burnin.errors", 0)].summary
+    assert got[("burnin.errors", 1)].status == "fail" and "1 fatal" in got[("burnin.errors", 1)].summary
+    assert got[("burnin.errors", 2)].status == "fail" and "NVLink 0 replay: 2" in got[("burnin.errors", 2)].summary
+    assert "crc_flit: 50" in got[("burnin.errors", 2)].summary
+    assert got[("burnin.memory.retired_pages", 2)].status == "fail"
+    # a source that could not be read
+    for h in (before, after):
+        h["aer"][0], h["replay"][0] = None, None
+    got = {(v.test, v.gpu): v for v in judge(res, infos, before, after)}  # type: ignore[arg-type]
+    assert got[("burnin.errors.aer", 0)].summary.startswith("not judged") and got[("burnin.errors.aer", 0)].remedy
+    assert got[("burnin.errors.pcie_replay", 0)].status == "skip"
+    assert "PCIe replays" not in got[("burnin.errors", 0)].summary
+
+
+def test_reports_list_hardware_failures_before_configuration_warnings() -> None:
+    import io
+    from contextlib import redirect_stdout
+
+    from gpud.burnin.html import render as html
+    from gpud.cli.burnin import render
+
+    res = Result("z8", "quick", "cuda", [0], {0: "A"}, 0.0)
+    res.verdicts = [Verdict("doctor.host.shm", "warn", "/dev/shm is 64 MiB", source="gpud doctor"),
+                    Verdict("doctor.host.governor", "fail", "governor powersave", source="gpud doctor"),
+                    Verdict("burnin.errors.ecc", "skip", "not judged: no ECC counters", 0, remedy="ECC on"),
+                    Verdict("burnin.gemm.load", "fail", "3 of 60 products differed", 0, source="s", remedy="r"),
+                    Verdict("burnin.thermal.sw_slowdown", "warn", "SW thermal 0.5 %", 0, source="s")]
+    doc = res.json("test", {"name": "z8"})
+    out = io.StringIO()
+    with redirect_stdout(out):
+        render(doc)
+    text = out.getvalue()
+    order = [text.index(t) for t in ("burnin.gemm.load", "burnin.thermal.sw_slowdown", "burnin.errors.ecc",
+                                      "host.governor", "host.shm")]
+    assert order == sorted(order), text
+    page = html(res, doc)
+    rows = [page.index(t) for t in ("burnin.gemm.load", "doctor.host.governor", "burnin.thermal.sw_slowdown",
+                                    "doctor.host.shm", "burnin.errors.ecc")]
+    assert rows == sorted(rows)
+
+
+def test_a_cpu_run_on_a_machine_whose_gpus_work_needs_rehearsal(state_dir: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command refuses --device cpu where NVML sees GPUs and the kernels would run on the host (a real
+    machine's RealBench, stood in here on a simulated one), unless --rehearsal; nothing runs or is written."""
+    import gpud.backends
+    from gpud.backends import RealBench
+    from gpud.cli.burnin import burnin
+    from gpud.errors import InvalidInput
+
+    monkeypatch.setattr(gpud.backends, "open_bench", lambda m, dev: RealBench(dev))
+    with pytest.raises(InvalidInput, match="--rehearsal"):
+        burnin(level="quick", device="cpu", simulate="z8-fury-4x-a6000")
+    assert not (state_dir / "burnin.json").exists() and not (state_dir / "burnin-run.jsonl").exists()

@@ -305,13 +305,23 @@ def test_a_marginal_gpu_errs_only_when_hot(monkeypatch: pytest.MonkeyPatch) -> N
         sim.inject("wrong_results", gpu=1, above_celsius=500)
 
 
-@pytest.mark.xfail(strict=True, reason="the burn-in runs its kernels once, before the load: a GPU that errs only "
-                                       "hot passes it (issue #34: to check results under load as well)")
-def test_the_burnin_checks_results_only_cold(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_burnin_checks_results_while_hot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU that errs only from 75 °C on passes every cold check (the kernels before the load); the load's
+    checked products catch it once it is that hot, and the verdict names the temperature they began at."""
     monkeypatch.setenv("GPUD_SIM_SEED", "9")
     m = open_machine(SIM)
-    m.simulation.machine.inject("wrong_results", gpu=1, above_celsius=70)
+    m.simulation.machine.inject("wrong_results", gpu=1, above_celsius=75)
+    m.simulation.machine.inject("wrong_results", gpu=2, above_celsius=95)  # hotter than a quick load makes it
     r = run_gpud("burnin", "--simulate", SIM, "--level", "quick", "--json", timeout=300)
     doc = json.loads(r.stdout)
-    failed = {(v["test"], v["gpu"]) for v in doc["verdicts"] if v["status"] == "fail"}
-    assert any(i.startswith("burnin.gemm") and g == 1 for i, g in failed), failed
+    assert r.returncode == 1, r.stderr
+    failed = {(v["test"], v["gpu"]): v for v in doc["verdicts"] if v["status"] == "fail"}
+    assert not any(t.endswith(".digest") or t.endswith(".reference") for t, _ in failed)  # cold: right
+    hot = failed[("burnin.gemm.load", 1)]
+    began = int(hot["summary"].split("the first at ", 1)[1].split(" °C")[0])
+    assert began >= 75 and hot["figure"] > 0  # named with the temperature its errors began at
+    assert {g for _, g in failed} == {1}
+    # GPU2 passes the quick level, which never heated it to 95 °C, and the verdict says how hot it checked
+    spared = next(v for v in doc["verdicts"] if v["test"] == "burnin.gemm.load" and v["gpu"] == 2)
+    hottest = int(spared["summary"].rsplit("up to ", 1)[1].split(" ")[0])
+    assert spared["status"] == "pass" and "results checked only up to" in spared["summary"] and hottest < 95

@@ -8,7 +8,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from gpud.burnin.result import Result
+from gpud.burnin.result import Result, shown_order
 from gpud.burnin.telemetry import HW_REASONS, Point
 from gpud.paths import atomic_write
 
@@ -101,8 +101,7 @@ def render(res: Result, doc: dict[str, Any]) -> str:
 
     head = ("<tr><th>status</th><th>GPU</th><th>test</th><th>figure</th><th>threshold and source</th>"
             "<th>what to do</th></tr>")
-    order = {"fail": 0, "warn": 1, "skip": 2, "pass": 3}
-    ranked = sorted(doc["verdicts"], key=lambda v: (order[v["status"]], v["gpu"] if v["gpu"] is not None else -1))
+    ranked = sorted(doc["verdicts"], key=shown_order)  # hardware failures first, configuration after
     rows = [row(v) for v in ranked if v["status"] != "pass"]
     passed = [row(v) for v in ranked if v["status"] == "pass"]
     links = " ".join(f"<a href='#gpu{g}'>GPU{g}</a>" for g in res.gpus)

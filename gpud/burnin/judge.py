@@ -39,9 +39,12 @@ def _spread(res: Result, test: str, figures: dict[int, float], unit: str, remedy
     """Each GPU against the median of its model's siblings; an outlier by its modified z-score is named."""
     out: list[Verdict] = []
     limit, cut = THRESHOLDS["spread"], THRESHOLDS["outlier_z"]
-    for _, members in _groups(res).items():
+    for _model, members in _groups(res).items():
         vals = {g: figures[g] for g in members if g in figures}
         if len(vals) < 2:
+            out += [not_judged(test, g, f"no other {_model} under test to compare it with (the rule compares "
+                               "siblings of one model)", "burn in two or more GPUs of one model together (no --gpus)",
+                               limit.source) for g in vals]
             continue
         med = statistics.median(vals.values())
         zs = dict(zip(vals, robust_z(list(vals.values())), strict=True))
@@ -67,15 +70,25 @@ def _workload(res: Result, infos: dict[int, GpuInfo]) -> list[Verdict]:
                                g, source="the burn-in's child process", remedy="run again with --debug; check the "
                                "driver and dmesg for Xids"))
     ok = {g: w for g, w in work.items() if "error" not in w}
+    host = not res.results_are_the_gpus  # a rehearsal on the host's CPU: what passes there says nothing of a GPU
+    rehearsal = ("the kernels ran on the host's CPU (--device cpu): a pass there says nothing of the GPU",
+                 "run on the GPUs: gpud burnin --device cuda")
     # Bit-for-bit: every GPU of one model computed the same product.
-    for _, members in _groups(res).items():
+    for model, members in _groups(res).items():
         for k, dtype in enumerate(("bf16", "tf32", "fp32")):
             digests = {g: ok[g]["gemm"][k]["digest"] for g in members if g in ok and len(ok[g].get("gemm", [])) > k}
             if len(digests) < 2:
+                out += [not_judged(f"burnin.gemm.{dtype}.digest", g, f"no other {model} under test to compare its "
+                                   "product with", "burn in two or more GPUs of one model together (no --gpus)",
+                                   THRESHOLDS["gemm.digest"].source) for g in digests]
                 continue
             common, n = Counter(digests.values()).most_common(1)[0]
             for g, d in digests.items():
                 same = d == common and n > len(digests) / 2
+                if same and host:
+                    out.append(not_judged(f"burnin.gemm.{dtype}.digest", g, rehearsal[0], rehearsal[1],
+                                          THRESHOLDS["gemm.digest"].source))
+                    continue
                 out.append(Verdict(f"burnin.gemm.{dtype}.digest", "pass" if same else "fail",
                                    "the same bits as its siblings" if same else
                                    f"its {dtype} product differs from {n} of its {len(digests)} siblings' bit for bit",
@@ -87,11 +100,15 @@ def _workload(res: Result, infos: dict[int, GpuInfo]) -> list[Verdict]:
         for r in w.get("gemm", []):
             if not r["reference_ok"]:
                 out.append(Verdict(f"burnin.gemm.{r['dtype']}.reference", "fail",
-                                   f"relative error {r['reference_error']:.3g} against the host's float64 product "
-                                   f"(allowed {r['reference_rtol']:.3g})", g, r["reference_error"], r["reference_rtol"],
+                                   f"an element off the host's float64 product by {r['reference_error']:.3g}× "
+                                   f"Higham's bound (allowed {r['reference_rtol']:.3g}×)", g, r["reference_error"],
+                                   r["reference_rtol"],
                                    THRESHOLDS["gemm.reference"].source, "the GPU computes wrong results: replace it"))
         mem = w.get("memtest")
-        if mem is not None:
+        if mem is not None and host and not int(mem["total_errors"]):
+            out.append(not_judged("burnin.memtest", g, f"0 mismatching words in {mem['mib']} MiB of host memory: "
+                                  + rehearsal[0], rehearsal[1], THRESHOLDS["memtest"].source))
+        elif mem is not None:
             bad = int(mem["total_errors"])
             out.append(Verdict("burnin.memtest", "fail" if bad else "pass",
                                f"{bad} mismatching words in {mem['mib']} MiB ("
@@ -114,20 +131,21 @@ def _workload(res: Result, infos: dict[int, GpuInfo]) -> list[Verdict]:
             hb = w.get("host_bandwidth")
             if i is None or hb is None:
                 continue
-            want = expect.pcie(i.pcie_max_generation, i.pcie_max_width, model=False)
+            want = expect.pcie(i.pcie_max_generation, i.pcie_max_width, model=True)  # NCCL's figure (plan.py)
             got = min(float(hb["h2d_gbps"]), float(hb["d2h_gbps"]))
             ratio = got / want if want else 1.0
             out.append(Verdict("burnin.host_bandwidth", "fail" if ratio < th.value else "pass",
                                f"pinned host↔device {got:.1f} GB/s, {ratio * 100:.0f} % of the {want:.1f} GB/s a "
-                               f"Gen{i.pcie_max_generation} x{i.pcie_max_width} link carries", g, round(ratio, 3),
+                               f"healthy Gen{i.pcie_max_generation} x{i.pcie_max_width} link carries (NCCL's model)",
+                               g, round(ratio, 3),
                                th.value, th.source,
                                ("check the link (gpud doctor: pcie.*, lspci -vv) and the CPU affinity"
                                 if ratio < th.value else "")))
     elif ok:
-        out.append(Verdict("burnin.workload.figures", "skip",
-                           "CPU figures (--device cpu): the kernels ran on the CPU and their speed says nothing of "
-                           "the GPUs; results compared bit for bit and the telemetry verdicts still apply",
-                           source="the workload ran on the CPU"))
+        out.append(not_judged("burnin.workload.figures", None,
+                              "CPU figures (--device cpu): the kernels ran on the CPU and their speed says nothing of "
+                              "the GPUs (GEMM throughput, memory and host bandwidth); the telemetry verdicts apply",
+                              "run on the GPUs: gpud burnin --device cuda", "the workload ran on the CPU"))
     return out
 
 
@@ -172,18 +190,7 @@ def _telemetry(res: Result, infos: dict[int, GpuInfo]) -> list[Verdict]:
         clocks = [p.sm_mhz for p in loaded if p.sm_mhz and p.utilization]  # not while the load starts
         if clocks:
             sustained[g] = statistics.fmean(clocks)
-        power = s.of("power")[10:]
-        if power:
-            draws = [p.power_w for p in power if p.power_w is not None]
-            limit = next((p.limit_w for p in power if p.limit_w), None)
-            if draws and limit:
-                share = statistics.fmean(draws) / limit
-                th = THRESHOLDS["targeted_power"]
-                out.append(Verdict("burnin.targeted_power", "fail" if share < th.value else "pass",
-                                   f"{statistics.fmean(draws):.0f} W, {share * 100:.0f} % of its {limit:.0f} W limit",
-                                   g, round(share, 3), th.value, th.source,
-                                   "it cannot draw its limit: check the power cables and the PSU, and its clocks"
-                                   if share < th.value else ""))
+        out += _targeted_power(g, s.of("power")[10:], res.limits.get(g, {}))
         out += _load_steps(g, s.points)
         soak = s.of("soak")
         if len(soak) >= 10:
@@ -196,6 +203,68 @@ def _telemetry(res: Result, infos: dict[int, GpuInfo]) -> list[Verdict]:
     out += _spread(res, "burnin.performance.spread", sustained, "MHz sustained SM clock",
                    "slower than its siblings under the same load: check its throttle reasons, power limit and cooling")
     return out
+
+
+# Why a GPU's draw stays below the target, in the order the cause is named (the first one active for a
+# tenth of the phase or more), and what to do for each (nvml.h's clock-event reasons).
+POWER_CAUSES = (
+    ("hw_power_brake_slowdown", "HW power brake: the power supply or a cable asserts it",
+     "check the 12V connectors and cables (one per connector, no daisy chain) and the PSU's capacity"),
+    ("hw_thermal_slowdown", "HW thermal slowdown: the GPU is at its slowdown temperature",
+     "check the cooling: fans turn, airflow, dust, the fan curve"),
+    ("hw_slowdown", "HW slowdown (the hardware cut the clocks: power or temperature)",
+     "check power delivery (cables, PSU) and cooling; nvidia-smi -q -d PERFORMANCE names which"),
+    ("sw_thermal_slowdown", "SW thermal slowdown: the driver holds the GPU at its operating limit",
+     "check the cooling: fans turn, airflow, the fan curve"),
+)
+
+
+def _targeted_power(g: int, power: list[Any], limits: dict[str, float | None]) -> list[Verdict]:
+    """Did the closed-loop load bring the draw to the target (the enforced limit, or ``--target-power``)?
+    If not, why: a hardware or thermal clock-event reason named (the remedy follows it), the load at its
+    largest asking less than the target (not judged: the load, not the GPU), or the enforced limit below
+    the target (the SW power cap holds it there: fine, with headroom in the load)."""
+    draws = [p.power_w for p in power if p.power_w is not None]
+    limit = next((p.limit_w for p in reversed(power) if p.limit_w), None)
+    target = limits.get("target_power_w") or limit
+    th = THRESHOLDS["targeted_power"]
+    if not draws or not target:
+        return [not_judged("burnin.targeted_power", g, "no power readings under the load", "a GPU and driver that "
+                           "report the power draw (nvidia-smi -q -d POWER)", th.source)] if power else []
+    mean = statistics.fmean(draws)
+    share = mean / target
+    span = len(power)
+    active = {r: sum(1 for p in power if r in p.reasons) / span for r in
+              ("sw_power_cap", *(c[0] for c in POWER_CAUSES))}
+    load = [p.load_share for p in power if p.load_share is not None]
+    largest = not load or load[-1] >= 0.999
+    text = f"{mean:.0f} W, {share * 100:.0f} % of its {target:.0f} W target"
+    if limits.get("target_power_w"):
+        text += f" (--target-power; enforced limit {limit:.0f} W)" if limit else " (--target-power)"
+    else:
+        text += " (its enforced limit)"
+    if load:
+        text += f"; the load at {load[-1] * 100:.0f} % of its largest"
+    if share >= th.value:
+        capped = active["sw_power_cap"] >= 0.1
+        return [Verdict("burnin.targeted_power", "pass", text + ("; the SW power cap holds it there (the load "
+                        "asks more)" if capped else ""), g, round(share, 3), th.value, th.source)]
+    cause = next((c for c in POWER_CAUSES if active[c[0]] >= 0.1), None)
+    if cause is not None:
+        return [Verdict("burnin.targeted_power", "fail", f"{text}; held down by {cause[1]} "
+                        f"({active[cause[0]] * 100:.0f} % of the time)", g, round(share, 3), th.value, th.source,
+                        cause[2])]
+    if limit and target > limit * 1.001 and active["sw_power_cap"] >= 0.1:
+        return [Verdict("burnin.targeted_power", "warn", f"{text}; the enforced limit {limit:.0f} W is below the "
+                        "target: the SW power cap holds it there, the load asks more", g, round(share, 3), th.value,
+                        th.source, "raise the power limit (gpud apply) or lower --target-power")]
+    if largest and active["sw_power_cap"] < 0.1:
+        return [not_judged("burnin.targeted_power", g, f"{text}: the load at its largest asks less than the target "
+                           "(no SW power cap reached), so the GPU's power delivery was not pushed to it",
+                           "a heavier load than this GEMM (or --target-power at what it draws)", th.source)]
+    return [Verdict("burnin.targeted_power", "fail", f"{text}; no clock-event reason says why", g, round(share, 3),
+                    th.value, th.source, "check the power cables and the PSU, and its clocks (nvidia-smi -q -d "
+                    "PERFORMANCE,POWER)")]
 
 
 def _load_steps(g: int, points: list[Any]) -> list[Verdict]:
@@ -342,29 +411,227 @@ def _hold(g: int, soak: list[Any], limits: dict[str, float | None],
 
 
 def _errors(res: Result, infos: dict[int, GpuInfo], before: dict[str, Any], after: dict[str, Any]) -> list[Verdict]:
+    """New errors during the run, from what could be read: Xids, ECC, PCIe replays (DCGM's rate), NVLink
+    errors (DCGM's limits); the state at the end: retired pages (DCGM's limits), remapped rows. A source
+    that could not be read is "not judged" (what gpud needs), never "no errors"."""
     out: list[Verdict] = []
     th = THRESHOLDS["new_errors"]
     buses = {g: (infos[g].pci_bus_id if g in infos else "") for g in res.gpus}
     old = set(before.get("xids") or [])
     new_xids = [x for x in (after.get("xids") or []) if x not in old]
+    minutes = max(1e-9, (float(after.get("at", 0.0)) - float(before.get("at", 0.0))) / 60.0)
+    unread_log = before.get("xids_unread") or after.get("xids_unread")
     for g in res.gpus:
-        found = []
-        b, a = before["ecc"].get(g), after["ecc"].get(g)
-        if a is not None and b is not None and a > b:
-            found.append(f"{a - b} new ECC errors")
-        b, a = before["replay"].get(g), after["replay"].get(g)
-        if a is not None and b is not None and a > b:
-            found.append(f"{a - b} new PCIe replays")
+        found, warned, read, unread = [], [], [], []
+
+        def delta(kind: str, g: int = g) -> Any:
+            b, a = before.get(kind, {}).get(g), after.get(kind, {}).get(g)
+            return None if a is None or b is None else (b, a)
+
+        ecc = delta("ecc")
+        if ecc is None:
+            unread.append(("ecc", "no ECC error counters (ECC off or not supported: NVML gives none)",
+                           "ECC on (nvidia-smi -e 1, then a reboot) where the GPU has it"))
+        else:
+            read.append("ECC")
+            if ecc[1] > ecc[0]:
+                found.append(f"{ecc[1] - ecc[0]} new ECC errors")
+        rep = delta("replay")
+        if rep is None:
+            unread.append(("pcie_replay", "no PCIe replay counter", "a driver whose NVML gives the replay counter"))
+        else:
+            read.append("PCIe replays")
+            n, limit = rep[1] - rep[0], THRESHOLDS["pcie_replay_rate"]
+            if n > 0 and n / minutes > limit.value:
+                found.append(f"{n} new PCIe replays ({n / minutes:.1f} a minute, above DCGM's {limit.value:g})")
+            elif n > 0:
+                warned.append(f"{n} new PCIe replays ({n / minutes:.1f} a minute)")
+        links = delta("nvlink")
+        if links is None and g in infos and infos[g].nvlink_count:
+            unread.append(("nvlink", f"no NVLink error counters for its {infos[g].nvlink_count} links",
+                           "a driver whose NVML gives nvmlDeviceGetNvLinkErrorCounter"))
+        if links is not None:
+            read.append("NVLink errors")
+            seconds = minutes * 60.0
+            for key, a in sorted(links[1].items()):
+                n = a - links[0].get(key, a)
+                link, counter = key
+                if n <= 0:
+                    continue
+                if counter.startswith("crc"):
+                    rate, lim = n / seconds, THRESHOLDS["nvlink_crc_rate"]
+                    (found if rate > lim.value else warned).append(f"NVLink {link} {counter}: {n} ({rate:.1f}/s)")
+                else:  # replay, recovery
+                    found.append(f"NVLink {link} {counter}: {n} new")
+        aer = delta("aer")
+        if aer is None:
+            unread.append(("aer", "no PCIe AER counters in sysfs (aer_dev_*: no AER capability, or a kernel "
+                           "without CONFIG_PCIEAER)", "a kernel with AER (CONFIG_PCIEAER) and the GPU's "
+                           "/sys/bus/pci/devices/*/aer_dev_* readable"))
+        else:
+            read.append("PCIe AER")
+            grew = {k: aer[1].get(k, 0) - aer[0].get(k, 0) for k in ("correctable", "nonfatal", "fatal")}
+            if grew["fatal"] > 0 or grew["nonfatal"] > 0:
+                found.append(f"PCIe AER: {grew['fatal']} fatal, {grew['nonfatal']} non-fatal uncorrectable errors")
+            elif grew["correctable"] > 0:  # the link corrected them (replays): as the replay counter, a warning
+                warned.append(f"PCIe AER: {grew['correctable']} correctable errors")
         bus = buses[g].lower()
-        xids = [x for x in new_xids if bus and str(x[0]).lower() == bus]
-        if xids:
-            found.append("Xid " + ", ".join(str(x[1]) for x in xids))
-        out.append(Verdict("burnin.errors", "fail" if found else "pass",
-                           "; ".join(found) if found else "no new Xid, ECC error or PCIe replay", g,
-                           float(len(found)), th.value, th.source,
-                           "gpud events --dossier; nvidia-smi -q -d ECC; dmesg | grep Xid" if found else ""))
+        if unread_log is None:
+            read.append("Xids")
+            xids = [x for x in new_xids if bus and str(x[0]).lower() == bus]
+            if xids:
+                found.append("Xid " + ", ".join(str(x[1]) for x in xids))
+        status: Status = "fail" if found else "warn" if warned else "pass"
+        if read:
+            text = "; ".join(found + warned) if found or warned else f"no new error ({', '.join(read)} read)"
+            out.append(Verdict("burnin.errors", status, text, g, float(len(found)), th.value,
+                               th.source + "; " + THRESHOLDS["pcie_replay_rate"].source,
+                               "gpud events --dossier; nvidia-smi -q -d ECC; dmesg | grep Xid" if found else ""))
+        else:
+            out.append(not_judged("burnin.errors", g, "no error source could be read", "see burnin.errors.*",
+                                  th.source))
+        for what, why, needs in unread:
+            out.append(not_judged(f"burnin.errors.{what}", g, why, needs, th.source))
+        if unread_log is not None:
+            out.append(Verdict("burnin.errors.xid", "skip", str(unread_log[0]), g, source=th.source,
+                               remedy=str(unread_log[1])))
+        out += _memory_health(g, after)
+    return out
+
+
+def _memory_health(g: int, after: dict[str, Any]) -> list[Verdict]:
+    """Retired pages (GPUs before Ampere) and remapped rows (Ampere on) at the end of the run."""
+    out: list[Verdict] = []
+    pages, rows = after.get("retired", {}).get(g), after.get("remapped", {}).get(g)
+    if pages is not None:
+        n, pending = pages
+        hard, soft = THRESHOLDS["retired_pages"], THRESHOLDS["retired_pages_soft"]
+        status: Status = "fail" if n >= hard.value or pending else "warn" if n >= soft.value else "pass"
+        out.append(Verdict("burnin.memory.retired_pages", status, f"{n} retired pages"
+                           + ("; a retirement pending (applied at the next reset)" if pending else ""), g, float(n),
+                           hard.value, hard.source, "" if status == "pass" else
+                           "reset the GPU (nvidia-smi -r) to retire the pending pages; replace it at DCGM's limit"))
+    if rows is not None:
+        corr, uncorr, pending, failure = rows
+        status = "fail" if failure else "warn" if pending else "pass"
+        out.append(Verdict("burnin.memory.remapped_rows", status,
+                           f"{corr or 0} correctable and {uncorr or 0} uncorrectable rows remapped"
+                           + ("; a remap pending (applied at the next reset)" if pending else "")
+                           + ("; a remap failed (no spare row left)" if failure else ""), g,
+                           float(bool(failure)), 0.0, THRESHOLDS["remapped_rows"].source,
+                           "" if status == "pass" else "a failed remap: replace the GPU" if failure else
+                           "reset the GPU (nvidia-smi -r) to apply the pending remap"))
+    if pages is None and rows is None:
+        out.append(not_judged("burnin.memory.retired_pages", g, "neither retired pages nor remapped rows readable",
+                              "a GPU and driver that report them (nvidia-smi -q -d PAGE_RETIREMENT,ROW_REMAPPER)",
+                              THRESHOLDS["retired_pages"].source))
+    return out
+
+
+def not_judged(test: str, gpu: int | None, why: str, needs: str, source: str = "") -> Verdict:
+    """A test that could not measure what it judges: "not judged", with the reason and what gpud needs;
+    never a pass (``Result.not_judged`` lists them, the overall verdict names them)."""
+    return Verdict(test, "skip", f"not judged: {why}", gpu, source=source, remedy=needs)
+
+
+def _checked(res: Result) -> list[Verdict]:
+    """The load's checked products (every load phase): each against the GPU's first product of the same
+    inputs bit for bit, the first product's rows against the host's float64 product, and the products'
+    checksums against the siblings' of the same model at each reading."""
+    out: list[Verdict] = []
+    th = THRESHOLDS["checked"]
+    cpu = not res.results_are_the_gpus
+    why_cpu = ("the load ran on the host's CPU (--device cpu): its results say nothing of the GPU",
+               "run on the GPUs: gpud burnin --device cuda")
+    for g in res.gpus:
+        s = res.series.get(g)
+        checks = s.checks if s else []
+        if not checks:
+            why = (s.check_error if s and s.check_error else "no load phase ran") if s else "no load phase ran"
+            out.append(not_judged("burnin.gemm.load", g, f"no checked product under load ({why})",
+                                  "gpud burnin --debug; the driver and dmesg for Xids", th.source))
+            continue
+        products = sum(c.products for c in checks)
+        temps = [c.temperature_c for c in checks if c.temperature_c is not None]
+        hottest = max(temps) if temps else None
+        bad = [c for c in checks if c.wrong]
+        upto = f"results checked only up to {hottest} °C" if hottest is not None else "temperatures unknown"
+        if bad:
+            first = bad[0]
+            clean = [c.temperature_c for c in checks if c.t < first.t and c.temperature_c is not None]
+            wrong = sum(c.wrong for c in bad)
+            per_min: Counter[int] = Counter()
+            for c in bad:
+                per_min[int(c.t // 60)] += c.wrong
+            text = (f"{wrong} of {products} products differed from its first bit for bit, the first at "
+                    f"{first.temperature_c} °C ({first.phase}, {first.t:.0f} s in)"
+                    + (f"; right up to {max(clean)} °C before" if clean else "")
+                    + f"; wrong in {len(per_min)} minute(s), at most {max(per_min.values())} a minute")
+            out.append(Verdict("burnin.gemm.load", "fail", text, g, float(wrong), th.value, th.source,
+                               f"the GPU computes wrong results from {first.temperature_c} °C on: check its "
+                               "cooling (fans, airflow, paste), reseat it and replace it if it persists"))
+        elif cpu:
+            out.append(not_judged("burnin.gemm.load", g, f"{products} products checked, {why_cpu[0]}",
+                                  why_cpu[1], th.source))
+        else:
+            out.append(Verdict("burnin.gemm.load", "pass", f"{products} products under load the same bits as its "
+                               f"first; {upto}", g, 0.0, th.value, th.source))
+        ref = s.reference if s else None
+        if ref is not None and not ref.get("ok", True):
+            out.append(Verdict("burnin.gemm.load.reference", "fail",
+                               f"its first product's {ref.get('rows')} leading rows off the host's float64 product "
+                               f"by {float(ref.get('worst_share_of_bound', 0)):.3g}× Higham's bound", g,
+                               float(ref.get("worst_share_of_bound", 0)), 1.0, THRESHOLDS["load.reference"].source,
+                               "the GPU computes wrong results: replace it"))
+    out += _sibling_checksums(res, cpu, why_cpu)
+    return out
+
+
+def _sibling_checksums(res: Result, cpu: bool, why_cpu: tuple[str, str]) -> list[Verdict]:
+    """At each reading, the checksums of the last products of a model's GPUs (the same inputs) against their
+    majority: a GPU that disagrees computed something else, also one wrong from its first product on."""
+    out: list[Verdict] = []
+    th = THRESHOLDS["gemm.digest"]
+    for model, members in _groups(res).items():
+        have = [g for g in members if res.series.get(g) and res.series[g].checks]
+        if len(have) < 2:
+            for g in have:
+                out.append(not_judged("burnin.gemm.load.siblings", g, f"no other {model} to compare its products "
+                                      "with", "burn in two or more GPUs of one model together (all GPUs: no --gpus)",
+                                      th.source))
+            continue
+        by_t: dict[tuple[float, int | None], dict[int, int | None]] = {}  # (reading, matrix size) → checksums
+        for g in have:
+            for c in res.series[g].checks:
+                by_t.setdefault((round(c.t, 3), c.n), {})[g] = c.checksum
+                by_t.setdefault((-1.0, c.n), {})[g] = c.first
+        differs: Counter[int] = Counter()
+        compared = 0
+        for sums in by_t.values():
+            vals = [v for v in sums.values() if v is not None]
+            if len(vals) < 2:
+                continue
+            common, n = Counter(vals).most_common(1)[0]
+            if n <= len(vals) / 2:
+                continue  # no majority: which one is right is not known from these
+            compared += 1
+            for g, v in sums.items():
+                if v is not None and v != common:
+                    differs[g] += 1
+        for g in have:
+            if differs[g]:
+                out.append(Verdict("burnin.gemm.load.siblings", "fail",
+                                   f"its products differed from its siblings' (the same inputs) at {differs[g]} of "
+                                   f"{compared} comparisons", g, float(differs[g]), th.value, th.source,
+                                   "the GPU computes wrong results: reseat it, check its cooling, replace it if it "
+                                   "persists"))
+            elif cpu:
+                out.append(not_judged("burnin.gemm.load.siblings", g, why_cpu[0], why_cpu[1], th.source))
+            else:
+                out.append(Verdict("burnin.gemm.load.siblings", "pass", f"the same products as its {len(have) - 1} "
+                                   f"sibling(s) at {compared} comparisons", g, 0.0, th.value, th.source))
     return out
 
 
 def judge(res: Result, infos: dict[int, GpuInfo], before: dict[str, Any], after: dict[str, Any]) -> list[Verdict]:
-    return _workload(res, infos) + _telemetry(res, infos) + _errors(res, infos, before, after)
+    return _workload(res, infos) + _checked(res) + _telemetry(res, infos) + _errors(res, infos, before, after)

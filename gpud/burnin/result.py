@@ -48,6 +48,11 @@ class Result:
     # verdict holds the GPU to; a GPU without one is held to the driver's target temperature.
     fan_curves: dict[int, dict[str, Any]] = field(default_factory=dict)
     interrupted: bool = False
+    results_are_the_gpus: bool = True  # the kernels ran on the GPUs (or a simulated GPU's stand-in), not the host
+
+    def not_judged(self) -> list[Verdict]:
+        """The tests that could not measure what they judge ("not judged: …"): never a pass."""
+        return [v for v in self.verdicts if v.status == "skip" and v.summary.startswith("not judged")]
 
     @property
     def status(self) -> Status:
@@ -71,13 +76,27 @@ class Result:
             "simulated_time": self.simulated_time, "started": self.started, "seconds": round(self.seconds, 3),
             "wall_seconds": round(self.wall_seconds, 3), "interrupted": self.interrupted, "status": self.status,
             "exit_code": self.exit_code(),
+            "not_judged": sorted({v.test for v in self.not_judged()}),
             "gpus": [{"index": g, "name": self.names.get(g), "uuid": self.uuids.get(g),
                       "status": _worst(self.verdicts, g), "limits": self.limits.get(g, {}),
                       "workload": self.workload.get(g, {})} for g in self.gpus],
             "verdicts": [v.json() for v in self.verdicts],
             "telemetry": ({str(g): [p.json() for p in s.points] for g, s in self.series.items()} if telemetry
                           else None),
+            "checks": ({str(g): [c.json() for c in s.checks] for g, s in self.series.items()} if telemetry
+                       else None),
         }
+
+
+RANK = {"fail": 0, "warn": 1, "skip": 2, "pass": 3}
+
+
+def shown_order(v: dict[str, Any]) -> tuple[int, int, int]:
+    """How a report lists verdicts: failures first, then warnings, then what was not judged, then passes;
+    within each, the GPU's and the burn-in's own tests (hardware) before doctor's (configuration: /dev/shm,
+    the governor), the machine's before a GPU's."""
+    return (RANK.get(str(v["status"]), 3), 1 if str(v["test"]).startswith("doctor.") else 0,
+            v["gpu"] if v["gpu"] is not None else -1)
 
 
 def _worst(verdicts: list[Verdict], gpu: int) -> Status:

@@ -15,9 +15,10 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from gpud.burnin.judge import judge
-from gpud.burnin.plan import Level, plan_for
+from gpud.burnin.plan import Level, next_share, plan_for
+from gpud.burnin.progress import ProgressLog
 from gpud.burnin.result import Result, Verdict
-from gpud.burnin.telemetry import Series, point
+from gpud.burnin.telemetry import Check, Series, point
 from gpud.config import Config
 from gpud.hw.machine import Machine
 from gpud.model import Snapshot
@@ -32,6 +33,16 @@ SIZES: dict[str, dict[str, float]] = {"cuda": {"gemm_n": 8192, "copy_mib": 1024,
 
 class Bench(Protocol):
     simulated_time: bool
+    # Whether the kernels' results are the GPUs' own: on GPUs (``cuda``), and on a simulated workstation,
+    # whose stand-in computes what the simulated GPU does (its faults reach it); not on the host's CPU.
+    results_are_the_gpus: bool
+    check_every_s: float  # how often the load's checks are collected (seconds of the GPUs' time)
+
+    def check_period(self, reading_s: float) -> float: ...
+
+    def check(self, gpus: list[int], tag: Any = None) -> list[tuple[Any, dict[int, dict[str, Any]]]]: ...
+
+    def size(self, gpu: int, share: float) -> None: ...
 
     def now(self) -> float: ...
 
@@ -104,41 +115,65 @@ def _probe(machine: Machine, gpus: list[int], allow_busy: bool) -> list[Verdict]
     return out
 
 
-def _health(machine: Machine, gpus: list[int]) -> dict[str, Any]:
-    """ECC error counts and PCIe replays per GPU, and the Xids in the kernel log: compared at the end."""
-    out: dict[str, Any] = {"ecc": {}, "replay": {}, "xids": None}
+def _health(machine: Machine, gpus: list[int], at: float) -> dict[str, Any]:
+    """The error counters per GPU (ECC, PCIe replays, NVLink errors, retired pages, remapped rows; None
+    where NVML gives none) and the Xids in the kernel log (None and why, where none can be read), read
+    afresh: compared at the end. ``at``: the GPUs' time of the reading (rates per minute and second)."""
+    out: dict[str, Any] = {"at": at, "ecc": {}, "replay": {}, "nvlink": {}, "retired": {}, "remapped": {},
+                           "aer": {}, "xids": None, "xids_unread": None}
     for g in gpus:
-        s = machine.nvml.sample(g)
+        s = machine.nvml.fresh_sample(g)
+        info = machine.info(g)
+        out["aer"][g] = machine.host.aer_counts(info.pci_bus_id) if info is not None and info.pci_bus_id else None
         e = s.ecc_errors
-        out["ecc"][g] = None if e is None else (e.volatile_corrected or 0) + (e.volatile_uncorrected or 0)
+        out["ecc"][g] = None if e is None or e.volatile_corrected is None and e.volatile_uncorrected is None else \
+            (e.volatile_corrected or 0) + (e.volatile_uncorrected or 0)
         out["replay"][g] = s.pcie_replay_errors
+        out["nvlink"][g] = None if s.nvlink_errors is None else {(link, c): n for link, c, n in s.nvlink_errors}
+        pages = (s.retired_pages_single_bit, s.retired_pages_double_bit)
+        out["retired"][g] = None if pages == (None, None) else (sum(p or 0 for p in pages), s.retired_pages_pending)
+        rows = (s.remapped_rows_correctable, s.remapped_rows_uncorrectable)
+        out["remapped"][g] = None if rows == (None, None) else (*rows, s.remapped_rows_pending,
+                                                                 s.remapped_rows_failure)
     try:
-        xids = machine.host.xid_events()
-        out["xids"] = None if xids is None else [(x.pci_bus_id, x.xid, x.raw or x.text) for x in xids]
-    except OSError:
-        pass
+        from gpud.hw.host import KernelLogUnreadable
+
+        xids = machine.host.read_xids()
+        if isinstance(xids, KernelLogUnreadable):
+            from gpud.doctor.xid import unreadable_summary
+
+            out["xids_unread"] = unreadable_summary(xids.tried, os.geteuid() == 0)  # (summary, what gpud needs)
+        else:
+            out["xids"] = [(x.pci_bus_id, x.xid, x.raw or x.text) for x in xids]
+    except OSError as err:
+        out["xids_unread"] = (f"not judged: the kernel log could not be read ({err})", "a readable /dev/kmsg")
     return out
 
 
 def run_burnin(machine: Machine, bench: Bench, config: Config, *, level: Level, gpus: list[int] | None,
                device: str, duration_s: float | None = None, allow_busy: bool = False,
-               progress: Progress | None = None, fan_curves: dict[int, dict[str, Any]] | None = None) -> Result:
+               progress: Progress | None = None, fan_curves: dict[int, dict[str, Any]] | None = None,
+               target_power_w: float | None = None, log: ProgressLog | None = None) -> Result:
     """``fan_curves``: each GPU's fan setting to hold it to (a profile's ``fan`` table, ``mode = "curve"``);
-    by default the applied profile's, from the tuning state (the daemon drives them)."""
+    by default the applied profile's, from the tuning state (the daemon drives them). ``target_power_w``:
+    targeted power's target (default each GPU's enforced limit). ``log``: the result file written as the run
+    goes (``gpud.burnin.progress``): every reading, and the verdicts so far every 10 minutes."""
     plan = plan_for(level, duration_s)
     wall0 = time.monotonic()
     snap = machine.snapshot()
     chosen = list(range(len(snap.samples))) if gpus is None else gpus
     infos = {i.index: i for i in snap.gpus}
     res = Result(machine.label, level, device, chosen, {g: infos[g].name for g in chosen if g in infos}, time.time(),
-                 simulated_time=bench.simulated_time)
+                 simulated_time=bench.simulated_time, results_are_the_gpus=bench.results_are_the_gpus)
     res.uuids = {g: infos[g].uuid for g in chosen if g in infos}
     for g in chosen:
         i = infos.get(g)
         res.limits[g] = {"max_operating_c": i.temperature_max_operating_celsius if i else None,
                          "slowdown_c": i.temperature_slowdown_celsius if i else None,
                          "power_limit_w": snap.samples[g].power_limit_watts,
-                         "target_c": i.temperature_target_celsius if i else None}
+                         "target_c": i.temperature_target_celsius if i else None,
+                         "power_max_w": i.power_max_limit_watts if i else None,
+                         "target_power_w": target_power_w}
     curves = _applied_curves() if fan_curves is None else fan_curves
     res.fan_curves = {g: dict(f) for g, f in curves.items() if g in chosen and f.get("mode") == "curve"}
     say: Progress = progress or (lambda what, left: None)
@@ -163,25 +198,87 @@ def run_burnin(machine: Machine, bench: Bench, config: Config, *, level: Level, 
         res.wall_seconds = time.monotonic() - wall0
         return res
 
-    before = _health(machine, chosen)
+    if not bench.results_are_the_gpus:
+        res.verdicts.append(Verdict("burnin.device", "skip", "not judged: a rehearsal on the host's CPU (--device cpu "
+                                    "--rehearsal on a machine whose GPUs work): the GPUs' own results, memory and "
+                                    "speed are not judged; the telemetry verdicts are", source="--rehearsal",
+                                    remedy="gpud burnin --device cuda"))
+    before = _health(machine, chosen, bench.now())
     series = {g: Series(g) for g in chosen}
     res.series = series
     t0 = bench.now()
     done = 0.0
 
-    def hold(phase: str, seconds: float, busy_now: bool) -> None:
+    share = {g: 1.0 for g in chosen}
+
+    def steer(g: int, p: Any) -> None:
+        """Targeted power: size the GPU's load until its draw meets the target (``plan.next_share``)."""
+        lim = res.limits[g]
+        target = lim.get("target_power_w") or p.limit_w
+        if not target:
+            return
+        new = next_share(share[g], p.power_w, float(target), lim.get("power_max_w"))
+        p.load_share = round(new, 4)
+        if abs(new - share[g]) > 1e-6:
+            share[g] = new
+            bench.size(g, new)
+
+    def hold(phase: str, seconds: float, busy_now: bool, every: float = 1.0) -> None:
         nonlocal done
         bench.load(chosen, busy_now, seconds)
         end = done + seconds
+        last = done
         while done < end - 1e-9:
-            step = min(1.0, end - done)
+            step = min(every, end - done)
             bench.sleep(step)
             done += step
             t = bench.now() - t0
+            due = done - last >= bench.check_period(every) - 1e-9 or done >= end - 1e-9
+            answered = bench.check(chosen, (t, phase)) if busy_now and due else []
+            last = done if due else last
+            temps: dict[int, int | None] = {}
             for g in chosen:
-                series[g].points.append(point(t, phase, machine.nvml.telemetry(g)))
-            if int(done) % 10 == 0:
+                p = point(t, phase, machine.nvml.telemetry(g))
+                series[g].points.append(p)
+                temps[g] = p.temperature_c
+                if phase == "power":
+                    steer(g, p)
+            if busy_now and due:
+                asked[(t, phase)] = temps
+            new = collect(answered)
+            if log is not None:
+                log.reading({g: series[g].points[-1] for g in chosen}, new)
+                if log.due(done):
+                    res.seconds = done
+                    log.so_far(res, res.verdicts + judge(res, infos, before, _health(machine, chosen, bench.now())),
+                               done)
+            if int(done) % 10 < every:
                 say(phase, max(0.0, _total(plan) - done))
+        new = collect(bench.check(chosen, None))  # the phase's last step
+        if log is not None and new:
+            log.reading({}, new)
+        asked.clear()
+
+    asked: dict[tuple[float, str], dict[int, int | None]] = {}  # each check's time and phase → temperatures
+
+    def collect(answered: list[tuple[Any, dict[int, dict[str, Any]]]]) -> list[tuple[int, Check]]:
+        """File each answered check under the reading it was asked at (its time, phase and temperature)."""
+        out: list[tuple[int, Check]] = []
+        for tag, got in answered:
+            t, phase = tag if tag is not None else (bench.now() - t0, "?")
+            temps = asked.pop(tag, {}) if tag is not None else {}
+            for g, c in got.items():
+                if g not in series:
+                    continue
+                if "error" in c:
+                    series[g].check_error = str(c["error"])
+                    continue
+                series[g].checks.append(Check(t, phase, temps.get(g), int(c["iterations"]), int(c["wrong"]),
+                                              int(c["words"]), c.get("checksum"), c.get("first"), c.get("n")))
+                out.append((g, series[g].checks[-1]))
+                if series[g].reference is None and c.get("reference"):
+                    series[g].reference = dict(c["reference"])
+        return out
 
     try:
         say("GEMM, bandwidth" + (", memory test" if plan.memtest else ""), _total(plan))
@@ -191,26 +288,34 @@ def run_burnin(machine: Machine, bench: Bench, config: Config, *, level: Level, 
             say("the probe's P2P and all-reduce", _total(plan))
             res.verdicts.extend(_probe(machine, chosen, allow_busy))
         elif len(chosen) > 1:
-            res.verdicts.append(Verdict("burnin.probe", "skip", "the probe's P2P and all-reduce are judged on GPUs "
-                                        "only (--device cuda): on the CPU they measure the host",
-                                        source="gpud probe (docs/probe.md)"))
+            res.verdicts.append(Verdict("burnin.probe", "skip", "not judged: the probe's P2P and all-reduce are "
+                                        "judged on GPUs only (--device cuda): on the CPU they measure the host",
+                                        source="gpud probe (docs/probe.md)", remedy="gpud burnin --device cuda"))
+        if log is not None:
+            log.start(res, _total(plan))
         hold("load", plan.load_s, True)
         if plan.targeted_power_s:
             hold("power", plan.targeted_power_s, True)
+            for g in chosen:  # the load steps and the soak run the largest load again
+                if share[g] != 1.0:
+                    share[g] = 1.0
+                    bench.size(g, 1.0)
         for _ in range(plan.pulse_steps):
             hold("pulse_idle", plan.pulse_s, False)
             hold("pulse_full", plan.pulse_s, True)
         if plan.soak_s:
-            hold("soak", plan.soak_s, True)
+            hold("soak", plan.soak_s, True, plan.soak_sample_s)
     except KeyboardInterrupt:
         res.interrupted = True
     finally:
         bench.load(chosen, False, 0.0)
         bench.release()
     res.seconds = done
-    after = _health(machine, chosen)
+    after = _health(machine, chosen, bench.now())
     res.verdicts.extend(judge(res, infos, before, after))
     res.wall_seconds = time.monotonic() - wall0
+    if log is not None:
+        log.end(res)
     return res
 
 

@@ -28,15 +28,18 @@ def record(res: Result, doc: dict[str, Any]) -> None:
     atomic_write(path, json.dumps({**doc, "telemetry": None}, indent=1))
     failed = res.failed_gpus()
     tests = sorted({v.test for v in res.verdicts if v.status == "fail"})
+    unjudged = sorted({v.test for v in res.not_judged()})
     summary = f"burn-in {res.level}: {res.status}" + (f" (GPU {', '.join(map(str, failed))}: {', '.join(tests)})"
                                                      if failed else "")
+    if unjudged:  # unknown is not pass: the journal says what was not judged
+        summary += f"; {len(unjudged)} test(s) not judged"
     try:
         from gpud.journal import Journal
 
         j = Journal()
         try:
             j.record("burnin", summary, data={"level": res.level, "status": res.status, "failed_gpus": failed,
-                                               "tests": tests, "seconds": res.seconds})
+                                               "tests": tests, "seconds": res.seconds, "not_judged": unjudged})
         finally:
             j.close()
     except Exception as err:  # noqa: BLE001 - the journal never stops a command
@@ -66,9 +69,13 @@ def as_checks(doc: dict[str, Any] | None, now: float | None = None) -> list[Chec
                        remedy="gpud burnin --level standard" if status != "pass" else "")]
     for g in doc.get("gpus", []):
         bad = [v for v in doc["verdicts"] if v["gpu"] == g["index"] and v["status"] in ("fail", "warn")]
+        unjudged = sorted({v["test"] for v in doc["verdicts"] if v["gpu"] == g["index"] and v["status"] == "skip"
+                           and str(v["summary"]).startswith("not judged")})
         st: Status = "fail" if any(v["status"] == "fail" for v in bad) else "warn" if bad else "pass"
+        good = ("every burn-in test passed" if not unjudged else
+                f"passed what was judged; not judged: {', '.join(unjudged)}")  # unknown is not pass
         out.append(CheckResult("burnin.gpu", st, "; ".join(f"{v['test']}: {v['summary']}" for v in bad)
-                               if bad else "every burn-in test passed", g["index"],
+                               if bad else good, g["index"],
                                detail="\n".join(f"{v['test']}: threshold: {v['source']}" for v in bad),
                                remedy=next((v["remedy"] for v in bad if v["remedy"]), "")))
     return out

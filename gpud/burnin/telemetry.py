@@ -30,12 +30,13 @@ class Point:
     pcie_gen: int | None
     pcie_width: int | None
     utilization: int | None
+    load_share: float | None = None  # targeted power: the load's work as a share of its largest
 
     def json(self) -> dict[str, Any]:
         return {"t": round(self.t, 3), "phase": self.phase, "temperature_c": self.temperature_c,
                 "fan_percent": self.fan_percent, "sm_mhz": self.sm_mhz, "power_w": self.power_w,
                 "limit_w": self.limit_w, "reasons": list(self.reasons), "pcie_gen": self.pcie_gen,
-                "pcie_width": self.pcie_width, "utilization": self.utilization}
+                "pcie_width": self.pcie_width, "utilization": self.utilization, "load_share": self.load_share}
 
 
 def point(t: float, phase: str, s: GpuSample) -> Point:
@@ -46,9 +47,34 @@ def point(t: float, phase: str, s: GpuSample) -> Point:
 
 
 @dataclass
+class Check:
+    """What the load's checked products showed between two readings (``gpud.probe.stress.Checked``): how
+    many products, how many differed bit for bit from the GPU's first, the last one's checksum (compared
+    with the siblings'), and the GPU's temperature then."""
+
+    t: float
+    phase: str
+    temperature_c: int | None
+    products: int
+    wrong: int
+    words: int
+    checksum: int | None
+    first: int | None
+    n: int | None = None  # the matrix dimension (targeted power sizes the load): checksums compare at one size
+
+    def json(self) -> dict[str, Any]:
+        return {"t": round(self.t, 3), "phase": self.phase, "temperature_c": self.temperature_c,
+                "products": self.products, "wrong": self.wrong, "words": self.words, "checksum": self.checksum,
+                "first": self.first, "n": self.n}
+
+
+@dataclass
 class Series:
     gpu: int
     points: list[Point] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+    reference: dict[str, Any] | None = None  # the first product's rows against the host's float64 product
+    check_error: str | None = None  # the checked load could not run: why
 
     def of(self, *phases: str) -> list[Point]:
         return [p for p in self.points if p.phase in phases]

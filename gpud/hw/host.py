@@ -256,6 +256,25 @@ class Host:
         """NVIDIA display/3D controllers on the bus (class 0x03xxxx)."""
         return [d for d in self.pci_devices(NVIDIA_VENDOR) if d.pci_class >> 16 == 0x03]
 
+    def aer_counts(self, address: str) -> dict[str, int] | None:
+        """A PCI device's AER error counts since boot: ``correctable``, ``nonfatal``, ``fatal`` (the
+        ``TOTAL_ERR_COR``, ``TOTAL_ERR_NONFATAL``, ``TOTAL_ERR_FATAL`` lines of sysfs's ``aer_dev_*``, Linux
+        Documentation/ABI/testing/sysfs-bus-pci-devices-aer_stats); None where the kernel gives none (no AER
+        capability, or a kernel without CONFIG_PCIEAER)."""
+        out: dict[str, int] = {}
+        for kind, total in (("correctable", "TOTAL_ERR_COR"), ("nonfatal", "TOTAL_ERR_NONFATAL"),
+                            ("fatal", "TOTAL_ERR_FATAL")):
+            text = self.read(f"/sys/bus/pci/devices/{address}/aer_dev_{kind}")
+            if text is None:
+                return None
+            for line in text.splitlines():
+                name, _, value = line.strip().partition(" ")
+                if name == total and value.strip().isdigit():
+                    out[kind] = int(value)
+            if kind not in out:
+                return None
+        return out
+
     def pci_device(self, address: str) -> PciDevice | None:
         rel = f"/sys/bus/pci/devices/{address}"
         entry = self.path(rel)

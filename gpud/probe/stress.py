@@ -6,7 +6,8 @@ by the daemon or the command line.
 Every figure is measured here; judging it is ``gpud.burnin``'s job. On ``cpu`` the figures are the
 host's (the report labels them CPU figures). Results are deterministic: the same seed, the same
 shapes and deterministic algorithms give the same bits on every GPU of one model, so a GPU whose
-digest differs from its siblings' computed something else (gpu-burn's comparison, across GPUs).
+digest differs from its siblings' computed something else (gpu-burn compares each result with its own
+first within an epsilon; deterministic kernels allow bit for bit, across GPUs too).
 
 A spec's ``faults`` (GPU → a list of ``wrong_results``, ``memory_errors``) make the device misbehave: a
 simulated workstation asks for them for a GPU with such a fault, because the CPU that stands in for
@@ -26,10 +27,15 @@ from typing import Any
 import torch
 
 DTYPES = {"bf16": torch.bfloat16, "tf32": torch.float32, "fp32": torch.float32}
-# Relative error allowed against the float64 host reference: bf16 keeps 8 mantissa bits (2^-8),
-# tf32 10 (2^-10), fp32 23; sums over k terms grow it by about sqrt(k) (Higham, "Accuracy and
-# Stability of Numerical Algorithms", ch. 3). The bounds are that, with a factor 4 of margin.
-REFERENCE_RTOL = {"bf16": 4 * 2.0**-8, "tf32": 4 * 2.0**-10, "fp32": 4 * 2.0**-20}
+# The small product's error against the float64 host product, elementwise, within the bound of a dot
+# product of k terms (Higham, "Accuracy and Stability of Numerical Algorithms", 2nd ed., 2002, §3.1 and
+# eq. (3.13)): |C - fl(AB)| <= (2 u_in + gamma_k(u_acc) + u_out) |A||B|, gamma_k(u) = k u / (1 - k u), with
+# u_in the rounding of the inputs to the format the tensor cores take (tf32: 10 explicit bits, 2^-11; bf16
+# and fp32 inputs are exact), u_acc the accumulation's (fp32, 2^-24: PyTorch accumulates bf16 GEMMs in fp32
+# with reduced-precision reductions off, as the child sets them) and u_out the result's rounding (bf16: 8
+# significand bits, 2^-8). The check is the worst element's error as a share of its bound: at most 1.
+UNIT_ROUNDOFF = {"bf16": (0.0, 2.0**-24, 2.0**-8), "tf32": (2.0**-11, 2.0**-24, 0.0), "fp32": (0.0, 2.0**-24, 0.0)}
+REFERENCE_RTOL = {name: 1.0 for name in UNIT_ROUNDOFF}  # the bound's share allowed
 
 
 def _sync(device: torch.device) -> None:
@@ -57,6 +63,7 @@ def gemm(device: torch.device, name: str, n: int, seconds: float) -> dict[str, A
     dtype = DTYPES[name]
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False  # fp32 sums (the bound)
     a, b = _inputs(n, dtype, device)
     c = a @ b
     _sync(device)
@@ -79,8 +86,12 @@ def gemm(device: torch.device, name: str, n: int, seconds: float) -> dict[str, A
     small = (sa @ sb).double().cpu()
     if _fault("wrong_results"):
         small[0, 0] += 1.0
-    ref = sa.double().cpu() @ sb.double().cpu()
-    err = float(((small - ref).abs().max() / ref.abs().max()).item())
+    a64, b64 = sa.double().cpu(), sb.double().cpu()
+    ref = a64 @ b64
+    u_in, u_acc, u_out = UNIT_ROUNDOFF[name]
+    k = a64.shape[1]
+    bound = (2 * u_in + k * u_acc / (1 - k * u_acc) + u_out) * (a64.abs() @ b64.abs())
+    err = float(((small - ref).abs() / bound.clamp_min(1e-300)).max().item())
     return {"dtype": name, "n": n, "tflops": 2.0 * n**3 * reps / elapsed / 1e12, "digest": digest,
             "reference_error": err, "reference_rtol": REFERENCE_RTOL[name],
             "reference_ok": err <= REFERENCE_RTOL[name]}
@@ -167,15 +178,115 @@ def memtest(device: torch.device, mib: int, chunk_mib: int = 256) -> dict[str, A
     return {"mib": mib, "errors": errors, "total_errors": sum(errors.values())}
 
 
-def burn(device: torch.device, seconds: float, n: int) -> dict[str, Any]:
-    """Sustained GEMM load for ``seconds`` (the soak, targeted power and load steps hold it)."""
-    a, b = _inputs(n, torch.float32, device)
+# The fp32 product's error bound (Higham, "Accuracy and Stability of Numerical Algorithms", 2nd ed., 2002,
+# §3.5, eq. (3.13)): |C - fl(AB)| <= gamma_k |A||B| elementwise, gamma_k = k u / (1 - k u), u = 2^-24 for
+# IEEE single precision, whatever the order of the sums (cuBLAS's split-k included). TF32 is off for it.
+FP32_UNIT_ROUNDOFF = 2.0**-24
+# The host checks the rows of the first product it can afford: at most this many multiply-adds in float64.
+HOST_REFERENCE_MACS = 2e9
+
+
+def checksum(t: torch.Tensor) -> int:
+    """The product's bits summed as 64-bit integers: two products with the same bits have the same sum, one
+    flipped bit changes it. Cheap on the device, so siblings can compare each report's last product."""
+    return int(t.contiguous().view(torch.int32).to(torch.int64).sum().item())
+
+
+class Checked:
+    """The sustained load's products, checked: the same inputs each iteration, each product compared bit for
+    bit with the GPU's first (fp32 GEMM, deterministic kernels: the same bits every time on a sound GPU;
+    gpu-burn compares each result with its first within an epsilon), and the first product's leading rows with the
+    host's float64 product (the same kernel, on the rows the host can afford; Higham's bound)."""
+
+    def __init__(self, device: torch.device, n: int) -> None:
+        if device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = False
+        self.device, self.n = device, n
+        self.a, self.b = _inputs(n, torch.float32, device, seed=4321)
+        self.first: torch.Tensor | None = None
+        self.first_sum: int | None = None
+        self.reference: dict[str, Any] | None = None
+
+    def _reference(self, c: torch.Tensor) -> dict[str, Any]:
+        rows = max(1, min(self.n, int(HOST_REFERENCE_MACS // (self.n * self.n))))
+        a, b = self.a[:rows].double().cpu(), self.b.double().cpu()
+        ref = a @ b
+        bound = a.abs() @ b.abs()
+        k = self.n
+        gamma = k * FP32_UNIT_ROUNDOFF / (1 - k * FP32_UNIT_ROUNDOFF)
+        err = (c[:rows].double().cpu() - ref).abs()
+        ratio = float((err / (gamma * bound).clamp_min(1e-300)).max().item())
+        return {"rows": rows, "worst_share_of_bound": ratio, "ok": ratio <= 1.0}
+
+    def run(self, iterations: int, faults: list[str]) -> dict[str, Any]:
+        """``iterations`` products; how many differed from the first (and in how many words)."""
+        wrong = torch.zeros((), dtype=torch.int64, device=self.device)
+        words = torch.zeros((), dtype=torch.int64, device=self.device)
+        c = self.first
+        for _ in range(max(1, iterations)):
+            c = self.a @ self.b
+            if "wrong_results" in faults:  # a simulated GPU's fault: its stand-in alters one element
+                c.view(-1)[0] += 1.0
+            if self.first is None:
+                self.first, self.first_sum = c.clone(), checksum(c)
+                self.reference = self._reference(c)
+                continue
+            diff = (c.view(torch.int32) != self.first.view(torch.int32)).sum()
+            words += diff
+            wrong += (diff > 0).to(torch.int64)
+        _sync(self.device)
+        assert c is not None
+        return {"iterations": max(1, iterations), "wrong": int(wrong.item()), "words": int(words.item()),
+                "checksum": checksum(c), "first": self.first_sum, "reference": self.reference, "n": self.n}
+
+
+def serve(spec: dict[str, Any], lines: Any, out: Any) -> None:
+    """The checked load stepped by its parent: one JSON request a line (``iterations``, each GPU's
+    ``faults``), one JSON answer a line (each GPU's ``Checked.run``). A simulated workstation paces it with
+    simulated time; the CPU stands in for each GPU (one ``Checked`` each, the same inputs)."""
+    device = torch.device("cpu") if spec["device"] != "cuda" else torch.device("cuda", int(spec.get("cuda_index", 0)))
+    checkers = {str(g): Checked(device, int(spec["gemm_n"])) for g in spec["gpus"]}
+    for line in lines:
+        req = json.loads(line)
+        faults = req.get("faults") or {}
+        answer = {g: c.run(int(req.get("iterations", 1)), list(faults.get(g, []))) for g, c in checkers.items()
+                  if g in (req.get("gpus") or checkers)}
+        out.write(json.dumps({"gpus": answer}) + "\n")
+        out.flush()
+
+
+def _size(path: str | None, n: int) -> int:
+    """The matrix dimension the parent asks for now (targeted power's closed loop writes it), else ``n``."""
+    if not path:
+        return n
+    try:
+        with open(path) as f:
+            return max(64, min(n, int(f.read().strip() or n)))
+    except (OSError, ValueError):
+        return n
+
+
+def burn(device: torch.device, seconds: float, n: int, report: str | None = None,
+         size: str | None = None) -> dict[str, Any]:
+    """Sustained, checked GEMM load for ``seconds`` (the soak, targeted power and load steps hold it): each
+    product compared with the first of its size (``Checked``); about once a second a line of what was checked
+    since the last is appended to ``report`` (the parent reads it as it goes), and the matrix dimension is
+    read again from ``size`` (at most ``n``): targeted power's closed loop sizes the load so."""
+    checks: dict[int, Checked] = {}
     start, reps = time.perf_counter(), 0
     while time.perf_counter() - start < seconds:
-        for _ in range(8):
-            a @ b
-        reps += 8
-        _sync(device)
+        dim = _size(size, n)
+        check = checks.get(dim) or checks.setdefault(dim, Checked(device, dim))
+        t, done = time.perf_counter(), {"iterations": 0, "wrong": 0, "words": 0, "n": dim}
+        while time.perf_counter() - t < 1.0:
+            more = check.run(8, [])
+            for k in ("iterations", "wrong", "words"):
+                done[k] += more[k]
+            done.update(checksum=more["checksum"], first=more["first"], reference=more["reference"])
+        reps += done["iterations"]
+        if report:
+            with open(report, "a") as f:
+                f.write(json.dumps(done) + "\n")
     return {"seconds": time.perf_counter() - start, "products": reps}
 
 
@@ -199,7 +310,8 @@ def run_one(spec: dict[str, Any], index: int) -> dict[str, Any]:
         elif task == "memtest":
             out["memtest"] = memtest(device, int(spec["memtest_mib"]))
         elif task == "burn":
-            out["burn"] = burn(device, float(spec["burn_seconds"]), int(spec["gemm_n"]))
+            out["burn"] = burn(device, float(spec["burn_seconds"]), int(spec["gemm_n"]), spec.get("report"),
+                               spec.get("size"))
         else:
             raise SystemExit(f"unknown task {task!r}")
     return out
@@ -216,6 +328,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     spec = json.loads(open(argv[0]).read())
+    if spec.get("tasks") == ["serve"]:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        if spec["device"] != "cuda":
+            torch.set_num_threads(1)  # small products, one at a time: threads would only wait on each other
+        serve(spec, sys.stdin, sys.stdout)
+        return 0
     result = run(spec)
     tmp = spec["out"] + ".tmp"
     with open(tmp, "w") as f:

@@ -98,6 +98,7 @@ class HardwareLoad:
         self._procs: list[subprocess.Popen[bytes]] = []
         self._gpus: list[int] = []
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._read: dict[int, int] = {}  # bytes of each GPU's report already read
 
     def _signal(self, sig: int) -> None:
         for p in self._procs:
@@ -118,16 +119,134 @@ class HardwareLoad:
         self._gpus = list(gpus)
         self._tmp = tempfile.TemporaryDirectory(prefix="gpud-burn-")
         for g in gpus:
-            spec = {"device": self.device, "gpus": [g], "cuda_index": 0, "tasks": ["burn"], "burn_seconds": 4 * 3600.0,
-                    "gemm_n": self.gemm_n if self.device == "cuda" else 256}
+            spec = {"device": self.device, "gpus": [g], "cuda_index": 0, "tasks": ["burn"], "burn_seconds": 25 * 3600.0,
+                    "gemm_n": self.gemm_n if self.device == "cuda" else 256,
+                    "report": str(Path(self._tmp.name) / f"burn{g}.checks"),
+                    "size": str(Path(self._tmp.name) / f"burn{g}.size")}
             env = gpu_env(self.uuids.get(g)) if self.device == "cuda" else {}
             proc, _ = _start(spec, Path(self._tmp.name), f"burn{g}", env)
             self._procs.append(proc)
 
+    def size(self, gpu: int, share: float) -> None:
+        """Size the GPU's load to ``share`` of its largest (targeted power's closed loop): the matrix
+        dimension whose n² is that share of the largest's (DCGM's targeted power sizes its load by n² too),
+        in multiples of 64; the child reads it within a second."""
+        if self._tmp is None:
+            return
+        n = max(64, int(round(self.gemm_n * max(0.0, min(1.0, share)) ** 0.5 / 64)) * 64)
+        atomic = Path(self._tmp.name) / f"burn{gpu}.size"
+        tmp = atomic.with_suffix(".tmp")
+        tmp.write_text(str(n))
+        os.replace(tmp, atomic)
+
+    def checks(self) -> dict[int, dict[str, Any]]:
+        """What each GPU's child checked since the last call (its report's new lines, summed): products,
+        how many differed from its first, the last product's checksum, the host reference's verdict."""
+        out: dict[int, dict[str, Any]] = {}
+        if self._tmp is None:
+            return out
+        for g in self._gpus:
+            path = Path(self._tmp.name) / f"burn{g}.checks"
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self._read.get(g, 0))
+                    data = f.read()
+            except OSError:
+                continue
+            whole = data[:data.rfind(b"\n") + 1]  # a line still being written waits for the next call
+            self._read[g] = self._read.get(g, 0) + len(whole)
+            for line in whole.decode(errors="replace").splitlines():
+                try:
+                    got = json.loads(line)
+                except ValueError:
+                    continue
+                out[g] = _merge(out.get(g), got)
+        return out
+
     def stop(self) -> None:
         for p in self._procs:
             _kill(p)  # SIGKILL ends a stopped process too
+        self._read = {}
         self._procs, self._gpus = [], []
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+
+def _merge(a: dict[str, Any] | None, b: dict[str, Any]) -> dict[str, Any]:
+    if a is None:
+        return dict(b)
+    return {**b, **{k: int(a.get(k, 0)) + int(b.get(k, 0)) for k in ("iterations", "wrong", "words")}}
+
+
+class SteppedChecks:
+    """The checked load paced by its caller (a simulated workstation: simulated time): one child
+    (``gpud.probe.stress`` ``serve``) with a ``Checked`` per GPU, asked for each check with the faults each
+    GPU has then, answering what it computed. Started on the first check; ``stop`` ends it."""
+
+    def __init__(self, device: str, gpus: list[int], gemm_n: int = 128, timeout: float = 120.0) -> None:
+        self.device, self.gpus, self.gemm_n, self.timeout = device, list(gpus), gemm_n, timeout
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._pending: Any = None  # the tag of the step asked and not yet collected
+
+    def _open(self) -> subprocess.Popen[bytes]:
+        self._tmp = tempfile.TemporaryDirectory(prefix="gpud-check-")
+        spec_file = Path(self._tmp.name) / "serve.spec.json"
+        spec_file.write_text(json.dumps({"device": self.device, "gpus": self.gpus, "tasks": ["serve"],
+                                         "gemm_n": self.gemm_n}))
+        log = open(Path(self._tmp.name) / "serve.log", "wb")
+        try:
+            return subprocess.Popen(python("-m", "gpud.probe.stress", str(spec_file)), cwd=self._tmp.name,
+                                    env=environment({**CHILD_ENV, "TMPDIR": self._tmp.name}),
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                    start_new_session=True)
+        finally:
+            log.close()
+
+    def check(self, faults: dict[int, list[str]] | None, tag: Any = None,
+              iterations: int = 1) -> list[tuple[Any, dict[int, dict[str, Any]]]]:
+        """Ask for one step (``iterations`` checked products per GPU with ``faults``, tagged ``tag``) and
+        collect the step asked before: the child computes while the caller reads its telemetry, so one
+        request is outstanding at a time. ``faults`` None asks nothing: the outstanding answer only (the end
+        of a phase). Returns (tag, each GPU's answer) of the steps answered; ``{"error": …}`` for every
+        GPU when the child is gone."""
+        out: list[tuple[Any, dict[int, dict[str, Any]]]] = []
+        try:
+            if self._pending is not None:
+                out.append((self._pending, self._read_answer()))
+                self._pending = None
+            if faults is not None:
+                if self._proc is None:
+                    self._proc = self._open()
+                assert self._proc.stdin is not None
+                req = {"iterations": iterations, "faults": {str(g): f for g, f in faults.items() if f}}
+                self._proc.stdin.write((json.dumps(req) + "\n").encode())
+                self._proc.stdin.flush()
+                self._pending = tag
+        except (OSError, ValueError, StressError) as err:
+            log = Path(self._tmp.name) / "serve.log" if self._tmp is not None else None
+            lines = log.read_text(errors="replace").strip().splitlines() if log and log.is_file() else []
+            tail = lines[-1] if lines else ""
+            self.stop()
+            out.append((tag, {g: {"error": f"{err}" + (f": {tail}" if tail else "")} for g in self.gpus}))
+        return out
+
+    def _read_answer(self) -> dict[int, dict[str, Any]]:
+        assert self._proc is not None and self._proc.stdout is not None
+        line = self._proc.stdout.readline()
+        if not line:
+            raise StressError("the checked load's child exited")
+        return {int(g): r for g, r in json.loads(line)["gpus"].items()}
+
+    def stop(self) -> None:
+        self._pending = None
+        if self._proc is not None:
+            _kill(self._proc)
+            for f in (self._proc.stdin, self._proc.stdout):
+                if f is not None:
+                    f.close()
+            self._proc = None
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None

@@ -289,12 +289,29 @@ def _pci(root: Path, sim: SimMachine) -> None:
         chain.append(g.bus_id)
         dev_id = g.pci_device_id >> 16
         device("/".join(chain), g.bus_id, 0x10DE, dev_id, 0x030000, g.numa_node, gen, width, mg, mw, None)
+        _aer(root, "/sys/devices/" + "/".join(chain))
         os.symlink("../../../../bus/pci/drivers/nvidia", root / f"sys/devices/{'/'.join(chain)}/driver")
         # the GPU's HDMI audio function, as on real boards
         audio = g.bus_id[:-1] + "1"
         device("/".join(chain[:-1] + [audio]), audio, 0x10DE, 0x1AEF, 0x040300, g.numa_node, gen, width, mg, mw,
                None)
     (root / "sys/bus/pci/drivers/nvidia").mkdir(parents=True, exist_ok=True)
+
+
+# The AER statistics a kernel with CONFIG_PCIEAER gives a device with the AER capability (Linux
+# Documentation/ABI/testing/sysfs-bus-pci-devices-aer_stats, drivers/pci/pcie/aer.c's
+# aer_correctable_error_string / aer_uncorrectable_error_string): one line per error kind, then the total.
+AER_CORRECTABLE = ("RxErr", "BadTLP", "BadDLLP", "Rollover", "Timeout", "NonFatalErr", "CorrIntErr", "HeaderOF")
+AER_UNCORRECTABLE = ("Undefined", "DLP", "SDES", "TLP", "FCP", "CmpltTO", "CmpltAbrt", "UnxCmplt", "RxOF",
+                     "MalfTLP", "ECRC", "UnsupReq", "ACSViol", "UncorrIntErr", "BlockedTLP", "AtomicOpBlocked",
+                     "TLPBlockedErr", "PoisonTLPBlocked")
+
+
+def _aer(root: Path, rel: str) -> None:
+    """A GPU's AER counts: none since boot (the simulator injects no PCIe error of this kind)."""
+    _write(root, f"{rel}/aer_dev_correctable", "".join(f"{k} 0\n" for k in AER_CORRECTABLE) + "TOTAL_ERR_COR 0\n")
+    for kind, total in (("nonfatal", "TOTAL_ERR_NONFATAL"), ("fatal", "TOTAL_ERR_FATAL")):
+        _write(root, f"{rel}/aer_dev_{kind}", "".join(f"{k} 0\n" for k in AER_UNCORRECTABLE) + f"{total} 0\n")
 
 
 def _iommu(root: Path, m: MachineSpec, n: int) -> None:

@@ -228,6 +228,12 @@ class NvmlReadings(NvmlPairs):
         except NvmlError as err:  # a lost GPU or a missing driver: the tick reports it
             log.debug("off-tick readings of GPU %d: %s", index, err)
 
+    def fresh_sample(self, index: int) -> GpuSample:
+        """``sample`` with the health counters (ECC, retired pages, remapped rows, replays, NVLink errors)
+        read now rather than up to ``SLOW_EVERY_S`` ago: a burn-in's before and after."""
+        self._slow.pop(index, None)
+        return self.sample(index)
+
     def telemetry(self, index: int) -> GpuSample:
         """The readings a load test follows each second, and nothing else (about 10 plain calls, none
         blocking): temperature, fans (as asked), power and its enforced limit, SM and memory clocks,
