@@ -44,7 +44,10 @@ def _hermetic_environment() -> None:
     os.environ.update({"PATH": os.pathsep.join([os.path.dirname(sys.executable), "/usr/local/sbin", "/usr/local/bin",
                                                 "/usr/sbin", "/usr/bin", "/sbin", "/bin"]),
                        "HOME": str(own / "home"), "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8", "USER": user,
-                       "LOGNAME": user, "GPUD_PYTHON": str(python)})
+                       "LOGNAME": user, "GPUD_PYTHON": str(python),
+                       # what runs before a test's own state_dir (a module's fixture) writes here, never to
+                       # the machine's /var/lib/gpud (as root) or a user's ~/.local/state/gpud
+                       "GPUD_STATE_DIR": str(own / "state"), "GPUD_SOCKET": str(own / "no-daemon.sock")})
 
 
 def _user_name() -> str:
