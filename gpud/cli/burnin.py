@@ -193,6 +193,14 @@ def burnin(
     progress.done()
     doc = res.json(__version__, host(m, snap))
     record(res, doc)
+    _output(res, doc, report, json)
+    if res.interrupted:
+        raise typer.Exit(130)
+    raise typer.Exit(res.exit_code())
+
+
+def _output(res: Any, doc: dict[str, Any], report: Path | None, json: bool) -> None:
+    """The run's HTML report where asked, then its document as JSON or as text."""
     if report is not None:
         from gpud.burnin.html import write_report
 
@@ -203,9 +211,6 @@ def burnin(
         render(doc)
         if report is not None:
             print(f"report: {report}")
-    if res.interrupted:
-        raise typer.Exit(130)
-    raise typer.Exit(res.exit_code())
 
 
 def _show(path: Path, report: Path | None, json: bool) -> None:
@@ -218,16 +223,7 @@ def _show(path: Path, report: Path | None, json: bool) -> None:
     except (OSError, ValueError) as err:
         raise InvalidInput("--from", "", f"{path}: {err}") from err
     doc = res.json(str(env["version"]), dict(env["host"]))
-    if report is not None:
-        from gpud.burnin.html import write_report
-
-        write_report(report, res, doc)
-    if json:
-        emit_json(doc)
-    else:
-        render(doc)
-        if report is not None:
-            print(f"report: {report}")
+    _output(res, doc, report, json)
     raise typer.Exit(130 if res.interrupted else res.exit_code())
 
 
