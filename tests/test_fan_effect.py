@@ -249,7 +249,7 @@ def test_the_tick_fills_the_history_from_its_snapshot(tmp_path: Path, state_dir:
     seen: list[object] = []
     sched = Schedule(m, Config, lambda: rec)
     sched._doctor = lambda snap, thermal: seen.append(thermal)  # type: ignore[method-assign]
-    ticker = Ticker(m, lambda snap, why: (), lambda: TuningFacts(None, Counters()), sched, lambda: rec, 1.0)
+    ticker = Ticker(m, lambda snap, why, whole: (), lambda: TuningFacts(None, Counters()), sched, lambda: rec, 1.0)
     ticker()
     assert sched.doctor_thread is not None
     sched.doctor_thread.join(10)

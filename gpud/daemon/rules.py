@@ -125,11 +125,11 @@ class Lists:
 
     def read(self, now: float) -> dict[int, list[tuple[int, str]]]:
         out: dict[int, list[tuple[int, str]]] = {}
-        for gpu in range(self.machine.nvml.device_count()):
-            try:
-                used = self.machine.nvml.memory_in_use(gpu)
-            except GpudError:
-                used = None  # lost: its list reads as empty below
+        try:
+            memory = self.machine.nvml.memory_in_use(range(self.machine.nvml.device_count()))
+        except GpudError:
+            memory = {}  # no driver: every list reads as empty below
+        for gpu, used in memory.items():  # used None: lost, its list reads as empty below
             last = self.seen.get(gpu)
             if last is not None and used is not None and last[1] == used and 0 <= now - last[0] < LIST_AT_LEAST_EVERY_S:
                 self.lists_kept += 1

@@ -201,7 +201,8 @@ class Daemon:
         self.enforcer = Enforcer(machine, lambda kind, summary, **kw: self.recorder.profile(kind, summary, **kw))
         self.schedule = Schedule(machine, lambda: self.config, lambda: self.recorder)
         self.ticker = Ticker(machine, self._drive, self._tuning_facts, self.schedule, lambda: self.recorder,
-                             float(config.daemon.interval_seconds))
+                             float(config.daemon.interval_seconds), whole_wanted=lambda: self.enforcer.changed)
+        self._drift: Drift = ()  # the enforcement's last drift, until the next whole snapshot
         self.front = Front(self.handle)
         self.report = Report(machine)
         # [[rules]]: a thread polls the GPUs' processes and switches the GPUs whose rule changed
@@ -338,10 +339,11 @@ class Daemon:
     def tick(self) -> None:
         self.ticker()
 
-    def _drive(self, snap: Snapshot | None, why: str) -> Drift:
+    def _drive(self, snap: Snapshot | None, why: str, whole: bool = True) -> Drift:
         """The tick's hardware work, under the lock apply/restore take: without a snapshot every fan
         goes to its failsafe (no temperature at all: none may stay manual); with one, the fan loop
-        steps (it logs entering and leaving failsafe) and the applied profile is enforced."""
+        steps (it logs entering and leaving failsafe) and, when the snapshot is whole, the applied
+        profile is enforced (a quick tick's held limits and clocks are not compared: the last drift stands)."""
         with self.tuning_lock:
             if snap is None:
                 self.fans.failsafe_all(why)
@@ -351,7 +353,9 @@ class Daemon:
                     self.enforcer.reapply_total += 1
                     self.recorder.profile("profile_reapply", f"GPU {ev.gpu}: {ev.detail} (profile {self.profile})",
                                           ev.gpu, drifted=["fan"], failed=[])
-            return self._enforce(snap)
+            if whole:
+                self._drift = self._enforce(snap)
+            return self._drift
 
     def _tuning_facts(self) -> TuningFacts:
         return TuningFacts(self.profile, self.counters(), self.rules.profiles())

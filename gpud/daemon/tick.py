@@ -1,5 +1,11 @@
 """The daemon's tick: one snapshot → fan loop and enforcement (the daemon's, under its tuning lock) →
-doctor/probe schedule → time accounting and health journal → one new ``Observation`` swapped whole."""
+doctor/probe schedule → time accounting and health journal → one new ``Observation`` swapped whole.
+
+Not every tick reads everything. A whole snapshot (about 16 NVML calls a GPU) is read every
+``WHOLE_EVERY_S`` (and at most every ``WHOLE_EVERY_TICKS``-th tick at sub-second intervals); the ticks
+between read what the fan loop steps on and the power figures (temperature, fans, power: 3 calls) over
+the last whole one (``Machine.snapshot(over=...)``). The applied profile is enforced on whole snapshots
+only: its settings (limits, clocks, modes) are compared with values read that tick, never with held ones."""
 
 from __future__ import annotations
 
@@ -24,10 +30,16 @@ from gpud.usage import Accounting
 
 log = logging.getLogger("gpud.daemon")
 XID_EVERY_S = 10.0
+# A whole snapshot at least every 5 s: what Prometheus sees (every 15 s as shipped, the PodMonitor's
+# interval; dcgm-exporter collects its fields every 30 s by default) is never more than 5 s older than the
+# scrape, and the counters that sum time between readings (violations, energy, ECC) lose nothing by it.
+WHOLE_EVERY_S = 5.0
+WHOLE_EVERY_TICKS = 5  # and at sub-second ticks, every 5th: a quick tick's held readings stay recent
 
-# The tick's hardware work: (snapshot, why there is none) → drift. With no snapshot every fan goes
-# to its failsafe; with one, the fan loop steps and the applied profile is enforced.
-Drive = Callable[[Snapshot | None, str], Drift]
+# The tick's hardware work: (snapshot, why there is none, whether the snapshot is whole) → drift. With no
+# snapshot every fan goes to its failsafe; with one, the fan loop steps and, on a whole one, the applied
+# profile is enforced.
+Drive = Callable[[Snapshot | None, str, bool], Drift]
 
 
 class TuningFacts(NamedTuple):
@@ -76,8 +88,12 @@ class LatestProbe:
 
 class Ticker:
     def __init__(self, machine: Machine, drive: Drive, tuning: Callable[[], TuningFacts], schedule: Schedule,
-                 recorder: Callable[[], Recorder], interval_s: float) -> None:
+                 recorder: Callable[[], Recorder], interval_s: float,
+                 whole_wanted: Callable[[], bool] = lambda: False) -> None:
         self.machine = machine
+        self._whole_wanted = whole_wanted  # True: the next tick reads whole (a profile applied, switched, restored)
+        self._whole_at: float | None = None
+        self._since_whole = 0  # quick ticks since the last whole snapshot
         self._drive = drive
         self._tuning = tuning
         self.schedule = schedule
@@ -96,17 +112,23 @@ class Ticker:
         t0 = time.perf_counter()
         now = time.time()
         self.timing.begin(now)
+        whole = self._whole_due(now)
         try:
-            snap = self.machine.snapshot()
+            snap = self.machine.snapshot(over=None if whole else self.snapshot)
         except GpudError as err:
             log.error("cannot read the GPUs: %s", err)
             snap = None
-            self._drive(None, f"no NVML reading: {err}")  # no temperature at all: no fan may stay manual
+            self._whole_at = None  # the next reading is whole
+            self._drive(None, f"no NVML reading: {err}", False)  # no temperature at all: no fan may stay manual
         recorder = self._recorder()
         if snap is not None:
+            if whole:
+                self._whole_at, self._since_whole = now, 0
+            else:
+                self._since_whole += 1
             self.snapshot = snap
             self._log_lost(snap)
-            drift = self._drive(snap, "")
+            drift = self._drive(snap, "", whole)
             self.thermal.add(snap)
             self.schedule.step(snap, now, self.thermal.points)
             self.accounting.add(snap)
@@ -124,6 +146,12 @@ class Ticker:
                                       xids, now),
             running=Running(counters=facts.counters, tick=self.timing.copy(), last_tick=now,
                             usage=self.accounting.frozen()), profiles=facts.profiles, previous=self.observation)
+
+    def _whole_due(self, now: float) -> bool:
+        last = self.snapshot
+        return (last is None or self._whole_at is None or now - self._whole_at >= WHOLE_EVERY_S
+                or self._since_whole + 1 >= WHOLE_EVERY_TICKS or self._whole_wanted()
+                or not self.machine.quick_over(last))
 
     def _log_lost(self, snap: Snapshot) -> None:
         """A lost GPU is logged when it is lost and when it is back, not on every tick."""

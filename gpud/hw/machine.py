@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpud.errors import GpuLost
+from gpud.errors import GpudError, GpuLost
 from gpud.hw.host import Host
 from gpud.hw.nvml import Nvml
 from gpud.model import GpuInfo, Snapshot, Topology
@@ -31,14 +31,20 @@ class Machine:
     # keyed by pid with the process's start time beside it: a pid the kernel gave to a later process is read again
     _owners: dict[int, tuple[int | None, Owner]] = field(default_factory=dict, repr=False)
 
-    def snapshot(self, pcie: bool = False, only: Sequence[int] | None = None) -> Snapshot:
+    def snapshot(self, pcie: bool = False, only: Sequence[int] | None = None, over: Snapshot | None = None
+                 ) -> Snapshot:
         """Read every GPU once. Lost GPUs come back as ``lost`` samples, not as errors.
 
         ``pcie``: also measure PCIe throughput now, for every GPU (about 40 ms each: NVML samples it over
         20 ms per direction, and the driver serialises the calls) — one-shot commands; the daemon samples
         it off the tick instead. ``only``: these NVML indices alone (a partial snapshot: the prolog reads
-        the GPUs it opened so far).
+        the GPUs it opened so far). ``over``: a whole snapshot taken before, for which ``quick_over`` said yes;
+        each GPU's quick readings (``Nvml.quick_sample``: temperature, fans, power) over its sample there, the
+        rest as it was then (the daemon's ticks between two whole ones); read whole if a GPU was lost or
+        written to since.
         """
+        if over is not None:
+            return self._quick(over)
         self.nvml.init()
         versions = self.nvml.versions()
         indices = list(range(self.nvml.device_count()) if only is None else only)
@@ -65,6 +71,30 @@ class Machine:
             gpus=tuple(g for g in infos if g is not None),
             samples=tuple(samples),
         )
+
+    def quick_over(self, over: Snapshot | None) -> bool:
+        """Whether ``snapshot(over=over)`` can read quick: the same GPUs as NVML counts now, none lost, and no
+        setting written since (each write makes that GPU's next sample read its settings afresh:
+        ``Nvml.settings_held``). ``snapshot(over=...)`` checks the last two itself, not the count (a call)."""
+        if over is None or not self._holds(over):
+            return False
+        try:
+            self.nvml.init()
+            return len(over.samples) == self.nvml.device_count()
+        except GpudError:
+            return False
+
+    def _holds(self, over: Snapshot) -> bool:
+        return ([s.index for s in over.samples] == list(range(len(over.samples)))
+                and all(not s.lost and self.nvml.settings_held(s.index) for s in over.samples))
+
+    def _quick(self, over: Snapshot) -> Snapshot:
+        if not self._holds(over):
+            return self.snapshot()  # a GPU lost or written to: read whole (owners included)
+        self.nvml.init()
+        with self.nvml.reading_all():
+            samples = tuple(self.nvml.quick_sample(s.index, s) for s in over.samples)
+        return Snapshot(timestamp=time.time(), versions=over.versions, gpus=over.gpus, samples=samples)
 
     def _owner(self, pid: int, seen: dict[int, tuple[int | None, Owner]]) -> Owner:
         """(user, command, container) of a GPU process: read from ``/proc/PID`` when it first shows on a

@@ -72,11 +72,13 @@ class Enforcer:
         self.reapply_failures_total = 0  # settings whose re-apply was attempted and failed
         self.failing: dict[tuple[int | None, str], Failing] = {}
         self._host: tuple[float, list[Drift]] | None = None  # (read at, the host's drift then)
+        self.changed = False  # a profile followed or a setting forgotten since the last ``enforce``
 
     def follow(self, profile: str | None, desired: Desired, host: dict[str, Any] | None = None) -> None:
         """Enforce ``desired`` (per GPU, as the apply left it) and ``host`` from now on; None: nothing."""
         self.failing = {}
         self._host = None
+        self.changed = True
         if profile is None:
             self.state = None
             return
@@ -93,9 +95,11 @@ class Enforcer:
                                                       for k, want in self.state.desired.items()})
         self.failing = {k: f for k, f in self.failing.items() if k[1] != key}
         self._host = None
+        self.changed = True
 
     def enforce(self, snap: Snapshot) -> DriftMetric:
         """Drift against ``snap``; re-apply what drifted; the drift that remains, for ``/metrics``."""
+        self.changed = False
         if self.state is None:
             return ()
         now = self.clock()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import time
+from collections.abc import Sequence
 from typing import Any, Callable
 
 from gpud.errors import DriverNotLoaded, GpuLost, NvmlError
@@ -173,15 +174,23 @@ class NvmlProcesses(NvmlInfo):
             self._polled[index] = (time.monotonic(), procs)  # for the sampler's next round (``_polled_compute``)
         return list(procs or [])
 
-    def memory_in_use(self, index: int) -> int | None:
-        """The GPU's memory in use, bytes (``nvmlDeviceGetMemoryInfo``'s ``used``: reserved + allocated), read
-        like ``running_processes`` (no gpud lock, between ticks): the profile rules' cue that a compute list
-        changed, for a 20 µs reading instead of a 4.5 ms one (docs/simulation.md, "Call latency"). A CUDA
-        context takes memory as it is created and gives it back at exit. None when it cannot be read."""
-        h = self.handle(index)
-        mem = self._optional(("nvmlDeviceGetMemoryInfo", index, ()), lambda: self._maybe_locked(
-            False, functools.partial(self._raw, "nvmlDeviceGetMemoryInfo", h, gpu=index)))
-        return None if mem is None else int(mem.used)
+    def memory_in_use(self, indices: Sequence[int]) -> dict[int, int | None]:
+        """Each GPU's memory in use, bytes (``nvmlDeviceGetMemoryInfo``'s ``used``: reserved + allocated), read
+        like ``running_processes`` (no gpud lock, between ticks; the GPUs one after the other in one pass of
+        the gate, 20 µs each): the profile rules' cue that a compute list changed, for a 20 µs reading
+        instead of a 4.5 ms one (docs/simulation.md, "Call latency"). A CUDA context takes memory as it is
+        created and gives it back at exit. None where it cannot be read, a lost GPU included."""
+        out: dict[int, int | None] = {}
+        with self._gate.call():
+            for index in indices:
+                try:
+                    h = self.handle(index)
+                    mem = self._optional(("nvmlDeviceGetMemoryInfo", index, ()),
+                                         functools.partial(self._raw, "nvmlDeviceGetMemoryInfo", h, gpu=index))
+                except NvmlError:
+                    mem = None
+                out[index] = None if mem is None else int(mem.used)
+        return out
 
     def _polled_compute(self, index: int) -> list[GpuProcessEntry] | None:
         """Copies of the compute list the rules' poll read within ``POLLED_REUSE_S`` (then forgotten), or

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import threading
 import time
@@ -153,6 +154,32 @@ class NvmlReadings(NvmlPairs):
             nvlink_data_bytes=slow["nvlink_data"],
             processes=processes,
         )
+
+    def settings_held(self, index: int) -> bool:
+        """Whether this GPU's settings as last read still stand: False after gpud wrote one (a write drops
+        the slow fields, so the next ``sample`` reads them afresh) until a whole sample reads them again."""
+        return index in self._slow
+
+    def quick_sample(self, index: int, whole: GpuSample) -> GpuSample:
+        """``whole`` (this GPU's latest ``sample``) with what the daemon's fan loop and the power figures
+        need each second read afresh: the temperature, each fan's speed, the power draw (3 plain calls
+        where ``sample`` makes about 16). The rest stays as ``whole`` read it; the daemon reads a whole
+        sample every few ticks (``gpud.daemon.tick.WHOLE_EVERY_S``). A lost GPU reads as in ``sample``."""
+
+        def read(i: int, info: GpuInfo, now: float) -> GpuSample:
+            h = self.handle(i)
+            if info.fan_count is not None:
+                fans = tuple(dataclasses.replace(f, speed_percent=self.get("nvmlDeviceGetFanSpeed_v2", h, f.fan, gpu=i))
+                             for f in whole.fans)
+            else:
+                speed = self.get("nvmlDeviceGetFanSpeed", h, gpu=i)
+                fans = (FanReading(0, speed, None, None),) if speed is not None else ()
+            power = self.get("nvmlDeviceGetPowerUsage", h, gpu=i)
+            return dataclasses.replace(whole, timestamp=now, temperature_celsius=self._temperature(h, i), fans=fans,
+                                       power_watts=power / 1000.0 if power is not None else None)
+
+        with self._lock:
+            return self._sample_locked(index, read)
 
     def _memory(self, index: int, h: Any) -> tuple[int | None, int | None, int | None, int | None]:
         """(used, total, reserved, free) bytes: ``nvmlDeviceGetMemoryInfo_v2`` keeps the driver's

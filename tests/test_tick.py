@@ -1,0 +1,92 @@
+"""The daemon's tick reads a whole snapshot every few ticks and, between, only what the fan loop and the
+power figures need (gpud/daemon/tick.py): the calls each kind of tick makes, what a quick tick holds and
+what it reads afresh, and that the applied profile is compared with readings of that tick only."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+from gpud import config as cfg
+from gpud.backends import open_machine
+from gpud.daemon.service import Daemon
+from gpud.daemon.tick import WHOLE_EVERY_TICKS
+from gpud.hw.machine import Machine
+
+QUICK_CALLS = {"nvmlDeviceGetTemperature", "nvmlDeviceGetFanSpeed_v2", "nvmlDeviceGetPowerUsage"}
+
+
+def counting(m: Machine) -> list[Counter[str]]:
+    """Each NVML call the tick's thread makes (not the doctor run the first tick starts), by entry point, into
+    the last Counter of the list returned."""
+    ticks: list[Counter[str]] = [Counter()]
+    raw = m.nvml._raw
+    me = threading.get_ident()
+
+    def counted(name: str, *args: Any, gpu: int | None = None) -> Any:
+        if threading.get_ident() == me:
+            ticks[-1][name] += 1
+        return raw(name, *args, gpu=gpu)
+
+    m.nvml._raw = counted  # type: ignore[method-assign]
+    return ticks
+
+
+def test_a_whole_snapshot_every_fifth_tick_and_three_calls_a_gpu_between(state_dir) -> None:
+    m = open_machine("2s-8x-a6000")
+    d = Daemon(m, cfg.Config())
+    ticks = counting(m)
+    samples = []
+    for _ in range(2 * WHOLE_EVERY_TICKS + 1):
+        d.tick()
+        assert d.ticker.snapshot is not None
+        samples.append(d.ticker.snapshot.samples)
+        ticks.append(Counter())
+    ticks.pop()
+    gpus = len(samples[0])
+    whole = [i for i, c in enumerate(ticks) if c["nvmlDeviceGetClockInfo"]]
+    assert whole == [0, WHOLE_EVERY_TICKS, 2 * WHOLE_EVERY_TICKS]
+    for i, calls in enumerate(ticks):
+        if i in whole:
+            assert sum(calls.values()) >= 10 * gpus
+            continue
+        # the fan loop's and the power figures' readings, each GPU's once (one fan each), and the GPU count
+        read = {k: v for k, v in calls.items() if not k.startswith("nvmlDeviceGetCount")}
+        assert read == dict.fromkeys(QUICK_CALLS, gpus)
+        before, now = samples[i - 1], samples[i]
+        for a, b in zip(before, now, strict=True):  # the rest is held from the whole sample, the time is this tick's
+            assert b.timestamp > a.timestamp
+            assert (b.power_limit_watts, b.clocks_mhz, b.processes, b.ecc_errors) == (
+                a.power_limit_watts, a.clocks_mhz, a.processes, a.ecc_errors)
+
+
+def test_the_profile_is_enforced_on_whole_snapshots_only(state_dir) -> None:
+    """The applied profile is compared with whole snapshots only, never with a quick tick's held limits and
+    clocks; an apply (gpud's own writes) makes the next tick whole, so its settings are compared at once with
+    fresh readings, and the fan loop's duty writes do not read as fans handed back to the driver.
+    (tests/test_daemon.py: a limit changed behind gpud's back is re-applied, end to end.)"""
+    m = open_machine("z8-fury-4x-a6000")
+    d = Daemon(m, cfg.Config())
+    d.tick()
+    assert d.apply("training")["ok"]
+    ticks = counting(m)
+    compared: list[bool] = []
+    enforce = d.enforcer.enforce
+
+    def counted(snap: Any) -> Any:
+        compared.append(bool(ticks[-1]["nvmlDeviceGetClockInfo"]))
+        return enforce(snap)
+
+    d.enforcer.enforce = counted  # type: ignore[method-assign]
+    d.tick()
+    assert compared == [True], "the tick after an apply reads whole and compares"
+    reapplied = d.enforcer.reapply_total
+    kinds = []
+    for _ in range(3 * WHOLE_EVERY_TICKS):
+        ticks.append(Counter())
+        d.tick()
+        kinds.append(bool(ticks[-1]["nvmlDeviceGetClockInfo"]))
+    assert kinds.count(False) >= 2 * (WHOLE_EVERY_TICKS - 1)
+    assert compared[1:] == [True] * kinds.count(True)  # one comparison per whole tick, none on a quick one
+    assert d.enforcer.reapply_total == reapplied  # the fans on the curve (manual): nothing re-applied
