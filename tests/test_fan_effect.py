@@ -40,9 +40,16 @@ def fans(m: Machine, history: ThermalHistory | None = None, in_daemon: bool = Fa
 
 
 def machine(tmp_path: Path, text: str) -> Machine:
+    """The described machine, its simulated time moved by ``advance`` alone: on a loaded test machine the wall
+    clock's seconds between two ticks would heat the GPUs further than the test's simulated ones."""
     p = tmp_path / "box.toml"
     p.write_text(text)
-    return open_machine(str(p))
+    m = open_machine(str(p))
+    assert m.simulation is not None
+    sim = m.simulation.machine
+    frozen = sim.clock()
+    sim.clock = lambda: frozen
+    return m
 
 
 def tick(m: Machine, history: ThermalHistory) -> None:
