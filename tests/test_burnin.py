@@ -141,6 +141,10 @@ def test_the_soak_detects_each_fault(soak: tuple[Result, dict[str, Any]]) -> Non
     assert "burnin.performance.spread" in failing[3]  # slower than its siblings
     assert {"burnin.gemm.fp32.digest", "burnin.gemm.fp32.reference"} <= failing[3]  # wrong results
     assert "burnin.memtest" in failing[3]  # memory errors
+    mem = next(x for x in soak[0].verdicts if x.test == "burnin.memtest" and x.gpu == 3)
+    assert "walking zeros" in mem.summary and "bit fade" in mem.summary and "over 10 min" in mem.summary
+    assert "at byte offset(s) 0x500000 (1 word(s))" in mem.summary  # located: the stand-in's weak cell
+    assert len(soak[0].series[3].of("memtest")) == 600  # DCGM memtest's 600 s, in simulated time, read each second
     # wrong only from 75 °C: the load's checked products name the temperature their errors began at
     hot = next(x for x in soak[0].verdicts if x.test == "burnin.gemm.load" and x.gpu == 1)
     began = next(c for c in soak[0].series[1].checks if c.wrong).temperature_c
@@ -258,13 +262,35 @@ def test_ctrl_c_stops_cleanly_and_puts_the_load_back(state_dir: Path, monkeypatc
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--level", "hot"], "--level"), (["--level", "soak", "--duration", "10m"], "--duration"),
+    (["--level", "hot"], "--level"),
+    (["--memtest-minutes", "5"], "--memtest-minutes"), (["--level", "soak", "--duration", "10m"], "--duration"),
     (["--duration", "30m"], "only the soak"), (["--gpus", "0,9"], "--gpus"), (["--device", "tpu"], "--device"),
     (["--report", "/nonexistent/dir/r.html"], "--report")])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(args: list[str], message: str, state_dir: Path) -> None:
     r = run_gpud("burnin", "--simulate", "z8-fury-4x-a6000", *args)
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (state_dir / "burnin.json").exists()
+
+
+def test_the_memory_test_runs_every_pattern_for_its_time_and_locates_a_weak_cell() -> None:
+    """The kernel itself (the same function on a GPU): 64-bit words, passes repeated until the time is up,
+    a bit-fade pass that waits, every pattern finding a cell that does not hold bit 0, located."""
+    torch = pytest.importorskip("torch")
+    from gpud.probe import stress
+
+    clean = stress.memtest(torch.device("cpu"), 1, seconds=0.0)
+    assert clean["total_errors"] == 0 and clean["passes"] == 1 and clean["ranges"] == []
+    assert set(clean["errors"]) == set(stress.MEMTEST_PATTERNS)
+    stress._FAULTS["now"] = ["memory_errors"]
+    try:
+        t, seconds = time.perf_counter(), 4 * clean["seconds"] + 0.2  # room for at least two passes
+        bad = stress.memtest(torch.device("cpu"), 1, seconds=seconds, fade_s=0.1, seed=7)
+        assert time.perf_counter() - t >= 0.2 and bad["passes"] >= 2  # passes until the time is up
+    finally:
+        stress._FAULTS["now"] = []
+    assert all(bad["errors"][k] for k in stress.MEMTEST_PATTERNS)  # each pattern finds the stuck bit
+    weak = (2**17 * 5) // 8 * 8
+    assert bad["ranges"] == [[weak, weak, 1]] and bad["word_bits"] == 64
 
 
 # -- the HTML report in a real browser -----------------------------------------------------------
@@ -470,17 +496,30 @@ def test_an_outlier_among_four_siblings_is_named_by_median_and_mad() -> None:
     assert max(abs(z) for z in robust_z([1708.0, 1718.0, 1722.0, 1710.0])) < 3.5
 
 
+class _NoChildren:
+    def __init__(self, specs: list[dict[str, Any]]) -> None:
+        pass
+
+    def collect(self, timeout: float) -> dict[int, dict[str, Any]]:
+        return {}
+
+    def kill(self) -> None:
+        pass
+
+
 def _run(monkeypatch: pytest.MonkeyPatch, name: str, level: str, gpus: list[int] | None = None,
          faults: list[dict[str, Any]] = (), largest_share: float | None = None) -> Result:  # type: ignore[assignment]
     """A burn-in in simulated time without the short kernels' child (what is tested is the load and the
     verdicts)."""
     from gpud.burnin import run as burnin_run
+    from gpud.probe import stress_run
 
     m = open_machine(name)
     for f in faults:
         m.simulation.machine.inject(**f)
     m = open_machine(name)  # as the next command sees it (the kernel log's fault is the root tree's)
     monkeypatch.setattr(burnin_run, "_workload", lambda *a, **k: {g: {} for g in a[3]})
+    monkeypatch.setattr(stress_run, "Children", _NoChildren)  # the memory test's phase is held, its child not run
     bench = SimBench(m.simulation, largest_share)
     return run_burnin(m, bench, Config(), level=level, gpus=gpus, device="cpu")  # type: ignore[arg-type]
 
@@ -632,7 +671,7 @@ def dying(seconds):
         os.kill(os.getpid(), signal.SIGKILL)
 bench.sleep = dying
 burnin_run.run_burnin(m, bench, Config(), level="soak", gpus=[0, 1], device="cpu", duration_s=1800.0,
-                      log=ProgressLog(Path(sys.argv[1]), "test", {"name": "z8"}))
+                      log=ProgressLog(Path(sys.argv[1]), "test", {"name": "z8"}), memtest_s=60.0)
 """
 
 
@@ -647,7 +686,8 @@ def test_a_burnin_killed_in_its_middle_keeps_its_results_so_far(state_dir: Path,
     assert r.returncode == -9, r.stderr[-2000:]
     res, _ = load(path)
     assert res.interrupted and 650 <= res.seconds <= 720  # what was measured up to the kill
-    assert len(res.series[1].of("soak")) > 300 and res.series[1].of("soak")[-1].t > 690 and res.series[1].checks
+    assert len(res.series[1].of("soak")) > 250 and res.series[1].of("soak")[-1].t > 690 and res.series[1].checks
+    assert res.workload[1]["memtest"]["passes"] >= 1 and len(res.series[1].of("memtest")) == 60  # its line kept
     so_far = {(v.test, v.gpu): v for v in res.verdicts}
     assert so_far[("burnin.clocks.hw_slowdown", 1)].status == "fail"  # judged as far as it ran
     assert so_far[("burnin.clocks.hw_slowdown", 0)].status == "pass"

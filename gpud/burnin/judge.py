@@ -61,6 +61,33 @@ def _spread(res: Result, test: str, figures: dict[int, float], unit: str, remedy
     return out
 
 
+def _memtest(g: int, mem: dict[str, Any], rehearsal: tuple[str, str] | None) -> Verdict:
+    """The memory test: any mismatching word fails, with the patterns that found it and where it lies."""
+    th = THRESHOLDS["memtest"]
+    if "error" in mem:
+        return Verdict("burnin.memtest", "fail", f"the memory test did not finish: {mem['error']}", g,
+                       source=th.source, remedy="run again with --debug; check the driver and dmesg for Xids")
+    bad = int(mem["total_errors"])
+    ran = (f"{mem['mib']} MiB in {mem.get('word_bits', 32)}-bit words, {mem.get('passes', 1)} pass(es)"
+           + (f" over {mem['test_s'] / 60:.0f} min" if mem.get("test_s") else "")
+           + (f" and a bit-fade pass ({mem['fade_s']:.0f} s a pattern)" if mem.get("fade_s") else ""))
+    if rehearsal is not None and not bad:
+        return not_judged("burnin.memtest", g, f"0 mismatching words in {ran} of host memory: " + rehearsal[0],
+                          rehearsal[1], th.source)
+    if not bad:
+        return Verdict("burnin.memtest", "pass", f"0 mismatching words: {ran} ("
+                       + ", ".join(k.replace("_", " ") for k in mem["errors"]) + ")", g, 0.0, th.value, th.source)
+    found = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in mem["errors"].items() if v)
+    where = "; ".join(f"{lo:#x}" + (f"–{hi:#x}" if hi != lo else "") + f" ({n} word(s))"
+                      for lo, hi, n in mem.get("ranges") or [])
+    return Verdict("burnin.memtest", "fail",
+                   f"{bad} mismatching word(s) in {ran} ({found})"
+                   + (f", at byte offset(s) {where} of the block tested from {mem.get('base')}" if where else ""),
+                   g, float(bad), th.value, th.source,
+                   "memory errors: check ECC counts and row remaps (nvidia-smi -q -d ECC,ROW_REMAPPER), reset the "
+                   "GPU and run the memory test again; replace it if they return at the same place")
+
+
 def _workload(res: Result, infos: dict[int, GpuInfo]) -> list[Verdict]:
     out: list[Verdict] = []
     work = res.workload
@@ -105,17 +132,8 @@ def _workload(res: Result, infos: dict[int, GpuInfo]) -> list[Verdict]:
                                    r["reference_rtol"],
                                    THRESHOLDS["gemm.reference"].source, "the GPU computes wrong results: replace it"))
         mem = w.get("memtest")
-        if mem is not None and host and not int(mem["total_errors"]):
-            out.append(not_judged("burnin.memtest", g, f"0 mismatching words in {mem['mib']} MiB of host memory: "
-                                  + rehearsal[0], rehearsal[1], THRESHOLDS["memtest"].source))
-        elif mem is not None:
-            bad = int(mem["total_errors"])
-            out.append(Verdict("burnin.memtest", "fail" if bad else "pass",
-                               f"{bad} mismatching words in {mem['mib']} MiB ("
-                               + ", ".join(f"{k} {v}" for k, v in mem["errors"].items()) + ")", g, float(bad), 0.0,
-                               THRESHOLDS["memtest"].source,
-                               "memory errors: check ECC counts (nvidia-smi -q -d ECC), reset the GPU, replace it if "
-                               "they return" if bad else ""))
+        if mem is not None:
+            out.append(_memtest(g, mem, rehearsal if host else None))
     if res.device == "cuda":
         for k, dtype in enumerate(("bf16", "tf32", "fp32")):
             figs = {g: float(w["gemm"][k]["tflops"]) for g, w in ok.items() if len(w.get("gemm", [])) > k}

@@ -133,49 +133,127 @@ def host_bandwidth(device: torch.device, mib: int, seconds: float) -> dict[str, 
     return out
 
 
-def memtest(device: torch.device, mib: int, chunk_mib: int = 256) -> dict[str, Any]:
-    """Walking ones, random patterns and address-in-address over ``mib`` MiB held at once;
-    mismatching 32-bit words per pattern (the patterns of DCGM's memtest plugin). Expected values
-    are made one chunk at a time, so the test covers most of the free memory."""
-    words = mib * 2**18
-    step = max(1, chunk_mib * 2**18)
-    buf = torch.empty(words, dtype=torch.int32, device=device)
-    errors = {"walking_ones": 0, "random": 0, "address": 0}
-    flip = _fault("memory_errors")
+# The memory test's patterns (DCGM's memtest plugin, after memtest86 and cuda_memtest; memtest86+'s README
+# describes each algorithm): 64-bit words, so an address written into its own word never wraps.
+MEMTEST_PATTERNS = ("walking_ones", "walking_zeros", "moving_inversions", "random", "address", "bit_fade")
+MEMTEST_CHUNK_MIB = 256  # the expected values are made one chunk at a time: the test holds most of the memory
+LOCATE_MAX = 64  # mismatching words located per chunk and pattern (the count is always whole)
+RANGE_GAP_BYTES = 2**20  # mismatches closer than this are one range in the summary
 
-    def chunks() -> range:
-        return range(0, words, step)
 
-    def count(name: str, lo: int, expected: torch.Tensor | int) -> None:
-        part = buf[lo:lo + step]
-        if flip and lo == 0:
-            part = part.clone()
-            part[0] ^= 1
-        errors[name] += int((part != expected).sum().item())
+def memtest(device: torch.device, mib: int, seconds: float = 0.0, fade_s: float = 0.0, seed: int = 0,
+            chunk_mib: int = MEMTEST_CHUNK_MIB) -> dict[str, Any]:
+    """A memory test over ``mib`` MiB held at once, in 64-bit words, repeated in passes until ``seconds``
+    have gone (at least one pass), then a bit-fade pass. Each pass: walking ones and walking zeros (64
+    patterns each: every data line), moving inversions of all ones and all zeros (memtest86's algorithm:
+    ascending, check and write the complement; descending, check and write it back), random words from a
+    seed (a new sequence each pass) and their inversion, and each word's own 64-bit address and its
+    complement. The bit-fade pass (memtest86+'s test 10) writes all zeros, waits ``fade_s``, checks, and
+    the same with all ones: cells that lose their charge. Returns the mismatching words per pattern and
+    where they lie (byte offsets in the tested block, and the block's device address)."""
+    words = mib * 2**17
+    step = max(1, chunk_mib * 2**17)
+    buf = torch.empty(words, dtype=torch.int64, device=device)
+    base = int(buf.data_ptr())
+    errors = dict.fromkeys(MEMTEST_PATTERNS, 0)
+    where: list[int] = []  # byte offsets of mismatching words (at most LOCATE_MAX per chunk and check)
+    # A simulated GPU's fault: its stand-in's memory has a weak cell that does not hold bit 0.
+    weak = (words * 5) // 8 if _fault("memory_errors") else None
 
-    for bit in range(32):
-        value = -(2**31) if bit == 31 else 1 << bit
+    def spans() -> list[tuple[int, int]]:
+        return [(lo, min(step, words - lo)) for lo in range(0, words, step)]
+
+    def wrote(lo: int, n: int) -> None:
+        if weak is not None and lo <= weak < lo + n:
+            buf[weak] ^= 1
+
+    def fill(value: int) -> None:
         buf.fill_(value)
-        for lo in chunks():
-            count("walking_ones", lo, value)
-    for seed in range(4):
-        gen = torch.Generator(device=device).manual_seed(seed)  # made on the device: no host copy
-        for lo in chunks():
-            n = min(step, words - lo)
-            buf[lo:lo + n] = torch.randint(-(2**31), 2**31 - 1, (n,), generator=gen, dtype=torch.int32, device=device)
-        gen = torch.Generator(device=device).manual_seed(seed)  # the same sequence again, to compare
-        for lo in chunks():
-            n = min(step, words - lo)
-            count("random", lo, torch.randint(-(2**31), 2**31 - 1, (n,), generator=gen, dtype=torch.int32,
-                                              device=device))
-    for lo in chunks():
-        n = min(step, words - lo)
-        buf[lo:lo + n] = torch.arange(lo, lo + n, dtype=torch.int64, device=device).to(torch.int32)
-    for lo in chunks():
-        n = min(step, words - lo)
-        count("address", lo, torch.arange(lo, lo + n, dtype=torch.int64, device=device).to(torch.int32))
+        wrote(0, words)
+
+    def count(name: str, lo: int, n: int, expected: torch.Tensor | int) -> None:
+        bad = buf[lo:lo + n] != expected
+        k = int(bad.sum().item())
+        if k:
+            errors[name] += k
+            idx = bad.nonzero()[:LOCATE_MAX].view(-1)
+            where.extend(int(i) * 8 + lo * 8 for i in idx.tolist())
+
+    def addresses(lo: int, n: int) -> torch.Tensor:
+        return torch.arange(lo, lo + n, dtype=torch.int64, device=device) * 8 + base
+
+    def randoms(lo: int, n: int, k: int) -> torch.Tensor:
+        gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + k * 100_003 + lo // step)
+        return torch.randint(-(2**63), 2**63 - 1, (n,), generator=gen, dtype=torch.int64, device=device)
+
+    def one_pass(k: int) -> None:
+        for bit in range(64):
+            for name, value in (("walking_ones", 1 << bit), ("walking_zeros", ~(1 << bit))):
+                value = (value + 2**63) % 2**64 - 2**63  # as a signed 64-bit word
+                fill(value)
+                for lo, n in spans():
+                    count(name, lo, n, value)
+        for value in (0, -1):  # moving inversions, all zeros and all ones
+            fill(value)
+            for lo, n in spans():
+                count("moving_inversions", lo, n, value)
+                buf[lo:lo + n] = ~value
+                wrote(lo, n)
+            for lo, n in reversed(spans()):
+                count("moving_inversions", lo, n, ~value)
+                buf[lo:lo + n] = value
+                wrote(lo, n)
+            for lo, n in spans():
+                count("moving_inversions", lo, n, value)
+        for lo, n in spans():
+            buf[lo:lo + n] = randoms(lo, n, k)
+            wrote(lo, n)
+        for lo, n in spans():
+            want = randoms(lo, n, k)
+            count("random", lo, n, want)
+            buf[lo:lo + n] = ~want
+            wrote(lo, n)
+        for lo, n in spans():
+            count("random", lo, n, ~randoms(lo, n, k))
+        for invert in (False, True):
+            for lo, n in spans():
+                buf[lo:lo + n] = ~addresses(lo, n) if invert else addresses(lo, n)
+                wrote(lo, n)
+            for lo, n in spans():
+                count("address", lo, n, ~addresses(lo, n) if invert else addresses(lo, n))
+
+    start = time.perf_counter()
+    passes, longest = 0, 0.0
+    budget = max(0.0, seconds - 2 * fade_s)
+    while passes == 0 or time.perf_counter() - start + longest <= budget:
+        t = time.perf_counter()
+        one_pass(passes)
+        _sync(device)
+        longest = max(longest, time.perf_counter() - t)
+        passes += 1
+    for value in (0, -1):
+        fill(value)
+        _sync(device)
+        time.sleep(max(0.0, fade_s))
+        for lo, n in spans():
+            count("bit_fade", lo, n, value)
     _sync(device)
-    return {"mib": mib, "errors": errors, "total_errors": sum(errors.values())}
+    return {"mib": mib, "word_bits": 64, "passes": passes, "seconds": round(time.perf_counter() - start, 3),
+            "fade_s": fade_s, "seed": seed, "base": hex(base), "errors": errors,
+            "total_errors": sum(errors.values()), "ranges": _ranges(where)}
+
+
+def _ranges(offsets: list[int]) -> list[list[int]]:
+    """The located mismatches as [first byte, last byte, words located] ranges (at most 8), nearby ones
+    (within ``RANGE_GAP_BYTES``) merged: a bad cell, a bad row, or a region."""
+    out: list[list[int]] = []
+    for off in sorted(set(offsets)):
+        if out and off - out[-1][1] <= RANGE_GAP_BYTES:
+            out[-1][1] = off
+            out[-1][2] += 1
+        else:
+            out.append([off, off, 1])
+    return out[:8]
 
 
 # The fp32 product's error bound (Higham, "Accuracy and Stability of Numerical Algorithms", 2nd ed., 2002,
@@ -308,7 +386,8 @@ def run_one(spec: dict[str, Any], index: int) -> dict[str, Any]:
         elif task == "host_bandwidth":
             out["host_bandwidth"] = host_bandwidth(device, int(spec["copy_mib"]), seconds)
         elif task == "memtest":
-            out["memtest"] = memtest(device, int(spec["memtest_mib"]))
+            out["memtest"] = memtest(device, int(spec["memtest_mib"]), float(spec.get("memtest_seconds", 0.0)),
+                                     float(spec.get("memtest_fade_s", 0.0)), int(spec.get("memtest_seed", 0)))
         elif task == "burn":
             out["burn"] = burn(device, float(spec["burn_seconds"]), int(spec["gemm_n"]), spec.get("report"),
                                spec.get("size"))
