@@ -172,8 +172,8 @@ def load(path: Path) -> tuple[Result, dict[str, Any]]:
     res.limits = {int(g): v for g, v in start["limits"].items()}
     res.fan_curves = {int(g): v for g, v in start["fan_curves"].items()}
     res.workload = {int(g): w for g, w in start["workload"].items()}
-    for g, r in memtest.items():
-        res.workload.setdefault(int(g), {})["memtest"] = r
+    for key, r in memtest.items():
+        res.workload.setdefault(int(key), {})["memtest"] = r
     res.series = {g: Series(g, points.get(g, []), checks.get(g, [])) for g in res.gpus}
     if end is not None:
         res.seconds, res.wall_seconds, res.interrupted = float(end["seconds"]), float(end["wall_seconds"]), \
