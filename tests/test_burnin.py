@@ -370,13 +370,13 @@ def test_the_html_report_renders_in_a_headless_browser(soak: tuple[Result, dict[
                          timeout=90)
     assert dom.stdout.count("<svg") == 20 and "polyline" in dom.stdout and "GPU1" in dom.stdout
     # A screenshot is not blank: the report of the healthy GPU alone (every test passed, so its charts
-    # come right after the verdicts) shows the charts' lines in their colours.
+    # come after the verdicts and the figures) shows the charts' lines in their colours.
     one = copy.copy(res)
     one.gpus = [0]
     one_doc = {**got["doc"], "gpus": got["doc"]["gpus"][:1],
                "verdicts": [v for v in got["doc"]["verdicts"] if v["gpu"] == 0]}
     write_report(report, one, one_doc)
-    subprocess.run([browser, *flags, f"--screenshot={shot}", "--window-size=800,1100", f"file://{report}"],
+    subprocess.run([browser, *flags, f"--screenshot={shot}", "--window-size=900,2000", f"file://{report}"],
                    capture_output=True, text=True, timeout=90)
     w, ch, rows = _png_pixels(shot)
     colours = {row[i:i + 3] for row in rows[::2] for i in range(0, w * ch, ch)}
@@ -387,6 +387,41 @@ def test_the_html_report_renders_in_a_headless_browser(soak: tuple[Result, dict[
 
     lines = ["#cf222e", "#1a7f37", "#0969da", "#8250df"]  # temperature, fan, SM clock, power
     assert all(shown(c) for c in lines), [c for c in lines if not shown(c)]
+
+
+def test_the_reports_charts_share_one_time_axis_and_no_label_covers_another(
+        soak: tuple[Result, dict[str, Any]]) -> None:
+    """Every chart (the clock-event strip too) has the same plot margins and its own time axis; the phases are
+    bands, the soak's settle band is drawn, the siblings of the model are overlaid; the threshold labels sit
+    apart in the right margin, and no label runs past the chart's edge (the last tick included)."""
+    import re
+
+    from gpud.burnin import html
+
+    res, got = soak
+    page = html.render(res, got["doc"])
+    svgs = re.findall(r"<svg .*?</svg>", page, flags=re.S)
+    assert len(svgs) == 4 * 5
+    for svg in svgs:
+        width = float(re.search(r'width="(\d+)"', svg).group(1))
+        assert re.search(rf'<line x1="{html.PAD_L}" y1="[\d.]+" x2="{html.PLOT_W + html.PAD_L}"', svg)  # one axis
+        assert " min</text>" in svg  # a time axis in every chart, the clock-event strip included
+        for attrs, text in re.findall(r"<text ([^>]*)>([^<]*)", svg):
+            x = float(re.search(r'x="([\d.]+)"', attrs).group(1))
+            found = re.search(r'text-anchor="(\w+)"', attrs)
+            anchor = found.group(1) if found else "start"
+            span = len(text) * html.CHAR_W
+            left = {"end": x - span, "middle": x - span / 2}.get(anchor, x)
+            assert 0 <= left and left + span <= width + 1, (text, x, anchor)
+    gpu0 = svgs[:5]
+    assert all(html.PHASES["memtest"][1] in s and html.PHASES["soak"][1] in s for s in gpu0)  # phase bands
+    assert all(s.count(f'stroke="{html.SIBLING}"') == 3 for s in gpu0[:4])  # its three siblings overlaid
+    assert 'fill-opacity="0.12"' in gpu0[0] and "settled " in gpu0[0]  # the settle band
+    labels = [float(y) for y in re.findall(rf'<text x="{html.PAD_L + html.PLOT_W + 6}" y="([\d.]+)"',
+                                           gpu0[0])]
+    assert len(labels) >= 3 and all(abs(a - b) >= 11 - 1e-6 for k, a in enumerate(labels) for b in labels[k + 1:])
+    title_y = 13
+    assert all(y > title_y + 8 for y in labels)  # never over the title
 
 
 def test_progress_on_a_terminal_says_what_runs_and_the_time_left(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -774,8 +809,9 @@ def test_reports_list_hardware_failures_before_configuration_warnings() -> None:
                                       "host.governor", "host.shm")]
     assert order == sorted(order), text
     page = html(res, doc)
-    rows = [page.index(t) for t in ("burnin.gemm.load", "doctor.host.governor", "burnin.thermal.sw_slowdown",
-                                    "doctor.host.shm", "burnin.errors.ecc")]
+    # the hardware's verdicts (failed, warned, not judged), then the configuration's (doctor's findings)
+    rows = [page.index(t) for t in ("burnin.gemm.load", "burnin.thermal.sw_slowdown", "burnin.errors.ecc",
+                                    "Figures per GPU", "doctor.host.governor", "doctor.host.shm")]
     assert rows == sorted(rows)
 
 
