@@ -130,6 +130,7 @@ def test_a_30_minute_soak_runs_in_simulated_time(soak: tuple[Result, dict[str, A
     assert v[("burnin.thermal.settle", 0)].status == "pass"  # settles at the driver's target (84 °C)
     assert v[("burnin.clocks.stability", 0)].status == "pass"
     assert v[("burnin.memtest", 0)].status == "pass"
+    assert "fp32, tf32 and bf16 products" in v[("burnin.gemm.load", 0)].summary
     assert not [x for x in res.verdicts if x.gpu == 0 and x.status == "fail"]
 
 
@@ -572,6 +573,7 @@ def test_wrong_only_hot_fails_a_standard_burnin_naming_the_temperature(
     assert f"the first at {first.temperature_c} °C" in bad.summary and bad.figure == sum(c.wrong for c in
                                                                                        res.series[1].checks)
     assert all(not c.wrong for c in res.series[1].checks if c.t < first.t)
+    assert all(f"{d} " in bad.summary for d in ("fp32", "tf32", "bf16"))  # each training dtype checked hot
     assert v[("burnin.gemm.load.siblings", 1)].status == "fail"
     spared = v[("burnin.gemm.load", 2)]
     hottest = max(c.temperature_c or 0 for c in res.series[2].checks)

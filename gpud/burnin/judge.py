@@ -592,7 +592,12 @@ def _checked(res: Result) -> list[Verdict]:
             per_min: Counter[int] = Counter()
             for c in bad:
                 per_min[int(c.t // 60)] += c.wrong
-            text = (f"{wrong} of {products} products differed from its first bit for bit, the first at "
+            by: Counter[str] = Counter()
+            for c in bad:
+                by.update(c.by_dtype or {})
+            kinds = ", ".join(f"{d} {n}" for d, n in by.items() if n)
+            text = (f"{wrong} of {products} products differed from its first bit for bit"
+                    + (f" ({kinds})" if kinds else "") + ", the first at "
                     f"{first.temperature_c} °C ({first.phase}, {first.t:.0f} s in)"
                     + (f"; right up to {max(clean)} °C before" if clean else "")
                     + f"; wrong in {len(per_min)} minute(s), at most {max(per_min.values())} a minute")
@@ -603,8 +608,9 @@ def _checked(res: Result) -> list[Verdict]:
             out.append(not_judged("burnin.gemm.load", g, f"{products} products checked, {why_cpu[0]}",
                                   why_cpu[1], th.source))
         else:
-            out.append(Verdict("burnin.gemm.load", "pass", f"{products} products under load the same bits as its "
-                               f"first; {upto}", g, 0.0, th.value, th.source))
+            kinds = "fp32, tf32 and bf16 " if any(c.by_dtype for c in checks) else ""
+            out.append(Verdict("burnin.gemm.load", "pass", f"{products} {kinds}products under load the same bits as "
+                               f"its first of their dtype; {upto}", g, 0.0, th.value, th.source))
         ref = s.reference if s else None
         if ref is not None and not ref.get("ok", True):
             out.append(Verdict("burnin.gemm.load.reference", "fail",

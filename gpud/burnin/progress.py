@@ -155,7 +155,7 @@ def load(path: Path) -> tuple[Result, dict[str, Any]]:
                 g = int(row.pop("c"))
                 checks.setdefault(g, []).append(Check(**{k: row[k] for k in (
                     "t", "phase", "temperature_c", "products", "wrong", "words", "checksum", "first")},
-                    n=row.get("n")))
+                    n=row.get("n"), by_dtype=row.get("by_dtype")))
             elif "memtest" in row:
                 memtest = dict(row["memtest"])
             elif "so_far" in row:

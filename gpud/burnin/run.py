@@ -287,7 +287,8 @@ def run_burnin(machine: Machine, bench: Bench, config: Config, *, level: Level, 
                     series[g].check_error = str(c["error"])
                     continue
                 series[g].checks.append(Check(t, phase, temps.get(g), int(c["iterations"]), int(c["wrong"]),
-                                              int(c["words"]), c.get("checksum"), c.get("first"), c.get("n")))
+                                              int(c["words"]), c.get("checksum"), c.get("first"), c.get("n"),
+                                              c.get("by_dtype")))
                 out.append((g, series[g].checks[-1]))
                 if series[g].reference is None and c.get("reference"):
                     series[g].reference = dict(c["reference"])

@@ -270,18 +270,24 @@ def checksum(t: torch.Tensor) -> int:
     return int(t.contiguous().view(torch.int32).to(torch.int64).sum().item())
 
 
+CHECKED_DTYPES = ("fp32", "tf32", "bf16")  # the load's products: the training dtypes, each checked hot
+_BITS = {"fp32": torch.int32, "tf32": torch.int32, "bf16": torch.int16}  # the product's words, compared bit for bit
+
+
 class Checked:
-    """The sustained load's products, checked: the same inputs each iteration, each product compared bit for
-    bit with the GPU's first (fp32 GEMM, deterministic kernels: the same bits every time on a sound GPU;
-    gpu-burn compares each result with its first within an epsilon), and the first product's leading rows with the
-    host's float64 product (the same kernel, on the rows the host can afford; Higham's bound)."""
+    """The sustained load's products, checked: the same inputs each iteration, one product of each dtype (fp32,
+    tf32 and bf16, the dtypes training runs in), each compared bit for bit with the GPU's first of that dtype
+    (deterministic kernels: the same bits every time on a sound GPU; gpu-burn compares each result with its
+    first within an epsilon), and the first fp32 product's leading rows with the host's float64 product (the
+    same kernel, on the rows the host can afford; Higham's bound). The checksum the siblings compare is the
+    last fp32 product's."""
 
     def __init__(self, device: torch.device, n: int) -> None:
-        if device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = False
         self.device, self.n = device, n
         self.a, self.b = _inputs(n, torch.float32, device, seed=4321)
-        self.first: torch.Tensor | None = None
+        self.inputs = {"fp32": (self.a, self.b), "tf32": (self.a, self.b),
+                       "bf16": (self.a.to(torch.bfloat16), self.b.to(torch.bfloat16))}
+        self.first: dict[str, torch.Tensor] = {}
         self.first_sum: int | None = None
         self.reference: dict[str, Any] | None = None
 
@@ -296,26 +302,42 @@ class Checked:
         ratio = float((err / (gamma * bound).clamp_min(1e-300)).max().item())
         return {"rows": rows, "worst_share_of_bound": ratio, "ok": ratio <= 1.0}
 
+    def _product(self, dtype: str) -> torch.Tensor:
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+        a, b = self.inputs[dtype]
+        return a @ b
+
     def run(self, iterations: int, faults: list[str]) -> dict[str, Any]:
-        """``iterations`` products; how many differed from the first (and in how many words)."""
-        wrong = torch.zeros((), dtype=torch.int64, device=self.device)
+        """``iterations`` rounds of one product per dtype; how many differed from the first (and in how many
+        words), per dtype too."""
+        wrong = {d: torch.zeros((), dtype=torch.int64, device=self.device) for d in CHECKED_DTYPES}
         words = torch.zeros((), dtype=torch.int64, device=self.device)
-        c = self.first
+        last: torch.Tensor | None = None
         for _ in range(max(1, iterations)):
-            c = self.a @ self.b
-            if "wrong_results" in faults:  # a simulated GPU's fault: its stand-in alters one element
-                c.view(-1)[0] += 1.0
-            if self.first is None:
-                self.first, self.first_sum = c.clone(), checksum(c)
-                self.reference = self._reference(c)
-                continue
-            diff = (c.view(torch.int32) != self.first.view(torch.int32)).sum()
-            words += diff
-            wrong += (diff > 0).to(torch.int64)
+            for dtype in CHECKED_DTYPES:
+                c = self._product(dtype)
+                if "wrong_results" in faults:  # a simulated GPU's fault: its stand-in alters one element
+                    c.view(-1)[0] += 1.0
+                if dtype == "fp32":
+                    last = c
+                first = self.first.get(dtype)
+                if first is None:
+                    self.first[dtype] = c.clone()
+                    if dtype == "fp32":
+                        self.first_sum, self.reference = checksum(c), self._reference(c)
+                    continue
+                bits = _BITS[dtype]
+                diff = (c.view(bits) != first.view(bits)).sum()
+                words += diff
+                wrong[dtype] += (diff > 0).to(torch.int64)
         _sync(self.device)
-        assert c is not None
-        return {"iterations": max(1, iterations), "wrong": int(wrong.item()), "words": int(words.item()),
-                "checksum": checksum(c), "first": self.first_sum, "reference": self.reference, "n": self.n}
+        last = self.first["fp32"] if last is None else last
+        by = {d: int(v.item()) for d, v in wrong.items()}
+        return {"iterations": max(1, iterations) * len(CHECKED_DTYPES), "wrong": sum(by.values()),
+                "words": int(words.item()), "by_dtype": by,
+                "checksum": checksum(last), "first": self.first_sum, "reference": self.reference, "n": self.n}
 
 
 def serve(spec: dict[str, Any], lines: Any, out: Any) -> None:
@@ -355,11 +377,14 @@ def burn(device: torch.device, seconds: float, n: int, report: str | None = None
     while time.perf_counter() - start < seconds:
         dim = _size(size, n)
         check = checks.get(dim) or checks.setdefault(dim, Checked(device, dim))
-        t, done = time.perf_counter(), {"iterations": 0, "wrong": 0, "words": 0, "n": dim}
+        t = time.perf_counter()
+        done: dict[str, Any] = {"iterations": 0, "wrong": 0, "words": 0, "n": dim, "by_dtype": {}}
         while time.perf_counter() - t < 1.0:
             more = check.run(8, [])
             for k in ("iterations", "wrong", "words"):
                 done[k] += more[k]
+            for d, v in more["by_dtype"].items():
+                done["by_dtype"][d] = done["by_dtype"].get(d, 0) + v
             done.update(checksum=more["checksum"], first=more["first"], reference=more["reference"])
         reps += done["iterations"]
         if report:

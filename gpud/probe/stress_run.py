@@ -190,7 +190,8 @@ class HardwareLoad:
 def _merge(a: dict[str, Any] | None, b: dict[str, Any]) -> dict[str, Any]:
     if a is None:
         return dict(b)
-    return {**b, **{k: int(a.get(k, 0)) + int(b.get(k, 0)) for k in ("iterations", "wrong", "words")}}
+    by = {d: int((a.get("by_dtype") or {}).get(d, 0)) + int(v) for d, v in (b.get("by_dtype") or {}).items()}
+    return {**b, **{k: int(a.get(k, 0)) + int(b.get(k, 0)) for k in ("iterations", "wrong", "words")}, "by_dtype": by}
 
 
 class SteppedChecks:
