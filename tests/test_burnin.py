@@ -631,6 +631,21 @@ def test_a_cpu_rehearsal_judges_no_workload_test_of_the_gpus() -> None:
     assert not [v for v in got.values() if v.status == "pass" and v.test.startswith(("burnin.gemm", "burnin.mem"))]
 
 
+def test_one_gpu_per_model_compares_nothing_and_passes_nothing_it_did_not_compare() -> None:
+    """Two GPUs of two models (one of each): every comparison with siblings is not judged, with its remedy."""
+    from gpud.burnin.judge import judge
+
+    res = Result("ws", "quick", "cuda", [0, 1], {0: "NVIDIA RTX A6000", 1: "NVIDIA RTX 6000 Ada"}, 0.0)
+    gemm = [{"dtype": d, "digest": "x", "reference_ok": True, "reference_error": 0.0, "reference_rtol": 1.0,
+             "tflops": 50.0 + g} for g, d in enumerate(("bf16", "tf32", "fp32"))]
+    res.workload = {g: {"gemm": gemm, "device_bandwidth": {"gbps": 700.0}} for g in (0, 1)}
+    health = {"at": 0.0, "ecc": {}, "replay": {}, "xids": []}
+    got = judge(res, {}, health, health)
+    compared = [v for v in got if v.test.endswith((".digest", ".throughput")) or v.test == "burnin.memory_bandwidth"]
+    assert len(compared) == 2 * 7 and all(v.status == "skip" and v.summary.startswith("not judged") and v.remedy
+                                          for v in compared)
+
+
 def test_targeted_power_closes_the_loop_and_names_why_a_gpu_stays_short(state_dir: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """A workload whose largest load asks 80 % of what the GEMM stress does (less than the 300 W limit): GPU0
