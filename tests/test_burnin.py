@@ -646,6 +646,23 @@ def test_one_gpu_per_model_compares_nothing_and_passes_nothing_it_did_not_compar
                                           for v in compared)
 
 
+def test_nvmls_violation_counters_catch_hw_slowdown_between_readings() -> None:
+    """A long soak reads every 12 s: a power brake between two readings shows in NVML's violation counters (where
+    the GPU keeps them), which fail the GPU; a GPU that keeps none gets no such verdict (its readings judge)."""
+    from gpud.burnin.judge import judge
+
+    res = Result("ws", "soak", "cuda", [0, 1, 2], {g: "H200" for g in range(3)}, 0.0)
+    zero = {"hw_thermal_slowdown": 0, "hw_power_brake_slowdown": 10**9, "sw_power_cap": 0}
+    before = {"at": 0.0, "ecc": {}, "replay": {}, "xids": [], "violations": {0: zero, 1: zero, 2: None}}
+    after = {"at": 86400.0, "ecc": {}, "replay": {}, "xids": [],
+             "violations": {0: {**zero, "sw_power_cap": 5 * 10**12},
+                            1: {**zero, "hw_power_brake_slowdown": 10**9 + 2_500_000_000}, 2: None}}
+    got = {v.gpu: v for v in judge(res, {}, before, after) if v.test == "burnin.clocks.hw_slowdown.counters"}
+    assert got[0].status == "pass" and "0 s of" in got[0].summary
+    assert got[1].status == "fail" and got[1].figure == 2.5 and "hw_power_brake_slowdown 2.5 s" in got[1].summary
+    assert got[1].remedy and 2 not in got
+
+
 def test_targeted_power_closes_the_loop_and_names_why_a_gpu_stays_short(state_dir: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """A workload whose largest load asks 80 % of what the GEMM stress does (less than the 300 W limit): GPU0

@@ -668,5 +668,33 @@ def _sibling_checksums(res: Result, cpu: bool, why_cpu: tuple[str, str]) -> list
     return out
 
 
+def _violations(res: Result, before: dict[str, Any], after: dict[str, Any]) -> list[Verdict]:
+    """NVML's violation counters (nanoseconds in each clock-event reason, counted by the driver) over the run,
+    where the GPU keeps them: HW thermal slowdown or power brake between two readings (a long soak reads every
+    12 s) is counted there. Nothing where the GPU keeps none: the readings' verdict stands alone."""
+    out: list[Verdict] = []
+    th = THRESHOLDS["hw_slowdown_s"]
+    for g in res.gpus:
+        a, b = (before.get("violations") or {}).get(g), (after.get("violations") or {}).get(g)
+        if not a or not b:
+            continue
+        hw = {r: (int(b[r]) - int(a[r])) / 1e9 for r in HW_REASONS if r in a and r in b}
+        if not hw:
+            continue
+        bad = {r: v for r, v in hw.items() if v > 0}
+        span = float(after.get("at", 0.0)) - float(before.get("at", 0.0))
+        out.append(Verdict("burnin.clocks.hw_slowdown.counters", "fail" if bad else "pass",
+                           ("NVML's violation counters: " + "; ".join(f"{r} {v:.1f} s" for r, v in bad.items())
+                            + f" in the run's {span:.0f} s (every nanosecond counted, between readings too)") if bad
+                           else f"NVML's violation counters: 0 s of {' or '.join(hw)} in the run's {span:.0f} s",
+                           g, round(sum(bad.values()), 3), th.value,
+                           th.source + "; NVML's violation counters (field values 251-253/269-271)",
+                           ("the hardware slowed down: power brake means the PSU or its cables (check the 12V "
+                            "connectors); HW thermal means cooling (fans, airflow); nvidia-smi -q -d PERFORMANCE")
+                           if bad else ""))
+    return out
+
+
 def judge(res: Result, infos: dict[int, GpuInfo], before: dict[str, Any], after: dict[str, Any]) -> list[Verdict]:
-    return _workload(res, infos) + _checked(res) + _telemetry(res, infos) + _errors(res, infos, before, after)
+    return (_workload(res, infos) + _checked(res) + _telemetry(res, infos) + _errors(res, infos, before, after)
+            + _violations(res, before, after))

@@ -131,7 +131,7 @@ def _health(machine: Machine, gpus: list[int], at: float) -> dict[str, Any]:
     where NVML gives none) and the Xids in the kernel log (None and why, where none can be read), read
     afresh: compared at the end. ``at``: the GPUs' time of the reading (rates per minute and second)."""
     out: dict[str, Any] = {"at": at, "ecc": {}, "replay": {}, "nvlink": {}, "retired": {}, "remapped": {},
-                           "aer": {}, "xids": None, "xids_unread": None}
+                           "aer": {}, "violations": {}, "xids": None, "xids_unread": None}
     for g in gpus:
         s = machine.nvml.fresh_sample(g)
         info = machine.info(g)
@@ -140,6 +140,7 @@ def _health(machine: Machine, gpus: list[int], at: float) -> dict[str, Any]:
         out["ecc"][g] = None if e is None or e.volatile_corrected is None and e.volatile_uncorrected is None else \
             (e.volatile_corrected or 0) + (e.volatile_uncorrected or 0)
         out["replay"][g] = s.pcie_replay_errors
+        out["violations"][g] = dict(s.clock_event_nanoseconds) if s.clock_event_nanoseconds else None
         out["nvlink"][g] = None if s.nvlink_errors is None else {(link, c): n for link, c, n in s.nvlink_errors}
         pages = (s.retired_pages_single_bit, s.retired_pages_double_bit)
         out["retired"][g] = None if pages == (None, None) else (sum(p or 0 for p in pages), s.retired_pages_pending)
