@@ -833,7 +833,8 @@ def test_reports_list_hardware_failures_before_configuration_warnings() -> None:
                     Verdict("doctor.host.governor", "fail", "governor powersave", source="gpud doctor"),
                     Verdict("burnin.errors.ecc", "skip", "not judged: no ECC counters", 0, remedy="ECC on"),
                     Verdict("burnin.gemm.load", "fail", "3 of 60 products differed", 0, source="s", remedy="r"),
-                    Verdict("burnin.thermal.sw_slowdown", "warn", "SW thermal 0.5 %", 0, source="s")]
+                    Verdict("burnin.thermal.sw_slowdown", "warn", "SW thermal 0.5 %", 0, source="s"),
+                    Verdict("doctor.health.xid", "fail", "Xid 48 since boot", 0, source="gpud doctor")]
     doc = res.json("test", {"name": "z8"})
     out = io.StringIO()
     with redirect_stdout(out):
@@ -843,9 +844,10 @@ def test_reports_list_hardware_failures_before_configuration_warnings() -> None:
                                       "host.governor", "host.shm")]
     assert order == sorted(order), text
     page = html(res, doc)
-    # the hardware's verdicts (failed, warned, not judged), then the configuration's (doctor's findings)
-    rows = [page.index(t) for t in ("burnin.gemm.load", "burnin.thermal.sw_slowdown", "burnin.errors.ecc",
-                                    "Figures per GPU", "doctor.host.governor", "doctor.host.shm")]
+    # the hardware's verdicts (failed, warned, not judged; doctor's of the hardware among them), then the
+    # configuration's (doctor's other findings)
+    rows = [page.index(t) for t in ("burnin.gemm.load", "doctor.health.xid", "burnin.thermal.sw_slowdown",
+                                    "burnin.errors.ecc", "Figures per GPU", "doctor.host.governor", "doctor.host.shm")]
     assert rows == sorted(rows)
 
 

@@ -33,6 +33,9 @@ PHASES = {"load": ("load", "#f3f4f6"), "memtest": ("memory test", "#fff8c5"), "p
           "pulse_idle": ("load steps", "#fbefff"), "pulse_full": ("load steps", "#fbefff"),
           "soak": ("soak", "#e6f6ea")}
 LOADED = ("load", "power", "pulse_full", "soak")
+# Doctor's checks of the hardware itself (its health, links, the GPUs present, the supply): listed with the
+# hardware's verdicts; its others are configuration (settings, host, driver, environment).
+DOCTOR_HARDWARE = ("doctor.health.", "doctor.pcie.link_", "doctor.nvlink.", "doctor.gpu.count", "doctor.host.psu")
 CHAR_W = 5.6  # a 10 px sans-serif character's width, about: labels that do not fit are left out
 CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#1f2328;background:#fff;max-width:1200px}
@@ -288,11 +291,16 @@ def render(res: Result, doc: dict[str, Any]) -> str:
     head = ("<tr><th>status</th><th>GPU</th><th>test</th><th>figure</th><th>threshold and source</th>"
             "<th>what to do</th></tr>")
 
-    def order(v: dict[str, Any]) -> tuple[int, int]:
-        return RANK.get(str(v["status"]), 3), v["gpu"] if v["gpu"] is not None else -1
+    def order(v: dict[str, Any]) -> tuple[int, int, int]:
+        return (RANK.get(str(v["status"]), 3), 1 if str(v["test"]).startswith("doctor.") else 0,
+                v["gpu"] if v["gpu"] is not None else -1)
 
-    hardware = sorted((v for v in doc["verdicts"] if not str(v["test"]).startswith("doctor.")), key=order)
-    config = sorted((v for v in doc["verdicts"] if str(v["test"]).startswith("doctor.")), key=order)
+    def configuration(v: dict[str, Any]) -> bool:
+        test = str(v["test"])
+        return test.startswith("doctor.") and not test.startswith(DOCTOR_HARDWARE)
+
+    hardware = sorted((v for v in doc["verdicts"] if not configuration(v)), key=order)
+    config = sorted((v for v in doc["verdicts"] if configuration(v)), key=order)
     shown = [v for v in hardware if v["status"] != "pass"]
     findings = [v for v in config if v["status"] != "pass"]
     passed = [v for v in hardware + config if v["status"] == "pass"]
