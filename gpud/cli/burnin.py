@@ -118,8 +118,9 @@ def render(doc: dict[str, Any]) -> None:
 
 
 def burnin(
-    level: Annotated[str, typer.Option("--level", metavar="quick|standard|soak",
-                                       help="quick (≤ 2 min), standard (≤ 15 min) or soak (30 min–24 h).")] = "quick",
+    level: Annotated[str, typer.Option(
+        "--level", metavar="quick|standard|soak",
+        help="quick (≤ 2 min), standard (about 16 min, a 10-minute memory test) or soak (+ 30 min–24 h).")] = "quick",
     duration: Annotated[str | None, typer.Option("--duration", metavar="30m",
                                                  help="The soak's length, 30m to 24h (default 30m).")] = None,
     memtest_minutes: Annotated[float | None, typer.Option(
