@@ -69,6 +69,10 @@ class RealBench:
     def device_faults(self, gpu: int) -> list[str]:
         return []
 
+    def memtest_wall(self, seconds: float, fade_s: float) -> tuple[float, float]:
+        """The memory test's time and bit-fade wait in the child: the GPUs' time is the wall clock."""
+        return seconds, fade_s
+
 
 class SimBench:
     """Time and load on a simulated workstation: simulated time, which passes as fast as the code
@@ -155,6 +159,12 @@ class SimBench:
         if self._checks is not None:
             self._checks.stop()
             self._checks = None
+
+    def memtest_wall(self, seconds: float, fade_s: float) -> tuple[float, float]:
+        """The stand-in runs one pass of the memory test and its bit-fade pass without a wait: the test's time
+        passes in simulated time (the burn-in reads the telemetry through it), and the host's memory standing in
+        cannot fade in a simulated minute."""
+        return 0.0, 0.0
 
     def device_faults(self, gpu: int) -> list[str]:
         """The faults of the GPU that its stand-in must show now: ``wrong_results``, ``memory_errors`` (one

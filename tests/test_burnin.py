@@ -130,6 +130,7 @@ def test_a_30_minute_soak_runs_in_simulated_time(soak: tuple[Result, dict[str, A
     assert v[("burnin.thermal.settle", 0)].status == "pass"  # settles at the driver's target (84 °C)
     assert v[("burnin.clocks.stability", 0)].status == "pass"
     assert v[("burnin.memtest", 0)].status == "pass"
+    assert "fp32, tf32 and bf16 products" in v[("burnin.gemm.load", 0)].summary
     assert not [x for x in res.verdicts if x.gpu == 0 and x.status == "fail"]
 
 
@@ -141,6 +142,10 @@ def test_the_soak_detects_each_fault(soak: tuple[Result, dict[str, Any]]) -> Non
     assert "burnin.performance.spread" in failing[3]  # slower than its siblings
     assert {"burnin.gemm.fp32.digest", "burnin.gemm.fp32.reference"} <= failing[3]  # wrong results
     assert "burnin.memtest" in failing[3]  # memory errors
+    mem = next(x for x in soak[0].verdicts if x.test == "burnin.memtest" and x.gpu == 3)
+    assert "walking zeros" in mem.summary and "bit fade" in mem.summary and "over 10 min" in mem.summary
+    assert "at byte offset(s) 0x500000 (1 word(s))" in mem.summary  # located: the stand-in's weak cell
+    assert len(soak[0].series[3].of("memtest")) == 600  # DCGM memtest's 600 s, in simulated time, read each second
     # wrong only from 75 °C: the load's checked products name the temperature their errors began at
     hot = next(x for x in soak[0].verdicts if x.test == "burnin.gemm.load" and x.gpu == 1)
     began = next(c for c in soak[0].series[1].checks if c.wrong).temperature_c
@@ -197,7 +202,9 @@ def curve_soak(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixture
             fans.step([m.nvml.telemetry(g) for g in range(4)], bench.now())
 
         bench.sleep = tick  # type: ignore[method-assign]
-        return run_burnin(m, bench, Config(), level="soak", gpus=None, device="cpu", duration_s=900.0)
+        # no memory test (memtest_s 0): what this judges is the cooling, and the daemon's ticks cost time
+        return run_burnin(m, bench, Config(), level="soak", gpus=None, device="cpu", duration_s=900.0,
+                          memtest_s=0.0)
     finally:
         mp.undo()
 
@@ -258,13 +265,35 @@ def test_ctrl_c_stops_cleanly_and_puts_the_load_back(state_dir: Path, monkeypatc
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--level", "hot"], "--level"), (["--level", "soak", "--duration", "10m"], "--duration"),
+    (["--level", "hot"], "--level"),
+    (["--memtest-minutes", "5"], "--memtest-minutes"), (["--level", "soak", "--duration", "10m"], "--duration"),
     (["--duration", "30m"], "only the soak"), (["--gpus", "0,9"], "--gpus"), (["--device", "tpu"], "--device"),
     (["--report", "/nonexistent/dir/r.html"], "--report")])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(args: list[str], message: str, state_dir: Path) -> None:
     r = run_gpud("burnin", "--simulate", "z8-fury-4x-a6000", *args)
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (state_dir / "burnin.json").exists()
+
+
+def test_the_memory_test_runs_every_pattern_for_its_time_and_locates_a_weak_cell() -> None:
+    """The kernel itself (the same function on a GPU): 64-bit words, passes repeated until the time is up,
+    a bit-fade pass that waits, every pattern finding a cell that does not hold bit 0, located."""
+    torch = pytest.importorskip("torch")
+    from gpud.probe import stress
+
+    clean = stress.memtest(torch.device("cpu"), 1, seconds=0.0)
+    assert clean["total_errors"] == 0 and clean["passes"] == 1 and clean["ranges"] == []
+    assert set(clean["errors"]) == set(stress.MEMTEST_PATTERNS)
+    stress._FAULTS["now"] = ["memory_errors"]
+    try:
+        t, seconds = time.perf_counter(), 4 * clean["seconds"] + 0.2  # room for at least two passes
+        bad = stress.memtest(torch.device("cpu"), 1, seconds=seconds, fade_s=0.1, seed=7)
+        assert time.perf_counter() - t >= 0.2 and bad["passes"] >= 2  # passes until the time is up
+    finally:
+        stress._FAULTS["now"] = []
+    assert all(bad["errors"][k] for k in stress.MEMTEST_PATTERNS)  # each pattern finds the stuck bit
+    weak = (2**17 * 5) // 8 * 8
+    assert bad["ranges"] == [[weak, weak, 1]] and bad["word_bits"] == 64
 
 
 # -- the HTML report in a real browser -----------------------------------------------------------
@@ -344,13 +373,13 @@ def test_the_html_report_renders_in_a_headless_browser(soak: tuple[Result, dict[
                          timeout=90)
     assert dom.stdout.count("<svg") == 20 and "polyline" in dom.stdout and "GPU1" in dom.stdout
     # A screenshot is not blank: the report of the healthy GPU alone (every test passed, so its charts
-    # come right after the verdicts) shows the charts' lines in their colours.
+    # come after the verdicts and the figures) shows the charts' lines in their colours.
     one = copy.copy(res)
     one.gpus = [0]
     one_doc = {**got["doc"], "gpus": got["doc"]["gpus"][:1],
                "verdicts": [v for v in got["doc"]["verdicts"] if v["gpu"] == 0]}
     write_report(report, one, one_doc)
-    subprocess.run([browser, *flags, f"--screenshot={shot}", "--window-size=800,1100", f"file://{report}"],
+    subprocess.run([browser, *flags, f"--screenshot={shot}", "--window-size=900,2000", f"file://{report}"],
                    capture_output=True, text=True, timeout=90)
     w, ch, rows = _png_pixels(shot)
     colours = {row[i:i + 3] for row in rows[::2] for i in range(0, w * ch, ch)}
@@ -361,6 +390,41 @@ def test_the_html_report_renders_in_a_headless_browser(soak: tuple[Result, dict[
 
     lines = ["#cf222e", "#1a7f37", "#0969da", "#8250df"]  # temperature, fan, SM clock, power
     assert all(shown(c) for c in lines), [c for c in lines if not shown(c)]
+
+
+def test_the_reports_charts_share_one_time_axis_and_no_label_covers_another(
+        soak: tuple[Result, dict[str, Any]]) -> None:
+    """Every chart (the clock-event strip too) has the same plot margins and its own time axis; the phases are
+    bands, the soak's settle band is drawn, the siblings of the model are overlaid; the threshold labels sit
+    apart in the right margin, and no label runs past the chart's edge (the last tick included)."""
+    import re
+
+    from gpud.burnin import html
+
+    res, got = soak
+    page = html.render(res, got["doc"])
+    svgs = re.findall(r"<svg .*?</svg>", page, flags=re.S)
+    assert len(svgs) == 4 * 5
+    for svg in svgs:
+        width = float(re.search(r'width="(\d+)"', svg).group(1))
+        assert re.search(rf'<line x1="{html.PAD_L}" y1="[\d.]+" x2="{html.PLOT_W + html.PAD_L}"', svg)  # one axis
+        assert " min</text>" in svg  # a time axis in every chart, the clock-event strip included
+        for attrs, text in re.findall(r"<text ([^>]*)>([^<]*)", svg):
+            x = float(re.search(r'x="([\d.]+)"', attrs).group(1))
+            found = re.search(r'text-anchor="(\w+)"', attrs)
+            anchor = found.group(1) if found else "start"
+            span = len(text) * html.CHAR_W
+            left = {"end": x - span, "middle": x - span / 2}.get(anchor, x)
+            assert 0 <= left and left + span <= width + 1, (text, x, anchor)
+    gpu0 = svgs[:5]
+    assert all(html.PHASES["memtest"][1] in s and html.PHASES["soak"][1] in s for s in gpu0)  # phase bands
+    assert all(s.count(f'stroke="{html.SIBLING}"') == 3 for s in gpu0[:4])  # its three siblings overlaid
+    assert 'fill-opacity="0.12"' in gpu0[0] and "settled " in gpu0[0]  # the settle band
+    labels = [float(y) for y in re.findall(rf'<text x="{html.PAD_L + html.PLOT_W + 6}" y="([\d.]+)"',
+                                           gpu0[0])]
+    assert len(labels) >= 3 and all(abs(a - b) >= 11 - 1e-6 for k, a in enumerate(labels) for b in labels[k + 1:])
+    title_y = 13
+    assert all(y > title_y + 8 for y in labels)  # never over the title
 
 
 def test_progress_on_a_terminal_says_what_runs_and_the_time_left(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -470,17 +534,30 @@ def test_an_outlier_among_four_siblings_is_named_by_median_and_mad() -> None:
     assert max(abs(z) for z in robust_z([1708.0, 1718.0, 1722.0, 1710.0])) < 3.5
 
 
+class _NoChildren:
+    def __init__(self, specs: list[dict[str, Any]]) -> None:
+        pass
+
+    def collect(self, timeout: float) -> dict[int, dict[str, Any]]:
+        return {}
+
+    def kill(self) -> None:
+        pass
+
+
 def _run(monkeypatch: pytest.MonkeyPatch, name: str, level: str, gpus: list[int] | None = None,
          faults: list[dict[str, Any]] = (), largest_share: float | None = None) -> Result:  # type: ignore[assignment]
     """A burn-in in simulated time without the short kernels' child (what is tested is the load and the
     verdicts)."""
     from gpud.burnin import run as burnin_run
+    from gpud.probe import stress_run
 
     m = open_machine(name)
     for f in faults:
         m.simulation.machine.inject(**f)
     m = open_machine(name)  # as the next command sees it (the kernel log's fault is the root tree's)
     monkeypatch.setattr(burnin_run, "_workload", lambda *a, **k: {g: {} for g in a[3]})
+    monkeypatch.setattr(stress_run, "Children", _NoChildren)  # the memory test's phase is held, its child not run
     bench = SimBench(m.simulation, largest_share)
     return run_burnin(m, bench, Config(), level=level, gpus=gpus, device="cpu")  # type: ignore[arg-type]
 
@@ -498,6 +575,7 @@ def test_wrong_only_hot_fails_a_standard_burnin_naming_the_temperature(
     assert f"the first at {first.temperature_c} °C" in bad.summary and bad.figure == sum(c.wrong for c in
                                                                                        res.series[1].checks)
     assert all(not c.wrong for c in res.series[1].checks if c.t < first.t)
+    assert all(f"{d} " in bad.summary for d in ("fp32", "tf32", "bf16"))  # each training dtype checked hot
     assert v[("burnin.gemm.load.siblings", 1)].status == "fail"
     spared = v[("burnin.gemm.load", 2)]
     hottest = max(c.temperature_c or 0 for c in res.series[2].checks)
@@ -553,6 +631,38 @@ def test_a_cpu_rehearsal_judges_no_workload_test_of_the_gpus() -> None:
     assert got[("burnin.gemm.fp32.digest", 0)].summary.startswith("not judged")
     assert got[("burnin.memtest", 0)].status == "skip" and got[("burnin.memtest", 1)].status == "fail"
     assert not [v for v in got.values() if v.status == "pass" and v.test.startswith(("burnin.gemm", "burnin.mem"))]
+
+
+def test_one_gpu_per_model_compares_nothing_and_passes_nothing_it_did_not_compare() -> None:
+    """Two GPUs of two models (one of each): every comparison with siblings is not judged, with its remedy."""
+    from gpud.burnin.judge import judge
+
+    res = Result("ws", "quick", "cuda", [0, 1], {0: "NVIDIA RTX A6000", 1: "NVIDIA RTX 6000 Ada"}, 0.0)
+    gemm = [{"dtype": d, "digest": "x", "reference_ok": True, "reference_error": 0.0, "reference_rtol": 1.0,
+             "tflops": 50.0 + g} for g, d in enumerate(("bf16", "tf32", "fp32"))]
+    res.workload = {g: {"gemm": gemm, "device_bandwidth": {"gbps": 700.0}} for g in (0, 1)}
+    health = {"at": 0.0, "ecc": {}, "replay": {}, "xids": []}
+    got = judge(res, {}, health, health)
+    compared = [v for v in got if v.test.endswith((".digest", ".throughput")) or v.test == "burnin.memory_bandwidth"]
+    assert len(compared) == 2 * 7 and all(v.status == "skip" and v.summary.startswith("not judged") and v.remedy
+                                          for v in compared)
+
+
+def test_nvmls_violation_counters_catch_hw_slowdown_between_readings() -> None:
+    """A long soak reads every 12 s: a power brake between two readings shows in NVML's violation counters (where
+    the GPU keeps them), which fail the GPU; a GPU that keeps none gets no such verdict (its readings judge)."""
+    from gpud.burnin.judge import judge
+
+    res = Result("ws", "soak", "cuda", [0, 1, 2], {g: "H200" for g in range(3)}, 0.0)
+    zero = {"hw_thermal_slowdown": 0, "hw_power_brake_slowdown": 10**9, "sw_power_cap": 0}
+    before = {"at": 0.0, "ecc": {}, "replay": {}, "xids": [], "violations": {0: zero, 1: zero, 2: None}}
+    after = {"at": 86400.0, "ecc": {}, "replay": {}, "xids": [],
+             "violations": {0: {**zero, "sw_power_cap": 5 * 10**12},
+                            1: {**zero, "hw_power_brake_slowdown": 10**9 + 2_500_000_000}, 2: None}}
+    got = {v.gpu: v for v in judge(res, {}, before, after) if v.test == "burnin.clocks.hw_slowdown.counters"}
+    assert got[0].status == "pass" and "0 s of" in got[0].summary
+    assert got[1].status == "fail" and got[1].figure == 2.5 and "hw_power_brake_slowdown 2.5 s" in got[1].summary
+    assert got[1].remedy and 2 not in got
 
 
 def test_targeted_power_closes_the_loop_and_names_why_a_gpu_stays_short(state_dir: Path,
@@ -632,7 +742,7 @@ def dying(seconds):
         os.kill(os.getpid(), signal.SIGKILL)
 bench.sleep = dying
 burnin_run.run_burnin(m, bench, Config(), level="soak", gpus=[0, 1], device="cpu", duration_s=1800.0,
-                      log=ProgressLog(Path(sys.argv[1]), "test", {"name": "z8"}))
+                      log=ProgressLog(Path(sys.argv[1]), "test", {"name": "z8"}), memtest_s=60.0)
 """
 
 
@@ -647,7 +757,8 @@ def test_a_burnin_killed_in_its_middle_keeps_its_results_so_far(state_dir: Path,
     assert r.returncode == -9, r.stderr[-2000:]
     res, _ = load(path)
     assert res.interrupted and 650 <= res.seconds <= 720  # what was measured up to the kill
-    assert len(res.series[1].of("soak")) > 300 and res.series[1].of("soak")[-1].t > 690 and res.series[1].checks
+    assert len(res.series[1].of("soak")) > 250 and res.series[1].of("soak")[-1].t > 690 and res.series[1].checks
+    assert res.workload[1]["memtest"]["passes"] >= 1 and len(res.series[1].of("memtest")) == 60  # its line kept
     so_far = {(v.test, v.gpu): v for v in res.verdicts}
     assert so_far[("burnin.clocks.hw_slowdown", 1)].status == "fail"  # judged as far as it ran
     assert so_far[("burnin.clocks.hw_slowdown", 0)].status == "pass"
@@ -724,7 +835,8 @@ def test_reports_list_hardware_failures_before_configuration_warnings() -> None:
                     Verdict("doctor.host.governor", "fail", "governor powersave", source="gpud doctor"),
                     Verdict("burnin.errors.ecc", "skip", "not judged: no ECC counters", 0, remedy="ECC on"),
                     Verdict("burnin.gemm.load", "fail", "3 of 60 products differed", 0, source="s", remedy="r"),
-                    Verdict("burnin.thermal.sw_slowdown", "warn", "SW thermal 0.5 %", 0, source="s")]
+                    Verdict("burnin.thermal.sw_slowdown", "warn", "SW thermal 0.5 %", 0, source="s"),
+                    Verdict("doctor.health.xid", "fail", "Xid 48 since boot", 0, source="gpud doctor")]
     doc = res.json("test", {"name": "z8"})
     out = io.StringIO()
     with redirect_stdout(out):
@@ -734,8 +846,10 @@ def test_reports_list_hardware_failures_before_configuration_warnings() -> None:
                                       "host.governor", "host.shm")]
     assert order == sorted(order), text
     page = html(res, doc)
-    rows = [page.index(t) for t in ("burnin.gemm.load", "doctor.host.governor", "burnin.thermal.sw_slowdown",
-                                    "doctor.host.shm", "burnin.errors.ecc")]
+    # the hardware's verdicts (failed, warned, not judged; doctor's of the hardware among them), then the
+    # configuration's (doctor's other findings)
+    rows = [page.index(t) for t in ("burnin.gemm.load", "doctor.health.xid", "burnin.thermal.sw_slowdown",
+                                    "burnin.errors.ecc", "Figures per GPU", "doctor.host.governor", "doctor.host.shm")]
     assert rows == sorted(rows)
 
 

@@ -61,6 +61,33 @@ def _spread(res: Result, test: str, figures: dict[int, float], unit: str, remedy
     return out
 
 
+def _memtest(g: int, mem: dict[str, Any], rehearsal: tuple[str, str] | None) -> Verdict:
+    """The memory test: any mismatching word fails, with the patterns that found it and where it lies."""
+    th = THRESHOLDS["memtest"]
+    if "error" in mem:
+        return Verdict("burnin.memtest", "fail", f"the memory test did not finish: {mem['error']}", g,
+                       source=th.source, remedy="run again with --debug; check the driver and dmesg for Xids")
+    bad = int(mem["total_errors"])
+    ran = (f"{mem['mib']} MiB in {mem.get('word_bits', 32)}-bit words, {mem.get('passes', 1)} pass(es)"
+           + (f" over {mem['test_s'] / 60:.0f} min" if mem.get("test_s") else "")
+           + (f" and a bit-fade pass ({mem['fade_s']:.0f} s a pattern)" if mem.get("fade_s") else ""))
+    if rehearsal is not None and not bad:
+        return not_judged("burnin.memtest", g, f"0 mismatching words in {ran} of host memory: " + rehearsal[0],
+                          rehearsal[1], th.source)
+    if not bad:
+        return Verdict("burnin.memtest", "pass", f"0 mismatching words: {ran} ("
+                       + ", ".join(k.replace("_", " ") for k in mem["errors"]) + ")", g, 0.0, th.value, th.source)
+    found = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in mem["errors"].items() if v)
+    where = "; ".join(f"{lo:#x}" + (f"–{hi:#x}" if hi != lo else "") + f" ({n} word(s))"
+                      for lo, hi, n in mem.get("ranges") or [])
+    return Verdict("burnin.memtest", "fail",
+                   f"{bad} mismatching word(s) in {ran} ({found})"
+                   + (f", at byte offset(s) {where} of the block tested from {mem.get('base')}" if where else ""),
+                   g, float(bad), th.value, th.source,
+                   "memory errors: check ECC counts and row remaps (nvidia-smi -q -d ECC,ROW_REMAPPER), reset the "
+                   "GPU and run the memory test again; replace it if they return at the same place")
+
+
 def _workload(res: Result, infos: dict[int, GpuInfo]) -> list[Verdict]:
     out: list[Verdict] = []
     work = res.workload
@@ -105,17 +132,8 @@ def _workload(res: Result, infos: dict[int, GpuInfo]) -> list[Verdict]:
                                    r["reference_rtol"],
                                    THRESHOLDS["gemm.reference"].source, "the GPU computes wrong results: replace it"))
         mem = w.get("memtest")
-        if mem is not None and host and not int(mem["total_errors"]):
-            out.append(not_judged("burnin.memtest", g, f"0 mismatching words in {mem['mib']} MiB of host memory: "
-                                  + rehearsal[0], rehearsal[1], THRESHOLDS["memtest"].source))
-        elif mem is not None:
-            bad = int(mem["total_errors"])
-            out.append(Verdict("burnin.memtest", "fail" if bad else "pass",
-                               f"{bad} mismatching words in {mem['mib']} MiB ("
-                               + ", ".join(f"{k} {v}" for k, v in mem["errors"].items()) + ")", g, float(bad), 0.0,
-                               THRESHOLDS["memtest"].source,
-                               "memory errors: check ECC counts (nvidia-smi -q -d ECC), reset the GPU, replace it if "
-                               "they return" if bad else ""))
+        if mem is not None:
+            out.append(_memtest(g, mem, rehearsal if host else None))
     if res.device == "cuda":
         for k, dtype in enumerate(("bf16", "tf32", "fp32")):
             figs = {g: float(w["gemm"][k]["tflops"]) for g, w in ok.items() if len(w.get("gemm", [])) > k}
@@ -574,7 +592,12 @@ def _checked(res: Result) -> list[Verdict]:
             per_min: Counter[int] = Counter()
             for c in bad:
                 per_min[int(c.t // 60)] += c.wrong
-            text = (f"{wrong} of {products} products differed from its first bit for bit, the first at "
+            by: Counter[str] = Counter()
+            for c in bad:
+                by.update(c.by_dtype or {})
+            kinds = ", ".join(f"{d} {n}" for d, n in by.items() if n)
+            text = (f"{wrong} of {products} products differed from its first bit for bit"
+                    + (f" ({kinds})" if kinds else "") + ", the first at "
                     f"{first.temperature_c} °C ({first.phase}, {first.t:.0f} s in)"
                     + (f"; right up to {max(clean)} °C before" if clean else "")
                     + f"; wrong in {len(per_min)} minute(s), at most {max(per_min.values())} a minute")
@@ -585,8 +608,9 @@ def _checked(res: Result) -> list[Verdict]:
             out.append(not_judged("burnin.gemm.load", g, f"{products} products checked, {why_cpu[0]}",
                                   why_cpu[1], th.source))
         else:
-            out.append(Verdict("burnin.gemm.load", "pass", f"{products} products under load the same bits as its "
-                               f"first; {upto}", g, 0.0, th.value, th.source))
+            kinds = "fp32, tf32 and bf16 " if any(c.by_dtype for c in checks) else ""
+            out.append(Verdict("burnin.gemm.load", "pass", f"{products} {kinds}products under load the same bits as "
+                               f"its first of their dtype; {upto}", g, 0.0, th.value, th.source))
         ref = s.reference if s else None
         if ref is not None and not ref.get("ok", True):
             out.append(Verdict("burnin.gemm.load.reference", "fail",
@@ -644,5 +668,33 @@ def _sibling_checksums(res: Result, cpu: bool, why_cpu: tuple[str, str]) -> list
     return out
 
 
+def _violations(res: Result, before: dict[str, Any], after: dict[str, Any]) -> list[Verdict]:
+    """NVML's violation counters (nanoseconds in each clock-event reason, counted by the driver) over the run,
+    where the GPU keeps them: HW thermal slowdown or power brake between two readings (a long soak reads every
+    12 s) is counted there. Nothing where the GPU keeps none: the readings' verdict stands alone."""
+    out: list[Verdict] = []
+    th = THRESHOLDS["hw_slowdown_s"]
+    for g in res.gpus:
+        a, b = (before.get("violations") or {}).get(g), (after.get("violations") or {}).get(g)
+        if not a or not b:
+            continue
+        hw = {r: (int(b[r]) - int(a[r])) / 1e9 for r in HW_REASONS if r in a and r in b}
+        if not hw:
+            continue
+        bad = {r: v for r, v in hw.items() if v > 0}
+        span = float(after.get("at", 0.0)) - float(before.get("at", 0.0))
+        out.append(Verdict("burnin.clocks.hw_slowdown.counters", "fail" if bad else "pass",
+                           ("NVML's violation counters: " + "; ".join(f"{r} {v:.1f} s" for r, v in bad.items())
+                            + f" in the run's {span:.0f} s (every nanosecond counted, between readings too)") if bad
+                           else f"NVML's violation counters: 0 s of {' or '.join(hw)} in the run's {span:.0f} s",
+                           g, round(sum(bad.values()), 3), th.value,
+                           th.source + "; NVML's violation counters (field values 251-253/269-271)",
+                           ("the hardware slowed down: power brake means the PSU or its cables (check the 12V "
+                            "connectors); HW thermal means cooling (fans, airflow); nvidia-smi -q -d PERFORMANCE")
+                           if bad else ""))
+    return out
+
+
 def judge(res: Result, infos: dict[int, GpuInfo], before: dict[str, Any], after: dict[str, Any]) -> list[Verdict]:
-    return _workload(res, infos) + _checked(res) + _telemetry(res, infos) + _errors(res, infos, before, after)
+    return (_workload(res, infos) + _checked(res) + _telemetry(res, infos) + _errors(res, infos, before, after)
+            + _violations(res, before, after))

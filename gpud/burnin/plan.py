@@ -49,7 +49,8 @@ THRESHOLDS: dict[str, Threshold] = {
                                      "generation and width (kvDictPciGen: 24 GB/s for Gen4 x16; gpud.probe.expect, "
                                      "docs/probe.md): a healthy link lands at 100-110 % of it, one at half its "
                                      "width or a generation down at 50 %"),
-    "memtest": Threshold(0, "no mismatching word (DCGM memtest/memory plugins fail on any error)"),
+    "memtest": Threshold(0, "no mismatching word in any pattern (DCGM's memtest and memory plugins fail on any "
+                            "error)"),
     "targeted_power": Threshold(0.95, "mean draw at least 95 % of the enforced limit while the load wants more "
                                       "(stricter than DCGM targeted power's 0.75× lower bound)"),
     "hw_slowdown_s": Threshold(0, "HW slowdown, HW thermal slowdown, HW power brake: 0 s (nvml.h: the hardware "
@@ -94,12 +95,23 @@ class Plan:
 
     level: Level
     load_s: float  # the load held while the GEMM and bandwidth figures are measured, with telemetry
-    memtest: bool
+    memtest_s: float  # the memory test's passes, then its bit-fade pass (0: none)
     targeted_power_s: float
     pulse_steps: int
     pulse_s: float  # each half of a load step
     soak_s: float
     gemm_seconds: float  # per dtype, in the child (wall time)
+
+    @property
+    def memtest(self) -> bool:
+        return self.memtest_s > 0
+
+    @property
+    def memtest_fade_s(self) -> float:
+        """The bit-fade pass's wait after each of its two patterns: a tenth of the memory test's time (60 s of
+        the default 10 minutes; memtest86+'s test 10 "sleeps for a period of time" and names none: a choice,
+        not a published figure)."""
+        return self.memtest_s / 10.0
 
     @property
     def soak_sample_s(self) -> float:
@@ -109,13 +121,18 @@ class Plan:
         return max(1.0, self.soak_s / 7200.0)
 
 
-def plan_for(level: Level, duration_s: float | None = None) -> Plan:
+# DCGM's memtest plugin runs 600 s by default (its test_duration; dcgmi diag -r 4, or -r memtest).
+MEMTEST_S = 600.0
+
+
+def plan_for(level: Level, duration_s: float | None = None, memtest_s: float | None = None) -> Plan:
     if level == "quick":
-        return Plan(level, 60.0, False, 0.0, 0, 0.0, 0.0, 2.0)
+        return Plan(level, 60.0, 0.0, 0.0, 0, 0.0, 0.0, 2.0)
+    mem = float(MEMTEST_S if memtest_s is None else memtest_s)
     if level == "standard":
         # DCGM targeted power: test_duration 120 s (nvvs/plugin_src/targeted_power defaults).
-        return Plan(level, 60.0, True, 120.0, 5, 15.0, 0.0, 5.0)
-    return Plan(level, 60.0, True, 120.0, 5, 15.0, float(duration_s or 1800.0), 5.0)
+        return Plan(level, 60.0, mem, 120.0, 5, 15.0, 0.0, 5.0)
+    return Plan(level, 60.0, mem, 120.0, 5, 15.0, float(duration_s or 1800.0), 5.0)
 
 
 def next_share(share: float, power_w: float | None, target_w: float, max_w: float | None) -> float:

@@ -3,7 +3,8 @@
 JSON lines, appended and flushed after every reading (fsync'd at most every ``SYNC_EVERY_S`` of wall
 time, and at the verdicts): a ``start`` line (the run: machine, GPUs, limits, the kernels' figures, the
 document's envelope), a ``p`` line per GPU and reading (``Point``), a ``c`` line per checked step
-(``Check``), a ``so_far`` line every 10 minutes of the GPUs' time, every 30 in a 24-hour soak (the
+(``Check``), a ``memtest`` line once the memory test has run,
+a ``so_far`` line every 10 minutes of the GPUs' time, every 30 in a 24-hour soak (the
 verdicts as they stand, the error counters read afresh), and an ``end`` line with the final verdicts. A
 line cut short by the crash is skipped when the file is read back (``load``), which rebuilds the
 ``Result`` for the text, JSON and HTML report (``gpud burnin --from FILE``): a run without its ``end``
@@ -70,6 +71,10 @@ class ProgressLog:
     def reading(self, points: dict[int, Point], checks: list[tuple[int, Check]]) -> None:
         self._write([{"p": g, **p.json()} for g, p in points.items()] + [{"c": g, **c.json()} for g, c in checks])
 
+    def memtest(self, results: dict[int, dict[str, Any]]) -> None:
+        """The memory test's results per GPU, once it has run (the kernels' other figures are in ``start``)."""
+        self._write([{"memtest": {str(g): r for g, r in results.items()}}], sync=True)
+
     def due(self, seconds: float) -> bool:
         """Whether the verdicts so far are due (every ``so_far_every_s`` of the GPUs' time)."""
         return self._f is not None and seconds - self._so_far_at >= self.so_far_every_s
@@ -125,6 +130,7 @@ def load(path: Path) -> tuple[Result, dict[str, Any]]:
     points: dict[int, list[Point]] = {}
     checks: dict[int, list[Check]] = {}
     verdicts: list[dict[str, Any]] | None = None
+    memtest: dict[str, Any] = {}
     end: dict[str, Any] | None = None
     seconds = 0.0
     with open(path, encoding="utf-8") as f:
@@ -149,7 +155,9 @@ def load(path: Path) -> tuple[Result, dict[str, Any]]:
                 g = int(row.pop("c"))
                 checks.setdefault(g, []).append(Check(**{k: row[k] for k in (
                     "t", "phase", "temperature_c", "products", "wrong", "words", "checksum", "first")},
-                    n=row.get("n")))
+                    n=row.get("n"), by_dtype=row.get("by_dtype")))
+            elif "memtest" in row:
+                memtest = dict(row["memtest"])
             elif "so_far" in row:
                 verdicts = row["so_far"]["verdicts"]
             elif "end" in row:
@@ -164,6 +172,8 @@ def load(path: Path) -> tuple[Result, dict[str, Any]]:
     res.limits = {int(g): v for g, v in start["limits"].items()}
     res.fan_curves = {int(g): v for g, v in start["fan_curves"].items()}
     res.workload = {int(g): w for g, w in start["workload"].items()}
+    for key, r in memtest.items():
+        res.workload.setdefault(int(key), {})["memtest"] = r
     res.series = {g: Series(g, points.get(g, []), checks.get(g, [])) for g in res.gpus}
     if end is not None:
         res.seconds, res.wall_seconds, res.interrupted = float(end["seconds"]), float(end["wall_seconds"]), \

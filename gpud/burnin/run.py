@@ -54,19 +54,30 @@ class Bench(Protocol):
 
     def device_faults(self, gpu: int) -> list[str]: ...
 
+    def memtest_wall(self, seconds: float, fade_s: float) -> tuple[float, float]: ...
 
-def _workload(machine: Machine, bench: Bench, snap: Snapshot, gpus: list[int], device: str, memtest: bool,
+
+def _workload(machine: Machine, bench: Bench, snap: Snapshot, gpus: list[int], device: str,
               seconds: float) -> dict[int, dict[str, Any]]:
+    from gpud.probe.stress_run import run_children
+
+    return run_children(_specs(machine, bench, snap, gpus, device, ["gemm", "device_bandwidth", "host_bandwidth"],
+                               {"seconds": seconds}), 300.0)
+
+
+def _specs(machine: Machine, bench: Bench, snap: Snapshot, gpus: list[int], device: str, tasks: list[str],
+           extra: dict[str, Any]) -> list[dict[str, Any]]:
+    """The children's specs: on ``cuda`` one a GPU (its CPUs on the GPU's NUMA node, only its GPU visible, the
+    memory test over a share of its free memory), on the CPU one for every stand-in."""
     from gpud.probe.monitor import cpu_affinity
-    from gpud.probe.stress_run import gpu_env, run_children
+    from gpud.probe.stress_run import gpu_env
 
     size = SIZES[device]
-    tasks = ["gemm", "device_bandwidth", "host_bandwidth"] + (["memtest"] if memtest else [])
     faults = {str(g): f for g in gpus for f in [bench.device_faults(g)] if f}
-    base: dict[str, Any] = {"device": device, "tasks": tasks, "seconds": seconds, "faults": faults,
+    base: dict[str, Any] = {"device": device, "tasks": tasks, "faults": faults, **extra,
                             **{k: v for k, v in size.items() if k != "memtest_share"}}
     if device != "cuda":
-        return run_children([{**base, "gpus": gpus}], 300.0)
+        return [{**base, "gpus": gpus}]
     specs = []
     for g, cpus in zip(gpus, cpu_affinity(machine, gpus) or [[] for _ in gpus], strict=True):
         free = (snap.samples[g].memory_total_bytes or 0) - (snap.samples[g].memory_used_bytes or 0)
@@ -74,7 +85,7 @@ def _workload(machine: Machine, bench: Bench, snap: Snapshot, gpus: list[int], d
         specs.append({**base, "gpus": [g], "cpus": cpus or None, "cuda_index": 0, "env": gpu_env(uuid),
                       # cpus: host memory on the GPU's own NUMA node; env: the child sees its GPU only
                       "memtest_mib": max(64, int(free * float(size["memtest_share"]) / 2**20))})
-    return run_children(specs, 900.0 if memtest else 300.0)
+    return specs
 
 
 def _probe(machine: Machine, gpus: list[int], allow_busy: bool) -> list[Verdict]:
@@ -120,7 +131,7 @@ def _health(machine: Machine, gpus: list[int], at: float) -> dict[str, Any]:
     where NVML gives none) and the Xids in the kernel log (None and why, where none can be read), read
     afresh: compared at the end. ``at``: the GPUs' time of the reading (rates per minute and second)."""
     out: dict[str, Any] = {"at": at, "ecc": {}, "replay": {}, "nvlink": {}, "retired": {}, "remapped": {},
-                           "aer": {}, "xids": None, "xids_unread": None}
+                           "aer": {}, "violations": {}, "xids": None, "xids_unread": None}
     for g in gpus:
         s = machine.nvml.fresh_sample(g)
         info = machine.info(g)
@@ -129,6 +140,7 @@ def _health(machine: Machine, gpus: list[int], at: float) -> dict[str, Any]:
         out["ecc"][g] = None if e is None or e.volatile_corrected is None and e.volatile_uncorrected is None else \
             (e.volatile_corrected or 0) + (e.volatile_uncorrected or 0)
         out["replay"][g] = s.pcie_replay_errors
+        out["violations"][g] = dict(s.clock_event_nanoseconds) if s.clock_event_nanoseconds else None
         out["nvlink"][g] = None if s.nvlink_errors is None else {(link, c): n for link, c, n in s.nvlink_errors}
         pages = (s.retired_pages_single_bit, s.retired_pages_double_bit)
         out["retired"][g] = None if pages == (None, None) else (sum(p or 0 for p in pages), s.retired_pages_pending)
@@ -153,12 +165,14 @@ def _health(machine: Machine, gpus: list[int], at: float) -> dict[str, Any]:
 def run_burnin(machine: Machine, bench: Bench, config: Config, *, level: Level, gpus: list[int] | None,
                device: str, duration_s: float | None = None, allow_busy: bool = False,
                progress: Progress | None = None, fan_curves: dict[int, dict[str, Any]] | None = None,
-               target_power_w: float | None = None, log: ProgressLog | None = None) -> Result:
+               target_power_w: float | None = None, log: ProgressLog | None = None,
+               memtest_s: float | None = None) -> Result:
     """``fan_curves``: each GPU's fan setting to hold it to (a profile's ``fan`` table, ``mode = "curve"``);
     by default the applied profile's, from the tuning state (the daemon drives them). ``target_power_w``:
     targeted power's target (default each GPU's enforced limit). ``log``: the result file written as the run
-    goes (``gpud.burnin.progress``): every reading, and the verdicts so far every 10 minutes."""
-    plan = plan_for(level, duration_s)
+    goes (``gpud.burnin.progress``): every reading, and the verdicts so far every 10 minutes. ``memtest_s``: the
+    memory test's time (default DCGM memtest's 600 s; standard and soak)."""
+    plan = plan_for(level, duration_s, memtest_s)
     wall0 = time.monotonic()
     snap = machine.snapshot()
     chosen = list(range(len(snap.samples))) if gpus is None else gpus
@@ -274,16 +288,38 @@ def run_burnin(machine: Machine, bench: Bench, config: Config, *, level: Level, 
                     series[g].check_error = str(c["error"])
                     continue
                 series[g].checks.append(Check(t, phase, temps.get(g), int(c["iterations"]), int(c["wrong"]),
-                                              int(c["words"]), c.get("checksum"), c.get("first"), c.get("n")))
+                                              int(c["words"]), c.get("checksum"), c.get("first"), c.get("n"),
+                                              c.get("by_dtype")))
                 out.append((g, series[g].checks[-1]))
                 if series[g].reference is None and c.get("reference"):
                     series[g].reference = dict(c["reference"])
         return out
 
+    def memtest(seconds: float, fade_s: float) -> None:
+        """The memory test in children while telemetry is read each second (its own phase); on a simulated
+        workstation its time is simulated and the stand-in runs one pass (``Bench.memtest_wall``)."""
+        from gpud.probe.stress_run import Children
+
+        wall, fade = bench.memtest_wall(seconds, fade_s)
+        kids = Children(_specs(machine, bench, snap, chosen, device, ["memtest"],
+                               {"memtest_seconds": wall, "memtest_fade_s": fade, "memtest_seed": int(time.time())}))
+        try:
+            hold("memtest", seconds, False)
+            # A pass begun before the time was up runs to its end: an hour's margin on the largest memories.
+            got = kids.collect(wall + 3600.0 if wall else 300.0)
+        finally:
+            kids.kill()
+        for g, r in got.items():
+            if g in res.workload and "memtest" in r:
+                res.workload[g]["memtest"] = {**r["memtest"], "test_s": seconds}  # the GPUs' time it ran
+            elif g in res.workload and "error" in r:
+                res.workload[g]["memtest"] = {"error": r["error"]}
+        if log is not None:
+            log.memtest({g: w["memtest"] for g, w in res.workload.items() if "memtest" in w})
+
     try:
-        say("GEMM, bandwidth" + (", memory test" if plan.memtest else ""), _total(plan))
-        res.workload = _workload(machine, bench, snap, chosen, device, plan.memtest,
-                                 plan.gemm_seconds if device == "cuda" else 0.1)
+        say("GEMM, bandwidth", _total(plan))
+        res.workload = _workload(machine, bench, snap, chosen, device, plan.gemm_seconds if device == "cuda" else 0.1)
         if device == "cuda" and len(chosen) > 1:
             say("the probe's P2P and all-reduce", _total(plan))
             res.verdicts.extend(_probe(machine, chosen, allow_busy))
@@ -293,6 +329,8 @@ def run_burnin(machine: Machine, bench: Bench, config: Config, *, level: Level, 
                                         source="gpud probe (docs/probe.md)", remedy="gpud burnin --device cuda"))
         if log is not None:
             log.start(res, _total(plan))
+        if plan.memtest:
+            memtest(plan.memtest_s, plan.memtest_fade_s)
         hold("load", plan.load_s, True)
         if plan.targeted_power_s:
             hold("power", plan.targeted_power_s, True)
@@ -333,4 +371,5 @@ def _applied_curves() -> dict[int, dict[str, Any]]:
 
 
 def _total(plan: Any) -> float:
-    return float(plan.load_s + plan.targeted_power_s + 2 * plan.pulse_steps * plan.pulse_s + plan.soak_s)
+    return float(plan.load_s + plan.memtest_s + plan.targeted_power_s + 2 * plan.pulse_steps * plan.pulse_s
+                 + plan.soak_s)

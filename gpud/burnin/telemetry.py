@@ -61,11 +61,12 @@ class Check:
     checksum: int | None
     first: int | None
     n: int | None = None  # the matrix dimension (targeted power sizes the load): checksums compare at one size
+    by_dtype: dict[str, int] | None = None  # the wrong products per dtype (fp32, tf32, bf16)
 
     def json(self) -> dict[str, Any]:
         return {"t": round(self.t, 3), "phase": self.phase, "temperature_c": self.temperature_c,
                 "products": self.products, "wrong": self.wrong, "words": self.words, "checksum": self.checksum,
-                "first": self.first, "n": self.n}
+                "first": self.first, "n": self.n, "by_dtype": self.by_dtype}
 
 
 @dataclass

@@ -118,10 +118,14 @@ def render(doc: dict[str, Any]) -> None:
 
 
 def burnin(
-    level: Annotated[str, typer.Option("--level", metavar="quick|standard|soak",
-                                       help="quick (≤ 2 min), standard (≤ 15 min) or soak (30 min–24 h).")] = "quick",
+    level: Annotated[str, typer.Option(
+        "--level", metavar="quick|standard|soak",
+        help="quick (≤ 2 min), standard (about 16 min, a 10-minute memory test) or soak (+ 30 min–24 h).")] = "quick",
     duration: Annotated[str | None, typer.Option("--duration", metavar="30m",
                                                  help="The soak's length, 30m to 24h (default 30m).")] = None,
+    memtest_minutes: Annotated[float | None, typer.Option(
+        "--memtest-minutes", metavar="MIN", min=1.0, max=1440.0,
+        help="The memory test's length (standard, soak; default 10, DCGM memtest's 600 s).")] = None,
     gpus: Annotated[str | None, typer.Option("--gpus", metavar="LIST",
                                              help="GPUs to test: 0,2-3 (default all).")] = None,
     device: Annotated[str | None, typer.Option(
@@ -162,6 +166,8 @@ def burnin(
     if duration is not None and lv != "soak":
         raise InvalidInput("--duration", "", "only the soak level takes a duration")
     seconds = parse_duration(duration) if duration is not None else None
+    if memtest_minutes is not None and lv == "quick":
+        raise InvalidInput("--memtest-minutes", "", "the quick level runs no memory test (--level standard or soak)")
     if device is not None and device not in ("cuda", "cpu"):
         raise InvalidInput("--device", "", f"must be cuda or cpu, not {device!r}")
     if report is not None:  # refused before any test runs
@@ -187,7 +193,8 @@ def burnin(
     log = ProgressLog(result or burnin_run_path(), __version__, host(m, snap))
     try:
         res = run_burnin(m, bench, config, level=lv, gpus=chosen, device=dev, duration_s=seconds,
-                         allow_busy=allow_busy, progress=progress, target_power_w=target_power, log=log)
+                         allow_busy=allow_busy, progress=progress, target_power_w=target_power, log=log,
+                         memtest_s=None if memtest_minutes is None else memtest_minutes * 60.0)
     finally:
         log.close()
     progress.done()

@@ -133,49 +133,127 @@ def host_bandwidth(device: torch.device, mib: int, seconds: float) -> dict[str, 
     return out
 
 
-def memtest(device: torch.device, mib: int, chunk_mib: int = 256) -> dict[str, Any]:
-    """Walking ones, random patterns and address-in-address over ``mib`` MiB held at once;
-    mismatching 32-bit words per pattern (the patterns of DCGM's memtest plugin). Expected values
-    are made one chunk at a time, so the test covers most of the free memory."""
-    words = mib * 2**18
-    step = max(1, chunk_mib * 2**18)
-    buf = torch.empty(words, dtype=torch.int32, device=device)
-    errors = {"walking_ones": 0, "random": 0, "address": 0}
-    flip = _fault("memory_errors")
+# The memory test's patterns (DCGM's memtest plugin, after memtest86 and cuda_memtest; memtest86+'s README
+# describes each algorithm): 64-bit words, so an address written into its own word never wraps.
+MEMTEST_PATTERNS = ("walking_ones", "walking_zeros", "moving_inversions", "random", "address", "bit_fade")
+MEMTEST_CHUNK_MIB = 256  # the expected values are made one chunk at a time: the test holds most of the memory
+LOCATE_MAX = 64  # mismatching words located per chunk and pattern (the count is always whole)
+RANGE_GAP_BYTES = 2**20  # mismatches closer than this are one range in the summary
 
-    def chunks() -> range:
-        return range(0, words, step)
 
-    def count(name: str, lo: int, expected: torch.Tensor | int) -> None:
-        part = buf[lo:lo + step]
-        if flip and lo == 0:
-            part = part.clone()
-            part[0] ^= 1
-        errors[name] += int((part != expected).sum().item())
+def memtest(device: torch.device, mib: int, seconds: float = 0.0, fade_s: float = 0.0, seed: int = 0,
+            chunk_mib: int = MEMTEST_CHUNK_MIB) -> dict[str, Any]:
+    """A memory test over ``mib`` MiB held at once, in 64-bit words, repeated in passes until ``seconds``
+    have gone (at least one pass), then a bit-fade pass. Each pass: walking ones and walking zeros (64
+    patterns each: every data line), moving inversions of all ones and all zeros (memtest86's algorithm:
+    ascending, check and write the complement; descending, check and write it back), random words from a
+    seed (a new sequence each pass) and their inversion, and each word's own 64-bit address and its
+    complement. The bit-fade pass (memtest86+'s test 10) writes all zeros, waits ``fade_s``, checks, and
+    the same with all ones: cells that lose their charge. Returns the mismatching words per pattern and
+    where they lie (byte offsets in the tested block, and the block's device address)."""
+    words = mib * 2**17
+    step = max(1, chunk_mib * 2**17)
+    buf = torch.empty(words, dtype=torch.int64, device=device)
+    base = int(buf.data_ptr())
+    errors = dict.fromkeys(MEMTEST_PATTERNS, 0)
+    where: list[int] = []  # byte offsets of mismatching words (at most LOCATE_MAX per chunk and check)
+    # A simulated GPU's fault: its stand-in's memory has a weak cell that does not hold bit 0.
+    weak = (words * 5) // 8 if _fault("memory_errors") else None
 
-    for bit in range(32):
-        value = -(2**31) if bit == 31 else 1 << bit
+    def spans() -> list[tuple[int, int]]:
+        return [(lo, min(step, words - lo)) for lo in range(0, words, step)]
+
+    def wrote(lo: int, n: int) -> None:
+        if weak is not None and lo <= weak < lo + n:
+            buf[weak] ^= 1
+
+    def fill(value: int) -> None:
         buf.fill_(value)
-        for lo in chunks():
-            count("walking_ones", lo, value)
-    for seed in range(4):
-        gen = torch.Generator(device=device).manual_seed(seed)  # made on the device: no host copy
-        for lo in chunks():
-            n = min(step, words - lo)
-            buf[lo:lo + n] = torch.randint(-(2**31), 2**31 - 1, (n,), generator=gen, dtype=torch.int32, device=device)
-        gen = torch.Generator(device=device).manual_seed(seed)  # the same sequence again, to compare
-        for lo in chunks():
-            n = min(step, words - lo)
-            count("random", lo, torch.randint(-(2**31), 2**31 - 1, (n,), generator=gen, dtype=torch.int32,
-                                              device=device))
-    for lo in chunks():
-        n = min(step, words - lo)
-        buf[lo:lo + n] = torch.arange(lo, lo + n, dtype=torch.int64, device=device).to(torch.int32)
-    for lo in chunks():
-        n = min(step, words - lo)
-        count("address", lo, torch.arange(lo, lo + n, dtype=torch.int64, device=device).to(torch.int32))
+        wrote(0, words)
+
+    def count(name: str, lo: int, n: int, expected: torch.Tensor | int) -> None:
+        bad = buf[lo:lo + n] != expected
+        k = int(bad.sum().item())
+        if k:
+            errors[name] += k
+            idx = bad.nonzero()[:LOCATE_MAX].view(-1)
+            where.extend(int(i) * 8 + lo * 8 for i in idx.tolist())
+
+    def addresses(lo: int, n: int) -> torch.Tensor:
+        return torch.arange(lo, lo + n, dtype=torch.int64, device=device) * 8 + base
+
+    def randoms(lo: int, n: int, k: int) -> torch.Tensor:
+        gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + k * 100_003 + lo // step)
+        return torch.randint(-(2**63), 2**63 - 1, (n,), generator=gen, dtype=torch.int64, device=device)
+
+    def one_pass(k: int) -> None:
+        for bit in range(64):
+            for name, value in (("walking_ones", 1 << bit), ("walking_zeros", ~(1 << bit))):
+                value = (value + 2**63) % 2**64 - 2**63  # as a signed 64-bit word
+                fill(value)
+                for lo, n in spans():
+                    count(name, lo, n, value)
+        for value in (0, -1):  # moving inversions, all zeros and all ones
+            fill(value)
+            for lo, n in spans():
+                count("moving_inversions", lo, n, value)
+                buf[lo:lo + n] = ~value
+                wrote(lo, n)
+            for lo, n in reversed(spans()):
+                count("moving_inversions", lo, n, ~value)
+                buf[lo:lo + n] = value
+                wrote(lo, n)
+            for lo, n in spans():
+                count("moving_inversions", lo, n, value)
+        for lo, n in spans():
+            buf[lo:lo + n] = randoms(lo, n, k)
+            wrote(lo, n)
+        for lo, n in spans():
+            want = randoms(lo, n, k)
+            count("random", lo, n, want)
+            buf[lo:lo + n] = ~want
+            wrote(lo, n)
+        for lo, n in spans():
+            count("random", lo, n, ~randoms(lo, n, k))
+        for invert in (False, True):
+            for lo, n in spans():
+                buf[lo:lo + n] = ~addresses(lo, n) if invert else addresses(lo, n)
+                wrote(lo, n)
+            for lo, n in spans():
+                count("address", lo, n, ~addresses(lo, n) if invert else addresses(lo, n))
+
+    start = time.perf_counter()
+    passes, longest = 0, 0.0
+    budget = max(0.0, seconds - 2 * fade_s)
+    while passes == 0 or time.perf_counter() - start + longest <= budget:
+        t = time.perf_counter()
+        one_pass(passes)
+        _sync(device)
+        longest = max(longest, time.perf_counter() - t)
+        passes += 1
+    for value in (0, -1):
+        fill(value)
+        _sync(device)
+        time.sleep(max(0.0, fade_s))
+        for lo, n in spans():
+            count("bit_fade", lo, n, value)
     _sync(device)
-    return {"mib": mib, "errors": errors, "total_errors": sum(errors.values())}
+    return {"mib": mib, "word_bits": 64, "passes": passes, "seconds": round(time.perf_counter() - start, 3),
+            "fade_s": fade_s, "seed": seed, "base": hex(base), "errors": errors,
+            "total_errors": sum(errors.values()), "ranges": _ranges(where)}
+
+
+def _ranges(offsets: list[int]) -> list[list[int]]:
+    """The located mismatches as [first byte, last byte, words located] ranges (at most 8), nearby ones
+    (within ``RANGE_GAP_BYTES``) merged: a bad cell, a bad row, or a region."""
+    out: list[list[int]] = []
+    for off in sorted(set(offsets)):
+        if out and off - out[-1][1] <= RANGE_GAP_BYTES:
+            out[-1][1] = off
+            out[-1][2] += 1
+        else:
+            out.append([off, off, 1])
+    return out[:8]
 
 
 # The fp32 product's error bound (Higham, "Accuracy and Stability of Numerical Algorithms", 2nd ed., 2002,
@@ -192,18 +270,24 @@ def checksum(t: torch.Tensor) -> int:
     return int(t.contiguous().view(torch.int32).to(torch.int64).sum().item())
 
 
+CHECKED_DTYPES = ("fp32", "tf32", "bf16")  # the load's products: the training dtypes, each checked hot
+_BITS = {"fp32": torch.int32, "tf32": torch.int32, "bf16": torch.int16}  # the product's words, compared bit for bit
+
+
 class Checked:
-    """The sustained load's products, checked: the same inputs each iteration, each product compared bit for
-    bit with the GPU's first (fp32 GEMM, deterministic kernels: the same bits every time on a sound GPU;
-    gpu-burn compares each result with its first within an epsilon), and the first product's leading rows with the
-    host's float64 product (the same kernel, on the rows the host can afford; Higham's bound)."""
+    """The sustained load's products, checked: the same inputs each iteration, one product of each dtype (fp32,
+    tf32 and bf16, the dtypes training runs in), each compared bit for bit with the GPU's first of that dtype
+    (deterministic kernels: the same bits every time on a sound GPU; gpu-burn compares each result with its
+    first within an epsilon), and the first fp32 product's leading rows with the host's float64 product (the
+    same kernel, on the rows the host can afford; Higham's bound). The checksum the siblings compare is the
+    last fp32 product's."""
 
     def __init__(self, device: torch.device, n: int) -> None:
-        if device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = False
         self.device, self.n = device, n
         self.a, self.b = _inputs(n, torch.float32, device, seed=4321)
-        self.first: torch.Tensor | None = None
+        self.inputs = {"fp32": (self.a, self.b), "tf32": (self.a, self.b),
+                       "bf16": (self.a.to(torch.bfloat16), self.b.to(torch.bfloat16))}
+        self.first: dict[str, torch.Tensor] = {}
         self.first_sum: int | None = None
         self.reference: dict[str, Any] | None = None
 
@@ -218,26 +302,42 @@ class Checked:
         ratio = float((err / (gamma * bound).clamp_min(1e-300)).max().item())
         return {"rows": rows, "worst_share_of_bound": ratio, "ok": ratio <= 1.0}
 
+    def _product(self, dtype: str) -> torch.Tensor:
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+        a, b = self.inputs[dtype]
+        return a @ b
+
     def run(self, iterations: int, faults: list[str]) -> dict[str, Any]:
-        """``iterations`` products; how many differed from the first (and in how many words)."""
-        wrong = torch.zeros((), dtype=torch.int64, device=self.device)
+        """``iterations`` rounds of one product per dtype; how many differed from the first (and in how many
+        words), per dtype too."""
+        wrong = {d: torch.zeros((), dtype=torch.int64, device=self.device) for d in CHECKED_DTYPES}
         words = torch.zeros((), dtype=torch.int64, device=self.device)
-        c = self.first
+        last: torch.Tensor | None = None
         for _ in range(max(1, iterations)):
-            c = self.a @ self.b
-            if "wrong_results" in faults:  # a simulated GPU's fault: its stand-in alters one element
-                c.view(-1)[0] += 1.0
-            if self.first is None:
-                self.first, self.first_sum = c.clone(), checksum(c)
-                self.reference = self._reference(c)
-                continue
-            diff = (c.view(torch.int32) != self.first.view(torch.int32)).sum()
-            words += diff
-            wrong += (diff > 0).to(torch.int64)
+            for dtype in CHECKED_DTYPES:
+                c = self._product(dtype)
+                if "wrong_results" in faults:  # a simulated GPU's fault: its stand-in alters one element
+                    c.view(-1)[0] += 1.0
+                if dtype == "fp32":
+                    last = c
+                first = self.first.get(dtype)
+                if first is None:
+                    self.first[dtype] = c.clone()
+                    if dtype == "fp32":
+                        self.first_sum, self.reference = checksum(c), self._reference(c)
+                    continue
+                bits = _BITS[dtype]
+                diff = (c.view(bits) != first.view(bits)).sum()
+                words += diff
+                wrong[dtype] += (diff > 0).to(torch.int64)
         _sync(self.device)
-        assert c is not None
-        return {"iterations": max(1, iterations), "wrong": int(wrong.item()), "words": int(words.item()),
-                "checksum": checksum(c), "first": self.first_sum, "reference": self.reference, "n": self.n}
+        last = self.first["fp32"] if last is None else last
+        by = {d: int(v.item()) for d, v in wrong.items()}
+        return {"iterations": max(1, iterations) * len(CHECKED_DTYPES), "wrong": sum(by.values()),
+                "words": int(words.item()), "by_dtype": by,
+                "checksum": checksum(last), "first": self.first_sum, "reference": self.reference, "n": self.n}
 
 
 def serve(spec: dict[str, Any], lines: Any, out: Any) -> None:
@@ -277,11 +377,14 @@ def burn(device: torch.device, seconds: float, n: int, report: str | None = None
     while time.perf_counter() - start < seconds:
         dim = _size(size, n)
         check = checks.get(dim) or checks.setdefault(dim, Checked(device, dim))
-        t, done = time.perf_counter(), {"iterations": 0, "wrong": 0, "words": 0, "n": dim}
+        t = time.perf_counter()
+        done: dict[str, Any] = {"iterations": 0, "wrong": 0, "words": 0, "n": dim, "by_dtype": {}}
         while time.perf_counter() - t < 1.0:
             more = check.run(8, [])
             for k in ("iterations", "wrong", "words"):
                 done[k] += more[k]
+            for d, v in more["by_dtype"].items():
+                done["by_dtype"][d] = done["by_dtype"].get(d, 0) + v
             done.update(checksum=more["checksum"], first=more["first"], reference=more["reference"])
         reps += done["iterations"]
         if report:
@@ -308,7 +411,8 @@ def run_one(spec: dict[str, Any], index: int) -> dict[str, Any]:
         elif task == "host_bandwidth":
             out["host_bandwidth"] = host_bandwidth(device, int(spec["copy_mib"]), seconds)
         elif task == "memtest":
-            out["memtest"] = memtest(device, int(spec["memtest_mib"]))
+            out["memtest"] = memtest(device, int(spec["memtest_mib"]), float(spec.get("memtest_seconds", 0.0)),
+                                     float(spec.get("memtest_fade_s", 0.0)), int(spec.get("memtest_seed", 0)))
         elif task == "burn":
             out["burn"] = burn(device, float(spec["burn_seconds"]), int(spec["gemm_n"]), spec.get("report"),
                                spec.get("size"))

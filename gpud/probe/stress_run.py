@@ -57,33 +57,47 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def run_children(specs: list[dict[str, Any]], timeout: float) -> dict[int, dict[str, Any]]:
-    """Run one child per spec (each measures the GPUs of its ``gpus`` in turn), all at once; each
-    GPU's result, or ``{"error": …}`` with the last line of its log. Children still running at the
-    timeout or at an interrupt are killed with their process group."""
-    results: dict[int, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory(prefix="gpud-burnin-") as tmp:
-        workdir = Path(tmp)
-        procs = [(spec, *_start(spec, workdir, f"child{k}", dict(spec.get("env") or {})))
-                 for k, spec in enumerate(specs)]
+class Children:
+    """Children started at once, one per spec (each measures the GPUs of its ``gpus`` in turn); ``collect``
+    waits for them. The memory test's run while the burn-in reads telemetry."""
+
+    def __init__(self, specs: list[dict[str, Any]]) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="gpud-burnin-")
+        self.workdir = Path(self._tmp.name)
+        self.procs = [(spec, *_start(spec, self.workdir, f"child{k}", dict(spec.get("env") or {})))
+                      for k, spec in enumerate(specs)]
+
+    def collect(self, timeout: float) -> dict[int, dict[str, Any]]:
+        """Each GPU's result, or ``{"error": …}`` with the last line of its log. Children still running at
+        the timeout or at an interrupt are killed with their process group."""
+        results: dict[int, dict[str, Any]] = {}
         deadline = time.monotonic() + timeout
         try:
-            while any(p.poll() is None for _, p, _ in procs) and time.monotonic() < deadline:
+            while any(p.poll() is None for _, p, _ in self.procs) and time.monotonic() < deadline:
                 time.sleep(0.05)
         finally:
-            for _, p, _ in procs:
-                _kill(p)
-        for k, (spec, p, out) in enumerate(procs):
+            self.kill()
+        for k, (spec, p, out) in enumerate(self.procs):
             if out.is_file():
                 got = json.loads(out.read_text())["gpus"]
                 results.update({int(g): r for g, r in got.items()})
                 continue
             why = (f"exited with {p.returncode}" if p.returncode not in (None, -9)
                    else f"timed out after {timeout:.0f} s")
-            tail = (workdir / f"child{k}.log").read_text(errors="replace").strip()
+            tail = (self.workdir / f"child{k}.log").read_text(errors="replace").strip()
             for g in spec["gpus"]:
                 results[int(g)] = {"error": why + (f": {tail.splitlines()[-1]}" if tail else "")}
-    return results
+        self._tmp.cleanup()
+        return results
+
+    def kill(self) -> None:
+        for _, p, _ in self.procs:
+            _kill(p)
+
+
+def run_children(specs: list[dict[str, Any]], timeout: float) -> dict[int, dict[str, Any]]:
+    """Run one child per spec, all at once, and collect them (``Children``)."""
+    return Children(specs).collect(timeout)
 
 
 class HardwareLoad:
@@ -176,7 +190,8 @@ class HardwareLoad:
 def _merge(a: dict[str, Any] | None, b: dict[str, Any]) -> dict[str, Any]:
     if a is None:
         return dict(b)
-    return {**b, **{k: int(a.get(k, 0)) + int(b.get(k, 0)) for k in ("iterations", "wrong", "words")}}
+    by = {d: int((a.get("by_dtype") or {}).get(d, 0)) + int(v) for d, v in (b.get("by_dtype") or {}).items()}
+    return {**b, **{k: int(a.get(k, 0)) + int(b.get(k, 0)) for k in ("iterations", "wrong", "words")}, "by_dtype": by}
 
 
 class SteppedChecks:
