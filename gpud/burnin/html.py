@@ -41,7 +41,8 @@ CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#1f2328;background:#fff;max-width:1200px}
 h1{font-size:20px}h2{font-size:16px;margin-top:28px}h3{font-size:14px;margin:18px 0 4px}
 table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #d0d7de;padding:3px 8px;text-align:left;
-vertical-align:top}th{background:#f6f8fa}.s{font-weight:600}.small{color:#57606a;font-size:12px}
+vertical-align:top}th{background:#f6f8fa}.s{font-weight:600}.small{color:#57606a;font-size:12px;overflow-wrap:anywhere}
+td.s,td.k{white-space:nowrap}
 td.n{text-align:right;font-variant-numeric:tabular-nums}th.f{font-size:12px;font-weight:600}
 svg{display:block;margin:4px 0 10px;background:#fff;border:1px solid #d0d7de}
 .key{display:inline-block;width:12px;height:10px;margin:0 4px 0 10px;border:1px solid #d0d7de}
@@ -284,7 +285,8 @@ def render(res: Result, doc: dict[str, Any]) -> str:
 
     def row(v: dict[str, Any]) -> str:
         return (f"<tr><td class=s style='color:{COLOURS[v['status']]}'>{v['status'].upper()}</td>"
-                f"<td>{'' if v['gpu'] is None else 'GPU' + str(v['gpu'])}</td><td>{escape(v['test'])}</td>"
+                f"<td class=k>{'' if v['gpu'] is None else 'GPU' + str(v['gpu'])}</td>"
+                f"<td class=k>{escape(v['test'])}</td>"
                 f"<td>{escape(v['summary'])}</td><td class=small>{escape(v['source'])}</td>"
                 f"<td class=small>{escape(v['remedy'])}</td></tr>")
 
