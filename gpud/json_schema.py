@@ -138,12 +138,13 @@ TUNE_POINT = _obj({"trial": {"type": "integer"}, "samples_per_second": NUM, "jou
 PER_GPU_NUM = {"type": "object", "additionalProperties": {"type": "number"}}
 TUNE_TRIAL = _obj({
     "number": {"type": "integer"},
-    "stage": {"enum": ["baseline", "power", "clocks", "match", "memclocks", "fans", "confirm"]},
+    "stage": {"enum": ["baseline", "pergpu", "power", "clocks", "match", "memclocks", "fans", "confirm"]},
     "settings": TUNE_SETTINGS, "status": {"enum": ["ok", "throttled", "xid", "failed"]}, "note": {"type": "string"},
     "samples_per_second": NUM, "ci_percent": NUM, "ci_reached": {"type": "boolean"}, "joules_per_sample": NUM,
     "joules_ci_percent": NUM, "baseline_trial": INT, "settle_seconds": NUM,
     "power_watts": NUM, "windows": {"type": "integer"}, "sm_mhz": PER_GPU_NUM, "temperature_c": PER_GPU_NUM,
-    "fan_percent": PER_GPU_NUM, "reasons": {"type": "array", "items": {"enum": [n for _, n in CLOCK_EVENT_REASONS]}},
+    "fan_percent": PER_GPU_NUM, "waiting_percent": PER_GPU_NUM,
+    "reasons": {"type": "array", "items": {"enum": [n for _, n in CLOCK_EVENT_REASONS]}},
     "soak_seconds": NUM, "settled": {"type": ["boolean", "null"]}, "frontier": {"type": "boolean"}})
 TUNE = _document("tune", {
     "goal": {"enum": ["throughput", "energy", "quiet"]}, "max_slowdown_percent": {"type": "number"},

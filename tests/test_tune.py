@@ -145,19 +145,19 @@ def test_fans_knob_finds_the_quietest_curve_that_holds_the_gpus_own_ceiling_afte
     assert all(t.settled for t in fans if t.ok), [t.json() for t in fans]
     c, b = out.chosen, fans[0]
     assert all(g["fan"] == {"mode": "auto"} for g in b.settings.values())  # the driver's policy, soaked alike
-    assert c is not None and out.picked is not None and out.picked is not b and out.picked.stage == "fans", [
-        t.json() for t in out.trials]
-    assert c.stage == "confirm" and c.settings == out.picked.settings
-    # Quieter than the driver's own policy, within the slowdown, below the ceiling on every GPU.
-    assert sum(c.fan_percent.values()) < sum(b.fan_percent.values()) - 5 * len(c.fan_percent), [
+    held = [t for t in fans if t.ok and t is not b and max(t.temperature_c.values()) < 91]
+    p = min(held, key=lambda t: (sum(t.fan_percent.values()), t.number))  # the quietest curve below the ceilings
+    assert c is not None and p.stage == "fans", [t.json() for t in out.trials]
+    # The curve picked: quieter than the driver's own policy, within the slowdown, below the ceiling on every GPU.
+    assert sum(p.fan_percent.values()) < sum(b.fan_percent.values()) - 5 * len(p.fan_percent), [
         t.json() for t in fans]
-    assert out.slowdown is not None and out.slowdown <= 0.05
-    assert max(c.temperature_c.values()) < 91 and not {"sw_thermal_slowdown", "hw_slowdown"} & set(c.reasons)
-    # No feasible fans trial is quieter than the one picked, unless its settings did not confirm.
-    unconfirmed = " ".join(out.notes)
-    assert all(sum(t.fan_percent.values()) >= sum(out.picked.fan_percent.values())
-               or f"trial {t.number}'s settings did not confirm" in unconfirmed for t in fans
-               if t.ok and max(t.temperature_c.values()) < 91 and t.samples_per_second)
+    assert max(p.temperature_c.values()) < 91 and not {"sw_thermal_slowdown", "hw_slowdown"} & set(p.reasons)
+    # Measured again against a fresh baseline, after a soak of its own: within the bound, below every ceiling;
+    # where no curve held that again (the picks sit at the bound), the confirmed limits with the driver's fans.
+    assert c.stage == "confirm" and out.confirmed and out.slowdown is not None and out.slowdown_ci is not None
+    assert out.slowdown + out.slowdown_ci <= 0.05 + 1e-9 and max(c.temperature_c.values()) < 91
+    if c.settings != p.settings:  # another curve (or none) held in its confirmation: the notes say which did not
+        assert "did not confirm" in " ".join(out.notes), out.notes
     assert fingerprint(fresh(SIM)) == before  # the fans back on the driver's automatic policy
     # The CLI: --goal quiet searches the fans by default; the profile carries the curve and applies.
     profile = tmp_path / "quiet.toml"
@@ -166,6 +166,9 @@ def test_fans_knob_finds_the_quietest_curve_that_holds_the_gpus_own_ceiling_afte
     assert code == 0, err
     doc = json.loads(outp)
     assert check(doc) == [] and doc["knobs"] == ["power", "fans"]
+    if "fan" not in doc["chosen"]["settings"]["0"]:  # no curve held again in its confirmation: said, none written
+        assert "no chosen setting confirmed" in " ".join(doc["notes"]) or doc["confirmed"] is False, doc["notes"]
+        return
     curve = doc["chosen"]["settings"]["0"]["fan"]
     assert curve["mode"] == "curve" and curve["points"][-1] == [91.0, 100]
     p = load(str(profile))
@@ -246,21 +249,30 @@ def test_a_gpu_that_runs_slower_sets_the_pace_and_matching_the_others_is_measure
     m.simulation.machine.inject("clock_events", gpu=3, reasons=["sw_thermal_slowdown"])  # a hotter GPU: -15 %
     out = _tune(m, knobs=["power", "clocks"])
     m.simulation.machine.clear_faults()
+    # GPUs 0-2 wait for GPU 3 at every all-reduce: their limits are searched on their own, GPU 3 keeps its own
+    base = out.trials[0]
+    assert min(base.waiting[g] for g in (0, 1, 2)) > base.waiting[3] + 0.05, base.waiting
+    pergpu = [t for t in out.trials if t.stage == "pergpu"]
+    assert pergpu and all(set(t.settings) == {0, 1, 2} for t in pergpu)
     match = [t for t in out.trials if t.stage == "match"]
     assert len(match) == 1
-    assert out.baseline is not None and out.baseline.samples_per_second
-    # the constraint the tune judged by: the baseline's rate and its interval (without it, a trial the tune
-    # found not surely within 5 % could be this one's best, another pace: seen under load, one run in three)
-    ci = out.baseline.ci if out.baseline.ci is not None and math.isfinite(out.baseline.ci) else 0.0
+    # the constraint the tune judged by: the baseline's rate and its interval
+    b0 = out.trials[0]
+    assert b0.samples_per_second
+    ci = b0.ci if b0.ci is not None and math.isfinite(b0.ci) else 0.0
     src = search.best([t for t in out.trials if t.number < match[0].number],
-                      search.Constraint("energy", 0.05, out.baseline.samples_per_second, ci))
+                      search.Constraint("energy", 0.05, b0.samples_per_second, ci))
     assert src is not None
     pace = round(min(src.sm_mhz.values()))
-    assert src.sm_mhz[3] == min(src.sm_mhz.values()) and max(src.sm_mhz.values()) > 1.05 * pace
-    assert all(match[0].settings[g]["gpu_clocks"] == [pace, pace] for g in (0, 1, 2))
-    # The slowest GPU set the pace: the matched trial runs as fast, for less energy.
-    assert match[0].samples_per_second == pytest.approx(src.samples_per_second, rel=0.03)
-    assert (match[0].joules_per_sample or 0) < (src.joules_per_sample or 0)
+    slowest = min(src.sm_mhz, key=lambda g: src.sm_mhz[g])
+    assert "gpu_clocks" not in match[0].settings[slowest] or match[0].settings[slowest]["gpu_clocks"] == "reset"
+    assert all(match[0].settings[g]["gpu_clocks"] == [pace, pace] for g in range(4)
+               if g != slowest and src.sm_mhz[g] > pace)
+    # Whether matching costs nothing is measured, not assumed: it is judged like any trial (after the per-GPU
+    # limits it may be slower: the slowest's mean clock dithers), and the choice keeps the bound.
+    assert match[0].ok and out.slowdown is not None and out.slowdown_ci is not None
+    assert out.slowdown + out.slowdown_ci <= 0.05 + 1e-9
+    assert out.energy_saving is not None and out.energy_saving >= SAVING and out.confirmed
     assert fingerprint(fresh(SIM)) == before
 
 
@@ -519,3 +531,65 @@ def test_eight_noisy_seeds_pick_no_more_aggressively_than_the_noise_free_answer_
         assert out.slowdown is not None and out.slowdown + out.slowdown_ci <= 0.05 + 1e-9
     assert sum(w < allowed for w in picks) <= 1, (allowed, clean, picks)
     assert sum(w > clean + 30 for w in picks) <= 1, (allowed, clean, picks)
+
+
+MIXED = '''
+[machine]
+name = "z8-fury-mixed"
+summary = "HP Z8 G5 Fury, 2x RTX A6000 + 2x RTX 6000 Ada, PCIe only"
+sockets = 1
+cores_per_socket = 56
+threads_per_core = 2
+memory_gib = 512
+psu_watts = 2250
+driver_version = "550.127.05"
+cuda_driver_version = "12.4"
+nvml_version = "12.550.127.05"
+
+[gpu_defaults]
+numa_node = 0
+
+[[gpu]]
+model = "RTX A6000"
+bus_id = "0000:16:00.0"
+root_port = "0000:15:01.0"
+
+[[gpu]]
+model = "RTX A6000"
+bus_id = "0000:38:00.0"
+root_port = "0000:37:01.0"
+
+[[gpu]]
+model = "RTX 6000 Ada"
+bus_id = "0000:5a:00.0"
+root_port = "0000:59:01.0"
+
+[[gpu]]
+model = "RTX 6000 Ada"
+bus_id = "0000:7c:00.0"
+root_port = "0000:7b:01.0"
+'''
+
+
+@pytest.mark.long
+def test_a_mixed_machine_caps_the_faster_cards_on_their_own_within_one_percent(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """2x RTX A6000 + 2x RTX 6000 Ada in one DDP job, --max-slowdown 1: the Ada cards (their ranks wait at
+    every all-reduce for the A6000s) are capped alone, the A6000s keep their limit, energy is saved with
+    the slowdown's upper bound within 1 %; no clock "match" across architectures."""
+    desc = tmp_path / "mixed.toml"
+    desc.write_text(MIXED)
+    before = fingerprint(fresh(str(desc)))
+    code, out, err = cli(capsys, "tune", "--simulate", str(desc), "--max-slowdown", "1", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert check(doc) == []
+    wait = doc["trials"][0]["waiting_percent"]  # the baseline's: every rank waits out the all-reduce's exposed part
+    assert abs(wait["0"] - wait["1"]) < 3  # the A6000s set the pace, the Ada ranks wait for them besides
+    assert min(wait["2"], wait["3"]) > max(wait["0"], wait["1"]) + 20, wait
+    chosen = doc["chosen"]["settings"]
+    assert set(chosen) == {"2", "3"} and all(chosen[g]["power_limit"] < 300 for g in ("2", "3")), chosen
+    assert doc["confirmed"] and doc["gain_excludes_zero"] and doc["energy_saving_percent"] > 0
+    assert doc["slowdown_percent"] + doc["slowdown_ci_percent"] <= 1.0
+    assert not any(t["stage"] == "match" for t in doc["trials"])
+    assert fingerprint(fresh(str(desc))) == before

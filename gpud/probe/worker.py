@@ -619,12 +619,34 @@ def train(ctx: Ctx) -> dict[str, Any]:
     emit({"ready": True, "world_size": n, "batch_per_rank": batch_per_rank, "dtype": ctx.dtype_name})
     steps = 0
     if not ctx.spec.get("paced"):
+        every = int(ctx.spec.get("compute_every") or 20)
+        compute: list[float] = []
+        last = time.monotonic()
         while True:
-            trainer.steps(x, y, 1)
-            sync(dev)
+            if n > 1 and steps % every == every - 1:
+                # Which ranks wait for the others: one step in ``every`` runs without the all-reduce
+                # (``no_sync``: its gradients join the next step's), timed on each rank and gathered as
+                # floats in a CPU tensor (never torch's object collectives).
+                t0 = time.perf_counter()
+                with net.no_sync():  # type: ignore[operator]
+                    trainer.steps(x, y, 1)
+                sync(dev)
+                mine = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=CPU)
+                parts = [torch.zeros(1, dtype=torch.float64, device=CPU) for _ in range(n)]
+                dist.all_gather(parts, mine)
+                compute = [float(p.item()) for p in parts]
+            else:
+                trainer.steps(x, y, 1)
+                sync(dev)
             steps += 1
-            emit({"steps": steps, "samples": steps * n * batch_per_rank, "t": time.monotonic()})
-    progress, last = 0.0, None  # the share of the current step done; when the last whole step ended
+            now = time.monotonic()
+            line: dict[str, Any] = {"steps": steps, "samples": steps * n * batch_per_rank, "t": now,
+                                    "step_s": now - last}
+            if compute:
+                line["compute_s"] = compute
+            last = now
+            emit(line)
+    progress, ended = 0.0, None  # the share of the current step done; when the last whole step ended
     for raw in sys.stdin:
         req = json.loads(raw)
         trainer.steps(x, y, 1)  # the stand-in's step: the simulated GPUs' work, on the CPU
@@ -635,10 +657,10 @@ def train(ctx: Ctx) -> dict[str, Any]:
         at = now - float(req["seconds"])
         while progress + (now - at) / step_s >= 1.0:
             at += (1.0 - progress) * step_s
-            progress, last = 0.0, at
+            progress, ended = 0.0, at
             steps += 1
         progress += (now - at) / step_s
-        emit({"steps": steps, "samples": steps * ranks * batch_per_rank, "t": last if last is not None else at,
+        emit({"steps": steps, "samples": steps * ranks * batch_per_rank, "t": ended if ended is not None else at,
               "step_s": step_s, "compute_s": compute})
     return {}
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpud.errors import GpudError, InvalidInput
@@ -225,6 +225,11 @@ def run_tune(machine: Machine, workload: Workload, applier: Applier, *, goal: Go
         if k not in KNOBS:
             raise InvalidInput("--knobs", "", f"{k!r}: the search sets {', '.join(KNOBS)}")
     limits = _limits(machine, gpus)
+    # Each trial's interval is at most a quarter of the slowdown allowed: the bound is judged on the trial's
+    # and its baseline's intervals together, and a tight bound (1 %) with ±1 % trials would leave nothing
+    # that can be shown within it.
+    if goal != "throughput" and max_slowdown > 0:
+        measure = replace(measure, ci_bound=min(measure.ci_bound, max_slowdown / 4))
     out = Outcome(goal, max_slowdown, list(knobs), list(gpus), workload.name, workload.figures, workload.unit,
                   measure=measure, started_at=time.time())
     out.zeus_trials = max(search.zeus_sweep_trials(lo, hi) for lo, hi, _ in limits.values())
@@ -276,6 +281,11 @@ def run_tune(machine: Machine, workload: Workload, applier: Applier, *, goal: Go
                     s[g]["gpu_clocks"] = clocks[g] if clocks and g in clocks else "reset"
             return s
 
+        # Models differ: a clock in MHz is not the same pace on another architecture (locking a 6000 Ada at
+        # an A6000's clock cost a quarter of the throughput), so no "match" trial; per-GPU limits match paces.
+        mixed = len({(i.name if (i := machine.info(g)) is not None else "") for g in gpus}) > 1
+        if "power" in knobs and goal != "throughput":
+            _pergpu(out, base, limits, trial, c)
         if "power" in knobs:
             if goal == "throughput":
                 trial("power", at_share(1000))
@@ -286,8 +296,7 @@ def run_tune(machine: Machine, workload: Workload, applier: Applier, *, goal: Go
         chosen = search.best(out.trials, c) or base
         if "clocks" in knobs:
             cap = chosen.settings or at_share(1000)
-            power = {g: cap[g]["power_limit"] for g in gpus} if chosen.settings else {
-                g: float(limits[g][1]) for g in gpus}
+            power = {g: float(cap.get(g, {}).get("power_limit", limits[g][1])) for g in gpus}
             infos = {g: machine.info(g) for g in gpus}
             top = {g: (i.max_clocks_mhz.get("sm") if i is not None else None) for g, i in infos.items()}
             if all(top.values()) and chosen.sm_mhz:
@@ -307,7 +316,8 @@ def run_tune(machine: Machine, workload: Workload, applier: Applier, *, goal: Go
                                   search.CLOCK_RESOLUTION * 1000)
                 chosen = search.best(out.trials, c) or base
                 clocks = chosen.sm_mhz
-                if clocks and min(clocks.values()) < (1 - MATCH_SPREAD) * max(clocks.values()) and len(gpus) > 1:
+                if clocks and min(clocks.values()) < (1 - MATCH_SPREAD) * max(clocks.values()) and len(gpus) > 1 \
+                        and not mixed:
                     pace = round(min(clocks.values()))  # the slowest GPU's clock: the others wait for it anyway
                     slowest = min(clocks, key=lambda g: clocks[g])
                     settings = {g: dict(chosen.settings.get(g, {"power_limit": power[g]})) for g in gpus}
@@ -317,17 +327,35 @@ def run_tune(machine: Machine, workload: Workload, applier: Applier, *, goal: Go
                     trial("match", settings)
             else:
                 out.notes.append("the GPUs report no maximum SM clock or no clock readings: clocks not searched")
-        elif chosen.sm_mhz and len(gpus) > 1 and min(chosen.sm_mhz.values()) < (1 - MATCH_SPREAD) * max(
-                chosen.sm_mhz.values()):
+        elif chosen.sm_mhz and len(gpus) > 1 and not mixed and min(chosen.sm_mhz.values()) < (
+                1 - MATCH_SPREAD) * max(chosen.sm_mhz.values()):
             out.notes.append("the GPUs ran at different clocks: the slowest sets a DDP job's pace; "
                              "--knobs power,clocks measures locking the faster ones to match")
         if "memclocks" in knobs:
             _memclocks(machine, out, trial, c, gpus)
-        quietest = _fans(machine, out, trial, c, gpus) if "fans" in knobs else None
-        pick = quietest or search.best(out.trials, c) or base
-        out.chosen = _confirm(out, pick, baseline, trial_fn=lambda cand, b: run_trial(
-            machine, workload, applier, gpus, len(out.trials), "confirm", cand.settings, measure, say,
-            soaked=cand.stage == "fans", ref=b), c=c, ceilings=_ceilings(machine, gpus) if quietest else None)
+        def again(cand: Trial, b: Trial) -> Trial:
+            return run_trial(machine, workload, applier, gpus, len(out.trials), "confirm", cand.settings, measure,
+                             say, soaked=cand.stage == "fans", ref=b)
+
+        def judge(t: Trial) -> bool:
+            return search.feasible(t, c)
+
+        def rank(t: Trial) -> float:
+            return search.objective(t, c)
+
+        pick = search.best(out.trials, c) or base
+        out.chosen = _confirm(out, pick, baseline, again, judge, rank)
+        if "fans" in knobs:  # the curves on top of the confirmed settings, the quietest confirmed in turn
+            start = out.chosen
+            quietest = _fans(machine, out, trial, c, gpus, start)
+            if quietest is not None:
+                ceilings = _ceilings(machine, gpus)
+                first, first_pick, first_ok = out.chosen, out.picked, out.confirmed
+                out.chosen = _confirm(out, quietest, baseline, again,  # the bound itself, and the ceilings
+                                      lambda t: search.feasible(t, c) and fan_objective(t, c, ceilings) < math.inf,
+                                      lambda t: fan_objective(t, c, ceilings, start), stage="fans")
+                if out.confirmed is False:  # no curve confirmed: the confirmed settings with the driver's fans
+                    out.chosen, out.picked, out.confirmed = first, first_pick, first_ok
     except KeyboardInterrupt:
         out.interrupted = True
     finally:
@@ -341,6 +369,39 @@ def run_tune(machine: Machine, workload: Workload, applier: Applier, *, goal: Go
 
 
 TrialFn = Callable[[str, Settings], Trial]
+# A rank that waits this much more of each step than the one that waits least runs faster than the job's
+# pace (every rank waits for the slowest at each all-reduce): its GPU could do the same with less power.
+# Three times the simulated per-second spread of a rank's step (``gpud.sim.perf.STEP_CV``).
+WAIT_SPREAD = 0.03
+
+
+def waiting_gpus(t: Trial) -> list[int]:
+    """The GPUs whose ranks wait for the others in trial ``t`` (``Trial.waiting``, from the job's ranks)."""
+    if len(t.waiting) < 2:
+        return []
+    least = min(t.waiting.values())
+    return sorted(g for g, v in t.waiting.items() if v > least + WAIT_SPREAD)
+
+
+def _pergpu(out: Outcome, base: Trial, limits: dict[int, tuple[float, float, float]], trial: TrialFn,
+            c: Constraint) -> None:
+    """Per-GPU limits where the GPUs differ (mixed models, or one slot or die slower): the GPUs whose ranks
+    wait at every all-reduce for the slowest (``waiting_gpus``) get their limit searched on their own, the
+    GPUs that set the pace keep theirs. Lowering a waiting GPU's limit costs nothing until it stops waiting,
+    then it slows the job: the same golden section as the joint search, over those GPUs' share alone."""
+    fast = waiting_gpus(base)
+    if not fast or len(fast) == len(base.waiting):
+        return
+    out.notes.append("GPUs " + ", ".join(f"{g} ({base.waiting[g] * 100:.0f} %)" for g in fast)
+                     + " waited for the others in each step of the baseline: their limits were searched on their "
+                     "own, the others kept theirs")
+
+    def capped(permille: int) -> Settings:
+        return {g: {"power_limit": float(min(limits[g][1], max(limits[g][0], round(limits[g][1] * permille / 1000))))}
+                for g in fast}
+
+    lo = max(round(1000 * limits[g][0] / limits[g][1]) for g in fast)
+    search.golden(lambda k: search.objective(trial("pergpu", capped(k)), c), lo, 1000, search.POWER_RESOLUTION * 1000)
 
 
 def _ceilings(machine: Machine, gpus: list[int]) -> dict[int, float]:
@@ -350,23 +411,23 @@ def _ceilings(machine: Machine, gpus: list[int]) -> dict[int, float]:
 CONFIRM_TRIES = 3  # candidates measured again, best first, before the GPUs are left as they were
 
 
-def _confirm(out: Outcome, pick: Trial, baseline: Callable[[], Trial], trial_fn: Callable[[Trial, Trial], Trial],
-             c: Constraint, ceilings: dict[int, float] | None) -> Trial:
+def _confirm(out: Outcome, pick: Trial, baseline: Callable[[], Trial], again: Callable[[Trial, Trial], Trial],
+             judge: Callable[[Trial], bool], rank: Callable[[Trial], float], stage: str | None = None) -> Trial:
     """Measure the chosen point again against a fresh baseline: a search's best trial is the minimum over
-    noisy measurements, biased toward luck, so a choice stands only where a measurement that did not
-    choose it still finds it within the slowdown bound (and, for a fan curve, below the ceilings). A point
-    that does not confirm gives way to the next best feasible trial (a safer one, as a rule: the search's
-    best sits at the bound), up to ``CONFIRM_TRIES``; if none confirms the GPUs stay as they were (the
-    last fresh baseline is the choice), and the notes say why."""
-    if pick.stage == "baseline" or not pick.settings:
+    noisy measurements, biased toward luck, so a choice stands only where a measurement that did not choose
+    it still passes ``judge`` (within the slowdown bound; a fan curve also below the ceilings). A point that
+    does not confirm gives way to the next best trial that passed (of ``stage``, by ``rank``: a safer one, as
+    a rule, since the search's best sits at the bound), up to ``CONFIRM_TRIES``; if none confirms the GPUs
+    stay as they were (the last fresh baseline is the choice), and the notes say why."""
+    if pick.stage in ("baseline", "confirm") or not pick.settings:
         out.confirmed, out.picked = None, pick
         return pick
     seen: set[str] = set()
-    ranked = [pick] + sorted((t for t in out.trials if t is not pick and t.stage not in ("baseline", "confirm")
-                              and t.settings and search.feasible(t, c) and (pick.stage != "fans" or t.stage == "fans")
-                              and search.objective(t, c) < 1.0), key=lambda t: (search.objective(t, c), t.number))
+    others = sorted((t for t in out.trials if t is not pick and t.stage not in ("baseline", "confirm")
+                     and t.settings and (stage is None or t.stage == stage) and judge(t)
+                     and (stage is not None or rank(t) < 1.0)), key=lambda t: (rank(t), t.number))
     fresh = pick
-    for cand in ranked:
+    for cand in [pick, *others]:
         key = repr(sorted(cand.settings.items()))
         if key in seen:
             continue
@@ -374,16 +435,14 @@ def _confirm(out: Outcome, pick: Trial, baseline: Callable[[], Trial], trial_fn:
         if len(seen) > CONFIRM_TRIES:
             break
         fresh = baseline()
-        t = trial_fn(cand, fresh)
+        t = again(cand, fresh)
         out.trials.append(t)
-        ok = search.feasible(t, c) and (ceilings is None or not any(
-            t.temperature_c.get(g, 0.0) >= top for g, top in ceilings.items()))
-        if ok:
+        if judge(t):
             out.confirmed, out.picked = True, cand
             return t
-        slow = search.trial_slowdown(t, c)
+        slow = search.trial_slowdown(t, search.Constraint("energy", out.max_slowdown, 0.0))
         out.notes.append(f"trial {cand.number}'s settings did not confirm against a fresh baseline (trial "
-                         f"{t.number}: {t.status}, slowdown {slow * 100:+.1f} % ± {search.margin(t, c) * 100:.1f} %)")
+                         f"{t.number}: {t.status}, slowdown {slow * 100:+.1f} %)")
     out.confirmed = False
     out.notes.append("no chosen setting confirmed: the GPUs are left as they were")
     return fresh
@@ -456,7 +515,8 @@ def fan_curve(knee: float, ceiling: float, floor: float) -> dict[str, Any]:
             "minimum": 0, "max_ramp": 10}
 
 
-def _fans(machine: Machine, out: Outcome, trial: TrialFn, c: Constraint, gpus: list[int]) -> Trial | None:
+def _fans(machine: Machine, out: Outcome, trial: TrialFn, c: Constraint, gpus: list[int],
+          start_trial: Trial | None = None) -> Trial | None:
     """The quietest fan curve: the lowest mean duty that keeps the throughput within the slowdown bound
     and every GPU below its ceiling (``fan_ceiling``) after a soak. The curve holds the GPU's minimum duty
     up to a knee and reaches 100 % at the ceiling; a higher knee lets the GPU run warmer, which takes less
@@ -473,7 +533,7 @@ def _fans(machine: Machine, out: Outcome, trial: TrialFn, c: Constraint, gpus: l
         out.notes.append("fans not searched: a GPU reports no slowdown or max operating temperature")
         return None
     top = {g: v[0] for g, v in ceilings.items() if v is not None}
-    base = search.best(out.trials, c) or out.baseline
+    base = start_trial or search.best(out.trials, c) or out.baseline
     if base is None or not base.temperature_c:
         out.notes.append("fans not searched: no temperature was read in the trials")
         return None

@@ -86,6 +86,7 @@ class Trial:
     sm_mhz: dict[int, float] = field(default_factory=dict)  # mean per GPU
     temperature_c: dict[int, float] = field(default_factory=dict)  # highest per GPU
     fan_percent: dict[int, float] = field(default_factory=dict)  # mean per GPU
+    waiting: dict[int, float] = field(default_factory=dict)  # mean share of a step each GPU's rank waits
     reasons: list[str] = field(default_factory=list)  # every clock-event reason seen
     windows: int = 0
     soak_s: float = 0.0  # a fan trial's soak before its windows (the temperature settled)
@@ -108,6 +109,7 @@ class Trial:
                 "sm_mhz": {str(g): round(v) for g, v in sorted(self.sm_mhz.items())},
                 "temperature_c": {str(g): round(v, 1) for g, v in sorted(self.temperature_c.items())},
                 "fan_percent": {str(g): round(v, 1) for g, v in sorted(self.fan_percent.items())},
+                "waiting_percent": {str(g): round(v * 100, 1) for g, v in sorted(self.waiting.items())},
                 "reasons": sorted(self.reasons), "soak_seconds": round(self.soak_s, 1), "settled": self.settled}
 
 
@@ -285,6 +287,7 @@ def run_trial(machine: Machine, workload: Workload, applier: Applier, gpus: list
     clocks: dict[int, list[float]] = {g: [] for g in gpus}
     temps: dict[int, list[float]] = {g: [] for g in gpus}
     fans: dict[int, list[float]] = {g: [] for g in gpus}
+    waits: dict[int, list[float]] = {g: [] for g in gpus}
     reasons: set[str] = set()
     guard = Guard(machine, gpus, reasons)
     samples = seconds = joules = energy_s = 0.0
@@ -318,6 +321,9 @@ def run_trial(machine: Machine, workload: Workload, applier: Applier, gpus: list
                 joules += e1 - e0
                 energy_s += t1 - t0
                 jps.append(watts * took / n)
+            waiting = getattr(workload, "waiting", None)
+            for g, w in (waiting() if waiting is not None else {}).items():
+                waits.setdefault(g, []).append(w)
             for g in gpus:
                 s = machine.nvml.telemetry(g)
                 reasons |= set(s.clock_events or ())
@@ -348,6 +354,7 @@ def run_trial(machine: Machine, workload: Workload, applier: Applier, gpus: list
     t.sm_mhz = {g: statistics.fmean(v) for g, v in clocks.items() if v}
     t.temperature_c = {g: max(v) for g, v in temps.items() if v}
     t.fan_percent = {g: statistics.fmean(v) for g, v in fans.items() if v}
+    t.waiting = {g: statistics.fmean(v) for g, v in waits.items() if v}
     if rates and t.status == "ok":
         t.samples_per_second = samples / seconds if seconds > 0 else None
         t.ci = relative_ci(rates, measure.confidence)

@@ -279,10 +279,12 @@ class Training:
         self.ticker: Ticker | None = None
         self.guard: Ticker | None = None  # called once a second of a window; raises ``Unsafe`` to stop it
         self.job: Any = None
+        self.gpus: list[int] = []
 
     def start(self, gpus: list[int]) -> None:
         from gpud.probe.training import TrainingFailed, TrainingJob
 
+        self.gpus = list(gpus)
         self.job = TrainingJob(self.pace.device, len(gpus), [self.uuids[g] for g in gpus if g in self.uuids],
                                paced=self.pace.paced, batch_per_rank=self.pace.batch_per_rank)
         try:
@@ -311,6 +313,15 @@ class Training:
             self.ticker(now)
         if self.guard is not None:
             self.guard(now)
+
+    def waiting(self) -> dict[int, float]:
+        """Per GPU, the share of a step its rank waits for the others (1 − its own compute time / the step's
+        time, from the job's newest line; empty where the job does not report it). A rank that waits is
+        faster than the job's pace: its GPU could do with less."""
+        got = self.job.latest() if self.job is not None else None
+        if got is None or not got.step_s or len(got.compute_s) != len(self.gpus):
+            return {}
+        return {g: max(0.0, 1.0 - c / got.step_s) for g, c in zip(self.gpus, got.compute_s, strict=True)}
 
     def window(self, seconds: float) -> tuple[float, float]:
         n0, t0 = self.counter()
