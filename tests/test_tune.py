@@ -230,7 +230,9 @@ def test_quiet_and_throughput_goals() -> None:
     m = fresh(SIM)
     quiet = _tune(m, goal="quiet")
     assert quiet.chosen is not None and quiet.baseline is not None and quiet.slowdown is not None
-    assert quiet.slowdown <= 0.05 and (quiet.chosen.power_w or 0) < 0.9 * (quiet.baseline.power_w or 0)
+    # less draw than the baseline, surely (the interval of the difference above zero), within the slowdown
+    assert quiet.slowdown <= 0.05 and (quiet.chosen.power_w or 0) < (quiet.baseline.power_w or 0)
+    assert quiet.gain_excludes_zero and quiet.confirmed
     fast = _tune(m, goal="throughput")
     # the maximum limit: nothing above it to try (the GPUs' own, so as fast as the baseline within the noise);
     # if it measured faster it is measured again against a fresh baseline, and it is no surer gain than that

@@ -105,3 +105,67 @@ def test_a_command_whose_runs_leave_the_energy_counters_still_is_refused(monkeyp
     cmd.start([0])
     with pytest.raises(RunTooShort, match="energy counters did not move"):
         run_trial(m, cmd, LocalApplier(m), [0], 0, "baseline", {}, Measure(warmup_s=0))
+
+
+def test_rate_from_reads_a_running_commands_throughput_from_its_output_and_stops_it() -> None:
+    import shlex
+    import sys
+
+    from gpud.tune.workload import RateCommand
+
+    m = fresh(SIM)
+    loop = "import time\nwhile True:\n    print('step: 12.5 it/s', flush=True)\n    time.sleep(0.2)"
+    cmd = RateCommand(f"{shlex.quote(sys.executable)} -u -c {shlex.quote(loop)}", "cpu", {}, r"([\d.]+) it/s")
+    cmd.start([0])
+    try:
+        t = run_trial(m, cmd, LocalApplier(m), [0], 0, "baseline", {}, Measure())
+        pid = cmd.proc.pid if cmd.proc is not None else 0
+    finally:
+        cmd.stop()
+    assert t.ok and t.samples_per_second == pytest.approx(12.5, rel=1e-6), t.json()
+    assert t.settle_s > 0 and t.windows >= 3  # a long-running job: settled, then windows of its lines
+    assert pid and not _alive(pid)
+
+
+@pytest.mark.parametrize(("args", "key"), [
+    (["--rate-from", "([\\d.]+"], "--rate-from"),
+    (["--rate-from", "it/s"], "--rate-from"),
+    (["--rate-from", "([\\d.]+) it/s", "--workload", "probe"], "--rate-from"),
+    (["--timeout", "0", "--workload", "sleep 5"], "--timeout"),
+])
+def test_bad_rate_from_or_timeout_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], args: list[str],
+                                                         key: str) -> None:
+    from tuning_helpers import cli
+
+    argv = ["tune", "--simulate", SIM, *args]
+    if "--workload" not in args:
+        argv += ["--workload", "sleep 5"]
+    code, _, err = cli(capsys, *argv)
+    assert code == 2 and key in err and len(err.strip().splitlines()) <= 2, err
+
+
+def test_a_locked_clock_is_read_back_from_the_clock_under_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVML has no getter for locked clocks: the SM clock under load is the evidence. A lock that held runs
+    at or below it; a GPU that reports a clock above the lock (here: a driver that ignored it) fails the
+    trial, and the setting is undone."""
+    m = fresh(SIM)
+    before = fingerprint(m)
+    work = Training(SimPace(m.simulation, startup_s=5.0), {})
+    work.start([0])
+    lock = {0: {"power_limit": 300.0, "gpu_clocks": [1200, 1200]}}
+    try:
+        held = run_trial(m, work, LocalApplier(m), [0], 1, "clocks", lock, Measure())
+        assert held.ok and held.sm_mhz[0] <= 1200 + 15, held.json()
+        real = type(m.nvml).telemetry
+
+        def ignored(self: Any, g: int) -> Any:
+            s = real(self, g)
+            return s.__class__(**{**s.__dict__, "clocks_mhz": {**s.clocks_mhz, "sm": 1800}})
+
+        monkeypatch.setattr(type(m.nvml), "telemetry", ignored)
+        broke = run_trial(m, work, LocalApplier(m), [0], 2, "clocks", lock, Measure())
+    finally:
+        work.stop()
+    assert broke.status == "failed" and "above the 1200 MHz locked" in broke.note, broke.json()
+    LocalApplier(m).restore()
+    assert fingerprint(fresh(SIM)) == before

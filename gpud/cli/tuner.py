@@ -139,6 +139,10 @@ def tune(
                                           help="The probe's DDP training loop (one job, the settings changed "
                                                "under it), or your command (run to completion once per window, "
                                                "at least 10 s a run).")] = "probe",
+    rate_from: Annotated[str | None, typer.Option("--rate-from", metavar="REGEX",
+                                                  help="Run the command once and read its throughput from its "
+                                                       "output: the first group of each matching line, e.g. "
+                                                       "'([\\d.]+) it/s'.")] = None,
     timeout: Annotated[float, typer.Option("--timeout", metavar="SECONDS",
                                            help="A command's longest run; then its process group is killed "
                                                 "(default 3600).")] = 3600.0,
@@ -170,7 +174,7 @@ def tune(
     from gpud.tune.run import LocalApplier, check_start, run_tune
     from gpud.tune.search import GOALS
     from gpud.tune.trial import Measure
-    from gpud.tune.workload import Command, Training, Workload
+    from gpud.tune.workload import Command, RateCommand, Training, Workload
 
     if goal not in GOALS:
         raise InvalidInput("--goal", "", f"must be one of {', '.join(GOALS)}, not {goal!r}")
@@ -193,7 +197,12 @@ def tune(
     if workload == "probe":
         from gpud.backends import open_training
 
+        if rate_from is not None:
+            raise InvalidInput("--rate-from", "", "reads a command's output: give --workload \"COMMAND\"")
         load: Workload = Training(open_training(m), {g: infos[g].uuid for g in chosen if g in infos})
+    elif rate_from is not None:
+        load = RateCommand(workload, "cpu" if m.simulation is not None else "gpu",
+                           {g: infos[g].uuid for g in chosen if g in infos}, rate_from, timeout_s=timeout)
     else:
         load = Command(workload, "cpu" if m.simulation is not None else "gpu",
                        {g: infos[g].uuid for g in chosen if g in infos}, timeout_s=timeout)

@@ -263,6 +263,25 @@ def settle(machine: Machine, workload: Workload, gpus: list[int], measure: Measu
     return workload.now() - start
 
 
+# A locked SM clock has no getter in NVML: the clock the GPU runs at under load is the evidence that the
+# lock holds. GPU Boost steps in bins of 15 MHz (docs/simulation.md); a clock more than one bin above the
+# lock means it was not applied (below it is fine: a power cap or a thermal limit may hold it lower).
+LOCK_SLACK_MHZ = 15
+
+
+def locks_unheld(machine: Machine, settings: Settings) -> str:
+    """Why a trial's locked SM clocks did not hold under load ('' when they did, or none was locked)."""
+    for g, s in sorted(settings.items()):
+        lock = s.get("gpu_clocks")
+        if not isinstance(lock, list) or len(lock) != 2:
+            continue
+        sm = machine.nvml.telemetry(g).clocks_mhz.get("sm")
+        if sm is not None and sm > int(lock[1]) + LOCK_SLACK_MHZ:
+            return (f"GPU {g}: the SM clock under load is {sm} MHz, above the {lock[1]} MHz locked: NVML cannot "
+                    "read a lock back, and this clock says it did not hold")
+    return ""
+
+
 def run_trial(machine: Machine, workload: Workload, applier: Applier, gpus: list[int], number: int, stage: str,
               settings: Settings, measure: Measure, say: Callable[[str], None] | None = None,
               soaked: bool = False, ref: Trial | None = None, warm: bool = False) -> Trial:
@@ -303,6 +322,9 @@ def run_trial(machine: Machine, workload: Workload, applier: Applier, gpus: list
         if hasattr(workload, "counter"):
             t.settle_s = settle(machine, workload, gpus, measure)
         guard.check()
+        unheld = locks_unheld(machine, settings)
+        if unheld:
+            raise WorkloadFailed(unheld)
         while len(rates) < measure.max_windows:
             e0, t0 = _energy(machine, gpus), workload.now()
             n, took = workload.window(measure.window_s)

@@ -148,14 +148,15 @@ class RunAs:
             here = self.home
         return ["/bin/sh", "-c", _ENTER, "gpud-workload", here, *argv]
 
-    def popen(self, argv: list[str], env: dict[str, str], stderr: Any) -> subprocess.Popen[bytes]:
+    def popen(self, argv: list[str], env: dict[str, str], stderr: Any,
+              stdout: Any = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
         """The command started in its own session (a timeout kills the whole process group), under sudo
         with the invoking user's uid, gid and groups (subprocess sets groups, then gid, then uid)."""
         null = subprocess.DEVNULL
         if self.uid is None:
-            return subprocess.Popen(self.argv(argv), env=env, start_new_session=True, stdin=null, stdout=null,
+            return subprocess.Popen(self.argv(argv), env=env, start_new_session=True, stdin=null, stdout=stdout,
                                     stderr=stderr)
-        return subprocess.Popen(self.argv(argv), env=env, start_new_session=True, stdin=null, stdout=null,
+        return subprocess.Popen(self.argv(argv), env=env, start_new_session=True, stdin=null, stdout=stdout,
                                 stderr=stderr, user=self.uid, group=self.gid, extra_groups=self.groups, cwd="/")
 
 
@@ -342,3 +343,119 @@ class Training:
             self.job.stop()
             self.job = None
         self.pace.stop()
+
+
+class RateCommand:
+    """The user's own job, unmodified, run once for the whole tune (``--rate-from REGEX``): gpud reads its
+    throughput from its output (standard output and error together; the first group of each matching line,
+    e.g. ``([\\d.]+) it/s`` or a trainer's ``samples/s`` lines) while the settings change under it. The rate
+    a line reports holds from the line before it to it, so a window's figure is the time-weighted mean of the
+    lines within it (``counter``: the rate integrated over the lines so far). It runs as ``Command`` does
+    (the invoking user under sudo, a clean environment as root, its own process group, killed at the end)."""
+
+    unit = "samples"
+
+    def __init__(self, command: str, figures: str, uuids: dict[int, str], pattern: str,
+                 timeout_s: float = 3600.0) -> None:
+        import re
+
+        try:
+            self.argv = shlex.split(command)
+        except ValueError as err:
+            raise InvalidInput("--workload", "", f"cannot split {command!r}: {err}") from None
+        try:
+            self.rx = re.compile(pattern)
+        except re.error as err:
+            raise InvalidInput("--rate-from", "", f"{pattern!r} is not a regular expression: {err}") from None
+        if self.rx.groups < 1:
+            raise InvalidInput("--rate-from", "", f"{pattern!r} has no group: say which part is the rate, "
+                                                  "e.g. '([\\d.]+) it/s'")
+        if not self.argv:
+            raise InvalidInput("--workload", "", "empty command")
+        self.name, self.figures, self.uuids, self.timeout_s = command, figures, uuids, timeout_s
+        self.ticker: Ticker | None = None
+        self.guard: Ticker | None = None
+        self.run_as = RunAs()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+        self._samples = 0.0
+        self._last: float | None = None
+        self._lines = 0
+        self._tail = ""
+        self._started = 0.0
+
+    def start(self, gpus: list[int]) -> None:
+        visible = [self.uuids[g] for g in gpus if g in self.uuids]
+        env = {"CUDA_VISIBLE_DEVICES": ",".join(visible)} if len(visible) == len(gpus) else {}
+        try:
+            self.proc = self.run_as.popen(self.argv, self.run_as.env(env), subprocess.STDOUT, subprocess.PIPE)
+        except OSError as err:
+            raise WorkloadFailed(f"{self.name}: {err}") from None
+        self._started = time.monotonic()
+        threading.Thread(target=self._follow, name="gpud-tune-rate", daemon=True).start()
+
+    def _follow(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = raw.decode(errors="replace")
+            m = self.rx.search(line)
+            now = time.monotonic()
+            try:
+                rate = float(m.group(1)) if m else None
+            except (TypeError, ValueError):
+                rate = None
+            with self._lock:
+                self._tail = line.strip()[-200:] or self._tail
+                if rate is None:
+                    continue
+                if self._last is not None:
+                    self._samples += rate * (now - self._last)
+                self._last = now
+                self._lines += 1
+
+    def counter(self) -> tuple[float, float]:
+        """(the rate integrated over the lines so far, when the last line came); waits for two lines."""
+        deadline = time.monotonic() + 120.0
+        while True:
+            with self._lock:
+                if self._lines >= 2 and self._last is not None:
+                    return self._samples, self._last
+            if self.proc is None or self.proc.poll() is not None:
+                code = None if self.proc is None else self.proc.returncode
+                raise WorkloadFailed(f"{self.name}: it ended (exit status {code})"
+                                     f"{': ' + self._tail if self._tail else ''}")
+            if time.monotonic() > deadline:
+                raise WorkloadFailed(f"{self.name}: no line matched --rate-from {self.rx.pattern!r} within 120 s")
+            self.wait(1.0)
+
+    def window(self, seconds: float) -> tuple[float, float]:
+        n0, t0 = self.counter()
+        self.wait(seconds)
+        n1, t1 = self.counter()
+        if t1 <= t0:
+            raise WorkloadFailed(f"{self.name}: no line matched --rate-from {self.rx.pattern!r} in {seconds:g} s")
+        return n1 - n0, t1 - t0
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def wait(self, seconds: float) -> None:
+        end = time.monotonic() + max(0.0, seconds)
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(1.0, left))
+            if self.proc is not None and time.monotonic() - self._started > self.timeout_s:
+                raise WorkloadFailed(f"{self.name}: ran past its timeout of {self.timeout_s:g} s")
+            for f in (self.ticker, self.guard):
+                if f is not None:
+                    f(time.monotonic())
+
+    def stop(self) -> None:
+        import signal
+
+        if self.proc is not None:
+            with contextlib.suppress(OSError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+            self.proc = None
