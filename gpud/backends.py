@@ -234,6 +234,7 @@ class SimPace:
         self.startup_s = self.STARTUP_S if startup_s is None else startup_s
         self.startup_share = startup_share  # None: the training's own draw
         self.demand_share = demand_share  # None: perf.TRAINING_DEMAND_SHARE
+        self._paced_at: float | None = None  # the simulated time the job was last paced to
 
     def _demand(self, g: int, share: float | None) -> float:
         from gpud.sim import perf
@@ -250,6 +251,7 @@ class SimPace:
         self.wait(self.startup_s, paced=False)
         for g in gpus:
             m.set_load(g, 100, self._demand(g, self.demand_share))
+        self._paced_at = self.now()
 
     def now(self) -> float:
         return float(self.sim.machine.now())
@@ -275,7 +277,12 @@ class SimPace:
                                        float(spec.tensor_tflops), float(spec.memory_bandwidth_gbs))
                     jitter = m.gauss(g, "step", m.bucket()) if m.noisy else 0.0
                     compute.append(perf.seconds(perf.jittered(t, jitter), self.batch_per_rank or 1))
-                self.job.pace(self.now(), step, compute,
+                # the whole simulated interval since the last pace: simulated time is the wall clock plus what
+                # was advanced, so the wall time the code took is training time too (as the energy counts it)
+                now = self.now()
+                since = now - self._paced_at if self._paced_at is not None else step
+                self._paced_at = now
+                self.job.pace(now, since, compute,
                               perf.seconds(perf.allreduce_exposed(len(self.gpus)), self.batch_per_rank or 1))
             if tick is not None:
                 tick(self.now())
