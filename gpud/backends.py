@@ -187,61 +187,115 @@ def open_bench(machine: Machine, device: str) -> RealBench | SimBench:
     return RealBench(device, {i.index: i.uuid for i in infos if i is not None})
 
 
-class SimTraining:
-    """The tune's workload on a simulated workstation: DDP training as the performance model has it
-    (``gpud.sim.perf``). The GPUs draw what the model says at the clocks the physics gives them, so the
-    energy counters, clocks and clock-event reasons NVML reports follow; each simulated second's samples
-    come from each GPU's step time at its clock (its model's tensor throughput and memory bandwidth):
-    every rank waits for the slowest at the all-reduce. Under noise each rank's step time varies from
-    second to second (``perf.STEP_CV``), drawn from the machine's seed and the simulated time, so the
-    same run gives the same figures. Simulated time passes as fast as the code runs."""
+Tick = Any  # Callable[[float], None]: called once a second of the workload with its time
+
+
+class RealPace:
+    """The tune's training job on real GPUs: it runs free (``gpud.probe.training``, one rank per GPU), time
+    is the monotonic clock, and waiting is sleeping, one second at a time (``tick`` after each)."""
+
+    figures = "gpu"
+    paced = False
+    device = "cuda"
+    batch_per_rank: int | None = None  # the probe's own
+
+    def start(self, job: Any, gpus: list[int]) -> None:
+        self.job = job
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def wait(self, seconds: float, tick: Tick = None) -> None:
+        end = time.monotonic() + max(0.0, seconds)
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(1.0, left))
+            if tick is not None:
+                tick(self.now())
+
+    def stop(self) -> None:
+        pass
+
+
+class SimPace:
+    """The tune's training job on a simulated workstation: the same job (``gpud.probe.training``), one rank
+    on the CPU standing in for the GPUs, its steps paced by the performance model (``gpud.sim.perf``) through
+    its standard input, the channel the burn-in's faults take to its child. Each simulated second, every
+    simulated rank's compute time per step comes from its GPU's clocks as the physics has them (its model's
+    tensor throughput and memory bandwidth), the GPUs draw what the model says, so the energy counters,
+    clocks and clock-event reasons NVML reports follow. Under noise each rank's step time varies from second
+    to second (``perf.STEP_CV``), drawn from the machine's seed and the simulated time.
+
+    The job's start-up (torch's import, the model, NCCL) lasts ``startup_s`` of simulated time at
+    ``startup_share`` of the default power limit, with no steps: what a window must not include."""
 
     figures = "model"
-    name = "probe"
-    unit = "samples"
+    paced = True
+    device = "cpu"
+    # One sample per rank and step: the step counter moves about a hundred times a second (a window's
+    # figure is read from the step boundaries in any case).
+    batch_per_rank: int | None = 1
+    STARTUP_S = 30.0  # PyTorch's import, CUDA's context and NCCL's set-up: tens of seconds (an assumption)
 
-    def __init__(self, sim: Any) -> None:
+    def __init__(self, sim: Any, startup_s: float | None = None, startup_share: float | None = None,
+                 demand_share: float | None = None) -> None:
         self.sim = sim
         self.gpus: list[int] = []
-        self.ticker: Any = None  # called with the simulated time after each simulated second (a trial's fans)
+        self.job: Any = None
+        self.startup_s = self.STARTUP_S if startup_s is None else startup_s
+        self.startup_share = startup_share  # None: the training's own draw
+        self.demand_share = demand_share  # None: perf.TRAINING_DEMAND_SHARE
+        self._paced_at: float | None = None  # the simulated time the job was last paced to
 
-    def start(self, gpus: list[int]) -> None:
+    def _demand(self, g: int, share: float | None) -> float:
         from gpud.sim import perf
 
+        default = float(self.sim.machine.desc.gpus[g].power_default_watts)
+        return default * share if share is not None else perf.training_demand_watts(default)
+
+    def start(self, job: Any, gpus: list[int]) -> None:
         m = self.sim.machine
-        self.gpus = list(gpus)
+        self.job, self.gpus = job, list(gpus)
         for g in gpus:
-            m.set_load(g, 100, perf.training_demand_watts(float(m.desc.gpus[g].power_default_watts)))
-
-    def window(self, seconds: float) -> tuple[float, float]:
-        from gpud.sim import perf
-        from gpud.sim.physics import CLOCK_MEM, CLOCK_SM
-
-        m = self.sim.machine
-        m._checked = 0.0  # settings another process (a daemon) wrote count from this window on, not 0.25 s later
-        m.refresh()
-        done = samples = 0.0
-        while done < seconds - 1e-9:
-            step = min(1.0, seconds - done)
-            m.advance(step)
-            times = []
-            for g in self.gpus:
-                spec = m.desc.gpus[g]
-                times.append(perf.step_time(m.clock_mhz(g, CLOCK_SM) / m.boost_mhz(g),
-                                            m.clock_mhz(g, CLOCK_MEM) / float(spec.max_memory_mhz),
-                                            float(spec.tensor_tflops), float(spec.memory_bandwidth_gbs)))
-            jitter = [m.gauss(g, "step", m.bucket()) for g in self.gpus] if m.noisy else None
-            samples += perf.step_rate(times, jitter) * step
-            done += step
-            if self.ticker is not None:
-                self.ticker(self.now())
-        return samples, done
+            m.set_load(g, 100, self._demand(g, self.startup_share if self.startup_share is not None
+                                            else self.demand_share))
+        self.wait(self.startup_s, paced=False)
+        for g in gpus:
+            m.set_load(g, 100, self._demand(g, self.demand_share))
+        self._paced_at = self.now()
 
     def now(self) -> float:
         return float(self.sim.machine.now())
 
-    def wait(self, seconds: float) -> None:
-        self.sim.machine.advance(max(0.0, seconds))
+    def wait(self, seconds: float, tick: Tick = None, paced: bool = True) -> None:
+        from gpud.sim import perf
+        from gpud.sim.physics import CLOCK_MEM, CLOCK_SM
+
+        m = self.sim.machine
+        m._checked = 0.0  # settings another process (a daemon) wrote count from now on, not 0.25 s later
+        m.refresh()
+        done = 0.0
+        while done < seconds - 1e-9:
+            step = min(1.0, seconds - done)
+            m.advance(step)
+            done += step
+            if paced and self.job is not None:
+                compute = []
+                for g in self.gpus:
+                    spec = m.desc.gpus[g]
+                    t = perf.step_time(m.clock_mhz(g, CLOCK_SM) / m.boost_mhz(g),
+                                       m.clock_mhz(g, CLOCK_MEM) / float(spec.max_memory_mhz),
+                                       float(spec.tensor_tflops), float(spec.memory_bandwidth_gbs))
+                    jitter = m.gauss(g, "step", m.bucket()) if m.noisy else 0.0
+                    compute.append(perf.seconds(perf.jittered(t, jitter), self.batch_per_rank or 1))
+                # the whole simulated interval since the last pace: simulated time is the wall clock plus what
+                # was advanced, so the wall time the code took is training time too (as the energy counts it)
+                now = self.now()
+                since = now - self._paced_at if self._paced_at is not None else step
+                self._paced_at = now
+                self.job.pace(now, since, compute,
+                              perf.seconds(perf.allreduce_exposed(len(self.gpus)), self.batch_per_rank or 1))
+            if tick is not None:
+                tick(self.now())
 
     def stop(self) -> None:
         """Put back the described load on the GPUs it loaded."""
@@ -252,6 +306,6 @@ class SimTraining:
                 m.settings(g)["load"] = None
 
 
-def open_training(machine: Machine) -> SimTraining | None:
-    """The tune's model workload on a simulated workstation; None on real GPUs (the probe runs there)."""
-    return SimTraining(machine.simulation) if machine.simulation is not None else None
+def open_training(machine: Machine) -> RealPace | SimPace:
+    """What paces the tune's training job: real GPUs (it runs free), or the simulator's performance model."""
+    return SimPace(machine.simulation) if machine.simulation is not None else RealPace()

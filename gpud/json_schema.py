@@ -137,19 +137,25 @@ TUNE_POINT = _obj({"trial": {"type": "integer"}, "samples_per_second": NUM, "jou
                    "power_watts": NUM, "settings": TUNE_SETTINGS}, nullable=True)
 PER_GPU_NUM = {"type": "object", "additionalProperties": {"type": "number"}}
 TUNE_TRIAL = _obj({
-    "number": {"type": "integer"}, "stage": {"enum": ["baseline", "power", "clocks", "match", "memclocks", "fans"]},
+    "number": {"type": "integer"},
+    "stage": {"enum": ["baseline", "pergpu", "power", "clocks", "match", "memclocks", "fans", "confirm"]},
     "settings": TUNE_SETTINGS, "status": {"enum": ["ok", "throttled", "xid", "failed"]}, "note": {"type": "string"},
     "samples_per_second": NUM, "ci_percent": NUM, "ci_reached": {"type": "boolean"}, "joules_per_sample": NUM,
+    "joules_ci_percent": NUM, "baseline_trial": INT, "settle_seconds": NUM,
     "power_watts": NUM, "windows": {"type": "integer"}, "sm_mhz": PER_GPU_NUM, "temperature_c": PER_GPU_NUM,
-    "fan_percent": PER_GPU_NUM, "reasons": {"type": "array", "items": {"enum": [n for _, n in CLOCK_EVENT_REASONS]}},
+    "fan_percent": PER_GPU_NUM, "waiting_percent": PER_GPU_NUM,
+    "reasons": {"type": "array", "items": {"enum": [n for _, n in CLOCK_EVENT_REASONS]}},
     "soak_seconds": NUM, "settled": {"type": ["boolean", "null"]}, "frontier": {"type": "boolean"}})
 TUNE = _document("tune", {
     "goal": {"enum": ["throughput", "energy", "quiet"]}, "max_slowdown_percent": {"type": "number"},
     "knobs": STRS, "gpus": {"type": "array", "items": {"type": "integer"}}, "gpu_names": STRS,
     "workload": {"type": "string"}, "unit": {"enum": ["samples", "runs"]}, "figures": {"enum": ["gpu", "model", "cpu"]},
     "figures_note": {"type": "string"}, "baseline": TUNE_POINT, "chosen": TUNE_POINT,
-    "energy_saving_percent": NUM, "slowdown_percent": NUM, "trials": {"type": "array", "items": TUNE_TRIAL},
-    "trial_count": {"type": "integer"}, "linear_sweep_trials": {"type": "integer"},
+    "energy_saving_percent": NUM, "slowdown_percent": NUM, "energy_saving_ci_percent": NUM,
+    "slowdown_ci_percent": NUM, "confirmed": {"type": ["boolean", "null"]}, "gain_excludes_zero": {"type": "boolean"},
+    "trials": {"type": "array", "items": TUNE_TRIAL},
+    "trial_count": {"type": "integer"}, "search_trials": {"type": "integer"},
+    "linear_sweep_trials": {"type": "integer"},
     "confidence": _obj({"level_percent": {"type": "number"}, "bound_percent": {"type": "number"},
                         "reached": {"type": "boolean"}}),
     "restored": STRS, "interrupted": {"type": "boolean"}, "notes": STRS, "profile": STR, "applied": {"type": "boolean"},

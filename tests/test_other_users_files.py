@@ -305,7 +305,8 @@ def test_tune_workload_under_sudo_runs_as_the_invoking_user_in_a_clean_environme
                "MY_SECRET": "1", "LD_PRELOAD_TEST": "x", "PYTHONPATH": str(REPO), "LC_ALL": "C"}
         r = subprocess.run([sys.executable, "-m", "gpud", "tune", "--simulate", SIM, "--workload", cmd, "--gpus", "0",
                             "--json"], capture_output=True, text=True, cwd=private, env=env, timeout=300)
-        assert r.returncode == 0, r.stderr
+        # a run this short is refused (too short to measure) once it has run: as the invoking user
+        assert r.returncode == 1 and "must last" in r.stderr, r.stderr
         assert (out / "uid").read_text().strip() == "65534" and (out / "gid").read_text().strip() == "65534"
         seen = dict(line.split("=", 1) for line in (out / "env").read_text().splitlines() if "=" in line)
         assert "MY_SECRET" not in seen and "LD_PRELOAD_TEST" not in seen and "PYTHONPATH" not in seen
@@ -325,7 +326,7 @@ def test_a_root_login_runs_the_command_as_root_but_in_a_clean_environment_and_it
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("MY_SECRET", "1")
     cmd = Command(f"sh -c 'id -u > {tmp_path}/uid; env > {tmp_path}/env; ps -o pgid= -p $$ > {tmp_path}/pgid'",
-                  "cpu", {0: "GPU-x"})
+                  "cpu", {0: "GPU-x"}, min_run_s=0.0)
     cmd.start([0])
     cmd.window(1.0)
     assert (tmp_path / "uid").read_text().strip() == "0"

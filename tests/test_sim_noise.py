@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 from conftest import REPO, run_gpud
 
-from gpud.backends import SimBench, SimTraining, open_machine
+from gpud.backends import SimBench, SimPace, open_machine
 from gpud.errors import InvalidInput
 from gpud.sim import perf
 from gpud.sim.description import load
 from gpud.sim.physics import CLOCK_SM, CLOCK_STEP_MHZ
+from gpud.tune.workload import Training
 
 SIM = "z8-fury-4x-a6000"
 SEEDS = (1, 2, 3)
@@ -252,7 +253,7 @@ def test_an_a6000_and_a_6000_ada_train_at_different_rates(monkeypatch: pytest.Mo
     rates = {}
     for name in ("z8-fury-4x-a6000", "z8-fury-4x-rtx6000ada"):
         m = open_machine(name)
-        work = SimTraining(m.simulation)
+        work = Training(SimPace(m.simulation), {})
         work.start([0, 1, 2, 3])
         work.window(10.0)
         n, took = work.window(10.0)
@@ -278,10 +279,10 @@ def test_ddp_pace_is_the_slowest_rank_plus_the_all_reduce() -> None:
 def test_the_step_rate_jitters_from_second_to_second(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUD_SIM_SEED", "3")
     m = open_machine(SIM)
-    work = SimTraining(m.simulation)
+    work = Training(SimPace(m.simulation), {})
     work.start([0, 1])
     work.window(10.0)
-    rates = [work.window(1.0)[0] for _ in range(60)]
+    rates = [n / took for n, took in (work.window(1.0) for _ in range(60))]
     work.stop()
     cv = statistics.pstdev(rates) / statistics.fmean(rates)
     assert 0.002 < cv < 0.03, cv

@@ -18,13 +18,14 @@ from conftest import REPO
 from daemon_helpers import RunningDaemon
 from tuning_helpers import cli, fingerprint, fresh
 
-from gpud.backends import SimTraining
+from gpud.backends import SimPace
 from gpud.errors import GpudError
 from gpud.json_schema import check
 from gpud.sim import perf
 from gpud.tune import search
 from gpud.tune.run import LocalApplier, TuningBusy, check_start, fan_ceiling, memory_clocks, run_tune
 from gpud.tune.trial import Measure, relative_ci
+from gpud.tune.workload import Training
 from gpud.tuning import state as st
 from gpud.tuning.profile import load
 
@@ -122,7 +123,7 @@ def test_memclocks_knob_measures_the_supported_clocks_after_the_power_stage_and_
     # The power stage's best limit stays under the lock; 405 MHz starves the memory-bound half of the step.
     assert out.baseline is not None and out.baseline.samples_per_second
     assert mem[0].samples_per_second is not None and mem[0].samples_per_second < 0.2 * out.baseline.samples_per_second
-    assert out.chosen is not None and out.chosen.stage == "power" and (out.energy_saving or 0) >= SAVING
+    assert out.picked is not None and out.picked.stage == "power" and (out.energy_saving or 0) >= SAVING
     assert fingerprint(fresh(SIM)) == before
     clocks, why = memory_clocks(fresh("z8-g4-2x-rtx8000-sli"), [0, 1])  # Turing: no locked memory clocks
     assert clocks == {} and "GPU 0: locked memory clocks need Ampere or newer" in why
@@ -144,15 +145,19 @@ def test_fans_knob_finds_the_quietest_curve_that_holds_the_gpus_own_ceiling_afte
     assert all(t.settled for t in fans if t.ok), [t.json() for t in fans]
     c, b = out.chosen, fans[0]
     assert all(g["fan"] == {"mode": "auto"} for g in b.settings.values())  # the driver's policy, soaked alike
-    assert c is not None and c is not b and c.stage == "fans", [t.json() for t in out.trials]
-    # Quieter than the driver's own policy, within the slowdown, below the ceiling on every GPU.
-    assert sum(c.fan_percent.values()) < sum(b.fan_percent.values()) - 5 * len(c.fan_percent), [
+    held = [t for t in fans if t.ok and t is not b and max(t.temperature_c.values()) < 91]
+    p = min(held, key=lambda t: (sum(t.fan_percent.values()), t.number))  # the quietest curve below the ceilings
+    assert c is not None and p.stage == "fans", [t.json() for t in out.trials]
+    # The curve picked: quieter than the driver's own policy, within the slowdown, below the ceiling on every GPU.
+    assert sum(p.fan_percent.values()) < sum(b.fan_percent.values()) - 5 * len(p.fan_percent), [
         t.json() for t in fans]
-    assert out.slowdown is not None and out.slowdown <= 0.05
-    assert max(c.temperature_c.values()) < 91 and not {"sw_thermal_slowdown", "hw_slowdown"} & set(c.reasons)
-    # No feasible fans trial is quieter than the chosen one.
-    assert all(sum(t.fan_percent.values()) >= sum(c.fan_percent.values()) for t in fans
-               if t.ok and max(t.temperature_c.values()) < 91 and t.samples_per_second)
+    assert max(p.temperature_c.values()) < 91 and not {"sw_thermal_slowdown", "hw_slowdown"} & set(p.reasons)
+    # Measured again against a fresh baseline, after a soak of its own: within the bound, below every ceiling;
+    # where no curve held that again (the picks sit at the bound), the confirmed limits with the driver's fans.
+    assert c.stage == "confirm" and out.confirmed and out.slowdown is not None and out.slowdown_ci is not None
+    assert out.slowdown + out.slowdown_ci <= 0.05 + 1e-9 and max(c.temperature_c.values()) < 91
+    if c.settings != p.settings:  # another curve (or none) held in its confirmation: the notes say which did not
+        assert "did not confirm" in " ".join(out.notes), out.notes
     assert fingerprint(fresh(SIM)) == before  # the fans back on the driver's automatic policy
     # The CLI: --goal quiet searches the fans by default; the profile carries the curve and applies.
     profile = tmp_path / "quiet.toml"
@@ -161,6 +166,9 @@ def test_fans_knob_finds_the_quietest_curve_that_holds_the_gpus_own_ceiling_afte
     assert code == 0, err
     doc = json.loads(outp)
     assert check(doc) == [] and doc["knobs"] == ["power", "fans"]
+    if "fan" not in doc["chosen"]["settings"]["0"]:  # no curve held again in its confirmation: said, none written
+        assert "no chosen setting confirmed" in " ".join(doc["notes"]) or doc["confirmed"] is False, doc["notes"]
+        return
     curve = doc["chosen"]["settings"]["0"]["fan"]
     assert curve["mode"] == "curve" and curve["points"][-1] == [91.0, 100]
     p = load(str(profile))
@@ -184,7 +192,7 @@ def test_golden_section_needs_fewer_points_than_the_linear_sweep() -> None:
 
 
 def _tune(m: Any, **kw: Any) -> Any:
-    load = SimTraining(m.simulation)
+    load = Training(SimPace(m.simulation), {})
     args: dict[str, Any] = {"goal": "energy", "max_slowdown": 0.05, "knobs": ["power"], "gpus": [0, 1, 2, 3],
                             "measure": Measure()} | kw
     return run_tune(m, load, LocalApplier(m), **args)
@@ -199,7 +207,9 @@ def test_energy_goal_on_the_simulated_z8_saves_energy_and_puts_every_gpu_back(se
     out = _tune(m)
     assert out.energy_saving is not None and out.energy_saving >= SAVING, [t.json() for t in out.trials]
     assert out.slowdown is not None and out.slowdown <= 0.05
-    assert len(out.trials) < out.zeus_trials == 9
+    assert out.confirmed and out.chosen is not None and out.chosen.stage == "confirm"  # measured again, fresh baseline
+    assert out.chosen.ref is not None and out.chosen.ref.number == out.chosen.number - 1
+    assert out.search_trials < out.zeus_trials == 9  # the settings tried (the baselines again, the confirmation: 3-5)
     assert out.chosen is not None and out.chosen.settings and all(
         s["power_limit"] < 300 for s in out.chosen.settings.values())
     assert all(t.ci_reached for t in out.trials if t.ok)
@@ -220,9 +230,15 @@ def test_quiet_and_throughput_goals() -> None:
     m = fresh(SIM)
     quiet = _tune(m, goal="quiet")
     assert quiet.chosen is not None and quiet.baseline is not None and quiet.slowdown is not None
-    assert quiet.slowdown <= 0.05 and (quiet.chosen.power_w or 0) < 0.9 * (quiet.baseline.power_w or 0)
+    # less draw than the baseline, surely (the interval of the difference above zero), within the slowdown
+    assert quiet.slowdown <= 0.05 and (quiet.chosen.power_w or 0) < (quiet.baseline.power_w or 0)
+    assert quiet.gain_excludes_zero and quiet.confirmed
     fast = _tune(m, goal="throughput")
-    assert [t.stage for t in fast.trials] == ["baseline", "power"]  # the maximum limit: nothing above it to try
+    # the maximum limit: nothing above it to try (the GPUs' own, so as fast as the baseline within the noise);
+    # if it measured faster it is measured again against a fresh baseline, and it is no surer gain than that
+    stages = [t.stage for t in fast.trials]
+    assert stages in (["baseline", "power"], ["baseline", "power", "baseline", "confirm"]), stages
+    assert not fast.gain_excludes_zero
     assert fast.trials[1].settings[0]["power_limit"] == 300.0
 
 
@@ -235,60 +251,77 @@ def test_a_gpu_that_runs_slower_sets_the_pace_and_matching_the_others_is_measure
     m.simulation.machine.inject("clock_events", gpu=3, reasons=["sw_thermal_slowdown"])  # a hotter GPU: -15 %
     out = _tune(m, knobs=["power", "clocks"])
     m.simulation.machine.clear_faults()
+    # GPUs 0-2 wait for GPU 3 at every all-reduce: their limits are searched on their own, GPU 3 keeps its own
+    base = out.trials[0]
+    assert min(base.waiting[g] for g in (0, 1, 2)) > base.waiting[3] + 0.05, base.waiting
+    pergpu = [t for t in out.trials if t.stage == "pergpu"]
+    assert pergpu and all(set(t.settings) == {0, 1, 2} for t in pergpu)
     match = [t for t in out.trials if t.stage == "match"]
     assert len(match) == 1
-    assert out.baseline is not None and out.baseline.samples_per_second
-    # the constraint the tune judged by: the baseline's rate and its interval (without it, a trial the tune
-    # found not surely within 5 % could be this one's best, another pace: seen under load, one run in three)
-    ci = out.baseline.ci if out.baseline.ci is not None and math.isfinite(out.baseline.ci) else 0.0
-    src = search.best([t for t in out.trials if t.stage != "match"],
-                      search.Constraint("energy", 0.05, out.baseline.samples_per_second, ci))
+    # the constraint the tune judged by: the baseline's rate and its interval
+    b0 = out.trials[0]
+    assert b0.samples_per_second
+    ci = b0.ci if b0.ci is not None and math.isfinite(b0.ci) else 0.0
+    src = search.best([t for t in out.trials if t.number < match[0].number],
+                      search.Constraint("energy", 0.05, b0.samples_per_second, ci))
     assert src is not None
     pace = round(min(src.sm_mhz.values()))
-    assert src.sm_mhz[3] == min(src.sm_mhz.values()) and max(src.sm_mhz.values()) > 1.05 * pace
-    assert all(match[0].settings[g]["gpu_clocks"] == [pace, pace] for g in (0, 1, 2))
-    # The slowest GPU set the pace: the matched trial runs as fast, for less energy.
-    assert match[0].samples_per_second == pytest.approx(src.samples_per_second, rel=0.03)
-    assert (match[0].joules_per_sample or 0) < (src.joules_per_sample or 0)
+    slowest = min(src.sm_mhz, key=lambda g: src.sm_mhz[g])
+    assert "gpu_clocks" not in match[0].settings[slowest] or match[0].settings[slowest]["gpu_clocks"] == "reset"
+    assert all(match[0].settings[g]["gpu_clocks"] == [pace, pace] for g in range(4)
+               if g != slowest and src.sm_mhz[g] > pace)
+    # Whether matching costs nothing is measured, not assumed: it is judged like any trial (after the per-GPU
+    # limits it may be slower: the slowest's mean clock dithers), and the choice keeps the bound.
+    assert match[0].ok and out.slowdown is not None and out.slowdown_ci is not None
+    assert out.slowdown + out.slowdown_ci <= 0.05 + 1e-9
+    assert out.energy_saving is not None and out.energy_saving >= SAVING and out.confirmed
     assert fingerprint(fresh(SIM)) == before
 
 
 @pytest.mark.parametrize(("kind", "params", "status", "words"), [
     ("clock_events", {"gpu": 2, "reasons": ["hw_slowdown"]}, "throttled", "hw_slowdown"),
+    ("clock_events", {"gpu": 0, "reasons": ["hw_power_brake_slowdown"]}, "throttled", "hw_power_brake_slowdown"),
     ("xid", {"gpu": 1, "xid": 79}, "xid", "Xid"),
 ])
-def test_a_trial_that_throttles_or_raises_an_xid_is_stopped_and_rolled_back(kind: str, params: dict[str, Any],
-                                                                             status: str, words: str) -> None:
+def test_a_trial_hit_mid_window_by_an_xid_or_hw_slowdown_is_stopped_in_that_window_and_rolled_back(
+        kind: str, params: dict[str, Any], status: str, words: str) -> None:
     m = fresh(SIM)
     before = fingerprint(m)
-    armed: list[bool] = []
+    sim = m.simulation.machine
+    armed: list[float] = []  # seconds the workload ran since the first trial after the baseline applied
+    hit: list[float] = []  # the simulated time of the fault, and of the roll-back after it
 
-    class Load(SimTraining):
-        def window(self, seconds: float) -> tuple[float, float]:
-            got = super().window(seconds)
-            if armed == [True]:  # during the first trial after the baseline
-                m.simulation.machine.inject(kind, **params)
-                m.simulation.refresh_root()  # the kernel log shows an Xid from now on
-                armed[0] = False
-            return got
+    class Pace(SimPace):
+        def wait(self, seconds: float, tick: Any = None, paced: bool = True) -> None:
+            for _ in range(int(round(seconds))):
+                if armed and not hit:
+                    armed[0] += 1
+                    if armed[0] == 8:  # past the settling (2-3 s): inside the trial's first 5 s window
+                        sim.inject(kind, **params)
+                        m.simulation.refresh_root()  # the kernel log shows an Xid from now on
+                        hit.append(sim.now())
+                super().wait(1.0, tick, paced)
 
     class Watch(LocalApplier):
         def apply(self, settings: Any, label: str) -> None:
             super().apply(settings, label)
             if not armed:
-                armed.append(True)
+                armed.append(0.0)
 
         def restore(self) -> list[str]:
-            m.simulation.machine.clear_faults()
+            if len(hit) == 1:
+                hit.append(sim.now())
+            sim.clear_faults()
             m.simulation.refresh_root()
             return super().restore()
 
-    out = run_tune(m, Load(m.simulation), Watch(m), goal="energy", max_slowdown=0.05, knobs=["power"],
+    out = run_tune(m, Training(Pace(m.simulation), {}), Watch(m), goal="energy", max_slowdown=0.05, knobs=["power"],
                    gpus=[0, 1, 2, 3], measure=Measure())
     bad = [t for t in out.trials if t.status != "ok"]
     assert [t.status for t in bad] == [status] and words in bad[0].note and bad[0].number == 1
-    if kind == "clock_events":
-        assert bad[0].windows == 1  # stopped after the window that showed it
+    assert bad[0].windows == 0  # stopped inside its first window, not after it
+    # rolled back at the end of the second that showed it (the roll-back's own writes take simulated time)
+    assert len(hit) == 2 and hit[1] - hit[0] < 1.5, hit
     assert out.chosen is not bad[0] and len(out.trials) > 3  # the search went on without it
     assert fingerprint(fresh(SIM)) == before
 
@@ -342,7 +375,8 @@ def test_tune_json_profile_and_report_then_the_profile_applies(tmp_path: Path,
     assert check(doc) == []
     assert doc["kind"] == "tune" and doc["figures"] == "model" and "model" in doc["figures_note"]
     assert doc["energy_saving_percent"] >= SAVING * 100 and doc["slowdown_percent"] <= 5
-    assert doc["trial_count"] < doc["linear_sweep_trials"]
+    assert doc["search_trials"] < doc["linear_sweep_trials"] and doc["confirmed"] and doc["gain_excludes_zero"]
+    assert doc["energy_saving_ci_percent"] > 0 and doc["slowdown_ci_percent"] > 0  # the intervals
     for key in ("samples_per_second", "joules_per_sample", "settings"):
         assert doc["baseline"][key] and doc["chosen"][key]
     assert fingerprint(fresh(SIM)) == before
@@ -413,15 +447,15 @@ def test_a_tune_killed_while_it_drives_a_fan_curve_is_undone_by_restore(capsys: 
     assert fingerprint(fresh(SIM)) == before and st.load() is None
 
 
-def test_a_command_workload_on_a_simulated_machine_says_its_figures_do_not_depend_on_the_gpus(
+def test_a_command_shorter_than_the_energy_counter_can_measure_is_refused_before_any_setting(
         capsys: pytest.CaptureFixture[str]) -> None:
+    before = fingerprint(fresh(SIM))
     true = shutil.which("true")
     assert true is not None
     code, out, err = cli(capsys, "tune", "--simulate", SIM, "--workload", true, "--json")
-    assert code == 0, err
-    doc = json.loads(out)
-    assert doc["figures"] == "cpu" and "do not depend on the GPUs' settings" in doc["figures_note"]
-    assert doc["unit"] == "runs" and doc["trial_count"] >= 2
+    assert code == 1 and "less than the 1 s a run must last" in err and "runs for minutes" in err, err
+    assert len(err.strip().splitlines()) <= 2  # the error and its remedy, no traceback
+    assert fingerprint(fresh(SIM)) == before and st.load() is None
 
 
 def test_apply_goes_through_a_running_daemon(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -459,3 +493,105 @@ def test_a_baseline_that_throttles_is_refused_and_nothing_changes() -> None:
         _tune(m)
     m.simulation.machine.clear_faults()
     assert fingerprint(fresh(SIM)) == before
+
+
+def _pick(seed: int | None, monkeypatch: pytest.MonkeyPatch) -> tuple[float, Any]:
+    """The power limit a `--goal energy --max-slowdown 5` tune chooses (all four GPUs alike), with noise in
+    the realisation ``seed``, or noise-free (``None``)."""
+    if seed is None:
+        monkeypatch.setenv("GPUD_SIM_NOISE", "0")
+    else:
+        monkeypatch.delenv("GPUD_SIM_NOISE", raising=False)
+        monkeypatch.setenv("GPUD_SIM_SEED", str(seed))
+    out = _tune(fresh(SIM))
+    assert out.chosen is not None
+    limits = {s.get("power_limit", 300.0) for s in out.chosen.settings.values()} or {300.0}
+    assert len(limits) == 1
+    return float(limits.pop()), out
+
+
+@pytest.mark.long
+def test_eight_noisy_seeds_pick_no_more_aggressively_than_the_noise_free_answer_allows(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #35's acceptance: `--goal energy --max-slowdown 5` on the simulated Z8 with noise on, over eight
+    seeds: the pick is more aggressive than the noise-free model allows (below the lowest limit whose
+    slowdown is within 5 %) in at most one, and more than 30 W above the noise-free tune's pick in at most one;
+    every output carries the intervals."""
+    demand, ar = perf.training_demand_watts(300.0), perf.allreduce_exposed(4)
+
+    def rate(w: float) -> float:  # the model's noise-free DDP rate at a limit (four alike GPUs)
+        return 1.0 / (perf.step_time(perf.capped_share(1.0, demand, w)[0]) + ar)
+
+    allowed = min(w for w in range(100, 301) if 1 - rate(w) / rate(300) <= 0.05)  # what 5 % allows: 254 W
+    clean, out = _pick(None, monkeypatch)
+    assert allowed <= clean <= allowed + 30 and out.confirmed, [t.json() for t in out.trials]
+    picks = []
+    for seed in range(1, 9):
+        w, out = _pick(seed, monkeypatch)
+        picks.append(w)
+        assert out.energy_saving_ci is not None and out.slowdown_ci is not None  # the intervals
+        assert out.slowdown is not None and out.slowdown + out.slowdown_ci <= 0.05 + 1e-9
+    assert sum(w < allowed for w in picks) <= 1, (allowed, clean, picks)
+    assert sum(w > clean + 30 for w in picks) <= 1, (allowed, clean, picks)
+
+
+MIXED = '''
+[machine]
+name = "z8-fury-mixed"
+summary = "HP Z8 G5 Fury, 2x RTX A6000 + 2x RTX 6000 Ada, PCIe only"
+sockets = 1
+cores_per_socket = 56
+threads_per_core = 2
+memory_gib = 512
+psu_watts = 2250
+driver_version = "550.127.05"
+cuda_driver_version = "12.4"
+nvml_version = "12.550.127.05"
+
+[gpu_defaults]
+numa_node = 0
+
+[[gpu]]
+model = "RTX A6000"
+bus_id = "0000:16:00.0"
+root_port = "0000:15:01.0"
+
+[[gpu]]
+model = "RTX A6000"
+bus_id = "0000:38:00.0"
+root_port = "0000:37:01.0"
+
+[[gpu]]
+model = "RTX 6000 Ada"
+bus_id = "0000:5a:00.0"
+root_port = "0000:59:01.0"
+
+[[gpu]]
+model = "RTX 6000 Ada"
+bus_id = "0000:7c:00.0"
+root_port = "0000:7b:01.0"
+'''
+
+
+@pytest.mark.long
+def test_a_mixed_machine_caps_the_faster_cards_on_their_own_within_one_percent(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """2x RTX A6000 + 2x RTX 6000 Ada in one DDP job, --max-slowdown 1: the Ada cards (their ranks wait at
+    every all-reduce for the A6000s) are capped alone, the A6000s keep their limit, energy is saved with
+    the slowdown's upper bound within 1 %; no clock "match" across architectures."""
+    desc = tmp_path / "mixed.toml"
+    desc.write_text(MIXED)
+    before = fingerprint(fresh(str(desc)))
+    code, out, err = cli(capsys, "tune", "--simulate", str(desc), "--max-slowdown", "1", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert check(doc) == []
+    wait = doc["trials"][0]["waiting_percent"]  # the baseline's: every rank waits out the all-reduce's exposed part
+    assert abs(wait["0"] - wait["1"]) < 3  # the A6000s set the pace, the Ada ranks wait for them besides
+    assert min(wait["2"], wait["3"]) > max(wait["0"], wait["1"]) + 20, wait
+    chosen = doc["chosen"]["settings"]
+    assert set(chosen) == {"2", "3"} and all(chosen[g]["power_limit"] < 300 for g in ("2", "3")), chosen
+    assert doc["confirmed"] and doc["gain_excludes_zero"] and doc["energy_saving_percent"] > 0
+    assert doc["slowdown_percent"] + doc["slowdown_ci_percent"] <= 1.0
+    assert not any(t["stage"] == "match" for t in doc["trials"])
+    assert fingerprint(fresh(str(desc))) == before

@@ -136,8 +136,16 @@ def tune(
     max_slowdown: Annotated[float, typer.Option("--max-slowdown", metavar="PCT",
                                                 help="Slowdown allowed against the GPUs as they are, %.")] = 5.0,
     workload: Annotated[str, typer.Option("--workload", metavar='probe|"COMMAND"',
-                                          help="The probe's DDP training step, or your command (run once per "
-                                               "window, its wall time and energy measured).")] = "probe",
+                                          help="The probe's DDP training loop (one job, the settings changed "
+                                               "under it), or your command (run to completion once per window, "
+                                               "at least 10 s a run).")] = "probe",
+    rate_from: Annotated[str | None, typer.Option("--rate-from", metavar="REGEX",
+                                                  help="Run the command once and read its throughput from its "
+                                                       "output: the first group of each matching line, e.g. "
+                                                       "'([\\d.]+) it/s'.")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", metavar="SECONDS",
+                                           help="A command's longest run; then its process group is killed "
+                                                "(default 3600).")] = 3600.0,
     knobs: Annotated[str | None, typer.Option("--knobs", metavar="power,clocks,memclocks,fans",
                                               help="What the search sets: power limits, locked SM clocks, locked "
                                                    "memory clocks, the fan curve (default: power; power,fans for "
@@ -166,10 +174,12 @@ def tune(
     from gpud.tune.run import LocalApplier, check_start, run_tune
     from gpud.tune.search import GOALS
     from gpud.tune.trial import Measure
-    from gpud.tune.workload import Command, Probe, Workload
+    from gpud.tune.workload import Command, RateCommand, Training, Workload
 
     if goal not in GOALS:
         raise InvalidInput("--goal", "", f"must be one of {', '.join(GOALS)}, not {goal!r}")
+    if not timeout > 0:
+        raise InvalidInput("--timeout", "", f"must be a number of seconds above 0, not {timeout:g}")
     if not 0.0 <= max_slowdown < 100.0:
         raise InvalidInput("--max-slowdown", "", f"must be a percentage from 0 to below 100, not {max_slowdown:g}")
     chosen_knobs = _knobs(knobs if knobs is not None else "power,fans" if goal == "quiet" else "power")
@@ -187,10 +197,15 @@ def tune(
     if workload == "probe":
         from gpud.backends import open_training
 
-        load: Workload = open_training(m) or Probe(m, m.label)
+        if rate_from is not None:
+            raise InvalidInput("--rate-from", "", "reads a command's output: give --workload \"COMMAND\"")
+        load: Workload = Training(open_training(m), {g: infos[g].uuid for g in chosen if g in infos})
+    elif rate_from is not None:
+        load = RateCommand(workload, "cpu" if m.simulation is not None else "gpu",
+                           {g: infos[g].uuid for g in chosen if g in infos}, rate_from, timeout_s=timeout)
     else:
         load = Command(workload, "cpu" if m.simulation is not None else "gpu",
-                       {g: infos[g].uuid for g in chosen if g in infos})
+                       {g: infos[g].uuid for g in chosen if g in infos}, timeout_s=timeout)
     daemon = _daemon_drives(t)
     if daemon:
         check_daemon_trusts(t.socket)
@@ -212,7 +227,8 @@ def tune(
     body["profile"] = None
     body["applied"] = False
     doc = document("tune", __version__, host(m, snap), **body)
-    changed = out.chosen is not None and out.baseline is not None and out.chosen is not out.baseline
+    changed = (out.chosen is not None and out.baseline is not None and out.chosen.stage != "baseline"
+               and bool(out.chosen.settings))
     target_path = output
     if apply_ and target_path is None and changed:
         from gpud.paths import state_dir
@@ -231,7 +247,7 @@ def tune(
         from gpud.paths import atomic_write
 
         atomic_write(report, rep.html(doc))
-    if apply_ and changed and target_path is not None and not out.interrupted:
+    if apply_ and changed and out.gain_excludes_zero and target_path is not None and not out.interrupted:
         doc["applied"] = _apply(t, target_path, daemon)
     if json:
         from gpud.cli.output import emit_json
@@ -245,7 +261,8 @@ def tune(
             print(f"report: {report}")
         if apply_:
             print("applied " + ("through the gpud daemon" if daemon else "") if doc["applied"] else
-                  "not applied: nothing measured better than the GPUs as they were")
+                  "not applied: nothing measured better than the GPUs as they were at 95 % confidence (the "
+                  "saving's interval includes zero)")
     if out.interrupted:
         raise typer.Exit(130)
 

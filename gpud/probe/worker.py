@@ -581,8 +581,92 @@ def pipeline(ctx: Ctx) -> dict[str, Any]:
     return out if r == 0 else {}
 
 
+# -- the tune's workload ------------------------------------------------------------------------
+
+def train(ctx: Ctx) -> dict[str, Any]:
+    """The probe's DDP training step as a job that runs until it is killed (``gpud tune``'s workload: the
+    settings change under it, as Zeus profiles inside the real job). Rank 0 writes one JSON line per step
+    on its standard output, the channel gpud reads: ``{"steps": k, "samples": k · world · batch, "t": the
+    monotonic time the k-th step ended}``; gpud measures a window as the difference of two such lines.
+    The first line (``{"ready": …}``) comes after the start-up (torch's import, the model, DDP, the first
+    step), so no window includes it.
+
+    ``paced`` (a simulated workstation): the CPU stands in for the GPUs, the performance model paces the
+    steps. Each request on standard input (``{"t": now, "seconds": dt, "compute_s": [per rank],
+    "allreduce_s": a}``) is one stand-in step on the CPU, and the simulated job's steps in that interval
+    as DDP takes them: every rank waits for the slowest at the all-reduce, so a step lasts the slowest
+    rank's compute plus the all-reduce's exposed part; the answer is the line for the last step that ended
+    by ``now``."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    s, dev, n = ctx.size, ctx.device, ctx.world
+    model = make_model(s).to(dev)
+    kwargs: dict[str, Any] = {"bucket_cap_mb": BUCKET_CAP_MB, "gradient_as_bucket_view": True, "static_graph": True}
+    if dev.type == "cuda":
+        kwargs["device_ids"] = [dev.index]
+    net = DDP(model, **kwargs) if n > 1 else model
+    x, y = batch(s, s.batch, 2 + ctx.rank, dev)
+    trainer = Trainer(net, net.parameters(), ctx.amp, dev, set_to_none=False)
+    trainer.steps(x, y, 1)
+    sync(dev)
+    batch_per_rank = int(ctx.spec.get("batch_per_rank") or s.batch)
+
+    def emit(line: dict[str, Any]) -> None:
+        if ctx.rank == 0:
+            sys.stdout.write(json.dumps(line) + "\n")
+            sys.stdout.flush()
+
+    emit({"ready": True, "world_size": n, "batch_per_rank": batch_per_rank, "dtype": ctx.dtype_name})
+    steps = 0
+    if not ctx.spec.get("paced"):
+        every = int(ctx.spec.get("compute_every") or 20)
+        compute: list[float] = []
+        last = time.monotonic()
+        while True:
+            if n > 1 and steps % every == every - 1:
+                # Which ranks wait for the others: one step in ``every`` runs without the all-reduce
+                # (``no_sync``: its gradients join the next step's), timed on each rank and gathered as
+                # floats in a CPU tensor (never torch's object collectives).
+                t0 = time.perf_counter()
+                with net.no_sync():  # type: ignore[operator]
+                    trainer.steps(x, y, 1)
+                sync(dev)
+                mine = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=CPU)
+                parts = [torch.zeros(1, dtype=torch.float64, device=CPU) for _ in range(n)]
+                dist.all_gather(parts, mine)
+                compute = [float(p.item()) for p in parts]
+            else:
+                trainer.steps(x, y, 1)
+                sync(dev)
+            steps += 1
+            now = time.monotonic()
+            line: dict[str, Any] = {"steps": steps, "samples": steps * n * batch_per_rank, "t": now,
+                                    "step_s": now - last}
+            if compute:
+                line["compute_s"] = compute
+            last = now
+            emit(line)
+    progress, ended = 0.0, None  # the share of the current step done; when the last whole step ended
+    for raw in sys.stdin:
+        req = json.loads(raw)
+        trainer.steps(x, y, 1)  # the stand-in's step: the simulated GPUs' work, on the CPU
+        compute = [float(v) for v in req["compute_s"]]
+        ranks = len(compute)
+        step_s = max(compute) + float(req.get("allreduce_s", 0.0))
+        now = float(req["t"])
+        at = now - float(req["seconds"])
+        while progress + (now - at) / step_s >= 1.0:
+            at += (1.0 - progress) * step_s
+            progress, ended = 0.0, at
+            steps += 1
+        progress += (now - at) / step_s
+        emit({"steps": steps, "samples": steps * ranks * batch_per_rank, "t": ended if ended is not None else at,
+              "step_s": step_s, "compute_s": compute})
+    return {}
+
+
 TASKS = {"ddp": ddp, "allreduce": allreduce, "p2p": p2p, "pipeline": pipeline,
-         "pipeline_baseline": pipeline_baseline}
+         "pipeline_baseline": pipeline_baseline, "train": train}
 
 
 # -- ranks -------------------------------------------------------------------------------------

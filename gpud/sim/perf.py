@@ -146,9 +146,25 @@ def step_rate(times: list[float], jitter: list[float] | None = None) -> float:
         return 0.0
     n = len(times)
     if jitter is not None:
-        times = [t * max(0.5, 1.0 + STEP_CV * j) for t, j in zip(times, jitter, strict=True)]
-    step = max(times) + (ALLREDUCE_EXPOSED * 2.0 * (n - 1) / n if n > 1 else 0.0)
+        times = [jittered(t, j) for t, j in zip(times, jitter, strict=True)]
+    step = max(times) + allreduce_exposed(n)
     return NOMINAL_SAMPLES_PER_SECOND * n / step if step > 0 else 0.0
+
+
+def jittered(time_ref: float, deviate: float) -> float:
+    """A rank's step time this second: ``time_ref`` varied by ``STEP_CV`` times a standard normal deviate."""
+    return time_ref * max(0.5, 1.0 + STEP_CV * deviate)
+
+
+def allreduce_exposed(ranks: int) -> float:
+    """The all-reduce's exposed part of a DDP step over ``ranks`` ranks, in reference steps."""
+    return ALLREDUCE_EXPOSED * 2.0 * (ranks - 1) / ranks if ranks > 1 else 0.0
+
+
+def seconds(time_ref: float, batch_per_rank: int = 1) -> float:
+    """Reference steps as seconds of a step of ``batch_per_rank`` samples per rank (``NOMINAL_SAMPLES_PER_SECOND``
+    per rank on the reference GPU)."""
+    return time_ref * batch_per_rank / NOMINAL_SAMPLES_PER_SECOND
 
 
 def training_demand_watts(default_limit_w: float) -> float:

@@ -5,6 +5,7 @@ the profile file that records what was measured."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from html import escape
 from typing import Any
@@ -42,6 +43,10 @@ def _point(t: Trial | None, settings: Settings | None = None) -> dict[str, Any] 
         "settings": {str(g): v for g, v in sorted(s.items())}}
 
 
+def _pct(v: float | None) -> float | None:
+    return None if v is None or not math.isfinite(v) else round(v * 100, 2)
+
+
 def body(out: Outcome) -> dict[str, Any]:
     """The ``tune`` document's fields after the envelope (docs/json.md)."""
     saving, slow = out.energy_saving, out.slowdown
@@ -53,8 +58,11 @@ def body(out: Outcome) -> dict[str, Any]:
             "baseline": _point(out.baseline, out.baseline_settings), "chosen": _point(out.chosen, chosen_settings),
             "energy_saving_percent": None if saving is None else round(saving * 100, 2),
             "slowdown_percent": None if slow is None else round(slow * 100, 2),
+            "energy_saving_ci_percent": _pct(out.energy_saving_ci), "slowdown_ci_percent": _pct(out.slowdown_ci),
+            "confirmed": out.confirmed, "gain_excludes_zero": out.gain_excludes_zero,
             "trials": [t.json() | {"frontier": t.number in front} for t in out.trials],
-            "trial_count": len(out.trials), "linear_sweep_trials": out.zeus_trials,
+            "trial_count": len(out.trials), "search_trials": out.search_trials,
+            "linear_sweep_trials": out.zeus_trials,
             "confidence": {"level_percent": 95, "bound_percent": round(out.measure.ci_bound * 100, 3),
                            "reached": all(t.ci_reached for t in out.trials if t.ok)},
             "restored": out.restored, "interrupted": out.interrupted, "notes": out.notes}
@@ -192,9 +200,16 @@ def summary(doc: dict[str, Any]) -> str:
         return "no setting was measured"
     if c["trial"] == b["trial"]:
         return "no setting measured better than the GPUs as they were: nothing to change"
-    return (f"chosen: {settings_text(c['settings'])} — {doc['energy_saving_percent']:+.1f} % energy per "
-            f"{doc['unit'][:-1]} saved, {doc['slowdown_percent']:+.1f} % slowdown "
-            f"(allowed {doc['max_slowdown_percent']:g} %)")
+
+    def pm(key: str) -> str:
+        hw = doc.get(f"{key}_ci_percent")
+        return f" ± {hw:.1f}" if hw is not None else ""
+
+    sure = ("the saving's 95 % interval excludes zero" if doc.get("gain_excludes_zero")
+            else "the saving's 95 % interval includes zero: not sure it saves")
+    return (f"chosen: {settings_text(c['settings'])} — {doc['energy_saving_percent']:+.1f}{pm('energy_saving')} % "
+            f"energy per {doc['unit'][:-1]} saved, {doc['slowdown_percent']:+.1f}{pm('slowdown')} % slowdown "
+            f"(allowed {doc['max_slowdown_percent']:g} %; 95 % intervals, against a fresh baseline; {sure})")
 
 
 def _toml(v: Any) -> str:

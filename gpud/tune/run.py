@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpud.errors import GpudError, InvalidInput
@@ -27,7 +27,11 @@ from gpud.tuning.fanloop import FanControl
 from gpud.tuning.profile import Profile
 from gpud.tuning.settings import MEMORY_CLOCKS
 
-KNOBS = ("power", "clocks", "memclocks", "fans")  # what the search sets (docs/tune.md, "Knobs")
+KNOBS = ("power", "clocks", "memclocks", "fans")
+# The baseline is measured again after this many trials (and before the confirmation): each trial is
+# compared with the latest baseline, taken minutes before it at the same temperatures and drift, not with
+# one taken while the GPUs still warmed.
+REBASELINE_EVERY = 3  # what the search sets (docs/tune.md, "Knobs")
 MATCH_SPREAD = 0.02  # GPUs whose clocks differ by more than this share are matched in a trial of their own
 CLOCK_SPAN = (0.6, 1.1)  # the locked-clock search spans these shares of the clock the chosen limit left
 
@@ -55,17 +59,62 @@ class Outcome:
     interrupted: bool = False
     started_at: float = 0.0
     notes: list[str] = field(default_factory=list)
+    confirmed: bool | None = None  # the chosen point measured again against a fresh baseline, within the bound
+    picked: Trial | None = None  # the search's trial whose settings ``chosen`` (its confirmation) measured again
+
+    @property
+    def search_trials(self) -> int:
+        """Trials of settings the search chose to try: not the baselines measured again, not the confirmations
+        (what Zeus's sweep count is compared with)."""
+        return sum(1 for t in self.trials if t.stage not in ("baseline", "confirm"))
+
+    def _ref(self) -> Trial | None:
+        c = self.chosen
+        return c.ref if c is not None and c.ref is not None else self.baseline
+
+    @property
+    def energy_saving_ci(self) -> float | None:
+        """The 95 % half-width of ``energy_saving`` (the chosen trial's and its baseline's in quadrature)."""
+        b, c = self._ref(), self.chosen
+        if b is None or c is None or c is b or b.j_ci is None or c.j_ci is None:
+            return None
+        return math.sqrt(b.j_ci ** 2 + c.j_ci ** 2)
+
+    @property
+    def slowdown_ci(self) -> float | None:
+        b, c = self._ref(), self.chosen
+        if b is None or c is None or c is b or b.ci is None or c.ci is None:
+            return None
+        return math.sqrt(b.ci ** 2 + c.ci ** 2)
+
+    @property
+    def gain_excludes_zero(self) -> bool:
+        """The chosen point is better than its baseline at 95 % confidence in what the goal asks: energy per
+        sample (energy), draw (quiet) or samples per second (throughput): what ``--apply`` needs."""
+        b, c = self._ref(), self.chosen
+        if b is None or c is None or c is b or not c.ok or not b.ok or c.stage == "baseline":
+            return False
+        if self.goal == "throughput":
+            hw = self.slowdown_ci
+            return self.slowdown is not None and hw is not None and -self.slowdown - hw > 0
+        if self.goal == "quiet":
+            if not (b.power_w and c.power_w):
+                return False
+            hw = self.energy_saving_ci
+            return hw is not None and 1.0 - c.power_w / b.power_w - hw > 0
+        s, hw = self.energy_saving, self.energy_saving_ci
+        return s is not None and hw is not None and s - hw > 0
 
     @property
     def energy_saving(self) -> float | None:
-        b, c = self.baseline, self.chosen
+        b, c = self._ref(), self.chosen
         if b is None or c is None or not b.joules_per_sample or c.joules_per_sample is None:
             return None
         return 1.0 - c.joules_per_sample / b.joules_per_sample
 
     @property
     def slowdown(self) -> float | None:
-        b, c = self.baseline, self.chosen
+        b, c = self._ref(), self.chosen
         if b is None or c is None or not b.samples_per_second or c.samples_per_second is None:
             return None
         return 1.0 - c.samples_per_second / b.samples_per_second
@@ -176,31 +225,52 @@ def run_tune(machine: Machine, workload: Workload, applier: Applier, *, goal: Go
         if k not in KNOBS:
             raise InvalidInput("--knobs", "", f"{k!r}: the search sets {', '.join(KNOBS)}")
     limits = _limits(machine, gpus)
+    # Each trial's interval is at most a quarter of the slowdown allowed: the bound is judged on the trial's
+    # and its baseline's intervals together, and a tight bound (1 %) with ±1 % trials would leave nothing
+    # that can be shown within it.
+    if goal != "throughput" and max_slowdown > 0:
+        measure = replace(measure, ci_bound=min(measure.ci_bound, max_slowdown / 4))
     out = Outcome(goal, max_slowdown, list(knobs), list(gpus), workload.name, workload.figures, workload.unit,
                   measure=measure, started_at=time.time())
     out.zeus_trials = max(search.zeus_sweep_trials(lo, hi) for lo, hi, _ in limits.values())
     snap = machine.snapshot()
     out.baseline_settings = {g: {"power_limit": snap.samples[g].power_management_limit_watts} for g in gpus}
     cache: dict[tuple[Any, ...], Trial] = {}
+    latest: list[Trial] = []  # the latest baseline
+    since = [0]  # trials since it
+
+    def baseline(warm: bool = False) -> Trial:
+        """The GPUs as they were (the engine's restore first, when a trial's settings are on), measured."""
+        if out.trials:
+            applier.restore()
+        b = run_trial(machine, workload, applier, gpus, len(out.trials), "baseline", {}, measure, say, warm=warm)
+        b.ref = b
+        out.trials.append(b)
+        if not b.ok or not b.samples_per_second:
+            raise GpudError(f"the baseline did not measure: {b.status}: {b.note}")
+        latest[:] = [b]
+        since[0] = 0
+        return b
 
     def trial(stage: str, settings: Settings) -> Trial:
         key = tuple(sorted((g, tuple(sorted((k, str(v)) for k, v in s.items()))) for g, s in settings.items()))
         if key in cache:
             return cache[key]
+        if since[0] >= REBASELINE_EVERY:
+            baseline()
         t = run_trial(machine, workload, applier, gpus, len(out.trials), stage, settings, measure, say,
-                      soaked=stage == "fans")
+                      soaked=stage == "fans", ref=latest[0])
         out.trials.append(t)
+        since[0] += 1
         cache[key] = t
         return t
 
     workload.start(gpus)
     workload.ticker = applier.tick
     try:
-        base = trial("baseline", {})
+        base = baseline(warm=True)
         out.baseline = base
-        if not base.ok or not base.samples_per_second:
-            raise GpudError(f"the baseline did not measure: {base.status}: {base.note}")
-        c = Constraint(goal, max_slowdown, base.samples_per_second,
+        c = Constraint(goal, max_slowdown, base.samples_per_second or 0.0,
                        base.ci if base.ci is not None and math.isfinite(base.ci) else 0.0)
 
         def at_share(permille: int, clocks: dict[int, list[int]] | None = None) -> Settings:
@@ -211,6 +281,11 @@ def run_tune(machine: Machine, workload: Workload, applier: Applier, *, goal: Go
                     s[g]["gpu_clocks"] = clocks[g] if clocks and g in clocks else "reset"
             return s
 
+        # Models differ: a clock in MHz is not the same pace on another architecture (locking a 6000 Ada at
+        # an A6000's clock cost a quarter of the throughput), so no "match" trial; per-GPU limits match paces.
+        mixed = len({(i.name if (i := machine.info(g)) is not None else "") for g in gpus}) > 1
+        if "power" in knobs and goal != "throughput":
+            _pergpu(out, base, limits, trial, c)
         if "power" in knobs:
             if goal == "throughput":
                 trial("power", at_share(1000))
@@ -221,8 +296,7 @@ def run_tune(machine: Machine, workload: Workload, applier: Applier, *, goal: Go
         chosen = search.best(out.trials, c) or base
         if "clocks" in knobs:
             cap = chosen.settings or at_share(1000)
-            power = {g: cap[g]["power_limit"] for g in gpus} if chosen.settings else {
-                g: float(limits[g][1]) for g in gpus}
+            power = {g: float(cap.get(g, {}).get("power_limit", limits[g][1])) for g in gpus}
             infos = {g: machine.info(g) for g in gpus}
             top = {g: (i.max_clocks_mhz.get("sm") if i is not None else None) for g, i in infos.items()}
             if all(top.values()) and chosen.sm_mhz:
@@ -242,7 +316,8 @@ def run_tune(machine: Machine, workload: Workload, applier: Applier, *, goal: Go
                                   search.CLOCK_RESOLUTION * 1000)
                 chosen = search.best(out.trials, c) or base
                 clocks = chosen.sm_mhz
-                if clocks and min(clocks.values()) < (1 - MATCH_SPREAD) * max(clocks.values()) and len(gpus) > 1:
+                if clocks and min(clocks.values()) < (1 - MATCH_SPREAD) * max(clocks.values()) and len(gpus) > 1 \
+                        and not mixed:
                     pace = round(min(clocks.values()))  # the slowest GPU's clock: the others wait for it anyway
                     slowest = min(clocks, key=lambda g: clocks[g])
                     settings = {g: dict(chosen.settings.get(g, {"power_limit": power[g]})) for g in gpus}
@@ -252,14 +327,35 @@ def run_tune(machine: Machine, workload: Workload, applier: Applier, *, goal: Go
                     trial("match", settings)
             else:
                 out.notes.append("the GPUs report no maximum SM clock or no clock readings: clocks not searched")
-        elif chosen.sm_mhz and len(gpus) > 1 and min(chosen.sm_mhz.values()) < (1 - MATCH_SPREAD) * max(
-                chosen.sm_mhz.values()):
+        elif chosen.sm_mhz and len(gpus) > 1 and not mixed and min(chosen.sm_mhz.values()) < (
+                1 - MATCH_SPREAD) * max(chosen.sm_mhz.values()):
             out.notes.append("the GPUs ran at different clocks: the slowest sets a DDP job's pace; "
                              "--knobs power,clocks measures locking the faster ones to match")
         if "memclocks" in knobs:
             _memclocks(machine, out, trial, c, gpus)
-        quietest = _fans(machine, out, trial, c, gpus) if "fans" in knobs else None
-        out.chosen = quietest or search.best(out.trials, c) or base
+        def again(cand: Trial, b: Trial) -> Trial:
+            return run_trial(machine, workload, applier, gpus, len(out.trials), "confirm", cand.settings, measure,
+                             say, soaked=cand.stage == "fans", ref=b)
+
+        def judge(t: Trial) -> bool:
+            return search.feasible(t, c)
+
+        def rank(t: Trial) -> float:
+            return search.objective(t, c)
+
+        pick = search.best(out.trials, c) or base
+        out.chosen = _confirm(out, pick, baseline, again, judge, rank)
+        if "fans" in knobs:  # the curves on top of the confirmed settings, the quietest confirmed in turn
+            start = out.chosen
+            quietest = _fans(machine, out, trial, c, gpus, start)
+            if quietest is not None:
+                ceilings = _ceilings(machine, gpus)
+                first, first_pick, first_ok = out.chosen, out.picked, out.confirmed
+                out.chosen = _confirm(out, quietest, baseline, again,  # the bound itself, and the ceilings
+                                      lambda t: search.feasible(t, c) and fan_objective(t, c, ceilings) < math.inf,
+                                      lambda t: fan_objective(t, c, ceilings, start), stage="fans")
+                if out.confirmed is False:  # no curve confirmed: the confirmed settings with the driver's fans
+                    out.chosen, out.picked, out.confirmed = first, first_pick, first_ok
     except KeyboardInterrupt:
         out.interrupted = True
     finally:
@@ -267,10 +363,89 @@ def run_tune(machine: Machine, workload: Workload, applier: Applier, *, goal: Go
         out.restored = applier.restore()
     if out.chosen is None:
         out.chosen = out.baseline
+    elif out.chosen.ref is not None:
+        out.baseline = out.chosen.ref  # what the chosen point was compared with: the fresh baseline
     return out
 
 
 TrialFn = Callable[[str, Settings], Trial]
+# A rank that waits this much more of each step than the one that waits least runs faster than the job's
+# pace (every rank waits for the slowest at each all-reduce): its GPU could do the same with less power.
+# Three times the simulated per-second spread of a rank's step (``gpud.sim.perf.STEP_CV``).
+WAIT_SPREAD = 0.03
+
+
+def waiting_gpus(t: Trial) -> list[int]:
+    """The GPUs whose ranks wait for the others in trial ``t`` (``Trial.waiting``, from the job's ranks)."""
+    if len(t.waiting) < 2:
+        return []
+    least = min(t.waiting.values())
+    return sorted(g for g, v in t.waiting.items() if v > least + WAIT_SPREAD)
+
+
+def _pergpu(out: Outcome, base: Trial, limits: dict[int, tuple[float, float, float]], trial: TrialFn,
+            c: Constraint) -> None:
+    """Per-GPU limits where the GPUs differ (mixed models, or one slot or die slower): the GPUs whose ranks
+    wait at every all-reduce for the slowest (``waiting_gpus``) get their limit searched on their own, the
+    GPUs that set the pace keep theirs. Lowering a waiting GPU's limit costs nothing until it stops waiting,
+    then it slows the job: the same golden section as the joint search, over those GPUs' share alone."""
+    fast = waiting_gpus(base)
+    if not fast or len(fast) == len(base.waiting):
+        return
+    out.notes.append("GPUs " + ", ".join(f"{g} ({base.waiting[g] * 100:.0f} %)" for g in fast)
+                     + " waited for the others in each step of the baseline: their limits were searched on their "
+                     "own, the others kept theirs")
+
+    def capped(permille: int) -> Settings:
+        return {g: {"power_limit": float(min(limits[g][1], max(limits[g][0], round(limits[g][1] * permille / 1000))))}
+                for g in fast}
+
+    lo = max(round(1000 * limits[g][0] / limits[g][1]) for g in fast)
+    search.golden(lambda k: search.objective(trial("pergpu", capped(k)), c), lo, 1000, search.POWER_RESOLUTION * 1000)
+
+
+def _ceilings(machine: Machine, gpus: list[int]) -> dict[int, float]:
+    return {g: v[0] for g in gpus if (v := fan_ceiling(machine, g)) is not None}
+
+
+CONFIRM_TRIES = 3  # candidates measured again, best first, before the GPUs are left as they were
+
+
+def _confirm(out: Outcome, pick: Trial, baseline: Callable[[], Trial], again: Callable[[Trial, Trial], Trial],
+             judge: Callable[[Trial], bool], rank: Callable[[Trial], float], stage: str | None = None) -> Trial:
+    """Measure the chosen point again against a fresh baseline: a search's best trial is the minimum over
+    noisy measurements, biased toward luck, so a choice stands only where a measurement that did not choose
+    it still passes ``judge`` (within the slowdown bound; a fan curve also below the ceilings). A point that
+    does not confirm gives way to the next best trial that passed (of ``stage``, by ``rank``: a safer one, as
+    a rule, since the search's best sits at the bound), up to ``CONFIRM_TRIES``; if none confirms the GPUs
+    stay as they were (the last fresh baseline is the choice), and the notes say why."""
+    if pick.stage in ("baseline", "confirm") or not pick.settings:
+        out.confirmed, out.picked = None, pick
+        return pick
+    seen: set[str] = set()
+    others = sorted((t for t in out.trials if t is not pick and t.stage not in ("baseline", "confirm")
+                     and t.settings and (stage is None or t.stage == stage) and judge(t)
+                     and (stage is not None or rank(t) < 1.0)), key=lambda t: (rank(t), t.number))
+    fresh = pick
+    for cand in [pick, *others]:
+        key = repr(sorted(cand.settings.items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        if len(seen) > CONFIRM_TRIES:
+            break
+        fresh = baseline()
+        t = again(cand, fresh)
+        out.trials.append(t)
+        if judge(t):
+            out.confirmed, out.picked = True, cand
+            return t
+        slow = search.trial_slowdown(t, search.Constraint("energy", out.max_slowdown, 0.0))
+        out.notes.append(f"trial {cand.number}'s settings did not confirm against a fresh baseline (trial "
+                         f"{t.number}: {t.status}, slowdown {slow * 100:+.1f} %)")
+    out.confirmed = False
+    out.notes.append("no chosen setting confirmed: the GPUs are left as they were")
+    return fresh
 
 
 def memory_clocks(machine: Machine, gpus: list[int]) -> tuple[dict[int, list[int]], str]:
@@ -340,7 +515,8 @@ def fan_curve(knee: float, ceiling: float, floor: float) -> dict[str, Any]:
             "minimum": 0, "max_ramp": 10}
 
 
-def _fans(machine: Machine, out: Outcome, trial: TrialFn, c: Constraint, gpus: list[int]) -> Trial | None:
+def _fans(machine: Machine, out: Outcome, trial: TrialFn, c: Constraint, gpus: list[int],
+          start_trial: Trial | None = None) -> Trial | None:
     """The quietest fan curve: the lowest mean duty that keeps the throughput within the slowdown bound
     and every GPU below its ceiling (``fan_ceiling``) after a soak. The curve holds the GPU's minimum duty
     up to a knee and reaches 100 % at the ceiling; a higher knee lets the GPU run warmer, which takes less
@@ -357,7 +533,7 @@ def _fans(machine: Machine, out: Outcome, trial: TrialFn, c: Constraint, gpus: l
         out.notes.append("fans not searched: a GPU reports no slowdown or max operating temperature")
         return None
     top = {g: v[0] for g, v in ceilings.items() if v is not None}
-    base = search.best(out.trials, c) or out.baseline
+    base = start_trial or search.best(out.trials, c) or out.baseline
     if base is None or not base.temperature_c:
         out.notes.append("fans not searched: no temperature was read in the trials")
         return None

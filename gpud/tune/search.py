@@ -45,11 +45,38 @@ def slowdown(t: Trial, baseline_rate: float) -> float:
     return 1.0 - t.samples_per_second / baseline_rate
 
 
+def _finite(*cis: float | None) -> float:
+    """Relative half-widths in quadrature (one without an interval counts none)."""
+    return math.sqrt(sum(x * x for x in cis if x is not None and math.isfinite(x)))
+
+
+def _ref(t: Trial, c: Constraint) -> tuple[float, float | None, float | None, float | None, float | None]:
+    """(rate, rate CI, J/sample, J CI, draw) of the baseline ``t`` is compared with: its own (``Trial.ref``,
+    the latest baseline measured before it, the same state of the GPUs), else the constraint's."""
+    r = t.ref
+    if r is not None and r.ok and r.samples_per_second:
+        return r.samples_per_second, r.ci, r.joules_per_sample, r.j_ci, r.power_w
+    return c.baseline_rate, c.baseline_ci, None, None, None
+
+
+def trial_slowdown(t: Trial, c: Constraint) -> float:
+    """``t``'s slowdown against its own baseline."""
+    return slowdown(t, _ref(t, c)[0])
+
+
 def margin(t: Trial, c: Constraint) -> float:
-    """The 95 % half-width of ``t``'s slowdown: its rate's and the baseline's relative half-widths in
-    quadrature (a trial without an interval counts none)."""
-    cis = [x for x in (t.ci, c.baseline_ci) if x is not None and math.isfinite(x)]
-    return math.sqrt(sum(x * x for x in cis))
+    """The 95 % half-width of ``t``'s slowdown: its rate's and its baseline's relative half-widths in
+    quadrature (the first-order interval of a ratio of two independent means)."""
+    return _finite(t.ci, _ref(t, c)[1])
+
+
+def saving(t: Trial, c: Constraint) -> tuple[float, float] | None:
+    """``t``'s saving in joules per sample against its own baseline, and its 95 % half-width (the two
+    measurements' relative half-widths in quadrature); None without energy figures."""
+    _, _, jb, jb_ci, _ = _ref(t, c)
+    if not jb or t.joules_per_sample is None:
+        return None
+    return 1.0 - t.joules_per_sample / jb, _finite(t.j_ci, jb_ci)
 
 
 def feasible(t: Trial, c: Constraint) -> bool:
@@ -58,19 +85,24 @@ def feasible(t: Trial, c: Constraint) -> bool:
     bound about half the time where the search ends at the bound (issue #34's replay: 38-47 %)."""
     if not t.ok:
         return False
-    return c.goal == "throughput" or slowdown(t, c.baseline_rate) + margin(t, c) <= c.max_slowdown + 1e-12
+    return c.goal == "throughput" or trial_slowdown(t, c) + margin(t, c) <= c.max_slowdown + 1e-12
 
 
 def objective(t: Trial, c: Constraint) -> float:
-    """What the goal minimises: J per sample (energy), draw in W (quiet: heat, so fan speed), or minus
-    samples per second (throughput); a failed trial is infinite; beyond the slowdown, a penalty."""
+    """What the goal minimises, relative to ``t``'s own baseline (so trials compared with different
+    baselines compare): J per sample (energy), draw (quiet: heat, so fan speed), or minus samples per
+    second (throughput); a failed trial is infinite; beyond the slowdown, a penalty."""
     if not t.ok:
         return math.inf
     assert t.samples_per_second is not None and t.joules_per_sample is not None
+    rate, _, jb, _, pb = _ref(t, c)
     if c.goal == "throughput":
-        return -t.samples_per_second
-    value = t.joules_per_sample if c.goal == "energy" else (t.power_w or math.inf)
-    excess = max(0.0, slowdown(t, c.baseline_rate) + margin(t, c) - c.max_slowdown)  # as ``feasible`` judges
+        return -t.samples_per_second / rate
+    if c.goal == "energy":
+        value = t.joules_per_sample / jb if jb else t.joules_per_sample
+    else:
+        value = (t.power_w / pb if pb else t.power_w) if t.power_w else math.inf
+    excess = max(0.0, trial_slowdown(t, c) + margin(t, c) - c.max_slowdown)  # as ``feasible`` judges
     return value * (1.0 + PENALTY * excess)
 
 

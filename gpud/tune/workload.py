@@ -2,9 +2,9 @@
 
 A ``Workload`` starts the load, runs one measured window and says how many samples it did in how
 many seconds, and stops. ``figures`` says what the figures depend on: ``gpu`` (the GPUs ran it),
-``model`` (a simulated workstation's performance model, ``gpud.backends.SimTraining``) or ``cpu``
-(a command on a simulated workstation: the CPU runs it, so its figures do not depend on the GPUs'
-settings).
+``model`` (a simulated workstation: the same training job, its steps paced by the performance model,
+``gpud.backends.SimPace``) or ``cpu`` (a command on a simulated workstation: the CPU runs it, so its
+figures do not depend on the GPUs' settings).
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 from gpud.child import environment
 from gpud.errors import GpudError, InvalidInput
-from gpud.hw.machine import Machine
 
 # The labels of ``figures``, as the output and docs/tune.md say them.
 FIGURES = {"gpu": "measured on the GPUs",
@@ -32,7 +31,18 @@ class WorkloadFailed(GpudError):
     """The workload did not run (a command's exit status, a probe that failed)."""
 
 
+class RunTooShort(WorkloadFailed):
+    """A command's run ended too soon to be measured: the tune stops before any setting is tried."""
+
+    remedy = "give a command that runs for minutes (more iterations, a longer dataset), or --workload probe"
+
+
 Ticker = Callable[[float], None]  # called about once a second while a window runs, with ``now()``
+
+
+class Unsafe(GpudError):
+    """Raised by a window's guard (``Workload.guard``): the hardware slowed itself down or an Xid appeared;
+    the window stops at once."""
 
 
 class Workload(Protocol):
@@ -40,6 +50,7 @@ class Workload(Protocol):
     name: str  # "probe" or the command
     unit: str  # what a sample is ("samples" for the probe; "runs" for a command)
     ticker: Ticker | None  # the trial's fan curve, driven while the load runs (``Applier.tick``)
+    guard: Ticker | None  # the trial's safety, once a second of a window where the workload can stop it
 
     def start(self, gpus: list[int]) -> None: ...
 
@@ -137,15 +148,25 @@ class RunAs:
             here = self.home
         return ["/bin/sh", "-c", _ENTER, "gpud-workload", here, *argv]
 
-    def popen(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    def popen(self, argv: list[str], env: dict[str, str], stderr: Any,
+              stdout: Any = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
         """The command started in its own session (a timeout kills the whole process group), under sudo
         with the invoking user's uid, gid and groups (subprocess sets groups, then gid, then uid)."""
-        null, pipe = subprocess.DEVNULL, subprocess.PIPE
+        null = subprocess.DEVNULL
         if self.uid is None:
-            return subprocess.Popen(self.argv(argv), env=env, start_new_session=True, stdin=null, stdout=null,
-                                    stderr=pipe)
-        return subprocess.Popen(self.argv(argv), env=env, start_new_session=True, stdin=null, stdout=null,
-                                stderr=pipe, user=self.uid, group=self.gid, extra_groups=self.groups, cwd="/")
+            return subprocess.Popen(self.argv(argv), env=env, start_new_session=True, stdin=null, stdout=stdout,
+                                    stderr=stderr)
+        return subprocess.Popen(self.argv(argv), env=env, start_new_session=True, stdin=null, stdout=stdout,
+                                stderr=stderr, user=self.uid, group=self.gid, extra_groups=self.groups, cwd="/")
+
+
+# A run to completion is measured by NVML's energy counter, which moves about every 10 ms on GPUs
+# (gpuopenanalytics/pynvml PR #18; docs/simulation.md), and by the wall clock: a run shorter than this
+# spans fewer than a hundred of the counter's steps and fewer than ten of the power sensor's 100 ms
+# averaging windows (Yang, Adamek, Armour, SC24), so it is refused; so is a run over which the counter
+# did not move at all (zero joules: not a saving). Runs of minutes measure best: each run's start-up is
+# in its figure, for every trial alike.
+MIN_RUN_S = 1.0
 
 
 class Command:
@@ -156,7 +177,8 @@ class Command:
 
     unit = "runs"
 
-    def __init__(self, command: str, figures: str, uuids: dict[int, str], timeout_s: float = 3600.0) -> None:
+    def __init__(self, command: str, figures: str, uuids: dict[int, str], timeout_s: float = 3600.0,
+                 min_run_s: float = MIN_RUN_S) -> None:
         try:
             self.argv = shlex.split(command)
         except ValueError as err:
@@ -167,8 +189,10 @@ class Command:
         self.figures = figures
         self.uuids = uuids
         self.timeout_s = timeout_s
+        self.min_run_s = min_run_s
         self._env: dict[str, str] = {}
         self.ticker: Ticker | None = None
+        self.guard: Ticker | None = None  # checked after each run: a run is not stopped halfway
         self.run_as = RunAs()
 
     def start(self, gpus: list[int]) -> None:
@@ -176,17 +200,23 @@ class Command:
         self._env = {"CUDA_VISIBLE_DEVICES": ",".join(visible)} if len(visible) == len(gpus) else {}
 
     def _run(self) -> tuple[int, bytes]:
+        """One run. Its whole process group is killed when it ends (children it left behind, still on the
+        GPUs, would run into the next trial and past the restore), at the timeout, and when gpud is
+        interrupted. Its standard error goes to a file, not a pipe: a child left behind that holds a pipe
+        open would keep a read of it waiting."""
         import signal
+        import tempfile
 
-        proc = self.run_as.popen(self.argv, self.run_as.env(self._env))
-        try:
-            _, err = proc.communicate(timeout=self.timeout_s)
-        except BaseException:  # the timeout, or gpud interrupted: the whole group goes, nothing left behind
-            with contextlib.suppress(OSError):  # not yet reaped: its pid (the group's id) is still its own
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            raise
-        return proc.returncode, err or b""
+        with tempfile.TemporaryFile() as err:
+            proc = self.run_as.popen(self.argv, self.run_as.env(self._env), err)
+            try:
+                proc.wait(timeout=self.timeout_s)
+            finally:  # the timeout, gpud interrupted, or the run's end: the whole group goes
+                with contextlib.suppress(OSError):  # its pid is the group's id while any member lives
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            err.seek(0)
+            return proc.returncode, err.read()[-4096:]
 
     def window(self, seconds: float) -> tuple[float, float]:
         t0 = time.monotonic()
@@ -199,6 +229,10 @@ class Command:
         if code != 0:
             tail = stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
             raise WorkloadFailed(f"{self.name}: exit status {code} {tail[0]}".strip())
+        if took < self.min_run_s:
+            raise RunTooShort(f"{self.name}: a run took {took:.2f} s, less than the {self.min_run_s:g} s a run "
+                              "must last to be measured (the energy counter's readings and the start-up would "
+                              "be most of it)")
         return 1.0, took
 
     def now(self) -> float:
@@ -211,48 +245,217 @@ class Command:
         pass
 
 
-class Probe:
-    """The probe's DDP training step on the GPUs (``gpud probe --suite ddp``): one launch per window,
-    its samples per second over the timed iterations (after the probe's own warm-up)."""
+class Pace(Protocol):
+    """What paces the training job (``gpud.backends``: ``RealPace`` on GPUs, ``SimPace`` on a simulated
+    workstation): its clock and its waiting, the job's start-up and the load it leaves."""
 
-    figures = "gpu"
+    figures: str
+    paced: bool
+    device: str
+    batch_per_rank: int | None
+
+    def start(self, job: Any, gpus: list[int]) -> None: ...
+
+    def now(self) -> float: ...
+
+    def wait(self, seconds: float, tick: Ticker | None = None) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class Training:
+    """The probe's DDP training step as one long-running job (``gpud.probe.training``): started once, the
+    settings changed under it between windows, as Zeus profiles inside the running job. A window is the
+    difference of two lines of the job's step counter (samples, and the time the last step ended), so the
+    job's start-up and the steps in flight at a window's edges are not in it; ``wait`` is the pace's (one
+    second at a time: the fan curve and the window's ``guard`` run after each)."""
+
     name = "probe"
     unit = "samples"
 
-    def __init__(self, machine: Machine, host: str) -> None:
-        self.machine = machine
-        self.host = host
-        self.gpus: list[int] = []
+    def __init__(self, pace: Pace, uuids: dict[int, str]) -> None:
+        self.pace = pace
+        self.figures = pace.figures
+        self.uuids = uuids
         self.ticker: Ticker | None = None
+        self.guard: Ticker | None = None  # called once a second of a window; raises ``Unsafe`` to stop it
+        self.job: Any = None
+        self.gpus: list[int] = []
 
     def start(self, gpus: list[int]) -> None:
-        self.gpus = gpus
+        from gpud.probe.training import TrainingFailed, TrainingJob
+
+        self.gpus = list(gpus)
+        self.job = TrainingJob(self.pace.device, len(gpus), [self.uuids[g] for g in gpus if g in self.uuids],
+                               paced=self.pace.paced, batch_per_rank=self.pace.batch_per_rank)
+        try:
+            self.job.start()
+            self.pace.start(self.job, gpus)
+        except TrainingFailed as err:
+            self.stop()
+            raise WorkloadFailed(str(err)) from None
+
+    def counter(self) -> tuple[float, float]:
+        """(samples done, when the last of them ended) now; waits for the job's first step (at most 60 s)."""
+        from gpud.probe.training import TrainingFailed
+
+        try:
+            for _ in range(60):
+                got = self.job.latest()
+                if got is not None and got.steps > 0:
+                    return got.samples, got.t
+                self.pace.wait(1.0, self.ticker)
+        except TrainingFailed as err:
+            raise WorkloadFailed(str(err)) from None
+        raise WorkloadFailed("the training job made no step within 60 s")
+
+    def _tick(self, now: float) -> None:
+        if self.ticker is not None:
+            self.ticker(now)
+        if self.guard is not None:
+            self.guard(now)
+
+    def waiting(self) -> dict[int, float]:
+        """Per GPU, the share of a step its rank waits for the others (1 − its own compute time / the step's
+        time, from the job's newest line; empty where the job does not report it). A rank that waits is
+        faster than the job's pace: its GPU could do with less."""
+        got = self.job.latest() if self.job is not None else None
+        if got is None or not got.step_s or len(got.compute_s) != len(self.gpus):
+            return {}
+        return {g: max(0.0, 1.0 - c / got.step_s) for g, c in zip(self.gpus, got.compute_s, strict=True)}
 
     def window(self, seconds: float) -> tuple[float, float]:
-        from gpud.probe.errors import ProbeError
-        from gpud.probe.runner import run_probe
+        n0, t0 = self.counter()
+        self.wait(seconds)
+        n1, t1 = self.counter()
+        if t1 <= t0:
+            raise WorkloadFailed(f"the training job made no step in {seconds:g} s")
+        return n1 - n0, t1 - t0
 
-        t0 = time.monotonic()
+    def now(self) -> float:
+        return self.pace.now()
+
+    def wait(self, seconds: float) -> None:
+        self.pace.wait(seconds, self._tick)
+
+    def stop(self) -> None:
+        if self.job is not None:
+            self.job.stop()
+            self.job = None
+        self.pace.stop()
+
+
+class RateCommand:
+    """The user's own job, unmodified, run once for the whole tune (``--rate-from REGEX``): gpud reads its
+    throughput from its output (standard output and error together; the first group of each matching line,
+    e.g. ``([\\d.]+) it/s`` or a trainer's ``samples/s`` lines) while the settings change under it. The rate
+    a line reports holds from the line before it to it, so a window's figure is the time-weighted mean of the
+    lines within it (``counter``: the rate integrated over the lines so far). It runs as ``Command`` does
+    (the invoking user under sudo, a clean environment as root, its own process group, killed at the end)."""
+
+    unit = "samples"
+
+    def __init__(self, command: str, figures: str, uuids: dict[int, str], pattern: str,
+                 timeout_s: float = 3600.0) -> None:
+        import re
+
         try:
-            with ticking(self.ticker):
-                rep = run_probe(device="cuda", gpus=len(self.gpus), world_sizes=[len(self.gpus)], suites=["ddp"],
-                                quick=True, machine=self.machine, host=self.host,
-                                keep_history=False, allow_busy=True)
-        except ProbeError as err:
-            raise WorkloadFailed(f"the probe: {str(err).splitlines()[0]}") from None
-        took = time.monotonic() - t0
-        figures = rep.ddp.get(str(len(self.gpus))) or {}
-        rate = figures.get("samples_per_second")
-        if not rate or rep.failures:
-            raise WorkloadFailed("the probe gave no DDP samples per second" + (f": {rep.failures[0]}" if rep.failures
-                                                                              else ""))
-        return float(rate) * took, took
+            self.argv = shlex.split(command)
+        except ValueError as err:
+            raise InvalidInput("--workload", "", f"cannot split {command!r}: {err}") from None
+        try:
+            self.rx = re.compile(pattern)
+        except re.error as err:
+            raise InvalidInput("--rate-from", "", f"{pattern!r} is not a regular expression: {err}") from None
+        if self.rx.groups < 1:
+            raise InvalidInput("--rate-from", "", f"{pattern!r} has no group: say which part is the rate, "
+                                                  "e.g. '([\\d.]+) it/s'")
+        if not self.argv:
+            raise InvalidInput("--workload", "", "empty command")
+        self.name, self.figures, self.uuids, self.timeout_s = command, figures, uuids, timeout_s
+        self.ticker: Ticker | None = None
+        self.guard: Ticker | None = None
+        self.run_as = RunAs()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+        self._samples = 0.0
+        self._last: float | None = None
+        self._lines = 0
+        self._tail = ""
+        self._started = 0.0
+
+    def start(self, gpus: list[int]) -> None:
+        visible = [self.uuids[g] for g in gpus if g in self.uuids]
+        env = {"CUDA_VISIBLE_DEVICES": ",".join(visible)} if len(visible) == len(gpus) else {}
+        try:
+            self.proc = self.run_as.popen(self.argv, self.run_as.env(env), subprocess.STDOUT, subprocess.PIPE)
+        except OSError as err:
+            raise WorkloadFailed(f"{self.name}: {err}") from None
+        self._started = time.monotonic()
+        threading.Thread(target=self._follow, name="gpud-tune-rate", daemon=True).start()
+
+    def _follow(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = raw.decode(errors="replace")
+            m = self.rx.search(line)
+            now = time.monotonic()
+            try:
+                rate = float(m.group(1)) if m else None
+            except (TypeError, ValueError):
+                rate = None
+            with self._lock:
+                self._tail = line.strip()[-200:] or self._tail
+                if rate is None:
+                    continue
+                if self._last is not None:
+                    self._samples += rate * (now - self._last)
+                self._last = now
+                self._lines += 1
+
+    def counter(self) -> tuple[float, float]:
+        """(the rate integrated over the lines so far, when the last line came); waits for two lines."""
+        deadline = time.monotonic() + 120.0
+        while True:
+            with self._lock:
+                if self._lines >= 2 and self._last is not None:
+                    return self._samples, self._last
+            if self.proc is None or self.proc.poll() is not None:
+                code = None if self.proc is None else self.proc.returncode
+                raise WorkloadFailed(f"{self.name}: it ended (exit status {code})"
+                                     f"{': ' + self._tail if self._tail else ''}")
+            if time.monotonic() > deadline:
+                raise WorkloadFailed(f"{self.name}: no line matched --rate-from {self.rx.pattern!r} within 120 s")
+            self.wait(1.0)
+
+    def window(self, seconds: float) -> tuple[float, float]:
+        n0, t0 = self.counter()
+        self.wait(seconds)
+        n1, t1 = self.counter()
+        if t1 <= t0:
+            raise WorkloadFailed(f"{self.name}: no line matched --rate-from {self.rx.pattern!r} in {seconds:g} s")
+        return n1 - n0, t1 - t0
 
     def now(self) -> float:
         return time.monotonic()
 
     def wait(self, seconds: float) -> None:
-        time.sleep(max(0.0, seconds))
+        end = time.monotonic() + max(0.0, seconds)
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(1.0, left))
+            if self.proc is not None and time.monotonic() - self._started > self.timeout_s:
+                raise WorkloadFailed(f"{self.name}: ran past its timeout of {self.timeout_s:g} s")
+            for f in (self.ticker, self.guard):
+                if f is not None:
+                    f(time.monotonic())
 
     def stop(self) -> None:
-        pass
+        import signal
+
+        if self.proc is not None:
+            with contextlib.suppress(OSError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+            self.proc = None

@@ -113,6 +113,13 @@ class NvmlCounters(NvmlProcesses):
                                   remote_is_switch=switch))
         return tuple(out)
 
+    def violations(self, index: int) -> dict[str, int] | None:
+        """NVML's violation counters now, ns per clock-event reason since the driver loaded (``sample``'s
+        are up to ``SLOW_EVERY_S`` old): what a tune reads every second of a window, so a hardware slowdown
+        between two readings of the clock-event reasons is seen all the same."""
+        with self._lock:
+            return self._violations(index, self.handle(index))
+
     def _violations(self, index: int, h: Any) -> dict[str, int] | None:
         """NVML's violation counters, ns per clock-event reason: one field-value call for every id; a
         reason no field gives (a driver that does not know the id) from nvmlDeviceGetViolationStatus
