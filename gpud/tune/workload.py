@@ -263,6 +263,23 @@ class Pace(Protocol):
     def stop(self) -> None: ...
 
 
+class Counted(Protocol):
+    def counter(self) -> tuple[float, float]: ...  # (samples so far, when the latest was counted)
+
+    def wait(self, seconds: float) -> None: ...
+
+
+def counted_window(job: Counted, seconds: float, none: str) -> tuple[float, float]:
+    """One window of a running job: its counter before and after ``seconds`` → (samples, seconds between the
+    two counts); ``none`` (what the job did not do) when its counter did not move."""
+    n0, t0 = job.counter()
+    job.wait(seconds)
+    n1, t1 = job.counter()
+    if t1 <= t0:
+        raise WorkloadFailed(f"{none} in {seconds:g} s")
+    return n1 - n0, t1 - t0
+
+
 class Training:
     """The probe's DDP training step as one long-running job (``gpud.probe.training``): started once, the
     settings changed under it between windows, as Zeus profiles inside the running job. A window is the
@@ -325,12 +342,7 @@ class Training:
         return {g: max(0.0, 1.0 - c / got.step_s) for g, c in zip(self.gpus, got.compute_s, strict=True)}
 
     def window(self, seconds: float) -> tuple[float, float]:
-        n0, t0 = self.counter()
-        self.wait(seconds)
-        n1, t1 = self.counter()
-        if t1 <= t0:
-            raise WorkloadFailed(f"the training job made no step in {seconds:g} s")
-        return n1 - n0, t1 - t0
+        return counted_window(self, seconds, "the training job made no step")
 
     def now(self) -> float:
         return self.pace.now()
@@ -429,12 +441,7 @@ class RateCommand:
             self.wait(1.0)
 
     def window(self, seconds: float) -> tuple[float, float]:
-        n0, t0 = self.counter()
-        self.wait(seconds)
-        n1, t1 = self.counter()
-        if t1 <= t0:
-            raise WorkloadFailed(f"{self.name}: no line matched --rate-from {self.rx.pattern!r} in {seconds:g} s")
-        return n1 - n0, t1 - t0
+        return counted_window(self, seconds, f"{self.name}: no line matched --rate-from {self.rx.pattern!r}")
 
     def now(self) -> float:
         return time.monotonic()
