@@ -220,13 +220,25 @@ def test_a_stalled_fan_under_load_is_held_below_shutdown_with_its_draw_cut_with_
     g = sim.desc.gpus[0]
     assert g.max_operating_celsius is not None
     assert g.max_operating_celsius - 1 <= min(seen[20:]) and max(seen) < g.slowdown_celsius + 1, seen
-    s = m.snapshot().samples[0]
-    assert not s.lost and s.clock_events and "sw_thermal_slowdown" in s.clock_events
+    # A minute of readings, one a second: the GPU cycles about its max operating temperature and the power
+    # sensor updates once a second, so a single reading can fall either side of a cut (the clock already
+    # lowered, the averaged draw not yet, or the reverse): judged over the minute, as a person reads it.
+    readings = []
+    for _ in range(60):
+        sim.advance(1)
+        readings.append(m.snapshot().samples[0])
+    assert not any(s.lost for s in readings)
+    slowed = [s for s in readings if s.clock_events and "sw_thermal_slowdown" in s.clock_events]
+    assert len(slowed) >= len(readings) // 2, [sorted(s.clock_events or ()) for s in readings]
     # the draw is the performance model's at the clock the thermal slowdown leaves (not the full 250 W)
-    share = (s.clocks_mhz["sm"] or 0) / sim.boost_mhz(0)  # the model counts from the rated boost clock
-    assert s.power_watts is not None and s.power_watts < 0.9 * 250  # the full clock would draw 250 W
-    # within the power sensor's ripple (an averaged reading: 2 % / sqrt(10) per second, sigma) and 2 W
-    assert abs(s.power_watts - 250 * perf.power_share(share)) < 0.02 * s.power_watts + 2, (s.power_watts, share)
+    watts = [s.power_watts for s in readings]
+    assert None not in watts
+    mean_w = sum(w for w in watts if w is not None) / len(watts)
+    assert mean_w < 0.9 * 250, watts  # the full clock would draw 250 W
+    # the model counts from the rated boost clock; within the power sensor's ripple (2 % / sqrt(10) per
+    # second, sigma; averaged over the minute) and 2 W, one second's lag of the sensor included
+    model_w = sum(250 * perf.power_share((s.clocks_mhz["sm"] or 0) / sim.boost_mhz(0)) for s in readings) / 60
+    assert abs(mean_w - model_w) < 0.02 * mean_w + 2, (mean_w, model_w)
     # where the SW thermal cut is not enough (a weaker cooler: the GPU ran at 75 °C with its fan), HW
     # slowdown halves the clock at the slowdown temperature and the draw falls to the model's at half the
     # clock: the GPU cycles there, below its shutdown temperature (half is enough for this one)
@@ -249,9 +261,16 @@ def test_a_stalled_fan_under_load_is_held_below_shutdown_with_its_draw_cut_with_
     z8.machine.inject("fan_stuck", gpu=1)
     z8.machine.set_load(1, 100, z8.machine.stress_demand_watts(1))
     z8.machine.advance(600)
-    t1 = z8.machine.temperature(1)
-    assert z8.machine.desc.gpus[1].slowdown_celsius <= t1 < z8.machine.desc.gpus[1].slowdown_celsius + 1, t1
-    assert z8.machine.clock_mhz(1, 1) < int(z8.machine.boost_mhz(1) * 0.5) and not z8.machine.lost(1)
+    # it holds there within a degree (the cut takes it just below, then it heats up again), its clock cut
+    # below half over the minute after
+    held, clocks = [], []
+    for _ in range(60):
+        z8.machine.advance(1)
+        held.append(z8.machine.temperature(1))
+        clocks.append(z8.machine.clock_mhz(1, 1))
+    slowdown = z8.machine.desc.gpus[1].slowdown_celsius
+    assert slowdown - 1 <= min(held) and max(held) < slowdown + 1, held
+    assert sorted(clocks)[30] < int(z8.machine.boost_mhz(1) * 0.5) and not z8.machine.lost(1), clocks
 
 
 def test_a_gpu_at_its_shutdown_temperature_is_lost_with_xid_79_until_the_reboot(tmp_path) -> None:
