@@ -275,20 +275,26 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(args: list[str], messa
     assert not (state_dir / "burnin.json").exists()
 
 
-def test_the_memory_test_runs_every_pattern_for_its_time_and_locates_a_weak_cell() -> None:
+def test_the_memory_test_runs_every_pattern_for_its_time_and_locates_a_weak_cell(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """The kernel itself (the same function on a GPU): 64-bit words, passes repeated until the time is up,
     a bit-fade pass that waits, every pattern finding a cell that does not hold bit 0, located."""
     torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
     from gpud.probe import stress
 
     clean = stress.memtest(torch.device("cpu"), 1, seconds=0.0)
     assert clean["total_errors"] == 0 and clean["passes"] == 1 and clean["ranges"] == []
     assert set(clean["errors"]) == set(stress.MEMTEST_PATTERNS)
+    # Its clock, not the machine's load, decides how many passes fit: each reading of it one second on, so
+    # a pass lasts a second and 5 s leave room for exactly two (a third would end past the budget).
+    ticks = iter(range(10_000))
+    monkeypatch.setattr(stress, "time", SimpleNamespace(perf_counter=lambda: float(next(ticks)), sleep=time.sleep))
     stress._FAULTS["now"] = ["memory_errors"]
     try:
-        t, seconds = time.perf_counter(), 4 * clean["seconds"] + 0.2  # room for at least two passes
-        bad = stress.memtest(torch.device("cpu"), 1, seconds=seconds, fade_s=0.1, seed=7)
-        assert time.perf_counter() - t >= 0.2 and bad["passes"] >= 2  # passes until the time is up
+        bad = stress.memtest(torch.device("cpu"), 1, seconds=5 + 2 * 0.1, fade_s=0.1, seed=7)
+        assert bad["passes"] == 2  # passes until the time is up, none begun that would end after it
     finally:
         stress._FAULTS["now"] = []
     assert all(bad["errors"][k] for k in stress.MEMTEST_PATTERNS)  # each pattern finds the stuck bit
