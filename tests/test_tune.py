@@ -198,13 +198,10 @@ def _tune(m: Any, **kw: Any) -> Any:
     return run_tune(m, load, LocalApplier(m), **args)
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-def test_energy_goal_on_the_simulated_z8_saves_energy_and_puts_every_gpu_back(seed: int,
-                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GPUD_SIM_SEED", str(seed))
-    m = fresh(SIM)
-    before = fingerprint(m)
-    out = _tune(m)
+def _energy_tune_holds(out: Any, before: Any) -> None:
+    """What an energy tune of the simulated Z8 within 5 % must give, in every realisation of the noise: a
+    saving of at least ``SAVING`` within the slowdown, confirmed against a fresh baseline, fewer settings
+    tried than Zeus's sweep, every interval reached, and every GPU put back as it was."""
     assert out.energy_saving is not None and out.energy_saving >= SAVING, [t.json() for t in out.trials]
     assert out.slowdown is not None and out.slowdown <= 0.05
     assert out.confirmed and out.chosen is not None and out.chosen.stage == "confirm"  # measured again, fresh baseline
@@ -503,7 +500,10 @@ def _pick(seed: int | None, monkeypatch: pytest.MonkeyPatch) -> tuple[float, Any
     else:
         monkeypatch.delenv("GPUD_SIM_NOISE", raising=False)
         monkeypatch.setenv("GPUD_SIM_SEED", str(seed))
-    out = _tune(fresh(SIM))
+    m = fresh(SIM)
+    before = fingerprint(m)
+    out = _tune(m)
+    _energy_tune_holds(out, before)  # the energy goal's promises, in this realisation too
     assert out.chosen is not None
     limits = {s.get("power_limit", 300.0) for s in out.chosen.settings.values()} or {300.0}
     assert len(limits) == 1
@@ -516,7 +516,8 @@ def test_eight_noisy_seeds_pick_no_more_aggressively_than_the_noise_free_answer_
     """Issue #35's acceptance: `--goal energy --max-slowdown 5` on the simulated Z8 with noise on, over eight
     seeds: the pick is more aggressive than the noise-free model allows (below the lowest limit whose
     slowdown is within 5 %) in at most one, and more than 30 W above the noise-free tune's pick in at most one;
-    every output carries the intervals."""
+    every output carries the intervals. Each of the nine tunes also keeps the energy goal's promises
+    (``_energy_tune_holds``: the saving, the confirmation, the trials, every GPU put back)."""
     demand, ar = perf.training_demand_watts(300.0), perf.allreduce_exposed(4)
 
     def rate(w: float) -> float:  # the model's noise-free DDP rate at a limit (four alike GPUs)
