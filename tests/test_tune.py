@@ -132,7 +132,7 @@ def test_memclocks_knob_measures_the_supported_clocks_after_the_power_stage_and_
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_fans_knob_finds_the_quietest_curve_that_holds_the_gpus_own_ceiling_after_a_soak(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUD_SIM_SEED", str(seed))
     m = fresh(SIM)
     before = fingerprint(m)
@@ -159,7 +159,13 @@ def test_fans_knob_finds_the_quietest_curve_that_holds_the_gpus_own_ceiling_afte
     if c.settings != p.settings:  # another curve (or none) held in its confirmation: the notes say which did not
         assert "did not confirm" in " ".join(out.notes), out.notes
     assert fingerprint(fresh(SIM)) == before  # the fans back on the driver's automatic policy
-    # The CLI: --goal quiet searches the fans by default; the profile carries the curve and applies.
+
+
+def test_goal_quiet_searches_the_fans_by_default_and_the_profile_carries_the_curve(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI's side of the fans knob (the search itself is judged above, in three realisations): --goal
+    quiet searches the fans by default; the profile carries the curve and loads; the fans are put back."""
+    before = fingerprint(fresh(SIM))
     profile = tmp_path / "quiet.toml"
     code, outp, err = cli(capsys, "tune", "--simulate", SIM, "--goal", "quiet", "--gpus", "0", "-o", str(profile),
                           "--json")
