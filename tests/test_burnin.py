@@ -76,9 +76,11 @@ def test_quick_on_the_degraded_z8_fails_naming_its_gpus_and_tests(state_dir: Pat
     assert "burnin.pcie.link_under_load" in failing[2]  # trained to x8
     # stalled fan: SW thermal slowdown holds it at 94 °C, as described, under the stress too
     assert "burnin.thermal.sw_slowdown" in failing[3]
-    # GPU0 is held at 200 W (described) while its siblings draw up to 300 W: slower than their median, and
-    # nothing else of the burn-in fails on it
-    assert {t for t in failing.get(0, set()) if t.startswith("burnin.")} == {"burnin.performance.spread"}
+    # GPU0 is held at 200 W (described: a limit someone lowered) while its siblings draw up to 300 W: slower
+    # than their median by its setting, which the spread names as a warning; nothing of the burn-in fails on it
+    assert not {t for t in failing.get(0, set()) if t.startswith("burnin.")}
+    spread0 = next(v for v in doc["verdicts"] if v["test"] == "burnin.performance.spread" and v["gpu"] == 0)
+    assert spread0["status"] == "warn" and "power limit 200 W, below its siblings' 300 W" in spread0["summary"]
     # doctor --burnin shows the last result; the exporter exports it
     dr = json.loads(run_gpud("doctor", "--simulate", "z8-fury-4x-a6000-degraded", "--burnin", "--json").stdout)
     mine = {c["gpu"]: c for c in dr["checks"] if c["id"] == "burnin.gpu"}
@@ -139,7 +141,9 @@ def test_the_soak_detects_each_fault(soak: tuple[Result, dict[str, Any]]) -> Non
     assert {"burnin.thermal.settle", "burnin.thermal.sw_slowdown"} <= failing[1]  # stalled fan
     assert "burnin.clocks.hw_slowdown" in failing[2]  # power brake
     assert "burnin.pcie.link_under_load" in failing[2]  # an x8 link
-    assert "burnin.performance.spread" in failing[3]  # slower than its siblings
+    # slower than its siblings, by its 200 W limit (theirs 300 W): named as its setting, a warning
+    spread3 = next(x for x in soak[0].verdicts if x.test == "burnin.performance.spread" and x.gpu == 3)
+    assert spread3.status == "warn" and "power limit 200 W" in spread3.summary, spread3
     assert {"burnin.gemm.fp32.digest", "burnin.gemm.fp32.reference"} <= failing[3]  # wrong results
     assert "burnin.memtest" in failing[3]  # memory errors
     mem = next(x for x in soak[0].verdicts if x.test == "burnin.memtest" and x.gpu == 3)
@@ -775,23 +779,47 @@ def test_a_burnin_killed_in_its_middle_keeps_its_results_so_far(state_dir: Path,
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_a_gpu_a_few_percent_slower_than_its_three_siblings_is_named(state_dir: Path, seed: int,
+def test_a_gpu_a_few_percent_slower_than_its_three_siblings_is_named(state_dir: Path, seed: int, tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """Under the simulator's noise and spread (silicon, coolers, dithering clocks): GPU2 at a 273 W limit (its
-    siblings at 300 W) runs about 5 % slower and fails the spread, named; its siblings raise no alarm (the
-    healthy Z8 raises none: test_quick_on_the_healthy_z8_passes_within_two_minutes)."""
+    """Under the simulator's noise and spread (silicon, coolers, dithering clocks): GPU2's silicon draws 10 %
+    more at a given clock than its model's (Sinha et al., SC22: 8 % average variation on one SKU), so at the
+    same 300 W limit as its siblings it runs about 4 % slower and fails the spread, named; its siblings raise
+    no alarm (the healthy Z8 raises none: test_quick_on_the_healthy_z8_passes_within_two_minutes)."""
     from gpud.burnin import run as burnin_run
 
     monkeypatch.setenv("GPUD_SIM_SEED", str(seed))
+    monkeypatch.setattr(burnin_run, "_workload", lambda *a, **k: {g: {} for g in a[3]})
+    desc = tmp_path / "z8-slow-gpu2.toml"
+    desc.write_text((REPO / "gpud/sim/descriptions/z8-fury-4x-a6000.toml").read_text().replace(
+        'bus_id = "0000:5a:00.0"', 'bus_id = "0000:5a:00.0"\npower_variation = 0.10'))
+    m = open_machine(str(desc))
+    res = run_burnin(m, open_bench(m, "cpu"), Config(), level="quick", gpus=None, device="cpu")
+    spread = {v.gpu: v for v in res.verdicts if v.test == "burnin.performance.spread"}
+    assert spread[2].status == "fail" and spread[2].figure is not None and 0.03 < spread[2].figure < 0.08
+    assert "below its siblings' median" in spread[2].summary and spread[2].remedy
+    assert "power limit" not in spread[2].summary  # the same limit: its silicon, not its setting
+    assert [spread[g].status for g in (0, 1, 3)] == ["pass"] * 3
+    assert res.failed_gpus() == [2]
+
+
+def test_a_gpu_slower_only_by_a_lower_power_limit_is_named_a_setting_not_a_failure(
+        state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPU2 at a 273 W limit while its siblings keep 300 W runs slower under the same load, held by the SW power
+    cap at its own limit: a configuration (doctor's config.power_limit), not a slow GPU. The spread warns,
+    naming the limit and its siblings', and the GPU does not fail (an admin would otherwise return a healthy
+    card); compared at one limit it would be judged as silicon (the test above)."""
+    from gpud.burnin import run as burnin_run
+
     monkeypatch.setattr(burnin_run, "_workload", lambda *a, **k: {g: {} for g in a[3]})
     m = open_machine("z8-fury-4x-a6000")
     m.nvml.set_power_limit(2, 273)
     res = run_burnin(m, open_bench(m, "cpu"), Config(), level="quick", gpus=None, device="cpu")
     spread = {v.gpu: v for v in res.verdicts if v.test == "burnin.performance.spread"}
-    assert spread[2].status == "fail" and spread[2].figure is not None and 0.03 < spread[2].figure < 0.08
-    assert "below its siblings' median" in spread[2].summary and spread[2].remedy
+    assert spread[2].status == "warn" and spread[2].figure is not None and spread[2].figure > 0.03
+    assert "power limit 273 W, below its siblings' 300 W" in spread[2].summary
+    assert "-pl 300" in spread[2].remedy
     assert [spread[g].status for g in (0, 1, 3)] == ["pass"] * 3
-    assert res.failed_gpus() == [2]
+    assert 2 not in res.failed_gpus()
 
 
 def test_error_counters_are_judged_with_dcgms_limits_and_unread_ones_are_not_judged(state_dir: Path) -> None:

@@ -35,10 +35,21 @@ def robust_z(vals: list[float]) -> list[float]:
     return [0.6745 * (v - med) / mad if mad > 0 else 0.0 for v in vals]
 
 
-def _spread(res: Result, test: str, figures: dict[int, float], unit: str, remedy: str) -> list[Verdict]:
-    """Each GPU against the median of its model's siblings; an outlier by its modified z-score is named."""
+# A power limit this far below its siblings' median is a setting of its own: the GPU runs slower because it is
+# asked to draw less, which the spread must not read as slow silicon (NVML's power readings: 1 % of a 300 W limit).
+LIMIT_BELOW_SIBLINGS = 0.01
+
+
+def _spread(res: Result, test: str, figures: dict[int, float], unit: str, remedy: str,
+            capped_at: dict[int, float] | None = None) -> list[Verdict]:
+    """Each GPU against the median of its model's siblings; an outlier by its modified z-score is named.
+    ``capped_at``: GPU → the power limit the SW power cap held it at under load. A GPU short of its
+    siblings whose limit is below theirs (``LIMIT_BELOW_SIBLINGS``) is slower by its setting, not its
+    silicon: a warning naming the limit, never a hardware failure (the siblings compared at one limit
+    would say whether the GPU itself is slow)."""
     out: list[Verdict] = []
     limit, cut = THRESHOLDS["spread"], THRESHOLDS["outlier_z"]
+    capped_at = capped_at or {}
     for _model, members in _groups(res).items():
         vals = {g: figures[g] for g in members if g in figures}
         if len(vals) < 2:
@@ -56,8 +67,18 @@ def _spread(res: Result, test: str, figures: dict[int, float], unit: str, remedy
                     if short > 0 else f"{v:.4g} {unit}, siblings' median {med:.4g} {unit}")
             if outlier:
                 text += f"; an outlier (modified z-score {zs[g]:.1f}: median and MAD of its siblings)"
+            why = remedy
+            others = [capped_at[o] for o in vals if o != g and o in capped_at]
+            if status == "fail" and g in capped_at and others:
+                theirs = statistics.median(others)
+                if capped_at[g] < theirs * (1 - LIMIT_BELOW_SIBLINGS):
+                    status = "warn"
+                    text += (f"; held by its power limit {capped_at[g]:.0f} W, below its siblings' "
+                             f"{theirs:.0f} W (SW power cap): its setting, not its silicon")
+                    why = (f"set the limit its siblings have (gpud restore, or nvidia-smi -i {g} -pl {theirs:.0f}) "
+                           "and burn in again to compare the GPU itself")
             out.append(Verdict(test, status, text, g, round(short, 4), limit.value, limit.source,
-                               remedy if status == "fail" else ""))
+                               why if status != "pass" else ""))
     return out
 
 
@@ -170,6 +191,7 @@ def _workload(res: Result, infos: dict[int, GpuInfo]) -> list[Verdict]:
 def _telemetry(res: Result, infos: dict[int, GpuInfo]) -> list[Verdict]:
     out: list[Verdict] = []
     sustained: dict[int, float] = {}
+    capped_at: dict[int, float] = {}  # GPU → the limit the SW power cap held it at under load
     for g, s in res.series.items():
         loaded = s.of(*LOADED)
         if len(loaded) < 2:
@@ -208,6 +230,9 @@ def _telemetry(res: Result, infos: dict[int, GpuInfo]) -> list[Verdict]:
         clocks = [p.sm_mhz for p in loaded if p.sm_mhz and p.utilization]  # not while the load starts
         if clocks:
             sustained[g] = statistics.fmean(clocks)
+        held = [p.limit_w for p in busy if p.limit_w and "sw_power_cap" in p.reasons]
+        if busy and len(held) >= len(busy) / 2:  # the SW power cap held it most of the time: at this limit
+            capped_at[g] = statistics.median(held)
         out += _targeted_power(g, s.of("power")[10:], res.limits.get(g, {}))
         out += _load_steps(g, s.points)
         soak = s.of("soak")
@@ -219,7 +244,8 @@ def _telemetry(res: Result, infos: dict[int, GpuInfo]) -> list[Verdict]:
             if promise is not None:
                 res.limits.setdefault(g, {})["curve_promise_c"] = round(promise, 1)
     out += _spread(res, "burnin.performance.spread", sustained, "MHz sustained SM clock",
-                   "slower than its siblings under the same load: check its throttle reasons, power limit and cooling")
+                   "slower than its siblings under the same load: check its throttle reasons, power limit and cooling",
+                   capped_at)
     return out
 
 

@@ -207,7 +207,8 @@ def run_burnin(machine: Machine, bench: Bench, config: Config, *, level: Level, 
         res.verdicts.append(Verdict("burnin.idle", "warn" if allow_busy else "fail",
                                     f"in use by {procs}: its figures are not the GPU's alone", g,
                                     source="a burn-in needs the GPU to itself (DCGM refuses busy GPUs too)",
-                                    remedy="stop the processes (gpud ps), or pass --allow-busy"))
+                                    remedy="stop the processes (gpud ps)" + ("" if allow_busy else
+                                                                             ", or pass --allow-busy")))
     if busy and not allow_busy:
         res.wall_seconds = time.monotonic() - wall0
         return res
