@@ -230,9 +230,9 @@ def _telemetry(res: Result, infos: dict[int, GpuInfo]) -> list[Verdict]:
         clocks = [p.sm_mhz for p in loaded if p.sm_mhz and p.utilization]  # not while the load starts
         if clocks:
             sustained[g] = statistics.fmean(clocks)
-        held = [p.limit_w for p in busy if p.limit_w and "sw_power_cap" in p.reasons]
-        if busy and len(held) >= len(busy) / 2:  # the SW power cap held it most of the time: at this limit
-            capped_at[g] = statistics.median(held)
+        at_cap = [p.limit_w for p in busy if p.limit_w and "sw_power_cap" in p.reasons]
+        if busy and len(at_cap) >= len(busy) / 2:  # the SW power cap held it most of the time: at this limit
+            capped_at[g] = statistics.median(at_cap)
         out += _targeted_power(g, s.of("power")[10:], res.limits.get(g, {}))
         out += _load_steps(g, s.points)
         soak = s.of("soak")
