@@ -94,6 +94,10 @@ class Observation:
     def slow_inputs(self) -> tuple[Any, ...]:
         """What the slow families read: static facts and versions, which GPUs answer, checks, Xids,
         probe, profile and the GPUs' profiles, burn-in, health."""
+        return self._slow_inputs
+
+    @cached_property
+    def _slow_inputs(self) -> tuple[Any, ...]:  # worked out once: the next tick compares with it again
         snap = self.snapshot
         gpus = (snap.gpus, snap.versions, tuple((s.index, s.uuid, s.lost) for s in snap.samples)) if snap else None
         return (gpus, self.checks, self.xids, self.probe, self.profile, self.profiles, self.burnin, self.health)
