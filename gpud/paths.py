@@ -57,6 +57,19 @@ def state_dir() -> Path:
     return path
 
 
+_in_state: dict[str, tuple[Path, Path]] = {}  # name → (the state directory, the file's path in it)
+
+
+def in_state_dir(name: str) -> Path:
+    """``state_dir() / name``, joined again only when the state directory changed: the files the daemon looks
+    at every tick (the probe history, the last burn-in)."""
+    base = state_dir()
+    got = _in_state.get(name)
+    if got is None or got[0] is not base:
+        got = _in_state[name] = (base, base / name)
+    return got[1]
+
+
 def atomic_write(path: Path, data: str, durable: bool = True) -> None:
     """Write temp, fsync, rename: a reader sees the old file or the new one, never half. The temporary
     file is created new (O_EXCL, O_NOFOLLOW): nothing planted under its name is written through, and
@@ -395,7 +408,7 @@ class TuningLock:
 
 def burnin_path() -> Path:
     """The last ``gpud burnin`` result (its JSON document without telemetry)."""
-    return state_dir() / "burnin.json"
+    return in_state_dir("burnin.json")
 
 
 def burnin_run_path() -> Path:
