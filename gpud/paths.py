@@ -31,15 +31,43 @@ def daemon_running(configured: str | None = None) -> bool:
         s.close()
 
 
+_state_dir: tuple[tuple[str | int | None, ...], Path] | None = None  # (what it was worked out from, the path)
+
+
 def state_dir() -> Path:
-    """``GPUD_STATE_DIR``; else ``/var/lib/gpud`` as root, the user's state directory otherwise."""
+    """``GPUD_STATE_DIR``; else ``/var/lib/gpud`` as root, the user's state directory otherwise. Worked out
+    again only when what it depends on changed (the daemon's tick asks for it to look for new probe and
+    burn-in results every second)."""
+    global _state_dir
     env = os.environ.get("GPUD_STATE_DIR")
+    euid = os.geteuid()
+    key: tuple[str | int | None, ...] = (env,) if env else (
+        None, euid, None if euid == 0 else os.environ.get("XDG_STATE_HOME"), os.environ.get("HOME"))
+    cached = _state_dir
+    if cached is not None and cached[0] == key:
+        return cached[1]
     if env:
-        return Path(env)
-    if os.geteuid() == 0:
-        return Path("/var/lib/gpud")
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "gpud"
+        path = Path(env)
+    elif euid == 0:
+        path = Path("/var/lib/gpud")
+    else:
+        base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+        path = Path(base) / "gpud"
+    _state_dir = (key, path)
+    return path
+
+
+_in_state: dict[str, tuple[Path, Path]] = {}  # name → (the state directory, the file's path in it)
+
+
+def in_state_dir(name: str) -> Path:
+    """``state_dir() / name``, joined again only when the state directory changed: the files the daemon looks
+    at every tick (the probe history, the last burn-in)."""
+    base = state_dir()
+    got = _in_state.get(name)
+    if got is None or got[0] is not base:
+        got = _in_state[name] = (base, base / name)
+    return got[1]
 
 
 def atomic_write(path: Path, data: str, durable: bool = True) -> None:
@@ -380,7 +408,7 @@ class TuningLock:
 
 def burnin_path() -> Path:
     """The last ``gpud burnin`` result (its JSON document without telemetry)."""
-    return state_dir() / "burnin.json"
+    return in_state_dir("burnin.json")
 
 
 def burnin_run_path() -> Path:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from gpud.model import CLOCK_EVENT_REASONS, Snapshot
+from gpud.model import CLOCK_EVENT_REASONS, GpuSample, Snapshot
 
 MAX_USERS = 16
 OTHER, UNKNOWN = "other", "unknown"
@@ -65,6 +65,9 @@ class Accounting:
     event_source: dict[tuple[int, str, str], str] = field(default_factory=dict)  # "nvml" or "tick"
     _nvml_ns: dict[tuple[int, str, str], int] = field(default_factory=dict)  # NVML's last counter reading
     _last: float | None = None
+    # per GPU: (uuid, NVML's counters, clock events) last counted, and the per-tick keys active in them. A quick
+    # tick holds the whole snapshot's objects (gpud.daemon.tick): the same objects count the same way again.
+    _held: dict[int, tuple[str, object, object, tuple[tuple[int, str, str], ...]]] = field(default_factory=dict)
 
     def label(self, user: str | None) -> str:
         got = user_label(user, self.named, self.max_users)
@@ -118,27 +121,50 @@ class Accounting:
         for s in snap.samples:
             if s.lost:
                 continue
-            nvml = s.clock_event_nanoseconds or {}
-            for reason, ns in nvml.items():
-                self._count_nvml((s.index, s.uuid, reason), ns)
-            if s.clock_events is not None:
+            held = self._held.get(s.index)
+            if (held is not None and held[0] == s.uuid and held[1] is s.clock_event_nanoseconds
+                    and held[2] is s.clock_events and s.clock_events is not None):
+                # The objects counted last time (a quick tick's held readings): NVML's counters add nothing, the
+                # sources stand, and the per-tick reasons active then are active now.
                 key = (s.index, s.uuid)
-                self.throttled_seconds.setdefault(key, 0.0)
-                self.watched_seconds[key] = self.watched_seconds.get(key, 0.0) + dt
-                if THROTTLE_REASONS & set(s.clock_events):
+                self.watched_seconds[key] += dt
+                if THROTTLE_REASONS.intersection(s.clock_events):
                     self.throttled_seconds[key] += dt
-                for _, reason in CLOCK_EVENT_REASONS:
-                    k = (s.index, s.uuid, reason)
-                    if reason in nvml:
-                        continue
-                    if self._nvml_ns.pop(k, None) is not None or k not in self.event_source:  # NVML stopped
-                        self.event_source[k] = "tick"  # answering: counted per tick again, from where it was
-                    self.event_seconds[k] = self.event_seconds.get(k, 0.0) + (dt if reason in s.clock_events else 0.0)
+                for k in held[3]:
+                    self.event_seconds[k] += dt
+            else:
+                self._count(s, dt)
             occupied.append(list(dict.fromkeys(p.user for p in s.processes or ())))
         self._recent(dt, [[u for u in users if u is not None and u not in (OTHER, UNKNOWN)] for users in occupied])
         for users in occupied:
             for label in {self.label(u) for u in users}:  # a GPU occupied by a user: 1 GPU-second/s
                 self.user_seconds[label] = self.user_seconds.get(label, 0.0) + dt
+
+    def _count(self, s: GpuSample, dt: float) -> None:
+        """One GPU's clock-event time: NVML's counters where it has them, else per tick."""
+        nvml = s.clock_event_nanoseconds or {}
+        for reason, ns in nvml.items():
+            self._count_nvml((s.index, s.uuid, reason), ns)
+        self._held.pop(s.index, None)
+        if s.clock_events is None:
+            return
+        key = (s.index, s.uuid)
+        self.throttled_seconds.setdefault(key, 0.0)
+        self.watched_seconds[key] = self.watched_seconds.get(key, 0.0) + dt
+        if THROTTLE_REASONS & set(s.clock_events):
+            self.throttled_seconds[key] += dt
+        active = []
+        for _, reason in CLOCK_EVENT_REASONS:
+            k = (s.index, s.uuid, reason)
+            if reason in nvml:
+                continue
+            if self._nvml_ns.pop(k, None) is not None or k not in self.event_source:  # NVML stopped
+                self.event_source[k] = "tick"  # answering: counted per tick again, from where it was
+            on = reason in s.clock_events
+            self.event_seconds[k] = self.event_seconds.get(k, 0.0) + (dt if on else 0.0)
+            if on:
+                active.append(k)
+        self._held[s.index] = (s.uuid, s.clock_event_nanoseconds, s.clock_events, tuple(active))
 
     def _count_nvml(self, key: tuple[int, str, str], ns: int) -> None:
         last = self._nvml_ns.get(key)

@@ -107,3 +107,23 @@ def test_the_renderer_follows_the_observations_version(state_dir) -> None:
     assert b'check="gpu.test"' not in renderer.render(stale.following(first))
     # Observations made by hand (no predecessor) never share a version.
     assert Observation(None).version != Observation(None).version
+
+
+def test_the_renderer_formats_again_only_the_families_whose_series_changed(state_dir) -> None:
+    """Across a daemon's ticks (whole and quick) the renderer's bytes are those of formatting every family
+    afresh; a family whose series are the ones formatted last is not formatted again (its bytes are the
+    same object), one whose series changed is."""
+    from gpud import config as cfg
+    from gpud.daemon.service import Daemon
+
+    d = Daemon(open_machine("2s-8x-a6000"), cfg.Config())
+    renderer = Renderer()
+    texts: list[dict[str, bytes]] = []
+    for _ in range(7):
+        d.tick()
+        obs = d.observation
+        assert renderer.render(obs) == exposition_of(obs)
+        texts.append({name: text for name, (_, text) in renderer._formatted.items()})
+    kept = [name for name in texts[-1] if texts[-1][name] is texts[-2][name]]
+    assert "gpud_gpu_nvlink_link_up" in kept and "gpud_gpu_ecc_errors" in kept
+    assert "gpud_last_tick_timestamp_seconds" not in kept and "gpud_tick_duration_seconds" not in kept

@@ -283,6 +283,29 @@ def test_the_poll_reads_a_gpus_process_list_only_when_its_memory_in_use_changed(
     assert rig.d.rules.profiles()[3][2] == "alice-trains"
 
 
+def test_the_periodic_read_takes_the_samplers_list_read_since(tmp_path: Path, monkeypatch: Any) -> None:
+    """The off-tick sampler asks every GPU's compute list every 5 s for the snapshot; where it asked after the
+    poll's own list was read (the memory in use the same since), the poll's periodic read takes that list
+    instead of asking NVML again; a list it did not ask since is asked for as before."""
+    from gpud.daemon.rules import LIST_AT_LEAST_EVERY_S
+    from gpud.hw.nvml import processes
+
+    monkeypatch.setattr(processes, "POLLED_REUSE_S", -1.0)  # the sampler asks NVML itself (not the poll's list)
+    rig = Rig(tmp_path)
+    lists = rig.d.rules.runner.lists
+    rig.poll(0.0)
+    assert lists.lists_read == 4
+    rig.start(3, 7003, used_mib=0)  # holds no memory: only a list read later shows it
+    rig.m.nvml.sample_pcie_all([0, 1, 3], processes=True)  # the sampler's round (GPU 2's skipped here)
+    rig.poll(LIST_AT_LEAST_EVERY_S + 0.1)
+    assert (lists.lists_read, lists.lists_sampled) == (5, 3)  # GPU 2's own read; the rest the sampler's
+    assert rig.d.rules.profiles()[3][2] == "alice-trains"  # the sampler's list showed the new process
+    rig.poll(LIST_AT_LEAST_EVERY_S + 0.6)
+    assert (lists.lists_read, lists.lists_sampled) == (5, 3)  # the sampler's lists are as recent as a read
+    rig.poll(2 * LIST_AT_LEAST_EVERY_S + 0.6)  # due again, and the sampler has not asked since: read
+    assert (lists.lists_read, lists.lists_sampled) == (9, 3)
+
+
 def test_without_a_base_profile_a_gpu_goes_back_to_its_originals(tmp_path: Path) -> None:
     rig = Rig(tmp_path, base=None)
     before = fingerprint(rig.m)

@@ -15,6 +15,7 @@ groups, command line, cgroup); a process is kept while NVML lists it, and is its
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -116,26 +117,42 @@ class Lists:
     """The compute lists as the poll reads them: each GPU's list again only where its memory in use changed
     since (a CUDA context takes memory as it is created and gives it back at exit), or after
     ``LIST_AT_LEAST_EVERY_S``; otherwise the list read last. One 20 µs reading per GPU and poll instead of a
-    4.5 ms one while jobs run steadily (docs/performance.md, "The daemon's footprint")."""
+    4.5 ms one while jobs run steadily (docs/performance.md, "The daemon's footprint"). The periodic read is
+    the off-tick sampler's list where the sampler asked NVML for it after the list held here was read (the
+    memory in use the same at every poll since): the same list, without asking the driver twice."""
 
     machine: Machine
     seen: dict[int, tuple[float, int | None, list[tuple[int, str]]]] = field(default_factory=dict)
     lists_read: int = 0  # NVML compute lists asked for
     lists_kept: int = 0  # polls of a GPU answered from its last list
+    lists_sampled: int = 0  # periodic reads answered by the off-tick sampler's list
+    read_at: dict[int, float] = field(default_factory=dict)  # GPU → when its list held here was read (monotonic)
 
     def read(self, now: float) -> dict[int, list[tuple[int, str]]]:
         out: dict[int, list[tuple[int, str]]] = {}
+        nvml = self.machine.nvml
         try:
-            memory = self.machine.nvml.memory_in_use(range(self.machine.nvml.device_count()))
+            memory = nvml.memory_in_use(range(nvml.device_count()))
         except GpudError:
             memory = {}  # no driver: every list reads as empty below
         for gpu, used in memory.items():  # used None: lost, its list reads as empty below
             last = self.seen.get(gpu)
-            if last is not None and used is not None and last[1] == used and 0 <= now - last[0] < LIST_AT_LEAST_EVERY_S:
-                self.lists_kept += 1
-                out[gpu] = last[2]
-                continue
+            if last is not None and used is not None and last[1] == used:
+                if 0 <= now - last[0] < LIST_AT_LEAST_EVERY_S:
+                    self.lists_kept += 1
+                    out[gpu] = last[2]
+                    continue
+                # Due again. The memory in use read the same at every poll since this GPU's list was read (else it
+                # would have been read again): a list the sampler read after it is as good as one read now.
+                sampled = nvml.sampled_compute(gpu, self.read_at.get(gpu, math.inf))
+                if sampled is not None:
+                    self.lists_sampled += 1
+                    out[gpu] = [(pid, "compute") for pid in sampled[1]]
+                    self.seen[gpu] = (now - max(0.0, time.monotonic() - sampled[0]), used, out[gpu])
+                    self.read_at[gpu] = sampled[0]
+                    continue
             self.lists_read += 1
+            self.read_at[gpu] = time.monotonic()
             out[gpu] = _compute_list(self.machine, gpu)  # read after the memory: a change between is seen next poll
             self.seen[gpu] = (now, used, out[gpu])
         return out

@@ -17,7 +17,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from gpud.paths import atomic_write, state_dir
+from gpud.paths import atomic_write, in_state_dir
 from gpud.probe.report import ProbeReport
 
 log = logging.getLogger("gpud.probe")
@@ -31,7 +31,7 @@ SPREAD_FACTOR = 3.0  # a drop must exceed this many times the figure's measured 
 
 
 def path() -> Path:
-    return state_dir() / "probe-history.jsonl"
+    return in_state_dir("probe-history.jsonl")
 
 
 # the file as last seen (name, mtime, size) and the numbers of its skipped lines already logged

@@ -109,6 +109,7 @@ class NvmlHandles:
         self._pcie_sampled: dict[int, tuple[float, int, int]] = {}  # (when, TX B/s, RX B/s) off the tick
         self._procs: dict[int, tuple[float, Any]] = {}  # (when, processes) read off the tick
         self._polled: dict[int, tuple[float, Any]] = {}  # (monotonic, compute list) the rules' poll read
+        self._sampled: dict[int, tuple[float, tuple[int, ...]]] = {}  # (monotonic, pids) of the sampler's compute list
         self._util_seen: dict[int, int] = {}  # newest process-utilisation sample read per GPU (µs)
         self._pcie_counter_ok: set[int] = set()  # GPUs whose cumulative PCIe byte counters answer
         self._gone: set[str] = set()  # functions the driver or the bindings do not have

@@ -39,7 +39,10 @@ class NvmlProcesses(NvmlInfo):
         ``compute+graphics``, as nvidia-smi's "C+G"). None when the compute list cannot be read."""
         compute = None if locked else self._polled_compute(index)
         if compute is None:
+            read_at = time.monotonic()
             compute = self._process_list(index, h, locked, PROCESS_CALLS)
+            if compute is not None and not locked:  # for the rules' poll (``sampled_compute``)
+                self._sampled[index] = (read_at, tuple(p.pid for p in compute))
         if compute is None:
             return None
         graphics = self._process_list(index, h, locked, GRAPHICS_CALLS) or []
@@ -181,16 +184,28 @@ class NvmlProcesses(NvmlInfo):
         instead of a 4.5 ms one (docs/simulation.md, "Call latency"). A CUDA context takes memory as it is
         created and gives it back at exit. None where it cannot be read, a lost GPU included."""
         out: dict[int, int | None] = {}
+        name, unsupported = "nvmlDeviceGetMemoryInfo", self._unsupported
         with self._gate.call():
             for index in indices:
-                try:
-                    h = self.handle(index)
-                    mem = self._optional(("nvmlDeviceGetMemoryInfo", index, ()),
-                                         functools.partial(self._raw, "nvmlDeviceGetMemoryInfo", h, gpu=index))
-                except NvmlError:
-                    mem = None
+                key = (name, index, ())
+                mem = None
+                if key not in unsupported:  # ``_optional`` inline: this runs for every GPU twice a second
+                    try:
+                        mem = self._raw(name, self.handle(index), gpu=index)
+                    except NvmlError as err:
+                        try:
+                            self._not_read(key, err)
+                        except NvmlError:
+                            pass  # lost, or no driver: None
                 out[index] = None if mem is None else int(mem.used)
         return out
+
+    def sampled_compute(self, index: int, after: float) -> tuple[float, tuple[int, ...]] | None:
+        """(when, pids) of the GPU's compute list as the off-tick sampler last asked NVML for it itself, if it
+        asked after ``after`` (``time.monotonic``); else None. What the profile rules' poll takes in place of
+        asking again (``gpud.daemon.rules.Lists``): the same entry point, 4.5 ms of the driver's lock."""
+        got = self._sampled.get(index)
+        return got if got is not None and got[0] > after else None
 
     def _polled_compute(self, index: int) -> list[GpuProcessEntry] | None:
         """Copies of the compute list the rules' poll read within ``POLLED_REUSE_S`` (then forgotten), or

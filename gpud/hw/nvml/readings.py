@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import threading
 import time
@@ -34,6 +33,7 @@ from gpud.model import (
     GpuProcess,
     GpuSample,
     decode_clock_events,
+    held_over,
 )
 
 
@@ -169,14 +169,14 @@ class NvmlReadings(NvmlPairs):
         def read(i: int, info: GpuInfo, now: float) -> GpuSample:
             h = self.handle(i)
             if info.fan_count is not None:
-                fans = tuple(dataclasses.replace(f, speed_percent=self.get("nvmlDeviceGetFanSpeed_v2", h, f.fan, gpu=i))
-                             for f in whole.fans)
+                fans = tuple(FanReading(f.fan, self.get("nvmlDeviceGetFanSpeed_v2", h, f.fan, gpu=i), f.target_percent,
+                                        f.policy) for f in whole.fans)
             else:
                 speed = self.get("nvmlDeviceGetFanSpeed", h, gpu=i)
                 fans = (FanReading(0, speed, None, None),) if speed is not None else ()
             power = self.get("nvmlDeviceGetPowerUsage", h, gpu=i)
-            return dataclasses.replace(whole, timestamp=now, temperature_celsius=self._temperature(h, i), fans=fans,
-                                       power_watts=power / 1000.0 if power is not None else None)
+            return held_over(whole, timestamp=now, temperature_celsius=self._temperature(h, i), fans=fans,
+                             power_watts=power / 1000.0 if power is not None else None)
 
         with self._lock:
             return self._sample_locked(index, read)
