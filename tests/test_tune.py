@@ -212,7 +212,12 @@ def _energy_tune_holds(out: Any, before: Any) -> None:
     assert out.slowdown is not None and out.slowdown <= 0.05
     assert out.confirmed and out.chosen is not None and out.chosen.stage == "confirm"  # measured again, fresh baseline
     assert out.chosen.ref is not None and out.chosen.ref.number == out.chosen.number - 1
-    assert out.search_trials < out.zeus_trials == 9  # the settings tried (the baselines again, the confirmation: 3-5)
+    # the joint power search tries fewer limits than Zeus's sweep (the baselines again and the confirmations
+    # are not settings tried); where one realisation leaves some ranks waiting 3 points more than the others
+    # (silicon: docs/tune.md, step 6), their own limits' golden section comes on top, as docs/tune.md counts it
+    stages = [t.stage for t in out.trials]
+    assert stages.count("power") < out.zeus_trials == 9, stages
+    assert out.search_trials == stages.count("power") + stages.count("pergpu"), stages
     assert out.chosen is not None and out.chosen.settings and all(
         s["power_limit"] < 300 for s in out.chosen.settings.values())
     assert all(t.ci_reached for t in out.trials if t.ok)
@@ -499,8 +504,10 @@ def test_a_baseline_that_throttles_is_refused_and_nothing_changes() -> None:
 
 
 def _pick(seed: int | None, monkeypatch: pytest.MonkeyPatch) -> tuple[float, Any]:
-    """The power limit a `--goal energy --max-slowdown 5` tune chooses (all four GPUs alike), with noise in
-    the realisation ``seed``, or noise-free (``None``)."""
+    """The power limit a `--goal energy --max-slowdown 5` tune chooses for the GPUs that set the job's pace,
+    with noise in the realisation ``seed``, or noise-free (``None``). Four alike GPUs share one limit, unless a
+    realisation leaves some ranks waiting for the others (silicon), whose own lower limits (the `pergpu`
+    stage) cost no slowdown: the highest limit of the four is the one the slowdown depends on."""
     if seed is None:
         monkeypatch.setenv("GPUD_SIM_NOISE", "0")
     else:
@@ -511,9 +518,8 @@ def _pick(seed: int | None, monkeypatch: pytest.MonkeyPatch) -> tuple[float, Any
     out = _tune(m)
     _energy_tune_holds(out, before)  # the energy goal's promises, in this realisation too
     assert out.chosen is not None
-    limits = {s.get("power_limit", 300.0) for s in out.chosen.settings.values()} or {300.0}
-    assert len(limits) == 1
-    return float(limits.pop()), out
+    limits = [float(out.chosen.settings.get(g, {}).get("power_limit", 300.0)) for g in range(4)]
+    return max(limits), out
 
 
 @pytest.mark.long
