@@ -22,6 +22,7 @@ needs_torch = pytest.mark.skipif(not torch_available() and os.environ.get("CI") 
 
 
 @needs_torch
+@pytest.mark.long
 def test_cpu_probe_reports_every_section_with_correct_results(state_dir) -> None:
     """Every section of a full CPU run, with correct results. It is also CI's acceptance run on the torch
     pyproject's [test] extra pins (the oldest the probe allows: torch 2.4 and 2.5 crashed in PipelineStage),
