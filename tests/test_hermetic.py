@@ -56,7 +56,10 @@ def test_a_researchers_shell_changes_no_verdict(tmp_path: Path) -> None:
             env[k] = os.environ[k]
     tests = ["tests/test_hermetic.py::test_the_suite_environment_is_its_own",
              "tests/test_sim_import.py::test_doctor_on_every_twin_gives_the_documented_verdicts"]
+    # Its own --basetemp: a nested pytest's default one is a new /tmp/pytest-of-USER/pytest-N, and making it
+    # deletes all but the three newest there, the tests' files of earlier runs (seconds to minutes of disk).
     r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q",
+                        "--basetemp", str(tmp_path / "inner"),
                         "-k", "own or rtx-a6000-linux-550 or rtx-6000-ada-550 or h200-550", *tests],
                        capture_output=True, text=True, timeout=900, cwd=REPO, env=env)  # a hang guard: ~15 s
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
