@@ -422,9 +422,13 @@ def run_one(spec: dict[str, Any], index: int) -> dict[str, Any]:
 
 
 def deterministic(device: str) -> None:
-    """Deterministic kernels where a choice exists: on cuda (cuBLAS workspaces, atomics). The CPU kernels
-    these tasks run (matmul, copy, fill) have one algorithm each, and the switch costs a CPU child 0.8 s
-    importing the compiler's config (torch.use_deterministic_algorithms sets it too)."""
+    """Deterministic kernels where a choice exists: on cuda (cuBLAS workspaces, atomics). On the CPU the switch
+    changes nothing these tasks run: of the CPU operations PyTorch's documentation of
+    ``torch.use_deterministic_algorithms`` lists, it affects only ``index_put``/``put_`` with ``accumulate``,
+    the backward of indexing by tensors and the like, none of them here (matmul, copy, fill, comparisons,
+    sums, slices); and it costs a CPU child 0.8 s importing the compiler's config, which it sets too. If
+    the stand-ins' products differed bit for bit, ``test_burnin.py::test_quick_on_the_healthy_z8_passes_
+    within_two_minutes`` would fail on the digests."""
     if device == "cuda":
         torch.use_deterministic_algorithms(True, warn_only=True)
 
