@@ -127,3 +127,40 @@ def test_the_renderer_formats_again_only_the_families_whose_series_changed(state
     kept = [name for name in texts[-1] if texts[-1][name] is texts[-2][name]]
     assert "gpud_gpu_nvlink_link_up" in kept and "gpud_gpu_ecc_errors" in kept
     assert "gpud_last_tick_timestamp_seconds" not in kept and "gpud_tick_duration_seconds" not in kept
+    # the readings' families changed values only: their lines were kept up to each value
+    assert {"gpud_gpu_power_watts", "gpud_gpu_temperature_celsius"} <= renderer._lines.keys()
+
+
+def test_a_family_whose_values_alone_changed_reads_as_prometheus_client_formats_it() -> None:
+    """Values prometheus_client spells its own way (NaN, infinities, integers, exponents) and label values that
+    need escaping (quotes, backslashes, newlines, spaces), formatted again from the kept lines: the same bytes as
+    formatting the family whole; a changed label set, or a histogram, is formatted whole."""
+    from prometheus_client import generate_latest
+
+    from gpud.exporter import _One
+
+    labels = [("0", 'a "quoted" \\ path\nwith lines'), ("1", "two words"), ("2", "ü")]
+    rounds = [[1.0, 2.5, 3.0], [float("nan"), float("inf"), -float("inf")], [1e21, 1e-7, 0.0], [12345678.0, -2.0, 1.5]]
+    now: list[list[float]] = [rounds[0]]
+    spec = Spec("gpud_test_family", "A test family", "gauge", ("gpu", "who"),
+                lambda scope: [(lab, v) for lab, v in zip(labels, now[0], strict=True)])
+    counter = dataclasses.replace(spec, name="gpud_test_counter", kind="counter")
+    for values in rounds:  # each spelling formatted whole, then again from the kept lines
+        now[0] = values
+        for s in (spec, counter):
+            renderer = Renderer((s,))
+            for _ in range(2):
+                series = list(s.read(None))  # type: ignore[arg-type]
+                assert renderer._format(s, series) == generate_latest(_One(s.build(series)))
+    r = Renderer((spec,))  # one renderer through every round: values alone change
+    now[0] = rounds[0]
+    r._format(spec, list(spec.read(None)))  # type: ignore[arg-type]
+    for values in rounds[1:]:
+        now[0] = values
+        series = list(spec.read(None))  # type: ignore[arg-type]
+        assert r._format(spec, series) == generate_latest(_One(spec.build(series)))
+    labels.append(("3", "new"))
+    now[0] = [*rounds[0], 4.0]
+    series = list(spec.read(None))  # type: ignore[arg-type]
+    assert r._format(spec, series) == generate_latest(_One(spec.build(series)))
+    assert r._lines["gpud_test_family"][0] == [lab for lab, _ in series]
