@@ -449,6 +449,24 @@ def events(path: Path | None = None, *, since: float | None = None, gpu: int | N
         raise _unreadable(path or journal_path(), err) from err
 
 
+def version(path: Path | None = None) -> tuple[int, ...] | None:
+    """What changes whenever the journal is written: the file (inode, size, modification time) and SQLite's
+    file change counter, "incremented whenever the database file is unlocked after having been modified"
+    (sqlite.org/fileformat2.html, the database header, offset 24; the journal is not in WAL mode, where it
+    need not be). None where it cannot be read. A read costs a stat and a 4-byte read, not a query: what the
+    daemon asks every 10 s before reading the history again."""
+    path = path or journal_path()
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            head = f.read(28)
+    except OSError:
+        return None
+    if len(head) < 28:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns, int.from_bytes(head[24:28], "big"))
+
+
 def gpus(path: Path | None = None) -> list[dict[str, Any]]:
     try:
         with closing(_reader(path or journal_path())) as db:

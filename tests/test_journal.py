@@ -190,3 +190,42 @@ def test_a_hardware_xid_in_two_boots_escalates_and_an_application_one_does_not()
     assert escalated(13, 3).action == describe(13).action  # a program's fault is not the board's
     assert describe(54).kind == "hardware" and "power" in describe(54).action  # from NVIDIA's catalog
     assert describe(999).kind == "unknown"
+
+
+def test_the_daemon_reads_the_history_again_only_when_the_journal_was_written(state_dir: Path, monkeypatch) -> None:
+    """``Tracker`` asks the journal's version (a stat and SQLite's file change counter) every 10 s and reads the
+    history only when it moved: a write by another writer is seen at the next look, and a quiet journal is not
+    queried again."""
+    from gpud.backends import open_machine
+    from gpud.config import Config
+    from gpud.doctor import health
+    from gpud.journal import journal_path, version
+
+    reads: list[int] = []
+    real = health.journal_history
+
+    def counted() -> list:
+        reads.append(1)
+        return real()
+
+    monkeypatch.setattr(health, "journal_history", counted)
+    j = Journal(journal_path())
+    j.record("xid", "Xid 48", gpu=0, uuid="GPU-0", boot_id="b1", data={"xid": 48})
+    j.close()
+    m = open_machine(DEGRADED)
+    snap = m.snapshot()
+    tracker = health.Tracker()
+    tracker.update(m, Config(), (), snap, (), 0.0)
+    first = version()
+    assert len(reads) == 1 and first is not None
+    for now in (11.0, 22.0, 33.0):
+        tracker.update(m, Config(), (), snap, (), now)
+    assert len(reads) == 1 and version() == first  # nothing written: never read again
+    other = Journal(journal_path())
+    other.record("xid", "Xid 79", gpu=1, uuid="GPU-1", boot_id="b1", data={"xid": 79})
+    other.close()
+    assert version() != first
+    tracker.update(m, Config(), (), snap, (), 40.0)
+    assert len(reads) == 1  # within 10 s of the last look
+    tracker.update(m, Config(), (), snap, (), 44.0)
+    assert len(reads) == 2 and any(e.data.get("xid") == 79 for e in tracker._history or [])

@@ -463,6 +463,12 @@ def journal_history(path: Path | None = None) -> list[Event]:
         return []
 
 
+def journal_version() -> tuple[int, ...] | None:
+    from gpud import journal
+
+    return journal.version()
+
+
 def gather(machine: Machine, config: Config, checks: Iterable[CheckResult], snapshot: Snapshot | None, *,
            xids: Sequence[XidEvent] | None = None, history: Sequence[Event] | None = None,
            unread: KernelLogUnreadable | None = None) -> tuple[Health, ...]:
@@ -508,8 +514,8 @@ def set_healthy_entry(states: Iterable[Health], gpu: int, who: str, uid: int | N
 
 class Tracker:
     """The daemon's health states, worked out again only when an input changed (doctor's checks, the
-    Xids, a GPU lost or back, the journal, read at most every ``JOURNAL_EVERY_S`` or after a
-    set-healthy): a tick costs a comparison."""
+    Xids, a GPU lost or back, the journal, read at most every ``JOURNAL_EVERY_S`` where it was written since,
+    or after a set-healthy): a tick costs a comparison."""
 
     JOURNAL_EVERY_S = 10.0
 
@@ -517,6 +523,7 @@ class Tracker:
         self.states: tuple[Health, ...] = ()
         self._key: tuple[Any, ...] | None = None
         self._history: list[Event] | None = None
+        self._version: tuple[int, ...] | None = None  # the journal's (``gpud.journal.version``) when last read
         self._read_at = 0.0
 
     def invalidate(self) -> None:
@@ -525,9 +532,12 @@ class Tracker:
     def update(self, machine: Machine, config: Config, checks: tuple[CheckResult, ...], snapshot: Snapshot | None,
                xids: tuple[XidEvent, ...], now: float) -> tuple[Health, ...]:
         if self._history is None or now - self._read_at >= self.JOURNAL_EVERY_S:
-            history = journal_history()
-            if self._history is None or [e.id for e in history] != [e.id for e in self._history]:
-                self._history = history
+            version = journal_version()  # a stat and 4 bytes: the history is read again only if it was written
+            if self._history is None or version is None or version != self._version:
+                history = journal_history()
+                if self._history is None or [e.id for e in history] != [e.id for e in self._history]:
+                    self._history = history
+                self._version = version
             self._read_at = now
         lost = frozenset(s.index for s in snapshot.samples if s.lost) if snapshot is not None else None
         gpus = tuple(id(g) for g in snapshot.gpus) if snapshot is not None else ()
