@@ -78,6 +78,32 @@ def test_idle_partial_and_http09_connections_do_not_take_the_slots(server) -> No
             s.close()
 
 
+def test_a_thread_that_answered_waits_for_the_next_connection_and_a_burst_gets_one_each(server) -> None:
+    """Requests one after the other are answered by one thread (none started per request); idle connections
+    each hold a thread while a scrape still gets its own; after the burst, at most MAX_HANDLERS wait."""
+    srv = server(deadline=2.0)
+    port = srv.server_address[1]
+
+    def waiting(n: int) -> int:  # a thread answers, then closes the connection, then waits: the client is faster
+        deadline = time.monotonic() + 10
+        while len(srv.workers._idle) < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return len(srv.workers._idle)
+
+    for _ in range(5):
+        assert _get(port) == 200 and waiting(1) == 1
+    assert srv.workers.started == 1
+    idle = [_connect(port) for _ in range(12)]
+    assert _get(port) == 200  # not queued behind the twelve idle connections' threads
+    assert srv.workers.started == 13
+    for s in idle:
+        s.close()
+    assert waiting(http.MAX_HANDLERS) == http.MAX_HANDLERS
+    assert _get(port) == 200 and srv.workers.started == 13
+    live = [t for t in threading.enumerate() if t.name == "gpud-http-conn"]
+    assert len(live) <= http.MAX_HANDLERS + 1  # the others ended (one may still be on its way out)
+
+
 def test_a_connection_that_never_finishes_its_request_is_closed_at_the_deadline(server) -> None:
     srv = server(deadline=0.5)
     port = srv.server_address[1]
