@@ -21,6 +21,7 @@ from conftest import REPO, run_gpud
 from typer.testing import CliRunner
 
 from gpud.backends import open_machine
+from gpud.daemon.tick import WHOLE_EVERY_TICKS
 from gpud.errors import GpudError, NvmlError, Unsupported
 from gpud.hw.host import Host, this_boot
 from gpud.hw.machine import Machine
@@ -581,10 +582,15 @@ def test_a_tick_with_no_reading_hands_every_manual_fan_back(state_dir) -> None:
     d.fans.configure({i: desired[i] for i in range(4)})
     d.tick()
     assert {f.policy for s in m.snapshot().samples for f in s.fans} == {"manual"}
-    m.simulation.machine.inject("no_permission", call="nvmlDeviceGetCount")  # the whole tick fails
+    m.simulation.machine.inject("no_permission", call="nvmlDeviceGetCount")  # a whole snapshot fails
     with pytest.raises(GpudError):
         m.snapshot()
-    d.tick()
+    # The quick ticks between whole ones go by the count the last whole one read (their temperatures still
+    # read, the fans stay on the curve); the next whole tick finds no reading at all.
+    for _ in range(WHOLE_EVERY_TICKS):
+        d.tick()
+        if d.fans.failsafes:
+            break
     assert d.fans.failsafes == 4 and d.observation.counters.fan_failsafe_total == 4
     m.simulation.machine.clear_faults()
     assert {f.policy for s in open_machine("z8-fury-4x-a6000").snapshot().samples for f in s.fans} == {"auto"}

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from gpud.config import Config, Rule
 from gpud.daemon.recorder import Recorder
 from gpud.errors import GpudError
-from gpud.hw.machine import Machine
+from gpud.hw.machine import COUNT_HELD_S, Machine
 from gpud.procinfo import status_ids
 from gpud.tuning import engine
 from gpud.tuning.enforce import Enforcer
@@ -132,7 +132,7 @@ class Lists:
         out: dict[int, list[tuple[int, str]]] = {}
         nvml = self.machine.nvml
         try:
-            memory = nvml.memory_in_use(range(nvml.device_count()))
+            memory = nvml.memory_in_use(range(nvml.recent_count(COUNT_HELD_S)))
         except GpudError:
             memory = {}  # no driver: every list reads as empty below
         for gpu, used in memory.items():  # used None: lost, its list reads as empty below

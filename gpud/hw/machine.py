@@ -18,7 +18,10 @@ from gpud.hw.host import Host
 from gpud.hw.nvml import Nvml
 from gpud.model import GpuInfo, Snapshot, Topology
 
-Owner = tuple[str | None, str | None, str | None]  # user, command line, workload (gpud.procinfo)
+Owner = tuple[str | None, str | None, str | None]
+# How old a GPU count the quick readings and the rules' poll go by: the daemon's whole snapshots (every 5 s,
+# gpud.daemon.tick.WHOLE_EVERY_S) count the GPUs; a GPU added (a driver reload) shows at the next one.
+COUNT_HELD_S = 5.0  # user, command line, workload (gpud.procinfo)
 
 
 @dataclass
@@ -75,12 +78,13 @@ class Machine:
     def quick_over(self, over: Snapshot | None) -> bool:
         """Whether ``snapshot(over=over)`` can read quick: the same GPUs as NVML counts now, none lost, and no
         setting written since (each write makes that GPU's next sample read its settings afresh:
-        ``Nvml.settings_held``). ``snapshot(over=...)`` checks the last two itself, not the count (a call)."""
+        ``Nvml.settings_held``). The count is the one read within ``COUNT_HELD_S`` (a whole snapshot reads it):
+        not a call each tick. ``snapshot(over=...)`` checks the last two itself, not the count."""
         if over is None or not self._holds(over):
             return False
         try:
             self.nvml.init()
-            return len(over.samples) == self.nvml.device_count()
+            return len(over.samples) == self.nvml.recent_count(COUNT_HELD_S)
         except GpudError:
             return False
 

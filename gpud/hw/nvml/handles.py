@@ -118,6 +118,7 @@ class NvmlHandles:
         self._unsupported: set[tuple[Any, ...]] = set()  # (function, GPU, arguments) that said NotSupported
         self._fields_retry: dict[tuple[int, str], float] = {}  # (GPU, field group) → when to ask it again
         self.calls = 0  # NVML calls made (for the benchmarks)
+        self._count: tuple[float, int] | None = None  # (monotonic, GPUs) as ``device_count`` last read
         self.errors: Counter[str] = Counter()  # NVML errors per function name
 
     # -- the choke point ---------------------------------------------------------------
@@ -269,7 +270,18 @@ class NvmlHandles:
         return self._versions
 
     def device_count(self) -> int:
-        return int(self.call("nvmlDeviceGetCount"))
+        n = int(self.call("nvmlDeviceGetCount"))
+        self._count = (time.monotonic(), n)
+        return n
+
+    def recent_count(self, within_s: float) -> int:
+        """NVML's GPU count as read within the last ``within_s`` seconds (the daemon's whole snapshots read it
+        every 5 s), else read now. The count changes only when the driver loads or a GPU is added or taken
+        out of service; a GPU that fell off the bus stays counted and reads as lost."""
+        got = self._count
+        if got is not None and 0 <= time.monotonic() - got[0] < within_s:
+            return got[1]
+        return self.device_count()
 
     def handle(self, index: int) -> Any:
         """The GPU's handle. A GPU that NVML counts but cannot open — a GPU fallen off the bus answers
