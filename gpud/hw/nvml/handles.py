@@ -9,7 +9,6 @@ import ctypes
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any, Callable
 
 from gpud.errors import (
@@ -45,44 +44,70 @@ class TickGate:
     a tick whose calls met the sampler's would wait for one slow call (20 ms of PCIe throughput, a process
     list) each. A snapshot holds ``tick()`` while it reads every GPU; each sampler call holds ``call()``:
     one at a time, none while a tick runs or waits, so a tick waits for at most the one in progress. A
-    sampler call made inside a tick's own thread (a one-shot read before the sampler runs) passes."""
+    sampler call made inside a tick's own thread (a one-shot read before the sampler runs) passes.
+
+    ``tick()`` and ``call()`` return one context manager each, made once: a gate is entered for every
+    off-tick call (about 30 every 5 s, and the rules' poll twice a second), and a generator-based one is
+    built anew each time."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._ticks: dict[int, int] = {}  # thread → snapshots it runs (running or waiting)
         self._calling = False
+        self._tick = _Held(self._tick_enter, self._tick_exit)
+        self._call = _Held(self._call_enter, self._call_exit)
 
-    @contextlib.contextmanager
-    def tick(self) -> Iterator[None]:
+    def tick(self) -> contextlib.AbstractContextManager[None]:
+        return self._tick
+
+    def call(self) -> contextlib.AbstractContextManager[None]:
+        return self._call
+
+    def _tick_enter(self) -> None:
         me = threading.get_ident()
         with self._cond:
             self._ticks[me] = self._ticks.get(me, 0) + 1
             while self._calling:
                 self._cond.wait()
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._ticks[me] -= 1
-                if not self._ticks[me]:
-                    del self._ticks[me]
-                self._cond.notify_all()
 
-    @contextlib.contextmanager
-    def call(self) -> Iterator[None]:
-        if threading.get_ident() in self._ticks:
-            yield
+    def _tick_exit(self) -> None:
+        me = threading.get_ident()
+        with self._cond:
+            self._ticks[me] -= 1
+            if not self._ticks[me]:
+                del self._ticks[me]
+            self._cond.notify_all()
+
+    def _call_enter(self) -> None:
+        if threading.get_ident() in self._ticks:  # the tick's own thread: passes (and passes out below)
             return
         with self._cond:
             while self._ticks or self._calling:
                 self._cond.wait()
             self._calling = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._calling = False
-                self._cond.notify_all()
+
+    def _call_exit(self) -> None:
+        if threading.get_ident() in self._ticks:  # only this thread changes its own entry: as on entering
+            return
+        with self._cond:
+            self._calling = False
+            self._cond.notify_all()
+
+
+class _Held:
+    """A context manager that calls ``enter`` and ``exit``; it keeps no state of one use, so one serves every
+    thread (what differs between uses is in the gate, under its condition)."""
+
+    __slots__ = ("_enter", "_exit")
+
+    def __init__(self, enter: Callable[[], None], exit_: Callable[[], None]) -> None:
+        self._enter, self._exit = enter, exit_
+
+    def __enter__(self) -> None:
+        self._enter()
+
+    def __exit__(self, *exc: object) -> None:
+        self._exit()
 
 
 class NvmlHandles:
