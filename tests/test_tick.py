@@ -90,3 +90,34 @@ def test_the_profile_is_enforced_on_whole_snapshots_only(state_dir) -> None:
     assert kinds.count(False) >= 2 * (WHOLE_EVERY_TICKS - 1)
     assert compared[1:] == [True] * kinds.count(True)  # one comparison per whole tick, none on a quick one
     assert d.enforcer.reapply_total == reapplied  # the fans on the curve (manual): nothing re-applied
+
+
+def test_a_throttle_episode_over_quick_ticks_is_journaled_once_with_its_length(state_dir) -> None:
+    """The recorder looks at clock events on whole snapshots only (a quick one holds them): an episode that
+    begins and ends across quick ticks is one journal line, timed from whole snapshot to whole snapshot; a GPU
+    lost in a quick snapshot is journaled at once."""
+    import dataclasses
+
+    from gpud import journal
+    from gpud.daemon.recorder import Recorder
+    from gpud.model import held_over
+
+    state_dir.mkdir(parents=True, exist_ok=True)
+    rec = Recorder(journal.Journal(), "boot")
+    snap = open_machine("z8-fury-4x-a6000").snapshot()
+
+    def at(t: float, events: tuple[str, ...] | None, lost: int | None = None) -> Any:
+        samples = tuple(held_over(s, timestamp=t, clock_events=events if s.index == 0 else (),
+                                  lost=s.index == lost) for s in snap.samples)
+        return dataclasses.replace(snap, timestamp=t, samples=samples)
+
+    rec.snapshot(at(100.0, ("sw_thermal_slowdown",)), True)
+    for t in (101.0, 102.0, 103.0):
+        rec.snapshot(at(t, ("sw_thermal_slowdown",)), False)
+    rec.snapshot(at(105.0, ()), True)
+    rec.snapshot(at(106.0, ()), False)
+    rec.snapshot(at(107.0, (), lost=2), False)
+    rec.journal.close()  # type: ignore[union-attr]
+    evs = journal.events(kinds=("throttle", "gpu_lost"))
+    assert [(e.kind, e.gpu) for e in evs] == [("throttle", 0), ("gpu_lost", 2)]
+    assert evs[0].data["seconds"] == 5.0 and evs[0].data["reasons"] == ["sw_thermal_slowdown"]

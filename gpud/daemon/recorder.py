@@ -64,7 +64,10 @@ class Recorder:
         self.journal.record(kind, summary, gpu=gpu, uuid=info.uuid if info else None,
                             serial=info.serial if info else None, boot_id=self.boot_id, **kw)
 
-    def snapshot(self, snap: Snapshot) -> None:
+    def snapshot(self, snap: Snapshot, whole: bool = True) -> None:
+        """A tick's snapshot: GPUs seen, lost and back, throttle episodes, ECC and row-remapping changes. A quick
+        snapshot (``whole`` False) holds the last whole one's clock events and error counts: only a GPU lost
+        can be new in it."""
         for g in snap.gpus:
             if self.infos.get(g.index) is not g:
                 self.infos[g.index] = g
@@ -77,6 +80,8 @@ class Recorder:
         for gpu in sorted(self.lost - lost):
             self._rec("gpu_back", f"GPU {gpu} answers again", gpu)
         self.lost = lost
+        if not whole:
+            return
         for s in snap.samples:
             if s.lost:
                 continue

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from typing import Any
 
 from gpud import __version__
@@ -28,14 +29,13 @@ class TickTiming:
 
     def __init__(self) -> None:
         self.stats = TickStats()
-        self.periods: list[float] = []  # recent tick start-to-start periods (jitter)
+        self.periods: deque[float] = deque(maxlen=2000)  # recent tick start-to-start periods (jitter)
         self.last: float | None = None
         self.ticks = 0
 
     def begin(self, now: float) -> None:
         if self.last is not None:
             self.periods.append(now - self.last)
-            del self.periods[:-2000]
 
     def end(self, now: float, seconds: float) -> None:
         self.last = now
@@ -64,7 +64,7 @@ class TickTiming:
         def pct(q: float) -> float:
             return errors[min(len(errors) - 1, int(q * len(errors)))]
 
-        return {"periods": len(errors), "interval_seconds": interval, "recent_periods": self.periods[-300:],
+        return {"periods": len(errors), "interval_seconds": interval, "recent_periods": list(self.periods)[-300:],
                 "period_error_p50_seconds": pct(0.5),
                 "period_error_p99_seconds": pct(0.99), "period_error_max_seconds": errors[-1],
                 "duration_mean_seconds": self.stats.sum / max(1, self.stats.total)}

@@ -132,7 +132,7 @@ class Ticker:
             self.thermal.add(snap)
             self.schedule.step(snap, now, self.thermal.points)
             self.accounting.add(snap)
-            recorder.snapshot(snap)
+            recorder.snapshot(snap, whole)
         else:
             drift = ()
         facts = self._tuning()
