@@ -97,7 +97,7 @@ def get(port: int, path: str) -> int:
 
 # -- the child: gpud's daemon with the stand-in's counters -------------------------------------------
 def thread_kind(name: str) -> str:
-    """A thread's name without Python's ``Thread-N`` serial: ``gpud-rules``, ``(sample_offtick)``…"""
+    """A thread's name without Python's ``Thread-N`` serial: ``gpud-http-conn``, ``(sample_offtick)``…"""
     return re.sub(r"^Thread-\d+\s*", "", name) or name
 
 

@@ -11,7 +11,8 @@ from typing import Any
 from gpud import config as cfg
 from gpud.backends import open_machine
 from gpud.daemon.service import Daemon
-from gpud.daemon.tick import WHOLE_EVERY_TICKS
+from gpud.daemon.tick import WHOLE_EVERY_TICKS, Pace
+from gpud.daemon.wake import Stop
 from gpud.hw.machine import Machine
 
 QUICK_CALLS = {"nvmlDeviceGetTemperature", "nvmlDeviceGetFanSpeed_v2", "nvmlDeviceGetPowerUsage"}
@@ -90,6 +91,67 @@ def test_the_profile_is_enforced_on_whole_snapshots_only(state_dir) -> None:
     assert kinds.count(False) >= 2 * (WHOLE_EVERY_TICKS - 1)
     assert compared[1:] == [True] * kinds.count(True)  # one comparison per whole tick, none on a quick one
     assert d.enforcer.reapply_total == reapplied  # the fans on the curve (manual): nothing re-applied
+
+
+def rounds(interval: float, poll: float | None, seconds: float) -> list[tuple[float, bool, bool]]:
+    """(when, tick, poll) of each wake-up of the daemon's loop over ``seconds``, on a clock only its sleeps move."""
+    now = 100.0
+    pace = Pace(now, interval)
+    out = []
+    while now < 100.0 + seconds:
+        now += pace.sleep_s(now, poll)
+        tick, polls = pace.due(now, interval, poll)
+        out.append((round(now - 100.0, 6), tick, polls))
+    return out
+
+
+def test_the_rules_poll_rides_on_the_ticks_wake_ups() -> None:
+    """1 s ticks and 0.5 s polls: two wake-ups a second, every other one a tick that also polls; a round
+    that does nothing is never woken for."""
+    got = rounds(1.0, 0.5, 3.0)
+    assert got == [(0.5, False, True), (1.0, True, True), (1.5, False, True), (2.0, True, True),
+                   (2.5, False, True), (3.0, True, True)]
+    assert all(tick or polls for _, tick, polls in rounds(1.0, 0.3, 10.0))
+    assert [w for w, tick, _ in rounds(1.0, 0.3, 10.0) if tick] == [float(i) for i in range(1, 11)]
+
+
+def test_without_rules_the_loop_wakes_only_to_tick() -> None:
+    got = rounds(1.0, None, 5.0)
+    assert got == [(float(i), True, False) for i in range(1, 6)]
+
+
+def test_a_round_that_overran_starts_the_grid_again_without_bunching() -> None:
+    """A round of 2.5 s at 1 s ticks: the next tick comes one interval after it ends, not three at once."""
+    now = 100.0
+    pace = Pace(now, 1.0)
+    now += pace.sleep_s(now, 0.5)
+    assert pace.due(now, 1.0, 0.5) == (False, True)
+    now += pace.sleep_s(now, 0.5)
+    assert pace.due(now, 1.0, 0.5) == (True, True)
+    now += 2.5  # the tick and the poll took 2.5 s
+    waits = []
+    for _ in range(4):
+        wait = pace.sleep_s(now, 0.5)
+        waits.append(wait)
+        now += wait
+        pace.due(now, 1.0, 0.5)
+    assert waits[0] == 0.0  # late: one round now
+    assert all(w >= 0.5 - 1e-9 for w in waits[1:])  # then on the new grid, none bunched
+
+
+def test_the_stop_flag_wakes_every_waiter_once_set_however_often() -> None:
+    stop = Stop()
+    assert not stop.wait(0.01) and not stop.is_set()
+    woke: list[bool] = []
+    waiters = [threading.Thread(target=lambda: woke.append(stop.wait(30))) for _ in range(4)]
+    for t in waiters:
+        t.start()
+    stop.set()
+    stop.set()  # a second signal: nothing released twice
+    for t in waiters:
+        t.join(5)
+    assert woke == [True] * 4
+    assert stop.wait(0) and stop.wait() and stop.is_set()
 
 
 def test_a_throttle_episode_over_quick_ticks_is_journaled_once_with_its_length(state_dir) -> None:

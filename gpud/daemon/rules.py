@@ -1,15 +1,14 @@
-"""The daemon's profile rules: a thread that polls the GPUs' compute-process lists, matches the
-``[[rules]]`` of ``gpud.toml`` (``gpud.tuning.rules``) and asks the daemon to switch the GPUs whose
-rule changed.
+"""The daemon's profile rules: a poll of the GPUs' compute-process lists that matches the ``[[rules]]`` of
+``gpud.toml`` (``gpud.tuning.rules``) and asks the daemon to switch the GPUs whose rule changed.
 
-Why a poll of its own: the tick reads every GPU (tens of NVML calls each) once per
-``interval_seconds``, and the daemon reads the process lists off the tick only every 5 s
-(``OFFTICK_EVERY_S``), both too slow for a switch within 1 s. This thread asks only
-``nvmlDeviceGetComputeRunningProcesses`` per GPU every ``[daemon] rules_poll_seconds`` (0.5 s by
-default), through the same gate as the other off-tick readings (``TickGate``: never while a tick reads),
-so a tick waits for at most one such call. Only when a process is new is ``/proc/PID`` read (owner,
-groups, command line, cgroup); a process is kept while NVML lists it, and is its pid with its start time
-(``/proc/PID/stat``, read each poll), so a reused pid is read again. Without rules a poll reads nothing.
+Why a poll of its own: the tick reads the GPUs once per ``interval_seconds`` and the process lists only
+every 5 s (``OFFTICK_EVERY_S``, off the tick), both too slow for a switch within 1 s. The daemon's loop
+polls every ``[daemon] rules_poll_seconds`` (0.5 s by default) on the tick's grid (``gpud.daemon.tick.Pace``:
+a tick's wake-up also polls), and not at all without rules. A poll reads each GPU's memory in use and its
+compute list only where that changed (``Lists``), through the same gate as the off-tick readings
+(``TickGate``). Only when a process is new is ``/proc/PID`` read (owner, groups, command line, cgroup); a
+process is kept while NVML lists it, and is its pid with its start time (``/proc/PID/stat``, read each
+poll), so a reused pid is read again.
 """
 
 from __future__ import annotations
@@ -214,18 +213,10 @@ class RuleRunner:
             self.paused = False
             self.arbiter.active.clear()
 
-    def start(self, stop: threading.Event, every_s: Callable[[], float]) -> threading.Thread:
-        def loop() -> None:
-            while not stop.wait(every_s()):
-                try:
-                    self.poll()
-                except Exception:  # noqa: BLE001 - logged; the next poll tries again
-                    log.exception("profile rules: poll failed")
-
-        thread = threading.Thread(target=loop, name="gpud-rules", daemon=True)
-        thread.start()
-        return thread
-
+    def wanted(self) -> bool:
+        """Whether a poll has anything to do: rules to match, or a GPU a rule held (a reload that dropped the
+        rules steps it back to the base after the hold-off). Without either the daemon does not poll."""
+        return bool(self.rules()) or bool(self.arbiter.active)
 
 __all__ = ["Jobs", "Lists", "RuleRunner", "groups", "process_lists"]
 
@@ -255,8 +246,16 @@ class ProfileRules:
     def paused(self) -> bool:
         return self.runner.paused
 
-    def start(self, stop: threading.Event) -> threading.Thread:
-        return self.runner.start(stop, lambda: float(self.config().daemon.rules_poll_seconds))
+    def poll(self) -> None:
+        """One poll, on the daemon's loop (``gpud.daemon.tick.Pace``); a failure is logged and the next tries again."""
+        try:
+            self.runner.poll()
+        except Exception:  # noqa: BLE001 - logged; the next poll tries again
+            log.exception("profile rules: poll failed")
+
+    def poll_every(self) -> float | None:
+        """Seconds between polls, or None while there is nothing to poll for (``RuleRunner.wanted``)."""
+        return float(self.config().daemon.rules_poll_seconds) if self.runner.wanted() else None
 
     def profiles(self) -> tuple[tuple[int, str, str], ...]:
         """(gpu, profile, rule) per GPU with a profile: a rule's, else the base profile (rule "")."""

@@ -27,7 +27,8 @@ from gpud.daemon.rules import ProfileRules
 from gpud.daemon.schedule import Schedule
 from gpud.daemon.status import Report
 from gpud.daemon.systemd import notify, watchdog_seconds
-from gpud.daemon.tick import Ticker, TuningFacts
+from gpud.daemon.tick import Pace, Ticker, TuningFacts
+from gpud.daemon.wake import Stop
 from gpud.doctor import configcheck
 from gpud.errors import GpudError, InvalidInput
 from gpud.exporter import Counters, Observation
@@ -193,7 +194,7 @@ class Daemon:
                  overrides: dict[str, Any] | None = None) -> None:
         self.machine = machine
         self.settings = Settings(config, config_path, overrides)
-        self.stop_event = threading.Event()
+        self.stop_event = Stop()
         # tuning enforcement: apply/restore and the tick's fan and drift work, under one lock
         self.tuning_lock = threading.RLock()
         self.fans = FanControl(machine)
@@ -254,7 +255,6 @@ class Daemon:
         except GpudError as err:
             log.warning("off-tick sampler not started: %s", err)
         self.tick()
-        self.rules.start(self.stop_event)
         log.info("gpud %s serving %s/metrics, control socket %s, %d GPU(s) of %s, profile %s", __version__,
                  self.url(), self.socket_path(), len(self.snapshot.samples) if self.snapshot else 0,
                  engine.target(self.machine), self.profile or "none")
@@ -273,17 +273,20 @@ class Daemon:
         self.start()
         interval = float(self.config.daemon.interval_seconds)
         wd = watchdog_seconds()
-        next_at = time.monotonic() + interval
-        while not self.stop_event.wait(max(0.0, next_at - time.monotonic())):
-            self.tick()
-            if wd is not None:
-                notify("WATCHDOG=1")
-            if self.ticker.timing.ticks % 10 == 0:
-                notify(f"STATUS={self.status_line()}")
-            next_at += interval
-            if next_at < time.monotonic():  # a tick overran: skip, do not bunch up
-                next_at = time.monotonic() + interval
+        pace = Pace(time.monotonic(), interval)  # the tick and the rules' poll, one loop (no thread of their own)
+        poll_s = self.rules.poll_every()
+        while not self.stop_event.wait(pace.sleep_s(time.monotonic(), poll_s)):
+            tick, poll = pace.due(time.monotonic(), interval, poll_s)
+            if tick:
+                self.tick()
+                if wd is not None:
+                    notify("WATCHDOG=1")
+                if self.ticker.timing.ticks % 10 == 0:
+                    notify(f"STATUS={self.status_line()}")
+            if poll:
+                self.rules.poll()
             interval = float(self.config.daemon.interval_seconds)
+            poll_s = self.rules.poll_every()
         return self.shutdown()
 
     def shutdown(self) -> int:

@@ -10,6 +10,7 @@ only: its settings (limits, clocks, modes) are compared with values read that ti
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import NamedTuple
@@ -40,6 +41,46 @@ WHOLE_EVERY_TICKS = 5  # and at sub-second ticks, every 5th: a quick tick's held
 # snapshot every fan goes to its failsafe; with one, the fan loop steps and, on a whole one, the applied
 # profile is enforced.
 Drive = Callable[[Snapshot | None, str, bool], Drift]
+
+
+# A deadline this close is due now: a wait's timeout may end a little early, and waking again for the rest
+# would be one more wake-up for nothing.
+EARLY_S = 0.005
+
+
+class Pace:
+    """When the daemon's loop wakes and what it runs then: the tick every ``interval``, the profile rules' poll
+    every ``poll`` seconds (None: nothing to poll for, no wake-up for it). Both run on the one loop, on one grid
+    anchored at the tick: at the default 1 s ticks and 0.5 s polls, every other poll comes with a tick, two
+    wake-ups a second where a thread for each took three. Each wake-up of an idle daemon runs cold and costs
+    more than the work it does (docs/performance.md, "One loop for the tick and the rules' poll"). A round that
+    overran starts the grid again from now (late rounds are skipped, not bunched)."""
+
+    def __init__(self, now: float, interval: float) -> None:
+        self.tick_at = now + interval
+        self.poll_at = math.inf  # anchored at the first ``sleep_s`` that has a poll period
+
+    def sleep_s(self, now: float, poll: float | None) -> float:
+        """Seconds until the next round."""
+        if poll is None:
+            self.poll_at = math.inf
+        elif self.poll_at == math.inf:  # on the tick's grid: the first poll time after now
+            self.poll_at = self.tick_at - max(0, math.ceil(max(0.0, self.tick_at - now) / poll - 1e-9) - 1) * poll
+        return max(0.0, min(self.tick_at, self.poll_at) - now)
+
+    def due(self, now: float, interval: float, poll: float | None) -> tuple[bool, bool]:
+        """(tick, poll): what this round runs; the next deadlines move on."""
+        tick = now >= self.tick_at - EARLY_S
+        polls = poll is not None and now >= self.poll_at - EARLY_S
+        if tick:
+            self.tick_at += interval
+            if self.tick_at <= now:  # overran: a new grid from now, the poll anchored on it again
+                self.tick_at, self.poll_at = now + interval, math.inf
+        if polls and poll is not None and self.poll_at != math.inf:
+            self.poll_at += poll
+            if self.poll_at <= now:
+                self.poll_at = math.inf
+        return tick, polls
 
 
 class TuningFacts(NamedTuple):
