@@ -10,6 +10,7 @@ neither delays a tick. Control requests are dispatched through ``gpud.daemon.req
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -273,6 +274,7 @@ class Daemon:
         self.start()
         interval = float(self.config.daemon.interval_seconds)
         wd = watchdog_seconds()
+        settle_gc()
         pace = Pace(time.monotonic(), interval)  # the tick and the rules' poll, one loop (no thread of their own)
         poll_s = self.rules.poll_every()
         while not self.stop_event.wait(pace.sleep_s(time.monotonic(), poll_s)):
@@ -546,6 +548,23 @@ class Daemon:
         n = len(self.snapshot.samples) if self.snapshot else 0
         lost = sum(1 for s in self.snapshot.samples if s.lost) if self.snapshot else 0
         return f"{n} GPU(s){f', {lost} lost' if lost else ''}, profile {self.profile or 'none'}"
+
+
+# The collector's first threshold for the running daemon: a young-generation collection every 10 000 net
+# allocations of container objects instead of CPython's 700 (about one a second at 1 s ticks, each run cold).
+GC_YOUNG_THRESHOLD = 10_000
+
+
+def settle_gc() -> None:
+    """The daemon's objects after start-up (modules, the simulator or NVML's bindings, the configuration, the
+    first observation) are kept for its whole life: ``gc.freeze`` moves them out of the collector's sight, so a
+    full collection does not walk them again (the standard library's own advice for long-lived processes), and
+    young collections come less often. What a tick allocates is freed by reference counting; the collector only
+    finds cycles, and ten thousand allocations hold at most a few MiB of them."""
+    gc.collect()
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
 def run(machine: Machine, config: cfg.Config, config_path: str | None,
