@@ -301,7 +301,7 @@ def test_control_requests_of_the_wrong_shape_are_refused(state_dir) -> None:
 def test_a_group_member_never_sees_root_only_files(tmp_path: Path, state_dir) -> None:
     from gpud import config as cfg
     from gpud.backends import open_machine
-    from gpud.daemon.control import Peer
+    from gpud.daemon.peer import Peer
     from gpud.daemon.service import Daemon
 
     secret = tmp_path / "secret.toml"

@@ -19,7 +19,7 @@ from tuning_helpers import cli, fingerprint, fresh
 
 from gpud import config as cfg
 from gpud.config import Rule
-from gpud.daemon.control import Peer
+from gpud.daemon.peer import Peer
 from gpud.daemon.service import Daemon
 from gpud.doctor import configcheck
 from gpud.errors import InvalidInput

@@ -15,16 +15,15 @@ import os
 import pwd
 import socket
 import socketserver
-import struct
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpud.daemon.peer import Peer, peer_credentials, peer_groups
 from gpud.daemon.requests import REQUESTS
 from gpud.daemon.wake import Wakeable
 from gpud.errors import GpudError
-from gpud.procinfo import status_ids
 
 log = logging.getLogger("gpud.control")
 MAX_REQUEST = 64 * 1024
@@ -32,25 +31,6 @@ MAX_REQUEST = 64 * 1024
 
 class ControlError(GpudError):
     """The daemon refused or failed a request."""
-
-
-def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
-    """(pid, uid, gid) of the process at the other end."""
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, gid = struct.unpack("3i", raw)
-    return pid, uid, gid
-
-
-def peer_groups(pid: int) -> set[int]:
-    """The peer's supplementary groups (``/proc/PID/status`` ``Groups:``): read as bytes and parsed by
-    ``gpud.procinfo.status_ids``, so no character of the peer's own name (``\\x1c``, ``\\r``…) adds a
-    ``Groups:`` line of its choosing."""
-    try:
-        with Path(f"/proc/{pid}/status").open("rb") as f:
-            text = f.read(1 << 20).decode(errors="replace")
-    except OSError:
-        return set()
-    return set(status_ids(text, "Groups"))
 
 
 def user_name(uid: int) -> str:
@@ -131,31 +111,6 @@ def needs_access(request: Any) -> bool:
 # Whether any request is served without the socket's access; while none is, a refused peer's line is
 # not even parsed.
 OPEN = any(not r.group for r in REQUESTS.values())
-
-
-class Peer:
-    """Who sent a request (SO_PEERCRED), to check file access on their behalf."""
-
-    def __init__(self, pid: int, uid: int, gid: int) -> None:
-        self.pid, self.uid, self.gid = pid, uid, gid
-
-    def may_read(self, path: str) -> bool:
-        """Whether this peer could read ``path`` itself: the daemon never opens a file for a peer
-        who could not (so no contents or parse errors of root's files reach a group member)."""
-        import stat as st
-
-        if self.uid == 0:
-            return True
-        try:
-            info = os.stat(path)
-        except OSError:
-            return False
-        groups = peer_groups(self.pid) | {self.gid}
-        if info.st_uid == self.uid:
-            return bool(info.st_mode & st.S_IRUSR)
-        if info.st_gid in groups:
-            return bool(info.st_mode & st.S_IRGRP)
-        return bool(info.st_mode & st.S_IROTH)
 
 
 class _Server(Wakeable, socketserver.ThreadingUnixStreamServer):

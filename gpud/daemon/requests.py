@@ -18,7 +18,7 @@ from gpud.model import to_jsonable
 from gpud.tuning import engine
 
 if TYPE_CHECKING:
-    from gpud.daemon.control import Peer
+    from gpud.daemon.peer import Peer
     from gpud.hw.machine import Machine
     from gpud.model import Snapshot
 

@@ -22,6 +22,7 @@ from typing import Any
 from gpud import __version__
 from gpud import config as cfg
 from gpud.daemon import control, http
+from gpud.daemon.peer import Peer
 from gpud.daemon.recorder import Recorder
 from gpud.daemon.requests import REQUESTS
 from gpud.daemon.rules import ProfileRules
@@ -46,7 +47,7 @@ from gpud.tuning.profile import Profile, load
 log = logging.getLogger("gpud.daemon")
 
 
-def load_trusted_profile(name: str, peer: control.Peer | None = None) -> Profile:
+def load_trusted_profile(name: str, peer: Peer | None = None) -> Profile:
     if peer is not None and ("/" in name or name.endswith(".toml")) and not peer.may_read(name):
         # Never parse a file for a peer who could not read it: no contents, no parse errors.
         raise GpudError(f"refused: {name} is not readable by uid {peer.uid}; give a profile you can read")
@@ -81,7 +82,7 @@ class Front:
     """What the daemon holds towards the outside: the tuning lock (one daemon per machine), the HTTP
     endpoint and the control socket, and the web configuration they serve under."""
 
-    def __init__(self, handle: Callable[[dict[str, Any], control.Peer], dict[str, Any]]) -> None:
+    def __init__(self, handle: Callable[[dict[str, Any], Peer], dict[str, Any]]) -> None:
         self.lock = TuningLock("gpud daemon")
         self.handle = handle
         self.web: dict[str, Any] = {}
@@ -395,7 +396,7 @@ class Daemon:
         except GpudError as err:
             log.error("profile %s not applied at start: %s", name, err)
 
-    def apply(self, name: str, dry_run: bool = False, peer: control.Peer | None = None,
+    def apply(self, name: str, dry_run: bool = False, peer: Peer | None = None,
               rules: bool = False) -> dict[str, Any]:
         """Apply a profile. By a person (``peer``): the rules pause until ``gpud restore`` or ``gpud apply
         --rules``; by the daemon, or with ``rules``: it becomes the base profile the rules switch from."""
@@ -428,7 +429,7 @@ class Daemon:
                                       uid=peer.uid if peer else None, written=len(out.written))
             return reply
 
-    def resume_rules(self, profile: str | None = None, peer: control.Peer | None = None) -> dict[str, Any]:
+    def resume_rules(self, profile: str | None = None, peer: Peer | None = None) -> dict[str, Any]:
         """``gpud apply --rules [PROFILE]``: the rules switch again, from PROFILE as the base (else the
         configured ``[daemon] profile``, else the profile applied now)."""
         name = profile or self.config.daemon.profile or self.rules.base or self.profile
@@ -440,7 +441,7 @@ class Daemon:
         return {"ok": True, "profile": None, "plan": [], "written": 0,
                 "target": engine.target(self.machine)}
 
-    def restore(self, fans_only: bool = False, peer: control.Peer | None = None,
+    def restore(self, fans_only: bool = False, peer: Peer | None = None,
                 gpus: list[int] | None = None) -> dict[str, Any]:
         if gpus is not None and not fans_only:
             return self._restore_gpus(gpus, peer)
@@ -462,7 +463,7 @@ class Daemon:
                                   fans_only=fans_only)
             return {"ok": not failed, "restored": done, "failed": failed}
 
-    def _restore_gpus(self, gpus: list[int], peer: control.Peer | None) -> dict[str, Any]:
+    def _restore_gpus(self, gpus: list[int], peer: Peer | None) -> dict[str, Any]:
         """A Slurm job's GPUs put back (``gpud doctor --epilog``): the others keep their profile, enforced and
         with their fan curves, as the state file still holds it; the rules go on as they were."""
         from gpud.tuning import state as st
@@ -481,7 +482,7 @@ class Daemon:
             return {"ok": not failed, "restored": done, "failed": failed}
 
     # -- requests ------------------------------------------------------------------------
-    def set_healthy(self, gpu: str, reason: str, peer: control.Peer | None = None) -> dict[str, Any]:
+    def set_healthy(self, gpu: str, reason: str, peer: Peer | None = None) -> dict[str, Any]:
         """``gpud health set-healthy``: the journal's entry (who: the peer; why), then the states again."""
         from gpud.doctor import health
 
@@ -503,7 +504,7 @@ class Daemon:
     def start_probe(self, why: str) -> dict[str, Any]:
         return self.schedule.start_probe(why)
 
-    def handle(self, req: dict[str, Any], peer: control.Peer | None = None) -> dict[str, Any]:
+    def handle(self, req: dict[str, Any], peer: Peer | None = None) -> dict[str, Any]:
         """One control request, through the dispatch table (``REQUESTS``); gpud's errors become replies."""
         why = control.check_request(req)
         if why is not None:
