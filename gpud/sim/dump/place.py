@@ -12,14 +12,12 @@ root port and host bridge of its own, on NUMA node 0.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from gpud.sim.dump.notes import Notes
 from gpud.sim.dump.topo import LEVELS, Topo
 from gpud.sim.topology import cpu_numbering
 from gpud.text import ranges
-
-if TYPE_CHECKING:
-    from gpud.sim.dump.build import Notes
 
 HGX_NVSWITCHES = 4  # HGX H100/H200 baseboards carry four NVSwitch chips
 
