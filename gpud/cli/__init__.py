@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import traceback
 from typing import Annotated
@@ -21,7 +20,6 @@ app = typer.Typer(
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},  # every subcommand inherits -h
 )
-_debug = {"on": bool(os.environ.get("GPUD_DEBUG"))}
 
 
 def _version(value: bool) -> None:
@@ -39,16 +37,12 @@ def _root(
                                                "never (default: on a terminal unless NO_COLOR is set); "
                                                "accepted after the command too.")] = None,
 ) -> None:
+    from gpud.cli.output import set_colour, set_debug
+
     if debug:
-        _debug["on"] = True
+        set_debug(True)
     if color is not None:
-        from gpud.cli.output import set_colour
-
         set_colour(color)
-
-
-def debug_enabled() -> bool:
-    return _debug["on"]
 
 
 def _register() -> None:
@@ -113,7 +107,7 @@ for _cmd in app.registered_commands:
 
 def main(argv: list[str] | None = None) -> None:
     """The console script; ``argv`` for tests that run the CLI in-process."""
-    from gpud.cli.output import guard_streams, set_colour
+    from gpud.cli.output import debug_enabled, guard_streams, set_colour
 
     guard_streams()
     set_colour(None)  # each run decides anew (tests run several in one process)
@@ -125,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app(args=args, prog_name="gpud")
     except GpudError as err:
-        if _debug["on"]:
+        if debug_enabled():
             traceback.print_exc()
         from gpud.cli.output import echo_err
 

@@ -133,7 +133,7 @@ def doctor(
         raise typer.Exit(slurm.prolog(simulate, config) if prolog else slurm.epilog(simulate, config) if epilog
                          else slurm.health_check(simulate, config))
     from gpud import config as cfg
-    from gpud.cli import debug_enabled
+    from gpud.cli.output import debug_enabled
     from gpud.doctor import configcheck, diagnose
 
     conf = cfg.load(config)  # an invalid file stops here: exit 2, nothing else runs

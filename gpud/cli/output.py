@@ -26,6 +26,16 @@ def is_tty() -> bool:
 
 
 _colour: dict[str, bool | None] = {"forced": None}  # --color / --no-color
+_debug = {"on": bool(os.environ.get("GPUD_DEBUG"))}  # --debug: tracebacks with the errors
+
+
+def set_debug(on: bool) -> None:
+    _debug["on"] = on
+
+
+def debug_enabled() -> bool:
+    """``--debug`` or ``GPUD_DEBUG``: show tracebacks (and doctor's debug detail)."""
+    return _debug["on"]
 
 
 def set_colour(on: bool | None) -> None:
