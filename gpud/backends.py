@@ -16,6 +16,13 @@ from gpud.hw.machine import Machine
 from gpud.hw.nvml import Nvml
 
 
+def simulated_workstations() -> list[str]:
+    """The names of the simulated workstations gpud ships (``--simulate NAME``; its completion)."""
+    from gpud.sim.description import shipped_names
+
+    return shipped_names()
+
+
 def open_machine(simulate: str | None = None) -> Machine:
     """Real NVML and ``/``, or the simulated workstation ``simulate`` (a name or a path)."""
     if simulate:

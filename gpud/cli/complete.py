@@ -29,9 +29,10 @@ def profiles(incomplete: str) -> list[str]:
 
 
 def machines(incomplete: str) -> list[str]:
-    from gpud.cli.sim import shipped_names  # the one CLI module that may see the simulator
+    from gpud.backends import simulated_workstations
 
-    return [n for n in shipped_names() if n.startswith(incomplete)] + (_files(incomplete) if "/" in incomplete else [])
+    names = [n for n in simulated_workstations() if n.startswith(incomplete)]
+    return names + (_files(incomplete) if "/" in incomplete else [])
 
 
 def event_kinds(incomplete: str) -> list[str]:

@@ -15,13 +15,6 @@ from gpud.errors import InvalidInput
 sim_app = typer.Typer(help="Simulated workstations: try gpud without NVIDIA GPUs, test it.", no_args_is_help=True)
 
 
-def shipped_names() -> list[str]:
-    """The shipped simulated workstations' names (for completion of --simulate)."""
-    from gpud.sim.description import shipped_names as names
-
-    return names()
-
-
 def _target(name: str | None, simulate: str | None) -> str:
     target = name or simulate
     if not target:
