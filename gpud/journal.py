@@ -25,7 +25,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -474,18 +474,3 @@ def gpus(path: Path | None = None) -> list[dict[str, Any]]:
             return [dict(zip(cols, r, strict=True)) for r in db.execute(f"SELECT {', '.join(cols)} FROM gpus")]
     except sqlite3.Error as err:
         raise _unreadable(path or journal_path(), err) from err
-
-
-def repeated_hardware_xids(evs: list[Event]) -> Iterator[tuple[str, int, int]]:
-    """(uuid, xid, boots) for each hardware Xid seen on the same GPU in more than one boot."""
-    from gpud.doctor.xid import XIDS
-
-    boots: dict[tuple[str, int], set[str]] = {}
-    for e in evs:
-        xid = e.data.get("xid", 0)
-        if e.kind == "xid" and e.uuid and e.boot_id and isinstance(xid, int) and not isinstance(xid, bool):
-            boots.setdefault((e.uuid, xid), set()).add(e.boot_id)
-    for (uuid, xid), seen in sorted(boots.items()):
-        info = XIDS.get(xid)
-        if len(seen) > 1 and info is not None and info.kind == "hardware":
-            yield uuid, xid, len(seen)

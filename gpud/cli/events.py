@@ -14,6 +14,7 @@ import typer
 from gpud.cli import complete
 from gpud.cli.common import GpuIds, Json, Simulate, emit_document, gpu_ids, local_host
 from gpud.cli.output import clean, cut, echo_wrapped, table
+from gpud.doctor.xid import repeated_hardware_xids
 from gpud.errors import InvalidInput
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -60,7 +61,7 @@ def dossier(which: str, problems: list[str] | None = None) -> dict[str, Any]:
     g = max(match, key=lambda x: x["last_seen"] or 0)
     evs = journal.events(uuid=g["uuid"], problems=problems)
     probe = [e for e in journal.events(kinds=("probe",))]
-    repeats = [{"xid": x, "boots": n} for u, x, n in journal.repeated_hardware_xids(evs) if u == g["uuid"]]
+    repeats = [{"xid": x, "boots": n} for u, x, n in repeated_hardware_xids(evs) if u == g["uuid"]]
     return {"gpu": g, "boots_with_events": len({e.boot_id for e in evs if e.boot_id}),
             "xids": [{"when": e.ts, "boot_id": e.boot_id, **e.data} for e in evs if e.kind == "xid"],
             "ecc": [{"when": e.ts, **e.data} for e in evs if e.kind == "ecc"],
@@ -145,7 +146,7 @@ def events(
     table(["Time", "Boot", "Kind", "GPU", "What"],
           [[_when(e.ts), clean((e.boot_id or "")[:8]), clean(e.kind), "" if e.gpu is None else str(e.gpu),
             clean(str(e.summary))] for e in evs], title=f"{len(evs)} event(s)")
-    for uuid, xid, n in journal.repeated_hardware_xids(evs):
+    for uuid, xid, n in repeated_hardware_xids(evs):
         print(f"Xid {xid} on {uuid} in {n} boots: inspect the hardware (`gpud events --dossier {uuid}`)")
 
 

@@ -26,7 +26,11 @@ Xid the catalog does not list. Where other tools differ (the Kubernetes device p
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple, get_args
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Literal, NamedTuple, get_args
+
+if TYPE_CHECKING:
+    from gpud.journal import Event
 
 Bucket = Literal["IGNORE", "RESTART_APP", "RESET_GPU", "RESTART_BM", "CONTACT_SUPPORT", "CHECK_MECHANICALS"]
 BUCKETS: tuple[Bucket, ...] = get_args(Bucket)
@@ -416,3 +420,16 @@ def unreadable_summary(tried: tuple[tuple[str, str], ...], root: bool) -> tuple[
     needs = unreadable_needs(tried, root)
     summary = f"not judged: no kernel log readable ({listed}), Xids unknown; gpud needs: {'; '.join(needs)}"
     return summary, "; ".join(needs)
+
+
+def repeated_hardware_xids(evs: Iterable[Event]) -> Iterator[tuple[str, int, int]]:
+    """(uuid, xid, boots) for each hardware Xid seen on the same GPU in more than one boot."""
+    boots: dict[tuple[str, int], set[str]] = {}
+    for e in evs:
+        xid = e.data.get("xid", 0)
+        if e.kind == "xid" and e.uuid and e.boot_id and isinstance(xid, int) and not isinstance(xid, bool):
+            boots.setdefault((e.uuid, xid), set()).add(e.boot_id)
+    for (uuid, xid), seen in sorted(boots.items()):
+        info = XIDS.get(xid)
+        if len(seen) > 1 and info is not None and info.kind == "hardware":
+            yield uuid, xid, len(seen)
