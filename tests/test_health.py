@@ -453,3 +453,28 @@ def test_each_injected_fault_gives_its_state_and_repair_action(kind: str) -> Non
     assert got.reason and (got.remedy or state == "degraded")
     # nothing unhealthy elsewhere: a fault shows on its own GPU (Xid 48 there is an ECC error too)
     assert [h for h in states if h.state == "unhealthy" and h.gpu not in (gpu, None)] == []
+
+
+
+def test_the_daemons_health_keeps_the_inputs_it_compares_not_their_addresses(state_dir) -> None:
+    """``Tracker`` decides whether to work the states out again by comparing this tick's inputs with the last;
+    it keeps those inputs, not their id()s, which CPython gives to the next object once one is freed (a doctor
+    run's new checks at the old address would read as unchanged)."""
+    import gc
+    import weakref
+
+    from gpud.config import Config
+    from gpud.doctor.health import Tracker, worst_of
+    from gpud.model import CheckResult
+
+    m = open_machine("z8-fury-4x-a6000")
+    snap = m.snapshot()
+    tracker = Tracker()
+    checks = tuple(CheckResult("health.thermal", "pass", "cool", gpu=g) for g in range(4))
+    assert worst_of(tracker.update(m, Config(), checks, snap, (), 0.0)) == "healthy"
+    first = weakref.ref(checks[0])
+    del checks
+    gc.collect()
+    assert first() is not None  # still held: its address cannot go to the next run's checks
+    failed = tuple(CheckResult("health.thermal", "fail", "too hot", gpu=g) for g in range(4))
+    assert worst_of(tracker.update(m, Config(), failed, snap, (), 1.0)) != "healthy"

@@ -540,8 +540,10 @@ class Tracker:
                 self._version = version
             self._read_at = now
         lost = frozenset(s.index for s in snapshot.samples if s.lost) if snapshot is not None else None
-        gpus = tuple(id(g) for g in snapshot.gpus) if snapshot is not None else ()
-        key = (id(checks), xids, lost, gpus, id(self._history), config.health)
+        # The inputs themselves, not their id()s: an id is reused once its object is freed, and these are
+        # compared element by element, each the same object from tick to tick until it changes.
+        gpus = snapshot.gpus if snapshot is not None else ()
+        key = (checks, xids, lost, gpus, self._history, config.health)
         if key != self._key:
             self.states = gather(machine, config, checks, snapshot, xids=xids, history=self._history)
             self._key = key
