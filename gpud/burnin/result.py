@@ -28,6 +28,12 @@ class Verdict:
                 "figure": self.figure, "threshold": self.threshold, "source": self.source, "remedy": self.remedy}
 
 
+def not_judged(test: str, gpu: int | None, why: str, needs: str, source: str = "") -> Verdict:
+    """A test that could not measure what it judges: "not judged", with the reason and what gpud needs;
+    never a pass (``Result.not_judged`` lists them, the overall verdict names them)."""
+    return Verdict(test, "skip", f"not judged: {why}", gpu, source=source, remedy=needs)
+
+
 @dataclass
 class Result:
     machine: str
