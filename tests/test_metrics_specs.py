@@ -10,7 +10,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpud.backends import open_machine
 from gpud.config import Config
-from gpud.exporter import METRICS, SLOW_FAMILIES, Observation, Renderer, Spec, TickStats, exposition, registry
+from gpud.daemon.status import Renderer
+from gpud.exporter import METRICS, SLOW_FAMILIES, Observation, Spec, TickStats, exposition, registry
 from gpud.hw.machine import Machine
 from gpud.model import CheckResult
 from gpud.observe import Running, observe
@@ -137,7 +138,7 @@ def test_a_family_whose_values_alone_changed_reads_as_prometheus_client_formats_
     formatting the family whole; a changed label set, or a histogram, is formatted whole."""
     from prometheus_client import generate_latest
 
-    from gpud.exporter import _One
+    from gpud.daemon.status import One
 
     labels = [("0", 'a "quoted" \\ path\nwith lines'), ("1", "two words"), ("2", "ü")]
     rounds = [[1.0, 2.5, 3.0], [float("nan"), float("inf"), -float("inf")], [1e21, 1e-7, 0.0], [12345678.0, -2.0, 1.5]]
@@ -151,16 +152,16 @@ def test_a_family_whose_values_alone_changed_reads_as_prometheus_client_formats_
             renderer = Renderer((s,))
             for _ in range(2):
                 series = list(s.read(None))  # type: ignore[arg-type]
-                assert renderer._format(s, series) == generate_latest(_One(s.build(series)))
+                assert renderer._format(s, series) == generate_latest(One(s.build(series)))
     r = Renderer((spec,))  # one renderer through every round: values alone change
     now[0] = rounds[0]
     r._format(spec, list(spec.read(None)))  # type: ignore[arg-type]
     for values in rounds[1:]:
         now[0] = values
         series = list(spec.read(None))  # type: ignore[arg-type]
-        assert r._format(spec, series) == generate_latest(_One(spec.build(series)))
+        assert r._format(spec, series) == generate_latest(One(spec.build(series)))
     labels.append(("3", "new"))
     now[0] = [*rounds[0], 4.0]
     series = list(spec.read(None))  # type: ignore[arg-type]
-    assert r._format(spec, series) == generate_latest(_One(spec.build(series)))
+    assert r._format(spec, series) == generate_latest(One(spec.build(series)))
     assert r._lines["gpud_test_family"][0] == [lab for lab, _ in series]

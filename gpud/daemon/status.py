@@ -8,10 +8,15 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from prometheus_client import generate_latest
+from prometheus_client.core import Metric
+from prometheus_client.utils import floatToGoString as _go_float
+
 from gpud import __version__
-from gpud.exporter import Counters, Observation, Renderer, TickStats
+from gpud.exporter import METRICS, Counters, Observation, Scope, Series, Spec, TickStats, Value, registry
 from gpud.hw.machine import Machine
 from gpud.model import document, host_json, probe_document, sample_json, to_jsonable
 from gpud.probe import history
@@ -22,6 +27,76 @@ def health_part(obs: Observation) -> dict[str, Any]:
     from gpud.doctor.health import as_json, worst_of
 
     return {"state": worst_of(obs.health), "components": as_json(obs.health)}
+
+
+class Renderer:
+    """Renders expositions for the daemon: the slow families are formatted again only when the
+    observation's ``version`` changes (a doctor run, new Xids, a profile switch, a probe result); each other
+    family is read from every observation and formatted again only when its series differ from the ones
+    formatted last (NVLink states and counters, ECC, clock events, limits: most of them stay the same between
+    two scrapes). Formatting is most of a scrape's cost (prometheus_client escapes every label of every
+    sample); reading a family's series is a fraction of it. The bytes are those of formatting everything at
+    once: the slow families, then the others in the table's order."""
+
+    def __init__(self, specs: Sequence[Spec] = METRICS) -> None:
+        self.specs = specs
+        self._version: int | None = None
+        self._slow = b""
+        self._fast = [s for s in specs if not s.slow]
+        self._formatted: dict[str, tuple[list[Series], bytes]] = {}  # family → the series last formatted, text
+        # family → (label values, the text before each value) of a gauge or counter formatted whole, in order
+        self._lines: dict[str, tuple[list[Sequence[str]], bytes, list[bytes]]] = {}
+
+    def render(self, obs: Observation) -> bytes:
+        if obs.version != self._version:
+            self._slow = generate_latest(registry(lambda: obs, "slow", self.specs))
+            self._version = obs.version
+        scope = Scope(obs)
+        parts = [self._slow]
+        for spec in self._fast:
+            read = spec.read(scope)
+            if read is None:
+                self._formatted.pop(spec.name, None)
+                self._lines.pop(spec.name, None)
+                continue
+            series = list(read)
+            last = self._formatted.get(spec.name)
+            if last is None or last[0] != series:
+                last = (series, self._format(spec, series))
+                self._formatted[spec.name] = last
+            parts.append(last[1])
+        return b"".join(parts)
+
+    def _format(self, spec: Spec, series: list[Series]) -> bytes:
+        """The family's text. Where only values changed since it was formatted whole (the same label values in
+        the same order: a gauge's or a counter's readings between two scrapes), the lines are the ones
+        prometheus_client wrote up to each value, and each value is formatted as it formats one
+        (``floatToGoString``): escaping and sorting every label of every sample is most of a render's cost."""
+        go_float: Callable[[Value], str] = _go_float  # untyped in prometheus_client
+        labels = [values for values, _ in series]
+        known = self._lines.get(spec.name)
+        if known is not None and known[0] == labels:
+            return known[1] + b"".join(b"%s%s\n" % (head, go_float(value).encode())
+                                       for head, (_, value) in zip(known[2], series, strict=True))
+        text = generate_latest(One(spec.build(series)))
+        self._lines.pop(spec.name, None)
+        if spec.kind != "histogram":
+            lines = text.split(b"\n")
+            samples = lines[2:-1]  # HELP and TYPE, then one line per series, then the final newline's ""
+            if len(samples) == len(series) and lines[-1] == b"":
+                self._lines[spec.name] = (labels, b"\n".join(lines[:2]) + b"\n",
+                                          [line[:line.rindex(b" ") + 1] for line in samples])
+        return text
+
+
+class One:
+    """One family, as prometheus_client's ``generate_latest`` reads a registry."""
+
+    def __init__(self, family: Metric) -> None:
+        self.family = family
+
+    def collect(self) -> Iterator[Metric]:
+        yield self.family
 
 
 class TickTiming:
