@@ -8,6 +8,11 @@ least three timed windows (median and spread); interpretation is the runner's jo
 Every tensor handed to ``torch.distributed`` lives on the rank's device (``ctx.device``), and
 every tensor is made with an explicit device: the test suite runs this module with torch's
 default device set to ``meta`` to prove it.
+
+Why one module of 800-odd lines: it is the whole of what runs in a rank's interpreter, the one place (with
+``gpud.probe.stress``) the import contracts let torch in, and it imports nothing of gpud that needs the
+machine (it imports no gpud module at all). Split, each part would be one more module the torch contract has to
+allow, and the rank's start-up would import them all anyway.
 """
 
 from __future__ import annotations
