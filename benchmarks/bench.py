@@ -219,8 +219,9 @@ def wait_http(port: int, path: str, timeout: float = 30) -> None:
             if c.getresponse().status == 200:
                 return
         except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"nothing answers on {port}{path}")
+            pass
+        time.sleep(0.1)  # not answering yet, or not 200 yet (/healthz before the first tick): ask again later
+    raise RuntimeError(f"nothing answers 200 on {port}{path}")
 
 
 def status(port: int) -> dict[str, Any]:
