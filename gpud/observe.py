@@ -23,9 +23,9 @@ from gpud.model import CheckResult, Snapshot, XidEvent
 from gpud.paths import burnin_path
 from gpud.probe import history
 from gpud.probe.report import ProbeReport
-from gpud.tuning import engine
-from gpud.tuning import state as tuning_state
-from gpud.tuning.enforce import DriftMetric, exported
+from gpud.profiles import engine
+from gpud.profiles import state as tuning_state
+from gpud.profiles.enforce import DriftMetric, exported
 from gpud.usage import Usage
 
 Drift = DriftMetric  # (gpu, setting, differs from the profile now)

@@ -186,8 +186,8 @@ def curve_soak(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixture
     and driven each simulated second by the daemon's fan control: GPU0 a curve that holds the load, GPU1
     the same curve with its fan stalled, GPU2 a curve capped at 50 %, GPU3 the `training` profile's
     curve (100 % from 70 °C)."""
-    from gpud.tuning import state as tuning_state
-    from gpud.tuning.fanloop import FanControl
+    from gpud.profiles import state as tuning_state
+    from gpud.profiles.fanloop import FanControl
 
     mp = pytest.MonkeyPatch()
     mp.setenv("GPUD_STATE_DIR", str(tmp_path_factory.mktemp("curve")))

@@ -13,7 +13,7 @@ from gpud.config import Config
 from gpud.doctor import CHECKS, diagnose, fans
 from gpud.doctor.registry import Check, Context, Reporter, run
 from gpud.model import CheckResult, ThermalPoint
-from gpud.tuning.fancurve import FanCurve, curve_of
+from gpud.profiles.fancurve import FanCurve, curve_of
 
 
 @pytest.mark.parametrize("name", ["z8-fury-4x-a6000", "z8-fury-4x-a6000-degraded", "z8-g4-2x-rtx8000-sli"])

@@ -268,11 +268,11 @@ def test_the_tick_fills_the_history_from_its_snapshot(tmp_path: Path, state_dir:
 
 def curve_applied(m: Machine) -> None:
     """gpud's `training` profile applied: its curve (full 100 % duty from 70 °C, hysteresis 3) on every GPU,
-    driven once by the daemon's fan loop (gpud.tuning.fanloop) at the GPUs' present temperatures."""
-    from gpud.tuning import engine
-    from gpud.tuning import state as tuning_state
-    from gpud.tuning.fanloop import FanControl
-    from gpud.tuning.profile import load as load_profile
+    driven once by the daemon's fan loop (gpud.profiles.fanloop) at the GPUs' present temperatures."""
+    from gpud.profiles import engine
+    from gpud.profiles import state as tuning_state
+    from gpud.profiles.fanloop import FanControl
+    from gpud.profiles.profile import load as load_profile
 
     changes, desired = engine.plan(m, load_profile("training"), daemon=True)
     assert engine.apply(m, load_profile("training"), changes, desired, m.host.cpu_governors()).ok

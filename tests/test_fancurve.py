@@ -8,9 +8,9 @@ import threading
 import pytest
 
 from gpud.backends import open_machine
-from gpud.tuning.fancurve import FAILSAFE, FanController, FanCurve
-from gpud.tuning.fanloop import FanControl
-from gpud.tuning.profile import load, resolve
+from gpud.profiles.fancurve import FAILSAFE, FanController, FanCurve
+from gpud.profiles.fanloop import FanControl
+from gpud.profiles.profile import load, resolve
 
 CURVE = FanCurve(((30, 40), (60, 70), (80, 100)), hysteresis=3, minimum=0, max_ramp=10)
 

@@ -573,7 +573,7 @@ def test_the_unit_lets_gpud_see_what_it_reads() -> None:
 def test_a_tick_with_no_reading_hands_every_manual_fan_back(state_dir) -> None:
     from gpud import config as cfg
     from gpud.daemon.service import Daemon
-    from gpud.tuning.profile import load, resolve
+    from gpud.profiles.profile import load, resolve
 
     m = open_machine("z8-fury-4x-a6000")
     d = Daemon(m, cfg.Config())

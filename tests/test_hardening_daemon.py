@@ -122,7 +122,7 @@ def test_bad_daemon_options_are_one_line_and_exit_2(argv: list[str], needle: str
 
 def test_fans_return_to_their_curve_when_the_temperature_reads_again(state_dir, caplog) -> None:
     from gpud.backends import open_machine
-    from gpud.tuning.fanloop import FanControl
+    from gpud.profiles.fanloop import FanControl
 
     m = open_machine("z8-fury-4x-a6000")
     fc = FanControl(m)

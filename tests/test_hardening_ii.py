@@ -8,7 +8,7 @@ import json
 import pytest
 from tuning_helpers import RICH, cli, fingerprint, fresh, write_profile
 
-from gpud.tuning import state as st
+from gpud.profiles import state as st
 
 SIM = "z8-fury-4x-a6000"
 

@@ -16,9 +16,9 @@ import pytest
 from conftest import REPO
 from tuning_helpers import RICH, cli, fingerprint, fresh, write_profile
 
-from gpud.tuning import engine
-from gpud.tuning import state as st
-from gpud.tuning.profile import load
+from gpud.profiles import engine
+from gpud.profiles import state as st
+from gpud.profiles.profile import load
 
 SIM = "z8-fury-4x-a6000"
 DEGRADED = "z8-fury-4x-a6000-degraded"  # persistence mode off

@@ -354,8 +354,8 @@ def test_prolog_and_epilog_of_a_job_that_lost_a_gpu(monkeypatch: pytest.MonkeyPa
     assert capsys.readouterr().out == ""
     assert (state_dir / "jobs" / "4242").is_file()
     m = open_machine(HEALTHY)
-    from gpud.tuning import engine
-    from gpud.tuning.profile import load as load_profile
+    from gpud.profiles import engine
+    from gpud.profiles.profile import load as load_profile
 
     changes, desired = engine.plan(m, load_profile("training"))
     assert engine.apply(m, load_profile("training"), changes, desired, m.host.cpu_governors()).ok
@@ -370,7 +370,7 @@ def test_prolog_and_epilog_of_a_job_that_lost_a_gpu(monkeypatch: pytest.MonkeyPa
     job = json.loads(data)
     assert job["since_source"] == "prolog" and sorted(x["xid"] for x in job["xids"]) == [13, 79]
     assert job["lost"] == [1] and job["restored"]
-    from gpud.tuning import state as tuning_state
+    from gpud.profiles import state as tuning_state
 
     assert tuning_state.load() is None  # the job's profile put back
     assert not (state_dir / "jobs" / "4242").exists()

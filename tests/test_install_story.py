@@ -47,7 +47,7 @@ def test_missing_torch_remedy_points_at_the_readme(monkeypatch: pytest.MonkeyPat
 
 
 def test_example_profile_says_what_it_does() -> None:
-    from gpud.tuning.profile import load
+    from gpud.profiles.profile import load
 
-    p = load(str(REPO / "gpud" / "tuning" / "profiles" / "z8-fury-4x-a6000-example.toml"))
+    p = load(str(REPO / "gpud" / "profiles" / "builtin" / "z8-fury-4x-a6000-example.toml"))
     assert p.description.startswith("Example to copy and adapt") and "280 W" in p.description

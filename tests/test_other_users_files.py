@@ -103,7 +103,7 @@ def test_the_content_parsed_is_that_of_the_file_whose_fstat_was_checked(
 @needs_root
 def test_a_symlink_as_the_profile_itself_is_refused_as_root(good_and_evil: tuple[Path, Path],
                                                             tmp_path: Path) -> None:
-    from gpud.tuning.profile import load
+    from gpud.profiles.profile import load
 
     good, _ = good_and_evil
     link = tmp_path / "link.toml"
@@ -122,7 +122,7 @@ def test_a_symlink_as_the_profile_itself_is_refused_as_root(good_and_evil: tuple
 ])
 def test_a_profile_in_a_directory_another_user_can_change_is_refused_as_root(
         tmp_path: Path, mode: int, owner: int, why: str) -> None:
-    from gpud.tuning.profile import load
+    from gpud.profiles.profile import load
 
     d = tmp_path / "shared"
     d.mkdir()
@@ -151,7 +151,7 @@ def test_a_profile_extending_one_in_a_writable_directory_is_refused(tmp_path: Pa
 
 @needs_root
 def test_a_root_owned_file_in_a_sticky_directory_like_tmp_is_accepted(tmp_path: Path) -> None:
-    from gpud.tuning.profile import load
+    from gpud.profiles.profile import load
 
     d = Path(tempfile.mkdtemp(prefix="gpud-sticky-", dir="/tmp"))
     try:
@@ -162,7 +162,7 @@ def test_a_root_owned_file_in_a_sticky_directory_like_tmp_is_accepted(tmp_path: 
 
 
 def test_a_fifo_as_a_profile_is_refused_at_once_not_waited_on(tmp_path: Path) -> None:
-    from gpud.tuning.profile import load
+    from gpud.profiles.profile import load
 
     fifo = tmp_path / "p.toml"
     os.mkfifo(fifo)
@@ -177,7 +177,7 @@ def test_the_state_file_configuration_and_web_configuration_follow_the_same_rule
         tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from gpud import config as cfg
     from gpud.daemon import http
-    from gpud.tuning import state as st
+    from gpud.profiles import state as st
 
     real = tmp_path / "real.json"
     real.write_text(json.dumps({"version": st.VERSION, "profile": "x", "desired": {}, "originals": {}}))
@@ -199,7 +199,7 @@ def test_the_state_file_configuration_and_web_configuration_follow_the_same_rule
 def test_as_a_user_links_are_followed_and_ownership_is_not_refused(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     from gpud import paths
-    from gpud.tuning.profile import load
+    from gpud.profiles.profile import load
 
     monkeypatch.setattr(paths.os, "geteuid", lambda: 1000)
     d = tmp_path / "mine"
@@ -250,7 +250,7 @@ def test_tune_to_proc_exits_2_before_any_trial_and_fast() -> None:
 def test_every_tune_output_is_refused_before_the_first_trial(
         argv: list[str], key: str, outputs: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    from gpud.tune import run
+    from gpud.autotune import run
 
     if "{link}" in argv and not ROOT:
         pytest.skip("a symbolic link is refused as root only")
@@ -320,7 +320,7 @@ def test_tune_workload_under_sudo_runs_as_the_invoking_user_in_a_clean_environme
 @pytest.mark.skipif(not ROOT, reason="needs root: the clean environment is for a command root runs")
 def test_a_root_login_runs_the_command_as_root_but_in_a_clean_environment_and_its_own_group(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpud.tune.workload import Command
+    from gpud.autotune.workload import Command
 
     for k in ("SUDO_USER", "SUDO_UID", "SUDO_GID"):
         monkeypatch.delenv(k, raising=False)
@@ -337,7 +337,7 @@ def test_a_root_login_runs_the_command_as_root_but_in_a_clean_environment_and_it
 
 
 def test_a_timeout_kills_the_commands_whole_process_group(tmp_path: Path) -> None:
-    from gpud.tune.workload import Command, WorkloadFailed
+    from gpud.autotune.workload import Command, WorkloadFailed
 
     pidfile = tmp_path / "pid"
     cmd = Command(f"sh -c 'sleep 60 & echo $! > {pidfile}; wait'", "cpu", {}, timeout_s=1.0)

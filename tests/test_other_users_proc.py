@@ -23,8 +23,8 @@ from gpud.daemon.rules import Jobs, groups, process_lists
 from gpud.errors import InvalidInput
 from gpud.model import GpuProcess, GpuSample, Snapshot, Versions
 from gpud.procinfo import start_time, status_fields, status_ids, workload
-from gpud.tuning import rules as tr
-from gpud.tuning.rules import Job, choose, matches
+from gpud.profiles import rules as tr
+from gpud.profiles.rules import Job, choose, matches
 from gpud.usage import OTHER, Accounting
 
 POD = "1a2b3c4d-0000-4111-8222-123456789abc"
@@ -205,7 +205,7 @@ def test_start_time_is_read_after_the_last_parenthesis() -> None:
 def test_a_catastrophic_pattern_is_matched_quickly() -> None:
     """``(a+)+$`` against 40 ``a`` and a ``!``: Python's re backtracks 2^40 times (and holds the GIL, so
     it is run in a child that can be killed)."""
-    code = ("import time; from gpud import config as cfg; from gpud.tuning.rules import Job, matches\n"
+    code = ("import time; from gpud import config as cfg; from gpud.profiles.rules import Job, matches\n"
             "r = cfg.parse({'rules': [{'name': 'r', 'profile': 'quiet', 'command': '(a+)+$'}]}, 'f').rules[0]\n"
             "t = time.perf_counter(); hit = matches(r, Job(0, 1, 'u', (), 'a' * 40 + '!'))\n"
             "print(hit, time.perf_counter() - t)\n")

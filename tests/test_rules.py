@@ -24,10 +24,10 @@ from gpud.daemon.service import Daemon
 from gpud.doctor import configcheck
 from gpud.errors import InvalidInput
 from gpud.json_schema import check
-from gpud.tuning import engine
-from gpud.tuning import state as st
-from gpud.tuning.profile import load
-from gpud.tuning.rules import Arbiter, Job, choose, matches
+from gpud.profiles import engine
+from gpud.profiles import state as st
+from gpud.profiles.profile import load
+from gpud.profiles.rules import Arbiter, Job, choose, matches
 
 POD = "0b6c1d2e-3f4a-5b6c-7d8e-9f0a1b2c3d4e"
 ALICE = Job(2, 7001, "alice", ("alice", "ml"), "python train.py --epochs 90", "slurm:1234")

@@ -14,11 +14,11 @@ from tuning_helpers import cli, fingerprint, fresh, write_profile
 
 from gpud.hw.machine import Machine
 from gpud.model import GpuInfo, GpuSample
-from gpud.tuning import engine
-from gpud.tuning import state as st
-from gpud.tuning.enforce import BACKOFF_FIRST_S, BACKOFF_MAX_S, HOST_EVERY_S, Enforcer, exported
-from gpud.tuning.profile import load
-from gpud.tuning.settings import BY_KEY, GOVERNOR, GPU_SETTINGS, KEYS, REGISTRY, UNKNOWN, Checked
+from gpud.profiles import engine
+from gpud.profiles import state as st
+from gpud.profiles.enforce import BACKOFF_FIRST_S, BACKOFF_MAX_S, HOST_EVERY_S, Enforcer, exported
+from gpud.profiles.profile import load
+from gpud.profiles.settings import BY_KEY, GOVERNOR, GPU_SETTINGS, KEYS, REGISTRY, UNKNOWN, Checked
 
 # Per setting: a value an RTX A6000 takes that differs from the simulated workstation's own, and
 # what a profile asks for to see it (``Setting.check``).

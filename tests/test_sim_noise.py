@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from conftest import REPO, run_gpud
 
+from gpud.autotune.workload import Training
 from gpud.backends import SimBench, SimPace, open_machine
 from gpud.errors import InvalidInput
 from gpud.sim import perf
 from gpud.sim.description import load
 from gpud.sim.physics import CLOCK_SM, CLOCK_STEP_MHZ
-from gpud.tune.workload import Training
 
 SIM = "z8-fury-4x-a6000"
 SEEDS = (1, 2, 3)

@@ -91,9 +91,9 @@ def test_the_epilog_puts_back_the_jobs_gpus_only(monkeypatch: pytest.MonkeyPatch
     GPU2 and GPU3 keep theirs, in the state file too (a later restore still knows their originals)."""
     from tuning_helpers import fingerprint
 
-    from gpud.tuning import engine
-    from gpud.tuning import state as st
-    from gpud.tuning.profile import load as load_profile
+    from gpud.profiles import engine
+    from gpud.profiles import state as st
+    from gpud.profiles.profile import load as load_profile
 
     m = open_machine(HEALTHY)
     before = fingerprint(m)

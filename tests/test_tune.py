@@ -18,16 +18,16 @@ from conftest import REPO
 from daemon_helpers import RunningDaemon
 from tuning_helpers import cli, fingerprint, fresh
 
+from gpud.autotune import search
+from gpud.autotune.run import LocalApplier, TuningBusy, check_start, fan_ceiling, memory_clocks, run_tune
+from gpud.autotune.trial import Measure, relative_ci
+from gpud.autotune.workload import Training
 from gpud.backends import SimPace
 from gpud.errors import GpudError
 from gpud.json_schema import check
+from gpud.profiles import state as st
+from gpud.profiles.profile import load
 from gpud.sim import perf
-from gpud.tune import search
-from gpud.tune.run import LocalApplier, TuningBusy, check_start, fan_ceiling, memory_clocks, run_tune
-from gpud.tune.trial import Measure, relative_ci
-from gpud.tune.workload import Training
-from gpud.tuning import state as st
-from gpud.tuning.profile import load
 
 SIM = "z8-fury-4x-a6000"
 # The least energy saving a tune within 5 % slowdown must find on the simulated Z8: the performance model's

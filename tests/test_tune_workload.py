@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from tuning_helpers import fingerprint, fresh
 
+from gpud.autotune.run import LocalApplier, run_tune
+from gpud.autotune.trial import Measure, run_trial
+from gpud.autotune.workload import Command, RunTooShort, Training
 from gpud.backends import SimPace
-from gpud.tune.run import LocalApplier, run_tune
-from gpud.tune.trial import Measure, run_trial
-from gpud.tune.workload import Command, RunTooShort, Training
 
 SIM = "z8-fury-4x-a6000"
 
@@ -111,7 +111,7 @@ def test_rate_from_reads_a_running_commands_throughput_from_its_output_and_stops
     import shlex
     import sys
 
-    from gpud.tune.workload import RateCommand
+    from gpud.autotune.workload import RateCommand
 
     m = fresh(SIM)
     loop = "import time\nwhile True:\n    print('step: 12.5 it/s', flush=True)\n    time.sleep(0.2)"

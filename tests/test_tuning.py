@@ -17,9 +17,9 @@ from tuning_helpers import RICH, cli, fingerprint, fresh, write_profile
 
 from gpud.backends import open_machine
 from gpud.errors import InvalidInput
-from gpud.tuning import engine
-from gpud.tuning import state as st
-from gpud.tuning.profile import available, load, resolve
+from gpud.profiles import engine
+from gpud.profiles import state as st
+from gpud.profiles.profile import available, load, resolve
 
 SIM = "z8-fury-4x-a6000"
 

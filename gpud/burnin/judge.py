@@ -13,7 +13,7 @@ from gpud.burnin.result import Result, Status, Verdict, not_judged
 from gpud.burnin.telemetry import HW_REASONS
 from gpud.model import GpuInfo
 from gpud.probe import expect
-from gpud.tuning.fancurve import curve_of
+from gpud.profiles.fancurve import curve_of
 
 LOADED = ("load", "power", "pulse_full", "soak")
 

@@ -11,7 +11,7 @@ from typing import Any
 from gpud.burnin.plan import THRESHOLDS
 from gpud.burnin.result import Verdict, not_judged
 from gpud.burnin.telemetry import cv, settle
-from gpud.tuning.fancurve import FanCurve
+from gpud.profiles.fancurve import FanCurve
 
 THERMAL_REASONS = ("sw_thermal_slowdown", "hw_thermal_slowdown")  # the driver, not the fan, holds the GPU
 

@@ -364,7 +364,7 @@ def _applied_curves() -> dict[int, dict[str, Any]]:
     """The fan curves of the applied profile (the tuning state); none where no profile is applied or its
     state cannot be read (``gpud verify`` reports that)."""
     from gpud.errors import GpudError
-    from gpud.tuning import state as tuning_state
+    from gpud.profiles import state as tuning_state
 
     try:
         desired = tuning_state.profile_settings(tuning_state.load())

@@ -47,6 +47,7 @@ def _root(
 
 def _register() -> None:
     from gpud.cli import (
+        apply,
         burnin,
         daemon,
         doctor,
@@ -62,13 +63,12 @@ def _register() -> None:
         status,
         topo,
         tune,
-        tuner,
     )
 
     status.register(app)
     topo.register(app)
     doctor.register(app)
-    tune.register(app)
+    apply.register(app)
     metrics.register(app)
     probe.register(app)
     daemon.register(app)
@@ -78,7 +78,7 @@ def _register() -> None:
     select.register(app)
     events.register(app)
     burnin.register(app)
-    tuner.register(app)
+    tune.register(app)
     health.register(app)
     rules.register(app)
 

@@ -22,7 +22,7 @@ def _files(incomplete: str, suffix: str = ".toml") -> list[str]:
 
 
 def profiles(incomplete: str) -> list[str]:
-    from gpud.tuning.profile import available
+    from gpud.profiles.profile import available
 
     names = [n for n, _ in available() if n.startswith(incomplete)]
     return names + (_files(incomplete) if "/" in incomplete or "." in incomplete or not names else [])

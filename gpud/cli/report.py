@@ -61,7 +61,7 @@ def _gather(m, config_path: str | None) -> tuple[dict[str, str], list[str]]:  # 
     from gpud.cli.topo import topo_document
     from gpud.doctor import diagnose
     from gpud.probe import history
-    from gpud.tuning import state
+    from gpud.profiles import state
 
     notes: list[str] = []
     files: dict[str, str] = {}

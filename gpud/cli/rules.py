@@ -1,7 +1,7 @@
 """``gpud rules``: the ``[[rules]]`` of gpud.toml against the processes running now.
 
 ``gpud rules test`` reads the GPUs' processes once (as ``gpud ps``), matches every rule as the daemon
-does (``gpud.tuning.rules``) and says which profile each GPU would follow, which rule wins and which
+does (``gpud.profiles.rules``) and says which profile each GPU would follow, which rule wins and which
 lose; nothing is written. The daemon's hold-off is not applied: this is the moment, not the history.
 """
 
@@ -30,7 +30,7 @@ def rules_test(config: Config = None, simulate: Simulate = None, json: Json = Fa
     from gpud.daemon.rules import groups
     from gpud.doctor import configcheck
     from gpud.model import document
-    from gpud.tuning.rules import Job, choose, matches
+    from gpud.profiles.rules import Job, choose, matches
 
     conf = cfg.load(config)  # an invalid file: `file: key: reason`, exit 2
     m = machine(simulate)

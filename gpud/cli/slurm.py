@@ -371,9 +371,9 @@ def epilog(simulate: str | None, config: str | None) -> int:
 def _restore(simulate: str | None, config: str | None, m: Machine, gpus: list[int] | None) -> list[str]:
     """What the job's profile changed on its GPUs (``gpus``; None: all), put back: through the daemon when it
     drives this machine. The other GPUs keep theirs (another job's)."""
-    from gpud.cli.tune import Target, tuning_lock
-    from gpud.tuning import engine
-    from gpud.tuning import state as tuning_state
+    from gpud.cli.apply import Target, tuning_lock
+    from gpud.profiles import engine
+    from gpud.profiles import state as tuning_state
 
     if tuning_state.load() is None:
         return []

@@ -210,7 +210,7 @@ def status_document(m: Machine, snap: Snapshot) -> dict[str, Any]:
 def active_profiles() -> tuple[tuple[int, str, str], ...]:
     """(gpu, profile, rule) of each GPU with a profile, from the state file (a rule's, or the applied one)."""
     from gpud.observe import profiles_of
-    from gpud.tuning import state as tuning_state
+    from gpud.profiles import state as tuning_state
 
     return profiles_of(tuning_state.load())
 

@@ -1,396 +1,287 @@
-"""``gpud profile``, ``gpud apply``, ``gpud verify``, ``gpud restore``."""
+"""``gpud tune``: measure which power and clock settings make this machine's training fastest or
+cheapest, write them as a profile, apply it (docs/tune.md)."""
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from gpud.cli import complete
-from gpud.cli.common import Json, Simulate, emit_document, local_host, machine, machine_host
-from gpud.cli.output import clean, echo_wrapped, plural, table, table_lines, wrap
-
-Config = Annotated[str | None, typer.Option("--config", metavar="PATH",
-                                            help="gpud.toml (its [daemon] socket is where the daemon listens)")]
-
-profile_app = typer.Typer(help="Tuning profiles: list them, show one resolved.", no_args_is_help=True)
+from gpud.cli.apply import Config, Target, tuning_lock
+from gpud.cli.common import Json, Simulate, host
+from gpud.cli.output import clean, echo_wrapped, plural, table
+from gpud.errors import GpudError, InvalidInput
 
 
-def _show(v: Any) -> str:
-    from gpud.tuning.engine import show
+class DaemonApplier:
+    """Trials applied by the running daemon (it holds the tuning lock): each trial's settings as a profile
+    file it loads, the originals saved by its engine; ``restore`` through its socket at the end."""
 
-    return show(v)
+    def __init__(self, t: Target, workdir: Path) -> None:
+        self.t = t
+        self.workdir = workdir
+
+    def apply(self, settings: dict[int, dict[str, Any]], label: str) -> None:
+        from gpud.autotune.report import profile_toml
+        from gpud.paths import atomic_write
+
+        path = self.workdir / "gpud-tune-trial.toml"
+        atomic_write(path, profile_toml(settings, f"gpud tune: {label}"))
+        reply = self.t.daemon("apply", profile=str(path), dry_run=False)
+        if reply is None:
+            raise GpudError("the gpud daemon stopped answering")
+        if not reply.get("ok"):
+            raise GpudError(str(reply.get("error") or "the daemon's apply failed"))
+
+    def tick(self, now: float) -> None:
+        """Nothing: the daemon's fan loop drives a trial's fan curve."""
+
+    def restore(self) -> list[str]:
+        reply = self.t.daemon("restore", fans_only=False) or {}
+        return [str(x) for x in reply.get("restored", [])] + [f"NOT restored: {x}" for x in reply.get("failed", [])]
 
 
-@profile_app.command("list")
-def profile_list(json: Json = False) -> None:
-    """Profiles: /etc/gpud/profiles first, then the shipped ones."""
-    from gpud.tuning.profile import available, load
+def _daemon_drives(t: Target) -> bool:
+    """Whether a daemon runs for this machine (then every write goes through it)."""
+    from gpud.daemon.control import request
 
-    rows = []
-    for name, path in available():
-        try:
-            desc = load(str(path)).description
-        except Exception as err:  # noqa: BLE001 - list the others, say why this one is broken
-            desc = f"INVALID: {err}"
-        rows.append({"name": name, "path": str(path), "description": desc})
-    if json:
-        emit_document("profile_list", local_host(), profiles=rows)
-    else:  # shipped profiles are named "shipped" (their path is an installation detail), users' by path
-        from gpud.tuning.profile import SHIPPED
-
-        table(["Profile", "Description", "File"],
-              [[clean(r["name"]), clean(r["description"]),
-                "shipped" if Path(r["path"]).parent == SHIPPED else clean(r["path"])]
-               for r in rows])
+    ping = request(t.socket, "ping", timeout=10)
+    return ping is not None and ping.get("target") in (None, t.name)
 
 
-@profile_app.command("show")
-def profile_show(name: Annotated[str, typer.Argument(help="Profile name or path.", autocompletion=complete.profiles)],
-                 json: Json = False,
-                 simulate: Simulate = None) -> None:
-    """A profile after inheritance; with --simulate (or on a GPU machine) resolved per GPU."""
-    from gpud.errors import GpudError
-    from gpud.tuning.profile import load, resolve
+def check_daemon_trusts(sock: str | Path) -> None:
+    """Refuse before any trial when the daemon would refuse every trial: a daemon running as root loads
+    only profiles root owns (``gpud.paths.open_trusted``), and a tune's trial profiles are its caller's. The
+    daemon runs as the owner of its socket."""
+    from gpud.autotune.run import TuneRefused
 
-    p = load(name)
-    resolved = None
+    euid = os.geteuid()
     try:
-        m = machine(simulate)
-        snap = m.snapshot()
-        resolved = resolve(p, list(snap.gpus))
-    except GpudError as err:
-        if simulate:
-            raise
-        resolved_note = f"(not resolved per GPU: {err})"
-    data = {"name": p.name, "source": p.source, "chain": list(p.chain), "description": p.description,
-            "all": p.all, "gpus": [{k: v for k, v in g.items() if not k.startswith("_")} for g in p.gpus],
-            "host_settings": p.host, "resolved": {str(k): v for k, v in (resolved or {}).items()}}
-    if json:
-        emit_document("profile", machine_host(m) if resolved is not None else local_host(), **data)
+        owner = os.stat(sock).st_uid
+    except OSError:
         return
-    out = [clean(line) for line in (f"{p.name}: {p.description}", f"  file: {p.source}",
-                                    f"  inherits: {' → '.join(p.chain)}")]
-    out = [x for line in out for x in wrap(line, indent="    ")]
-    if resolved is None:
-        out += wrap(resolved_note, indent="    ", first="  ")
-    rows = [[f"GPU{gpu}", k, _describe(k, v)] for gpu, settings in sorted((resolved or {}).items())
-            for k, v in settings.items() if k != "required"]
-    rows += [["host", k, str(v)] for k, v in p.host.items()]
-    if rows:
-        out += table_lines(["", "Setting", "Value"], rows)
-    sys.stdout.write("\n".join(out) + "\n")
+    if euid == 0 or owner != 0:
+        return
+    err = TuneRefused(f"the gpud daemon runs as root and loads only profiles root owns: the trials of a tune "
+                      f"run by uid {euid} would all be refused")
+    err.remedy = ("tune as root through the daemon (sudo gpud tune …, with -o FILE to keep the profile), then "
+                  "`gpud apply FILE` as a member of the socket's group")
+    raise err
 
 
-def _describe(key: str, v: Any) -> str:
-    if key == "fan" and isinstance(v, dict):
-        if v["mode"] == "curve":
-            pts = ", ".join(f"{t} °C → {d} %" for t, d in v["points"])
-            return f"curve {pts} (hysteresis {v['hysteresis']} °C, minimum {v['minimum']} %, ramp {v['max_ramp']} %/s)"
-        return f"fixed {v['percent']} %" if v["mode"] == "fixed" else "auto"
-    return _show(v)
+def _knobs(text: str) -> list[str]:
+    from gpud.autotune.run import KNOBS
 
-
-# The one vocabulary of plan actions, in text, JSON and docs/profiles.md (the engine's own words: set, none).
-ACTIONS = {"set": "change", "none": "ok", "skip": "skip", "daemon": "daemon"}
-
-
-def _public(result: dict[str, Any]) -> dict[str, Any]:
-    """The apply result with plan actions in the documented vocabulary (change, ok, skip, daemon)."""
-    out = dict(result)
-    for key in ("plan", "skipped"):
-        if isinstance(out.get(key), list):
-            out[key] = [{**c, "action": ACTIONS.get(c.get("action"), c.get("action"))} for c in out[key]]
+    out = [k.strip() for k in text.split(",") if k.strip()]
+    for k in out:
+        if k not in KNOBS:
+            raise InvalidInput("--knobs", "", f"unknown knob {k!r} (knobs: {', '.join(KNOBS)})")
+    if not out:
+        raise InvalidInput("--knobs", "", "empty")
     return out
 
 
-def _plan_rows(plan: list[dict[str, Any]]) -> list[list[str]]:
-    """One row per setting and outcome, the GPUs it holds for grouped as doctor groups them (GPU0-3)."""
-    from gpud.text import ranges
+def _progress() -> Any:
+    on = sys.stderr.isatty()
 
-    groups: dict[tuple[str, ...], list[int]] = {}
-    hosts: list[tuple[str, ...]] = []
-    for c in plan:
-        action = ACTIONS[c["action"]]
-        key = tuple(clean(str(k)) for k in (c["setting"], _show(c["current"]), _show(c["desired"]),
-                                            action + (f": {c['note']}" if c["note"] else "")))
-        if c["gpu"] is None:
-            hosts.append(key)
-        else:
-            groups.setdefault(key, []).append(int(c["gpu"]))
-    rows = [[f"GPU{ranges(sorted(gpus))}", *key] for key, gpus in groups.items()]
-    return rows + [["host", *key] for key in hosts]
+    def say(text: str) -> None:
+        if on:
+            sys.stderr.write(f"\r\033[Kgpud tune: {text}")
+            sys.stderr.flush()
+    return say
 
 
-class Target:
-    """The machine a tuning command acts on, opened once, and the daemon that drives it (if any)."""
+def render(doc: dict[str, Any]) -> None:
+    from gpud.autotune.report import settings_text, summary, text_chart
 
-    def __init__(self, simulate: str | None, config: str | None) -> None:
-        from gpud import config as cfg
-        from gpud.paths import control_socket
-
-        self.simulate = simulate
-        conf = cfg.load(config)  # invalid → exit 2 before anything is read or written
-        self.socket = control_socket(conf.daemon.socket)
-        self.group = conf.daemon.socket_group
-        self._machine: Any = None
-
-    @property
-    def machine(self) -> Any:
-        if self._machine is None:
-            self._machine = machine(self.simulate)
-        return self._machine
-
-    @property
-    def name(self) -> str:
-        from gpud.tuning.engine import target
-
-        return target(self.machine)
-
-    def daemon(self, cmd: str, **args: Any) -> dict[str, Any] | None:
-        """The running daemon's answer, or None when no daemon drives this machine (act directly)."""
-        from gpud.daemon.control import request
-        from gpud.errors import InvalidInput
-
-        ping = request(self.socket, "ping", timeout=10)
-        if ping is None:
-            return None
-        theirs = ping.get("target")
-        if theirs is not None and theirs != self.name:
-            # Never act through a daemon driving other GPUs: act here (the tuning lock then tells
-            # whether that daemon's state is in the way).
-            sys.stderr.write(f"gpud: the daemon on {self.socket} drives {theirs}, not {self.name}: "
-                             "acting directly\n")
-            return None
-        reply = request(self.socket, cmd, **args)
-        if reply is not None and reply.get("invalid"):
-            file, _, rest = str(reply["error"]).partition(": ")
-            key, _, reason = rest.partition(": ")
-            raise InvalidInput(file, key if reason else "", reason or key)
-        if reply is not None:
-            reply.setdefault("target", theirs or self.name)
-        return reply
+    print(f"gpud tune — {clean(doc['host']['name'])}: goal {doc['goal']}, at most {doc['max_slowdown_percent']:g} % "
+          f"slowdown, workload {clean(doc['workload'])}")
+    echo_wrapped(f"figures {doc['figures_note']}", indent="  ")
+    rows = []
+    for t in doc["trials"]:
+        rows.append([str(t["number"]), t["stage"], clean(settings_text(t["settings"])),
+                     "" if t["samples_per_second"] is None else f"{t['samples_per_second']:.2f}",
+                     "" if t["ci_percent"] is None else f"±{t['ci_percent']:.2f}%",
+                     "" if t["joules_per_sample"] is None else f"{t['joules_per_sample']:.3f}",
+                     "" if t["power_watts"] is None else f"{t['power_watts']:.0f}",
+                     "/".join(str(v) for v in t["sm_mhz"].values()),
+                     t["status"] + ("*" if t["frontier"] else "")])
+    unit = doc["unit"]
+    table(["#", "Stage", "Settings", f"{unit}/s", "95% CI", f"J/{unit[:-1]}", "W (all)", "SM MHz", "Status"], rows,
+          title=f"{plural(doc['trial_count'], 'trial')} (Zeus's 25 W linear sweep: {doc['linear_sweep_trials']}); "
+                "* on the frontier")
+    for line in text_chart(doc):
+        print(line)
+    echo_wrapped(clean(summary(doc)))
+    if not doc["confidence"]["reached"]:
+        echo_wrapped(f"note: some trials did not reach ±{doc['confidence']['bound_percent']:g} % at 95 % confidence "
+                     "in their windows (the table's CI column)")
+    for note in doc["notes"]:
+        echo_wrapped(f"note: {clean(note)}")
+    print(f"GPUs put back: {plural(len(doc['restored']), 'setting')} restored")
+    for line in doc["restored"]:
+        if line.startswith("NOT"):
+            sys.stderr.write(f"gpud: {clean(line)}\n")
 
 
-# NVML's words for NVML_ERROR_NO_PERMISSION (nvmlErrorString), and EACCES's for a host file.
-DENIED = ("Insufficient Permissions", "Permission denied")
+def tune(
+    goal: Annotated[str, typer.Option("--goal", metavar="throughput|energy|quiet",
+                                      help="Maximise samples/s, minimise energy per sample, or minimise power "
+                                           "(heat, so fan noise) within the slowdown.")] = "energy",
+    max_slowdown: Annotated[float, typer.Option("--max-slowdown", metavar="PCT",
+                                                help="Slowdown allowed against the GPUs as they are, %.")] = 5.0,
+    workload: Annotated[str, typer.Option("--workload", metavar='probe|"COMMAND"',
+                                          help="The probe's DDP training loop (one job, the settings changed "
+                                               "under it), or your command (run to completion once per window, "
+                                               "at least 10 s a run).")] = "probe",
+    rate_from: Annotated[str | None, typer.Option("--rate-from", metavar="REGEX",
+                                                  help="Run the command once and read its throughput from its "
+                                                       "output: the first group of each matching line, e.g. "
+                                                       "'([\\d.]+) it/s'.")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", metavar="SECONDS",
+                                           help="A command's longest run; then its process group is killed "
+                                                "(default 3600).")] = 3600.0,
+    knobs: Annotated[str | None, typer.Option("--knobs", metavar="power,clocks,memclocks,fans",
+                                              help="What the search sets: power limits, locked SM clocks, locked "
+                                                   "memory clocks, the fan curve (default: power; power,fans for "
+                                                   "--goal quiet).")] = None,
+    gpus: Annotated[str | None, typer.Option("--gpus", metavar="LIST", help="GPUs to tune: 0,2-3 (default all).")
+                    ] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", metavar="PROFILE.toml",
+                                                help="Write the chosen settings as a profile (with what was "
+                                                     "measured).")] = None,
+    apply_: Annotated[bool, typer.Option("--apply", help="Apply the chosen profile (through the daemon when one "
+                                                         "runs).")] = False,
+    report: Annotated[Path | None, typer.Option("--report", metavar="FILE.html",
+                                                help="Write a self-contained HTML report with the chart.")] = None,
+    allow_busy: Annotated[bool, typer.Option("--allow-busy", help="Tune GPUs other processes use.")] = False,
+    json: Json = False,
+    simulate: Simulate = None,
+    config: Config = None,
+) -> None:
+    """Measure which power (and clock) settings make training fastest or cheapest here: a baseline,
+    a bracketing search with every trial measured to a stated confidence, the GPUs put back at the
+    end (and by `gpud restore` after a crash). Exit 0 done, 1 refused or failed, 2 invalid input."""
+    from gpud import __version__
+    from gpud.autotune import report as rep
+    from gpud.autotune.run import LocalApplier, check_start, run_tune
+    from gpud.autotune.search import GOALS
+    from gpud.autotune.trial import Measure
+    from gpud.autotune.workload import Command, RateCommand, Training, Workload
+    from gpud.cli.burnin import parse_gpus
+    from gpud.model import document
 
+    if goal not in GOALS:
+        raise InvalidInput("--goal", "", f"must be one of {', '.join(GOALS)}, not {goal!r}")
+    if not timeout > 0:
+        raise InvalidInput("--timeout", "", f"must be a number of seconds above 0, not {timeout:g}")
+    if not 0.0 <= max_slowdown < 100.0:
+        raise InvalidInput("--max-slowdown", "", f"must be a percentage from 0 to below 100, not {max_slowdown:g}")
+    chosen_knobs = _knobs(knobs if knobs is not None else "power,fans" if goal == "quiet" else "power")
+    from gpud.paths import check_output
 
-def _denied(text: Any) -> bool:
-    return any(d in str(text or "") for d in DENIED)
-
-
-def need_root(command: str, t: Target) -> Any:
-    """The one line for a write refused for lack of privileges, with the two ways to have them."""
-    from gpud.errors import GpudError
-
-    err = GpudError(f"{command} needs root: the first write was refused, nothing was changed")
-    err.remedy = (f"run it with sudo, or start the gpud daemon (`sudo systemctl start gpud`) and let it act: "
-                  f"members of the group {t.group!r} may use its socket {t.socket} "
-                  f"(`sudo usermod -aG {t.group} $USER`, then log in again)")
-    return err
-
-
-def tuning_lock(role: str) -> Any:
-    """The machine-wide tuning lock, waited for a while (another job's apply), never for a daemon."""
-    from gpud.errors import GpudError
-    from gpud.paths import LockBusy, TuningLock
-
-    lock = TuningLock(role)
-    try:
-        lock.acquire(wait=120.0)
-    except LockBusy as busy:
-        err = GpudError(f"another gpud holds the tuning lock ({busy.holder}): refusing to tune at the same time")
-        err.remedy = ("use the daemon's control socket (GPUD_SOCKET or [daemon] socket), stop it, or give this "
-                      "command its own GPUD_STATE_DIR" if busy.holder.endswith("daemon")
-                      else "wait for it to finish and try again")
-        raise err from None
-    return lock
-
-
-def _local_apply(profile: str, dry_run: bool, t: Target) -> dict[str, Any]:
-    from gpud.tuning import engine
-    from gpud.tuning.profile import load
-
-    p = load(profile)  # invalid → exit 2 before anything is read or written
+    if report is not None:  # refused before any trial, not after minutes of them
+        check_output(report, "--report", (".html", ".htm"), "FILE.html in an existing directory")
+    if output is not None:
+        check_output(output, "-o", (".toml",), "PROFILE.toml in an existing directory")
+    t = Target(simulate, config)
     m = t.machine
-    with tuning_lock("gpud apply"):
-        changes, desired = engine.plan(m, p, daemon=False)
-        result: dict[str, Any] = {"ok": True, "profile": p.name, "chain": list(p.chain), "source": p.source,
-                                  "dry_run": dry_run, "daemon": False, "target": t.name,
-                                  "plan": [c.as_dict() for c in changes]}
-        if dry_run:
-            return result
-        out = engine.apply(m, p, changes, desired, m.host.cpu_governors())
-    return result | out.as_dict()
+    snap = m.snapshot()
+    chosen = parse_gpus(gpus, len(snap.samples)) if gpus is not None else list(range(len(snap.samples)))
+    infos = {i.index: i for i in snap.gpus}
+    if workload == "probe":
+        from gpud.backends import open_training
 
-
-def apply(
-    profile: Annotated[str | None, typer.Argument(help="Profile name (see `gpud profile list`) or path to a TOML "
-                                                       "file.", autocompletion=complete.profiles)] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the plan; write nothing.")] = False,
-    rules: Annotated[bool, typer.Option("--rules", help="Hand the GPUs back to the daemon's [[rules]] (paused by a "
-                                                        "profile applied by hand), PROFILE (or the configured "
-                                                        "one) as the base.")] = False,
-    json: Json = False,
-    simulate: Simulate = None,
-    config: Config = None,
-) -> None:
-    """Apply a tuning profile: plan, save originals, write, read back; roll back on any failure.
-
-    With the daemon running, the daemon applies it (and drives the fan curves); a profile applied by
-    hand pauses the daemon's [[rules]] until `gpud restore` or `gpud apply --rules`.
-    """
-    import os
-
-    from gpud.errors import GpudError, InvalidInput
-
-    t = Target(simulate, config)
-    where = os.path.abspath(profile) if profile is not None and "/" in profile else profile
-    if rules:
-        if dry_run:
-            raise InvalidInput("--rules", "", "cannot be combined with --dry-run")
-        result = t.daemon("rules-resume", **({"profile": where} if where else {}))
-        if result is None:
-            err = GpudError("the [[rules]] are the daemon's: no gpud daemon drives this machine")
-            err.remedy = "start it (`systemctl start gpud`)"
-            raise err
-        result["daemon"] = True
-        if result.get("ok") and result.get("profile") is None:
-            if json:
-                emit_document("apply", machine_host(t.machine), **_public({**result, "chain": [], "dry_run": False}))
-            else:
-                echo_wrapped(f"rules resumed on {result['target']} (no base profile)")
-            return
-        if "plan" not in result:
-            raise typer.Exit(_fail(result, json))
-    if profile is None:
-        raise InvalidInput("gpud apply", "PROFILE", "name a profile (`gpud profile list`), or give --rules")
-    result = t.daemon("apply", profile=where, dry_run=dry_run) if not rules else result
-    if result is not None:
-        result["daemon"] = True
-        if "plan" not in result:  # refused before planning
-            raise typer.Exit(_fail(result, json))
+        if rate_from is not None:
+            raise InvalidInput("--rate-from", "", "reads a command's output: give --workload \"COMMAND\"")
+        load: Workload = Training(open_training(m), {g: infos[g].uuid for g in chosen if g in infos})
+    elif rate_from is not None:
+        load = RateCommand(workload, "cpu" if m.simulation is not None else "gpu",
+                           {g: infos[g].uuid for g in chosen if g in infos}, rate_from, timeout_s=timeout)
     else:
-        result = _local_apply(profile, dry_run, t)
-        if (not json and not result["ok"] and not result.get("written") and not result.get("rolled_back")
-                and _denied(result.get("error"))):
-            raise need_root("gpud apply", t)  # one line, not the plan and then a refusal
-    skipped = result.get("skipped", [])
-    plan = result["plan"] + skipped
-    todo = sum(1 for c in plan if c["action"] == "set")
+        load = Command(workload, "cpu" if m.simulation is not None else "gpu",
+                       {g: infos[g].uuid for g in chosen if g in infos}, timeout_s=timeout)
+    daemon = _daemon_drives(t)
+    if daemon:
+        check_daemon_trusts(t.socket)
+    say = _progress()
+    with tempfile.TemporaryDirectory(prefix="gpud-tune-") as tmp:
+        lock = None if daemon else tuning_lock("gpud tune")
+        try:
+            check_start(m, chosen, allow_busy)
+            applier = DaemonApplier(t, Path(tmp)) if daemon else LocalApplier(m)
+            out = run_tune(m, load, applier, goal=goal, max_slowdown=max_slowdown / 100.0,  # type: ignore[arg-type]
+                           knobs=chosen_knobs, gpus=chosen, measure=Measure(), say=say)
+        finally:
+            if lock is not None:
+                lock.release()
+            if sys.stderr.isatty():
+                sys.stderr.write("\r\033[K")
+    body = rep.body(out)
+    body["gpu_names"] = [f"{infos[g].name} {infos[g].uuid}" for g in chosen if g in infos]
+    body["profile"] = None
+    body["applied"] = False
+    doc = document("tune", __version__, host(m, snap), **body)
+    changed = (out.chosen is not None and out.baseline is not None and out.chosen.stage != "baseline"
+               and bool(out.chosen.settings))
+    target_path = output
+    if apply_ and target_path is None and changed:
+        from gpud.paths import state_dir
+
+        target_path = state_dir() / "tuned.toml"
+    if target_path is not None and not out.interrupted:
+        from gpud.paths import atomic_write
+
+        settings = (out.chosen.settings if changed and out.chosen is not None else out.baseline_settings)
+        comment = (f"Written by gpud tune on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} for "
+                   f"{clean(str(doc['host']['name']))}: {rep.summary(doc)}\nFigures {doc['figures_note']}.")
+        atomic_write(target_path, rep.profile_toml(
+            settings, f"gpud tune, goal {goal}: {rep.summary(doc)}"[:200], rep.measured_record(doc), comment))
+        doc["profile"] = str(target_path)
+    if report is not None:
+        from gpud.paths import atomic_write
+
+        atomic_write(report, rep.html(doc))
+    if apply_ and changed and out.gain_excludes_zero and target_path is not None and not out.interrupted:
+        doc["applied"] = _apply(t, target_path, daemon)
     if json:
-        emit_document("apply", machine_host(t.machine), **_public(result))
+        from gpud.cli.output import emit_json
+
+        emit_json(doc)
     else:
-        table(["GPU", "Setting", "Current", "Desired", "Action"], _plan_rows(plan),
-              title=f"Profile {result['profile']} ({' → '.join(result['chain'])}) on {result['target']}: "
-                    f"{plural(todo - len(skipped), 'change')}")
-        if any(c["action"] == "daemon" and c["setting"] == "fan" for c in plan) and not result["daemon"]:
-            echo_wrapped("Fan curves need the gpud daemon (`systemctl start gpud`): the fans stay on the "
-                         "driver's automatic policy until it runs.")
-        if not dry_run and result["ok"]:
-            via = " by the gpud daemon" if result["daemon"] else ""
-            echo_wrapped(f"applied {result['profile']}{via} on {result['target']}: "
-                         f"{plural(result['written'], 'setting')} written and read back")
-        if any(c["action"] == "skip" and "persistence mode is off" in c["note"] for c in plan):
-            echo_wrapped("Skipped settings the driver would forget without persistence mode: "
-                         "`sudo nvidia-smi -pm 1` or enable nvidia-persistenced, then apply again.")
-        for line in result.get("messages", []):
-            sys.stderr.write(f"gpud: warning: {line}\n")
-    if not result["ok"]:
-        raise typer.Exit(_fail(result, json))
+        render(doc)
+        if doc["profile"]:
+            print(f"profile: {doc['profile']}")
+        if report is not None:
+            print(f"report: {report}")
+        if apply_:
+            print("applied " + ("through the gpud daemon" if daemon else "") if doc["applied"] else
+                  "not applied: nothing measured better than the GPUs as they were at 95 % confidence (the "
+                  "saving's interval includes zero)")
+    if out.interrupted:
+        raise typer.Exit(130)
 
 
-def _fail(result: dict[str, Any], json: bool) -> int:
-    if not json:
-        lines = [f"gpud: apply failed: {result.get('error')}"]
-        lines += [f"  rolled back: {r}" for r in result.get("rolled_back", [])]
-        lines += [f"  NOT restored: {r}" for r in result.get("not_restored", [])]
-        sys.stderr.write("\n".join(lines) + "\n")
-    elif "plan" not in result:
-        emit_document("apply", local_host(), **result)
-    return 1
+def _apply(t: Target, path: Path, daemon: bool) -> bool:
+    from gpud.cli.apply import _local_apply
 
-
-def verify(
-    json: Json = False,
-    simulate: Simulate = None,
-    config: Config = None,
-    strict: Annotated[bool, typer.Option("--strict", help="Also exit 1 when a setting cannot be read back "
-                                                          "(locked clocks: NVML has no getter).")] = False,
-) -> None:
-    """Compare the GPUs with the applied profile; exit 1 on drift (and with --strict on settings
-    that cannot be read back). The summary counts both."""
-    t = Target(simulate, config)
-    reply = t.daemon("verify")
-    if reply is not None:
-        profile, rows = reply.get("profile"), reply.get("settings", [])
-        applied = reply.get("applied", False)
+    if daemon:
+        reply = t.daemon("apply", profile=str(path.resolve()), dry_run=False)
+        ok = bool(reply and reply.get("ok"))
+        error = None if reply is None else reply.get("error")
     else:
-        from gpud.tuning import engine
-
-        data, drifts = engine.verify(t.machine, daemon=False)
-        profile, applied = (data.profile if data else None), data is not None
-        rows = [{"gpu": d.gpu, "setting": d.setting, "current": d.current, "desired": d.desired, "status": d.status}
-                for d in drifts]
-    bad = [d for d in rows if d["status"] == "drift"]
-    unread = [d for d in rows if d["status"] == "unverifiable"]
-    if json:
-        emit_document("verify", machine_host(t.machine), profile=profile, drift=len(bad), unverifiable=len(unread),
-                      settings=rows)
-    elif not applied:
-        sys.stdout.write("no profile applied\n")
-    else:
-        table(["GPU", "Setting", "Current", "Desired", "Status"],
-              [["host" if d["gpu"] is None else f"GPU{d['gpu']}", d["setting"], _show(d["current"]),
-                _describe(d["setting"], d["desired"]) if isinstance(d["desired"], dict) else _show(d["desired"]),
-                d["status"]] for d in rows],
-              title=f"Profile {profile}: {plural(len(bad), 'drifted setting')}, "
-                    f"{len(unread)} that cannot be read back" + (" (--strict fails on them)" if unread else ""))
-    if bad or (strict and unread):
-        raise typer.Exit(1)
+        result = _local_apply(str(path.resolve()), False, t)
+        ok, error = bool(result.get("ok")), result.get("error")
+    if not ok:
+        raise GpudError(f"the chosen profile {path} did not apply: {error}")
+    return True
 
 
-def restore(
-    fans_only: Annotated[bool, typer.Option("--fans-only", help="Only hand the fans back to the driver.")] = False,
-    json: Json = False,
-    simulate: Simulate = None,
-    config: Config = None,
-) -> None:
-    """Put back what gpud changed: fans automatic, clocks reset, power, persistence, governor."""
-    t = Target(simulate, config)
-    reply = t.daemon("restore", fans_only=fans_only)
-    if reply is not None:
-        done, failed = reply.get("restored", []), reply.get("failed", [])
-        if "error" in reply and not reply.get("ok"):
-            failed = [*failed, reply["error"]]
-    else:
-        from gpud.tuning import engine
+def register(app: Any) -> None:
+    app.command("tune")(tune)
 
-        with tuning_lock("gpud restore"):
-            done, failed = engine.restore(t.machine, fans_only=fans_only)
-        if not json and failed and not done and all(_denied(f) for f in failed):
-            raise need_root("gpud restore", t)  # one line, not one refusal per GPU and setting
-    where = reply.get("target", "") if reply is not None else t.name
-    if json:
-        emit_document("restore", machine_host(t.machine), restored=done, failed=failed, target=where)
-    else:
-        if done or failed:
-            sys.stdout.write(f"restoring {where}\n")
-        for line in done:
-            sys.stdout.write(f"restored {line}\n")
-        for line in failed:
-            sys.stderr.write(f"gpud: could not restore {line}\n")
-        if not done and not failed:
-            sys.stdout.write("nothing to restore\n")
-    if failed:
-        raise typer.Exit(1)
-
-
-def register(app: typer.Typer) -> None:
-    app.add_typer(profile_app, name="profile")
-    app.command("apply")(apply)
-    app.command("verify")(verify)
-    app.command("restore")(restore)

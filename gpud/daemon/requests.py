@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from gpud import __version__
 from gpud.model import to_jsonable
-from gpud.tuning import engine
+from gpud.profiles import engine
 
 if TYPE_CHECKING:
     from gpud.daemon.peer import Peer

@@ -1,5 +1,5 @@
 """The daemon's profile rules: a poll of the GPUs' compute-process lists that matches the ``[[rules]]`` of
-``gpud.toml`` (``gpud.tuning.rules``) and asks the daemon to switch the GPUs whose rule changed.
+``gpud.toml`` (``gpud.profiles.rules``) and asks the daemon to switch the GPUs whose rule changed.
 
 Why a poll of its own: the tick reads the GPUs once per ``interval_seconds`` and the process lists only
 every 5 s (``OFFTICK_EVERY_S``, off the tick), both too slow for a switch within 1 s. The daemon's loop
@@ -25,13 +25,13 @@ from gpud.daemon.recorder import Recorder
 from gpud.errors import GpudError
 from gpud.hw.machine import COUNT_HELD_S, Machine
 from gpud.procinfo import status_ids
-from gpud.tuning import engine
-from gpud.tuning.enforce import Enforcer
-from gpud.tuning.engine import Change, Desired, Outcome
-from gpud.tuning.fanloop import FanControl
-from gpud.tuning.profile import Profile
-from gpud.tuning.rules import Arbiter, Choice, Job, choose
-from gpud.tuning.switch import drop_if_empty, switch, switched
+from gpud.profiles import engine
+from gpud.profiles.enforce import Enforcer
+from gpud.profiles.engine import Change, Desired, Outcome
+from gpud.profiles.fanloop import FanControl
+from gpud.profiles.profile import Profile
+from gpud.profiles.rules import Arbiter, Choice, Job, choose
+from gpud.profiles.switch import drop_if_empty, switch, switched
 
 log = logging.getLogger("gpud.daemon")
 

@@ -39,10 +39,10 @@ from gpud.journal import Journal
 from gpud.model import Snapshot
 from gpud.observe import Drift
 from gpud.paths import LockBusy, TuningLock, control_socket
-from gpud.tuning import engine
-from gpud.tuning.enforce import DriftMetric, Enforcer
-from gpud.tuning.fanloop import FanControl
-from gpud.tuning.profile import Profile, load
+from gpud.profiles import engine
+from gpud.profiles.enforce import DriftMetric, Enforcer
+from gpud.profiles.fanloop import FanControl
+from gpud.profiles.profile import Profile, load
 
 log = logging.getLogger("gpud.daemon")
 
@@ -371,7 +371,7 @@ class Daemon:
         return Counters(self.enforcer.reapply_total, self.enforcer.reapply_failures_total, self.fans.failsafes)
 
     def _enforce(self, snap: Snapshot) -> DriftMetric:
-        return self.enforcer.enforce(snap)  # gpud.tuning.enforce: drift, re-apply, what still differs
+        return self.enforcer.enforce(snap)  # gpud.profiles.enforce: drift, re-apply, what still differs
 
     # -- profiles -----------------------------------------------------------------------
     def _load_profile_at_start(self) -> None:
@@ -466,7 +466,7 @@ class Daemon:
     def _restore_gpus(self, gpus: list[int], peer: Peer | None) -> dict[str, Any]:
         """A Slurm job's GPUs put back (``gpud doctor --epilog``): the others keep their profile, enforced and
         with their fan curves, as the state file still holds it; the rules go on as they were."""
-        from gpud.tuning import state as st
+        from gpud.profiles import state as st
 
         with self.tuning_lock:
             done, failed = engine.restore(self.machine, gpus=gpus)

@@ -27,7 +27,7 @@ from gpud.hw.machine import Machine
 from gpud.model import STATUSES, CheckResult, Snapshot, Status, ThermalPoint, host_json
 from gpud.paths import daemon_running
 from gpud.probe.report import ProbeReport
-from gpud.tuning import state as tuning_state
+from gpud.profiles import state as tuning_state
 
 __all__ = ["AREAS", "CHECKS", "Area", "Report", "area_of", "diagnose"]
 

@@ -65,7 +65,7 @@ def daemon_keys(conf: Config) -> None:
                            f"no group {d.socket_group!r} on this host (`getent group {d.socket_group}`; "
                            f"create it with `sudo groupadd --system {d.socket_group}` or name another)")
     if d.profile is not None:
-        from gpud.tuning.profile import load
+        from gpud.profiles.profile import load
 
         try:
             load(d.profile)
@@ -75,7 +75,7 @@ def daemon_keys(conf: Config) -> None:
 
 def rules_valid(conf: Config, gpus: int) -> None:
     """Each ``[[rules]]`` profile must load, and a rule's ``gpus`` must exist on this machine."""
-    from gpud.tuning.profile import load
+    from gpud.profiles.profile import load
 
     file = conf.path or "gpud.toml"
     for k, rule in enumerate(conf.rules):

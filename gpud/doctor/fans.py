@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 
 from gpud.doctor.registry import Context, Reporter
 from gpud.model import CheckResult, GpuSample, ThermalPoint
-from gpud.tuning.fancurve import FanCurve, curve_of
+from gpud.profiles.fancurve import FanCurve, curve_of
 
 # NVML reports the speed a fan is *asked* for, not a measurement ("if the fan is physically blocked
 # and unable to spin, the output will not match the actual fan speed", nvml.h): a stalled fan reads

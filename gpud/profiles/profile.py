@@ -17,12 +17,12 @@ from typing import Any
 from gpud.errors import InvalidInput
 from gpud.model import GpuInfo
 from gpud.paths import CONFIG_DIR
+from gpud.profiles.settings import GPU_SETTINGS, PROFILE_KEYS
 from gpud.schema import Spec, load_toml, take
-from gpud.tuning.settings import GPU_SETTINGS, PROFILE_KEYS
 
 USER_DIR = CONFIG_DIR / "profiles"
 # Shipped profiles: package data beside this module, as the simulated workstations' descriptions are.
-SHIPPED = Path(__file__).resolve().parent / "profiles"
+SHIPPED = Path(__file__).resolve().parent / "builtin"
 NUM = (int, float)
 SETTINGS = tuple(s.profile_key for s in GPU_SETTINGS)  # the names profiles use (and `required` lists)
 COMPUTE_MODES = ("default", "exclusive_process", "prohibited")

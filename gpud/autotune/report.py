@@ -10,10 +10,10 @@ import time
 from html import escape
 from typing import Any
 
+from gpud.autotune.run import Outcome
+from gpud.autotune.trial import Settings, Trial
+from gpud.autotune.workload import FIGURES
 from gpud.burnin.html import CSS
-from gpud.tune.run import Outcome
-from gpud.tune.trial import Settings, Trial
-from gpud.tune.workload import FIGURES
 
 W, H, PAD_L, PAD_R, PAD_T, PAD_B = 720, 360, 64, 16, 24, 40
 

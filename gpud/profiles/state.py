@@ -91,7 +91,7 @@ def _governor(v: Any) -> bool:
         k.isdigit() and isinstance(g, str) and g for k, g in v.items()))
 
 
-# Every value a state file may hold for a setting (``gpud.tuning.settings`` keys), in ``desired`` and in
+# Every value a state file may hold for a setting (``gpud.profiles.settings`` keys), in ``desired`` and in
 # ``originals`` alike; "unsupported" (desired only) is accepted for each. One table, read by
 # ``TuningState.from_json``: verify, restore and apply all read the file through it, so they agree.
 SETTING_VALUES: dict[str, tuple[Any, str]] = {
@@ -125,7 +125,7 @@ def _check_settings(section: str, table: Mapping[str, Any]) -> None:
 @dataclass(frozen=True)
 class TuningState:
     """What ``tuning.json`` holds. ``desired`` and ``originals`` are keyed by GPU index as text
-    ("0", "1", …) and "host", then by setting key (``gpud.tuning.settings``); values are as written
+    ("0", "1", …) and "host", then by setting key (``gpud.profiles.settings``); values are as written
     to the file. Keys this gpud does not know are kept in ``extra`` and written back unchanged."""
 
     profile: str | None = None

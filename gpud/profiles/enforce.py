@@ -26,10 +26,10 @@ from typing import Any
 from gpud.errors import GpudError
 from gpud.hw.machine import Machine
 from gpud.model import Snapshot
-from gpud.tuning import engine
-from gpud.tuning.engine import Desired, Drift
-from gpud.tuning.settings import BY_KEY, GPU_SETTINGS, HOST_BY_KEY, UNSUPPORTED
-from gpud.tuning.state import TuningState
+from gpud.profiles import engine
+from gpud.profiles.engine import Desired, Drift
+from gpud.profiles.settings import BY_KEY, GPU_SETTINGS, HOST_BY_KEY, UNSUPPORTED
+from gpud.profiles.state import TuningState
 
 log = logging.getLogger("gpud.daemon")
 

@@ -14,18 +14,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpud.autotune import search
+from gpud.autotune.search import Constraint, Goal
+from gpud.autotune.trial import Applier, Measure, Settings, Trial, run_trial
+from gpud.autotune.workload import Workload
 from gpud.errors import GpudError, InvalidInput
 from gpud.hw.machine import Machine
 from gpud.hw.nvml import TEMPERATURE_GPU
 from gpud.model import FanReading, GpuSample
-from gpud.tune import search
-from gpud.tune.search import Constraint, Goal
-from gpud.tune.trial import Applier, Measure, Settings, Trial, run_trial
-from gpud.tune.workload import Workload
-from gpud.tuning import engine
-from gpud.tuning.fanloop import FanControl
-from gpud.tuning.profile import Profile
-from gpud.tuning.settings import MEMORY_CLOCKS
+from gpud.profiles import engine
+from gpud.profiles.fanloop import FanControl
+from gpud.profiles.profile import Profile
+from gpud.profiles.settings import MEMORY_CLOCKS
 
 KNOBS = ("power", "clocks", "memclocks", "fans")
 # The baseline is measured again after this many trials (and before the confirmation): each trial is
@@ -510,7 +510,7 @@ def fan_ceiling(machine: Machine, g: int) -> tuple[float, str] | None:
 
 def fan_curve(knee: float, ceiling: float, floor: float) -> dict[str, Any]:
     """The fan curve a fans trial drives: the GPU's minimum duty up to ``knee`` °C, rising to 100 % at
-    ``ceiling`` (at or past it the controller goes to full cooling at once: ``gpud.tuning.fancurve``)."""
+    ``ceiling`` (at or past it the controller goes to full cooling at once: ``gpud.profiles.fancurve``)."""
     return {"mode": "curve", "points": [[round(knee, 1), round(floor)], [round(ceiling, 1), 100]], "hysteresis": 3,
             "minimum": 0, "max_ramp": 10}
 

@@ -217,7 +217,7 @@ class LockedClocks(Setting):
 
 class Fan(Setting):
     """The fan policy. Apply only ever writes the automatic policy; curves and fixed duties are
-    driven by the daemon's fan loop (``gpud.tuning.fanloop``), never by enforcement."""
+    driven by the daemon's fan loop (``gpud.profiles.fanloop``), never by enforcement."""
 
     key = profile_key = "fan"
     enforced = False

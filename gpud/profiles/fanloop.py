@@ -17,7 +17,7 @@ from gpud.errors import GpudError
 from gpud.hw.machine import Machine
 from gpud.hw.nvml import TEMPERATURE_GPU
 from gpud.model import GpuSample
-from gpud.tuning.fancurve import FAILSAFE, FanController, FanCurve, curve_of
+from gpud.profiles.fancurve import FAILSAFE, FanController, FanCurve, curve_of
 
 log = logging.getLogger("gpud.fans")
 

@@ -1,4 +1,4 @@
-"""Plan, apply, verify, restore — loops over the registry of settings (``gpud.tuning.settings``).
+"""Plan, apply, verify, restore — loops over the registry of settings (``gpud.profiles.settings``).
 
 *Plan* = desired − current. *Apply* = save the originals (state file first), write, read back;
 on any failure roll back what this apply wrote, in reverse order. *Drift* = current against
@@ -17,9 +17,9 @@ from typing import Any
 from gpud.errors import GpudError, GpuLost, InvalidInput, Unsupported
 from gpud.hw.machine import Machine
 from gpud.model import Snapshot
-from gpud.tuning import state as st
-from gpud.tuning.profile import Profile, resolve
-from gpud.tuning.settings import (
+from gpud.profiles import state as st
+from gpud.profiles.profile import Profile, resolve
+from gpud.profiles.settings import (
     BY_KEY,
     GOVERNOR,
     GPU_SETTINGS,
@@ -31,7 +31,7 @@ from gpud.tuning.settings import (
     DriftStatus,
     PlanAction,
 )
-from gpud.tuning.state import TuningState
+from gpud.profiles.state import TuningState
 
 ORDER = tuple(s.key for s in GPU_SETTINGS)  # per GPU; the host's settings follow
 PERSISTENCE_REMEDY = ("`sudo nvidia-smi -pm 1`, or enable nvidia-persistenced "

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from gpud.tune.trial import Trial
+from gpud.autotune.trial import Trial
 
 Goal = Literal["throughput", "energy", "quiet"]
 GOALS: tuple[str, ...] = ("throughput", "energy", "quiet")

@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gpud.autotune.workload import RunTooShort, Unsafe, Workload, WorkloadFailed
 from gpud.burnin.telemetry import HW_REASONS
 from gpud.errors import GpudError
 from gpud.hw.machine import Machine
-from gpud.tune.workload import RunTooShort, Unsafe, Workload, WorkloadFailed
 
 Settings = dict[int, dict[str, Any]]  # per GPU index: profile keys (power_limit, gpu_clocks) → value
 

@@ -1,0 +1,396 @@
+"""``gpud profile``, ``gpud apply``, ``gpud verify``, ``gpud restore``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from gpud.cli import complete
+from gpud.cli.common import Json, Simulate, emit_document, local_host, machine, machine_host
+from gpud.cli.output import clean, echo_wrapped, plural, table, table_lines, wrap
+
+Config = Annotated[str | None, typer.Option("--config", metavar="PATH",
+                                            help="gpud.toml (its [daemon] socket is where the daemon listens)")]
+
+profile_app = typer.Typer(help="Tuning profiles: list them, show one resolved.", no_args_is_help=True)
+
+
+def _show(v: Any) -> str:
+    from gpud.profiles.engine import show
+
+    return show(v)
+
+
+@profile_app.command("list")
+def profile_list(json: Json = False) -> None:
+    """Profiles: /etc/gpud/profiles first, then the shipped ones."""
+    from gpud.profiles.profile import available, load
+
+    rows = []
+    for name, path in available():
+        try:
+            desc = load(str(path)).description
+        except Exception as err:  # noqa: BLE001 - list the others, say why this one is broken
+            desc = f"INVALID: {err}"
+        rows.append({"name": name, "path": str(path), "description": desc})
+    if json:
+        emit_document("profile_list", local_host(), profiles=rows)
+    else:  # shipped profiles are named "shipped" (their path is an installation detail), users' by path
+        from gpud.profiles.profile import SHIPPED
+
+        table(["Profile", "Description", "File"],
+              [[clean(r["name"]), clean(r["description"]),
+                "shipped" if Path(r["path"]).parent == SHIPPED else clean(r["path"])]
+               for r in rows])
+
+
+@profile_app.command("show")
+def profile_show(name: Annotated[str, typer.Argument(help="Profile name or path.", autocompletion=complete.profiles)],
+                 json: Json = False,
+                 simulate: Simulate = None) -> None:
+    """A profile after inheritance; with --simulate (or on a GPU machine) resolved per GPU."""
+    from gpud.errors import GpudError
+    from gpud.profiles.profile import load, resolve
+
+    p = load(name)
+    resolved = None
+    try:
+        m = machine(simulate)
+        snap = m.snapshot()
+        resolved = resolve(p, list(snap.gpus))
+    except GpudError as err:
+        if simulate:
+            raise
+        resolved_note = f"(not resolved per GPU: {err})"
+    data = {"name": p.name, "source": p.source, "chain": list(p.chain), "description": p.description,
+            "all": p.all, "gpus": [{k: v for k, v in g.items() if not k.startswith("_")} for g in p.gpus],
+            "host_settings": p.host, "resolved": {str(k): v for k, v in (resolved or {}).items()}}
+    if json:
+        emit_document("profile", machine_host(m) if resolved is not None else local_host(), **data)
+        return
+    out = [clean(line) for line in (f"{p.name}: {p.description}", f"  file: {p.source}",
+                                    f"  inherits: {' → '.join(p.chain)}")]
+    out = [x for line in out for x in wrap(line, indent="    ")]
+    if resolved is None:
+        out += wrap(resolved_note, indent="    ", first="  ")
+    rows = [[f"GPU{gpu}", k, _describe(k, v)] for gpu, settings in sorted((resolved or {}).items())
+            for k, v in settings.items() if k != "required"]
+    rows += [["host", k, str(v)] for k, v in p.host.items()]
+    if rows:
+        out += table_lines(["", "Setting", "Value"], rows)
+    sys.stdout.write("\n".join(out) + "\n")
+
+
+def _describe(key: str, v: Any) -> str:
+    if key == "fan" and isinstance(v, dict):
+        if v["mode"] == "curve":
+            pts = ", ".join(f"{t} °C → {d} %" for t, d in v["points"])
+            return f"curve {pts} (hysteresis {v['hysteresis']} °C, minimum {v['minimum']} %, ramp {v['max_ramp']} %/s)"
+        return f"fixed {v['percent']} %" if v["mode"] == "fixed" else "auto"
+    return _show(v)
+
+
+# The one vocabulary of plan actions, in text, JSON and docs/profiles.md (the engine's own words: set, none).
+ACTIONS = {"set": "change", "none": "ok", "skip": "skip", "daemon": "daemon"}
+
+
+def _public(result: dict[str, Any]) -> dict[str, Any]:
+    """The apply result with plan actions in the documented vocabulary (change, ok, skip, daemon)."""
+    out = dict(result)
+    for key in ("plan", "skipped"):
+        if isinstance(out.get(key), list):
+            out[key] = [{**c, "action": ACTIONS.get(c.get("action"), c.get("action"))} for c in out[key]]
+    return out
+
+
+def _plan_rows(plan: list[dict[str, Any]]) -> list[list[str]]:
+    """One row per setting and outcome, the GPUs it holds for grouped as doctor groups them (GPU0-3)."""
+    from gpud.text import ranges
+
+    groups: dict[tuple[str, ...], list[int]] = {}
+    hosts: list[tuple[str, ...]] = []
+    for c in plan:
+        action = ACTIONS[c["action"]]
+        key = tuple(clean(str(k)) for k in (c["setting"], _show(c["current"]), _show(c["desired"]),
+                                            action + (f": {c['note']}" if c["note"] else "")))
+        if c["gpu"] is None:
+            hosts.append(key)
+        else:
+            groups.setdefault(key, []).append(int(c["gpu"]))
+    rows = [[f"GPU{ranges(sorted(gpus))}", *key] for key, gpus in groups.items()]
+    return rows + [["host", *key] for key in hosts]
+
+
+class Target:
+    """The machine a tuning command acts on, opened once, and the daemon that drives it (if any)."""
+
+    def __init__(self, simulate: str | None, config: str | None) -> None:
+        from gpud import config as cfg
+        from gpud.paths import control_socket
+
+        self.simulate = simulate
+        conf = cfg.load(config)  # invalid → exit 2 before anything is read or written
+        self.socket = control_socket(conf.daemon.socket)
+        self.group = conf.daemon.socket_group
+        self._machine: Any = None
+
+    @property
+    def machine(self) -> Any:
+        if self._machine is None:
+            self._machine = machine(self.simulate)
+        return self._machine
+
+    @property
+    def name(self) -> str:
+        from gpud.profiles.engine import target
+
+        return target(self.machine)
+
+    def daemon(self, cmd: str, **args: Any) -> dict[str, Any] | None:
+        """The running daemon's answer, or None when no daemon drives this machine (act directly)."""
+        from gpud.daemon.control import request
+        from gpud.errors import InvalidInput
+
+        ping = request(self.socket, "ping", timeout=10)
+        if ping is None:
+            return None
+        theirs = ping.get("target")
+        if theirs is not None and theirs != self.name:
+            # Never act through a daemon driving other GPUs: act here (the tuning lock then tells
+            # whether that daemon's state is in the way).
+            sys.stderr.write(f"gpud: the daemon on {self.socket} drives {theirs}, not {self.name}: "
+                             "acting directly\n")
+            return None
+        reply = request(self.socket, cmd, **args)
+        if reply is not None and reply.get("invalid"):
+            file, _, rest = str(reply["error"]).partition(": ")
+            key, _, reason = rest.partition(": ")
+            raise InvalidInput(file, key if reason else "", reason or key)
+        if reply is not None:
+            reply.setdefault("target", theirs or self.name)
+        return reply
+
+
+# NVML's words for NVML_ERROR_NO_PERMISSION (nvmlErrorString), and EACCES's for a host file.
+DENIED = ("Insufficient Permissions", "Permission denied")
+
+
+def _denied(text: Any) -> bool:
+    return any(d in str(text or "") for d in DENIED)
+
+
+def need_root(command: str, t: Target) -> Any:
+    """The one line for a write refused for lack of privileges, with the two ways to have them."""
+    from gpud.errors import GpudError
+
+    err = GpudError(f"{command} needs root: the first write was refused, nothing was changed")
+    err.remedy = (f"run it with sudo, or start the gpud daemon (`sudo systemctl start gpud`) and let it act: "
+                  f"members of the group {t.group!r} may use its socket {t.socket} "
+                  f"(`sudo usermod -aG {t.group} $USER`, then log in again)")
+    return err
+
+
+def tuning_lock(role: str) -> Any:
+    """The machine-wide tuning lock, waited for a while (another job's apply), never for a daemon."""
+    from gpud.errors import GpudError
+    from gpud.paths import LockBusy, TuningLock
+
+    lock = TuningLock(role)
+    try:
+        lock.acquire(wait=120.0)
+    except LockBusy as busy:
+        err = GpudError(f"another gpud holds the tuning lock ({busy.holder}): refusing to tune at the same time")
+        err.remedy = ("use the daemon's control socket (GPUD_SOCKET or [daemon] socket), stop it, or give this "
+                      "command its own GPUD_STATE_DIR" if busy.holder.endswith("daemon")
+                      else "wait for it to finish and try again")
+        raise err from None
+    return lock
+
+
+def _local_apply(profile: str, dry_run: bool, t: Target) -> dict[str, Any]:
+    from gpud.profiles import engine
+    from gpud.profiles.profile import load
+
+    p = load(profile)  # invalid → exit 2 before anything is read or written
+    m = t.machine
+    with tuning_lock("gpud apply"):
+        changes, desired = engine.plan(m, p, daemon=False)
+        result: dict[str, Any] = {"ok": True, "profile": p.name, "chain": list(p.chain), "source": p.source,
+                                  "dry_run": dry_run, "daemon": False, "target": t.name,
+                                  "plan": [c.as_dict() for c in changes]}
+        if dry_run:
+            return result
+        out = engine.apply(m, p, changes, desired, m.host.cpu_governors())
+    return result | out.as_dict()
+
+
+def apply(
+    profile: Annotated[str | None, typer.Argument(help="Profile name (see `gpud profile list`) or path to a TOML "
+                                                       "file.", autocompletion=complete.profiles)] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the plan; write nothing.")] = False,
+    rules: Annotated[bool, typer.Option("--rules", help="Hand the GPUs back to the daemon's [[rules]] (paused by a "
+                                                        "profile applied by hand), PROFILE (or the configured "
+                                                        "one) as the base.")] = False,
+    json: Json = False,
+    simulate: Simulate = None,
+    config: Config = None,
+) -> None:
+    """Apply a tuning profile: plan, save originals, write, read back; roll back on any failure.
+
+    With the daemon running, the daemon applies it (and drives the fan curves); a profile applied by
+    hand pauses the daemon's [[rules]] until `gpud restore` or `gpud apply --rules`.
+    """
+    import os
+
+    from gpud.errors import GpudError, InvalidInput
+
+    t = Target(simulate, config)
+    where = os.path.abspath(profile) if profile is not None and "/" in profile else profile
+    if rules:
+        if dry_run:
+            raise InvalidInput("--rules", "", "cannot be combined with --dry-run")
+        result = t.daemon("rules-resume", **({"profile": where} if where else {}))
+        if result is None:
+            err = GpudError("the [[rules]] are the daemon's: no gpud daemon drives this machine")
+            err.remedy = "start it (`systemctl start gpud`)"
+            raise err
+        result["daemon"] = True
+        if result.get("ok") and result.get("profile") is None:
+            if json:
+                emit_document("apply", machine_host(t.machine), **_public({**result, "chain": [], "dry_run": False}))
+            else:
+                echo_wrapped(f"rules resumed on {result['target']} (no base profile)")
+            return
+        if "plan" not in result:
+            raise typer.Exit(_fail(result, json))
+    if profile is None:
+        raise InvalidInput("gpud apply", "PROFILE", "name a profile (`gpud profile list`), or give --rules")
+    result = t.daemon("apply", profile=where, dry_run=dry_run) if not rules else result
+    if result is not None:
+        result["daemon"] = True
+        if "plan" not in result:  # refused before planning
+            raise typer.Exit(_fail(result, json))
+    else:
+        result = _local_apply(profile, dry_run, t)
+        if (not json and not result["ok"] and not result.get("written") and not result.get("rolled_back")
+                and _denied(result.get("error"))):
+            raise need_root("gpud apply", t)  # one line, not the plan and then a refusal
+    skipped = result.get("skipped", [])
+    plan = result["plan"] + skipped
+    todo = sum(1 for c in plan if c["action"] == "set")
+    if json:
+        emit_document("apply", machine_host(t.machine), **_public(result))
+    else:
+        table(["GPU", "Setting", "Current", "Desired", "Action"], _plan_rows(plan),
+              title=f"Profile {result['profile']} ({' → '.join(result['chain'])}) on {result['target']}: "
+                    f"{plural(todo - len(skipped), 'change')}")
+        if any(c["action"] == "daemon" and c["setting"] == "fan" for c in plan) and not result["daemon"]:
+            echo_wrapped("Fan curves need the gpud daemon (`systemctl start gpud`): the fans stay on the "
+                         "driver's automatic policy until it runs.")
+        if not dry_run and result["ok"]:
+            via = " by the gpud daemon" if result["daemon"] else ""
+            echo_wrapped(f"applied {result['profile']}{via} on {result['target']}: "
+                         f"{plural(result['written'], 'setting')} written and read back")
+        if any(c["action"] == "skip" and "persistence mode is off" in c["note"] for c in plan):
+            echo_wrapped("Skipped settings the driver would forget without persistence mode: "
+                         "`sudo nvidia-smi -pm 1` or enable nvidia-persistenced, then apply again.")
+        for line in result.get("messages", []):
+            sys.stderr.write(f"gpud: warning: {line}\n")
+    if not result["ok"]:
+        raise typer.Exit(_fail(result, json))
+
+
+def _fail(result: dict[str, Any], json: bool) -> int:
+    if not json:
+        lines = [f"gpud: apply failed: {result.get('error')}"]
+        lines += [f"  rolled back: {r}" for r in result.get("rolled_back", [])]
+        lines += [f"  NOT restored: {r}" for r in result.get("not_restored", [])]
+        sys.stderr.write("\n".join(lines) + "\n")
+    elif "plan" not in result:
+        emit_document("apply", local_host(), **result)
+    return 1
+
+
+def verify(
+    json: Json = False,
+    simulate: Simulate = None,
+    config: Config = None,
+    strict: Annotated[bool, typer.Option("--strict", help="Also exit 1 when a setting cannot be read back "
+                                                          "(locked clocks: NVML has no getter).")] = False,
+) -> None:
+    """Compare the GPUs with the applied profile; exit 1 on drift (and with --strict on settings
+    that cannot be read back). The summary counts both."""
+    t = Target(simulate, config)
+    reply = t.daemon("verify")
+    if reply is not None:
+        profile, rows = reply.get("profile"), reply.get("settings", [])
+        applied = reply.get("applied", False)
+    else:
+        from gpud.profiles import engine
+
+        data, drifts = engine.verify(t.machine, daemon=False)
+        profile, applied = (data.profile if data else None), data is not None
+        rows = [{"gpu": d.gpu, "setting": d.setting, "current": d.current, "desired": d.desired, "status": d.status}
+                for d in drifts]
+    bad = [d for d in rows if d["status"] == "drift"]
+    unread = [d for d in rows if d["status"] == "unverifiable"]
+    if json:
+        emit_document("verify", machine_host(t.machine), profile=profile, drift=len(bad), unverifiable=len(unread),
+                      settings=rows)
+    elif not applied:
+        sys.stdout.write("no profile applied\n")
+    else:
+        table(["GPU", "Setting", "Current", "Desired", "Status"],
+              [["host" if d["gpu"] is None else f"GPU{d['gpu']}", d["setting"], _show(d["current"]),
+                _describe(d["setting"], d["desired"]) if isinstance(d["desired"], dict) else _show(d["desired"]),
+                d["status"]] for d in rows],
+              title=f"Profile {profile}: {plural(len(bad), 'drifted setting')}, "
+                    f"{len(unread)} that cannot be read back" + (" (--strict fails on them)" if unread else ""))
+    if bad or (strict and unread):
+        raise typer.Exit(1)
+
+
+def restore(
+    fans_only: Annotated[bool, typer.Option("--fans-only", help="Only hand the fans back to the driver.")] = False,
+    json: Json = False,
+    simulate: Simulate = None,
+    config: Config = None,
+) -> None:
+    """Put back what gpud changed: fans automatic, clocks reset, power, persistence, governor."""
+    t = Target(simulate, config)
+    reply = t.daemon("restore", fans_only=fans_only)
+    if reply is not None:
+        done, failed = reply.get("restored", []), reply.get("failed", [])
+        if "error" in reply and not reply.get("ok"):
+            failed = [*failed, reply["error"]]
+    else:
+        from gpud.profiles import engine
+
+        with tuning_lock("gpud restore"):
+            done, failed = engine.restore(t.machine, fans_only=fans_only)
+        if not json and failed and not done and all(_denied(f) for f in failed):
+            raise need_root("gpud restore", t)  # one line, not one refusal per GPU and setting
+    where = reply.get("target", "") if reply is not None else t.name
+    if json:
+        emit_document("restore", machine_host(t.machine), restored=done, failed=failed, target=where)
+    else:
+        if done or failed:
+            sys.stdout.write(f"restoring {where}\n")
+        for line in done:
+            sys.stdout.write(f"restored {line}\n")
+        for line in failed:
+            sys.stderr.write(f"gpud: could not restore {line}\n")
+        if not done and not failed:
+            sys.stdout.write("nothing to restore\n")
+    if failed:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(profile_app, name="profile")
+    app.command("apply")(apply)
+    app.command("verify")(verify)
+    app.command("restore")(restore)
