@@ -25,8 +25,8 @@ phase one client scrapes ``/metrics`` every 0.1 s (a new connection each time, b
 time); the tick periods are the daemon's own (``/status`` ``tick.recent_periods``, the ticks that
 began in the phase), the tick durations its ``gpud_tick_duration_seconds`` histogram (the phase's
 difference), the CPU ``psutil`` on the daemon (and on the driver, which shares the machine), the
-rule switches its journal (``profile_rule``). The rules' own poll cost is not exported by the daemon
-(``RuleRunner.polls`` / ``poll_seconds_total`` are kept in memory only); its share is in the CPU.
+rule switches its journal (``profile_rule``). The rules' poll runs on the daemon's loop beside the tick
+(``gpud.daemon.tick.Pace``); its cost is in the daemon's CPU, not exported apart.
 
 Targets: a hostile phase's ``/metrics`` p99 within 2× the idle phase's, or under 100 ms (on a shared
 2-core machine the idle p99 is a few ms and twice it is noise; 100 ms is a tenth of the tick period,
@@ -280,7 +280,6 @@ def phase(name: str, seconds: float, port: int, daemon_pid: int, env: dict[str, 
         "daemon_rss_mib": proc.memory_info().rss / 2**20,
         "driver_cpu_percent": 100 * drove["cpu_seconds"] / wall if drove else 0.0,
         "gpu_processes_seen_max": seen, "rule_switches": switches, "driver": drove,
-        "rules_poll_seconds": None,  # not exported by the daemon (RuleRunner.poll_seconds_total is in memory)
     }
 
 

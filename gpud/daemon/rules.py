@@ -175,12 +175,9 @@ class RuleRunner:
         self.paused = False
         self.lock = threading.Lock()
         self.choices: dict[int, Choice] = {}  # the latest matches, per GPU (held or not)
-        self.polls = 0
-        self.poll_seconds_total = 0.0
 
     def poll(self) -> None:
         """One round: read, match, step the hold-off, switch what changed."""
-        t0 = time.perf_counter()
         with self.lock:
             rules = list(self.rules())
             jobs = self.jobs.read(self.lists.read(self.clock())) if rules else []
@@ -190,8 +187,6 @@ class RuleRunner:
             if self.paused:
                 return
             changed = self.arbiter.step(choices, self.clock())
-        self.polls += 1
-        self.poll_seconds_total += time.perf_counter() - t0
         if changed:
             self.switch(changed)
 
