@@ -390,13 +390,15 @@ class Workers:
         self._name = name
         self._idle: list[queue.SimpleQueue[tuple[Any, Any] | None]] = []  # each idle thread's inbox
         self._lock = threading.Lock()
-        self.started = 0  # threads started (the tests and the footprint benchmark read it)
+        self.started = 0  # threads started (the tests read it)
+        self.alive = 0  # threads of this pool not ended yet, idle or busy
 
     def submit(self, request: Any, client_address: Any) -> None:
         with self._lock:
             inbox = self._idle.pop() if self._idle else None
             if inbox is None:
                 self.started += 1
+                self.alive += 1
         if inbox is not None:
             inbox.put((request, client_address))
             return
@@ -405,15 +407,19 @@ class Workers:
         threading.Thread(target=self._serve, args=(inbox,), name=self._name, daemon=True).start()
 
     def _serve(self, inbox: queue.SimpleQueue[tuple[Any, Any] | None]) -> None:
-        while True:
-            item = inbox.get()
-            if item is None:
-                return
-            self._answer(*item)
+        try:
+            while True:
+                item = inbox.get()
+                if item is None:
+                    return
+                self._answer(*item)
+                with self._lock:
+                    if len(self._idle) >= self._keep:
+                        return  # enough are waiting already
+                    self._idle.append(inbox)
+        finally:
             with self._lock:
-                if len(self._idle) >= self._keep:
-                    return  # enough are waiting already
-                self._idle.append(inbox)
+                self.alive -= 1
 
     def close(self) -> None:
         """The idle threads end (the busy ones end after their connection)."""
