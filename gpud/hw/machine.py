@@ -18,10 +18,10 @@ from gpud.hw.host import Host
 from gpud.hw.nvml import Nvml
 from gpud.model import GpuInfo, Snapshot, Topology
 
-Owner = tuple[str | None, str | None, str | None]
+Owner = tuple[str | None, str | None, str | None]  # user, command line, workload (gpud.procinfo)
 # How old a GPU count the quick readings and the rules' poll go by: the daemon's whole snapshots (every 5 s,
 # gpud.daemon.tick.WHOLE_EVERY_S) count the GPUs; a GPU added (a driver reload) shows at the next one.
-COUNT_HELD_S = 5.0  # user, command line, workload (gpud.procinfo)
+COUNT_HELD_S = 5.0
 
 
 @dataclass
