@@ -150,18 +150,23 @@ def test_a_family_whose_values_alone_changed_reads_as_prometheus_client_formats_
         now[0] = values
         for s in (spec, counter):
             renderer = Renderer((s,))
+            prev = None
             for _ in range(2):
                 series = list(s.read(None))  # type: ignore[arg-type]
-                assert renderer._format(s, series) == generate_latest(One(s.build(series)))
+                assert renderer._format(s, series, prev) == generate_latest(One(s.build(series)))
+                prev = series
     r = Renderer((spec,))  # one renderer through every round: values alone change
     now[0] = rounds[0]
-    r._format(spec, list(spec.read(None)))  # type: ignore[arg-type]
+    prev = list(spec.read(None))  # type: ignore[arg-type]
+    r._format(spec, prev)
     for values in rounds[1:]:
         now[0] = values
         series = list(spec.read(None))  # type: ignore[arg-type]
-        assert r._format(spec, series) == generate_latest(One(spec.build(series)))
+        assert r._format(spec, series, prev) == generate_latest(One(spec.build(series)))
+        prev = series
     labels.append(("3", "new"))
     now[0] = [*rounds[0], 4.0]
     series = list(spec.read(None))  # type: ignore[arg-type]
-    assert r._format(spec, series) == generate_latest(One(spec.build(series)))
-    assert r._lines["gpud_test_family"][0] == [lab for lab, _ in series]
+    assert r._format(spec, series, prev) == generate_latest(One(spec.build(series)))
+    heads = r._lines["gpud_test_family"][1]  # the kept lines follow the new label set
+    assert len(heads) == len(series) and b'who="new"' in heads[-1]

@@ -44,8 +44,9 @@ class Renderer:
         self._slow = b""
         self._fast = [s for s in specs if not s.slow]
         self._formatted: dict[str, tuple[list[Series], bytes]] = {}  # family → the series last formatted, text
-        # family → (label values, the text before each value) of a gauge or counter formatted whole, in order
-        self._lines: dict[str, tuple[list[Sequence[str]], bytes, list[bytes]]] = {}
+        # family → (HELP and TYPE, the text before each value) of a gauge or counter as prometheus_client wrote
+        # it for the label values of the series in ``_formatted``
+        self._lines: dict[str, tuple[bytes, list[bytes]]] = {}
 
     def render(self, obs: Observation) -> bytes:
         if obs.version != self._version:
@@ -62,29 +63,29 @@ class Renderer:
             series = list(read)
             last = self._formatted.get(spec.name)
             if last is None or last[0] != series:
-                last = (series, self._format(spec, series))
+                last = (series, self._format(spec, series, last[0] if last is not None else None))
                 self._formatted[spec.name] = last
             parts.append(last[1])
         return b"".join(parts)
 
-    def _format(self, spec: Spec, series: list[Series]) -> bytes:
-        """The family's text. Where only values changed since it was formatted whole (the same label values in
-        the same order: a gauge's or a counter's readings between two scrapes), the lines are the ones
-        prometheus_client wrote up to each value, and each value is formatted as it formats one
-        (``floatToGoString``): escaping and sorting every label of every sample is most of a render's cost."""
+    def _format(self, spec: Spec, series: list[Series], last: list[Series] | None = None) -> bytes:
+        """The family's text. Where only values changed since ``last`` (the same label values in the same order:
+        a gauge's or a counter's readings between two scrapes), the lines are the ones prometheus_client wrote
+        up to each value, and each value is formatted as it formats one (``floatToGoString``): escaping and
+        sorting every label of every sample is most of a render's cost."""
         go_float: Callable[[Value], str] = _go_float  # untyped in prometheus_client
-        labels = [values for values, _ in series]
         known = self._lines.get(spec.name)
-        if known is not None and known[0] == labels:
-            return known[1] + b"".join(b"%s%s\n" % (head, go_float(value).encode())
-                                       for head, (_, value) in zip(known[2], series, strict=True))
+        if known is not None and last is not None and len(last) == len(series) and all(
+                a[0] == b[0] for a, b in zip(last, series, strict=True)):
+            return known[0] + b"".join(b"%s%s\n" % (head, go_float(value).encode())
+                                       for head, (_, value) in zip(known[1], series, strict=True))
         text = generate_latest(One(spec.build(series)))
         self._lines.pop(spec.name, None)
         if spec.kind != "histogram":
             lines = text.split(b"\n")
             samples = lines[2:-1]  # HELP and TYPE, then one line per series, then the final newline's ""
             if len(samples) == len(series) and lines[-1] == b"":
-                self._lines[spec.name] = (labels, b"\n".join(lines[:2]) + b"\n",
+                self._lines[spec.name] = (b"\n".join(lines[:2]) + b"\n",
                                           [line[:line.rindex(b" ") + 1] for line in samples])
         return text
 
