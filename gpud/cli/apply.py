@@ -18,10 +18,11 @@ Config = Annotated[str | None, typer.Option("--config", metavar="PATH",
 profile_app = typer.Typer(help="Tuning profiles: list them, show one resolved.", no_args_is_help=True)
 
 
-def _show(v: Any) -> str:
-    from gpud.profiles.engine import show
+def _shown(key: str, v: Any) -> str:
+    """Setting ``key``'s value as its tunable shows it (``Setting.shown``)."""
+    from gpud.profiles.settings import shown
 
-    return show(v)
+    return shown(key, v)
 
 
 @profile_app.command("list")
@@ -76,21 +77,12 @@ def profile_show(name: Annotated[str, typer.Argument(help="Profile name or path.
     out = [x for line in out for x in wrap(line, indent="    ")]
     if resolved is None:
         out += wrap(resolved_note, indent="    ", first="  ")
-    rows = [[f"GPU{gpu}", k, _describe(k, v)] for gpu, settings in sorted((resolved or {}).items())
+    rows = [[f"GPU{gpu}", k, _shown(k, v)] for gpu, settings in sorted((resolved or {}).items())
             for k, v in settings.items() if k != "required"]
     rows += [["host", k, str(v)] for k, v in p.host.items()]
     if rows:
         out += table_lines(["", "Setting", "Value"], rows)
     sys.stdout.write("\n".join(out) + "\n")
-
-
-def _describe(key: str, v: Any) -> str:
-    if key == "fan" and isinstance(v, dict):
-        if v["mode"] == "curve":
-            pts = ", ".join(f"{t} °C → {d} %" for t, d in v["points"])
-            return f"curve {pts} (hysteresis {v['hysteresis']} °C, minimum {v['minimum']} %, ramp {v['max_ramp']} %/s)"
-        return f"fixed {v['percent']} %" if v["mode"] == "fixed" else "auto"
-    return _show(v)
 
 
 # The one vocabulary of plan actions, in text, JSON and docs/profiles.md (the engine's own words: set, none).
@@ -114,7 +106,8 @@ def _plan_rows(plan: list[dict[str, Any]]) -> list[list[str]]:
     hosts: list[tuple[str, ...]] = []
     for c in plan:
         action = ACTIONS[c["action"]]
-        key = tuple(clean(str(k)) for k in (c["setting"], _show(c["current"]), _show(c["desired"]),
+        key = tuple(clean(str(k)) for k in (c["setting"], _shown(c["setting"], c["current"]),
+                                            _shown(c["setting"], c["desired"]),
                                             action + (f": {c['note']}" if c["note"] else "")))
         if c["gpu"] is None:
             hosts.append(key)
@@ -344,8 +337,8 @@ def verify(
         sys.stdout.write("no profile applied\n")
     else:
         table(["GPU", "Setting", "Current", "Desired", "Status"],
-              [["host" if d["gpu"] is None else f"GPU{d['gpu']}", d["setting"], _show(d["current"]),
-                _describe(d["setting"], d["desired"]) if isinstance(d["desired"], dict) else _show(d["desired"]),
+              [["host" if d["gpu"] is None else f"GPU{d['gpu']}", d["setting"],
+                _shown(d["setting"], d["current"]), _shown(d["setting"], d["desired"]),
                 d["status"]] for d in rows],
               title=f"Profile {profile}: {plural(len(bad), 'drifted setting')}, "
                     f"{len(unread)} that cannot be read back" + (" (--strict fails on them)" if unread else ""))

@@ -28,7 +28,7 @@ from gpud.hw.machine import Machine
 from gpud.model import Snapshot
 from gpud.profiles import engine
 from gpud.profiles.engine import Desired, Drift
-from gpud.profiles.settings import BY_KEY, GPU_SETTINGS, HOST_BY_KEY, UNSUPPORTED
+from gpud.profiles.settings import BY_KEY, GPU_SETTINGS, HOST_BY_KEY, UNSUPPORTED, shown
 from gpud.profiles.state import TuningState
 
 log = logging.getLogger("gpud.daemon")
@@ -192,7 +192,7 @@ class Enforcer:
             try:
                 got = engine.write(self.machine, gpu, key, value)
                 if not engine.read_back_ok(engine.Change(gpu, key, None, value, "set"), got):
-                    why = f"read back {engine.show(got)}, wanted {engine.show(value)}"
+                    why = f"read back {shown(key, got)}, wanted {shown(key, value)}"
             except GpudError as err:
                 why = f"failed: {err}"
             if not why:

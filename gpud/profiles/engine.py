@@ -30,6 +30,7 @@ from gpud.profiles.settings import (
     UNSUPPORTED,
     DriftStatus,
     PlanAction,
+    shown,
 )
 from gpud.profiles.state import TuningState
 
@@ -256,7 +257,8 @@ def apply(machine: Machine, profile: Profile, changes: list[Change], desired: De
             _fail(machine, out, host_before, previous, c if c.gpu is None else None)
             return out
         if not read_back_ok(c, got):
-            out.error = f"{c.where}: {c.setting}: read back {show(got)}, wanted {show(c.desired)}"
+            out.error = (f"{c.where}: {c.setting}: read back {shown(c.setting, got)}, "
+                         f"wanted {shown(c.setting, c.desired)}")
             _fail(machine, out, host_before, previous, c)  # it was written: undo it too
             return out
         out.written.append(c)
@@ -312,24 +314,9 @@ def _rollback(machine: Machine, out: Outcome, host_before: dict[int, str] | None
         back = _undo(c, host_before)
         try:
             write(machine, c.gpu, c.setting, back)
-            out.rolled_back.append(f"{c.where}: {c.setting} → {show(back)}")
+            out.rolled_back.append(f"{c.where}: {c.setting} → {shown(c.setting, back)}")
         except GpudError as err:
             out.not_restored.append(f"{c.where}: {c.setting}: {err}")
-
-
-def show(v: Any) -> str:
-    """A setting's value for people: 300 W, on/off, 2100,2100 (clocks), powersave (governors)."""
-    if v is None:
-        return "n/a"
-    if isinstance(v, bool):
-        return "on" if v else "off"
-    if isinstance(v, float):  # only power limits are floats
-        return f"{v:.0f} W"
-    if isinstance(v, dict):
-        return "/".join(sorted(set(map(str, v.values()))))
-    if isinstance(v, list):
-        return ",".join(map(str, v))
-    return str(v)
 
 
 # -- drift and verify ------------------------------------------------------------------------
@@ -436,7 +423,7 @@ def restore(machine: Machine, fans_only: bool = False,
             where = "host" if which is None else f"GPU {which}"
             try:
                 write(machine, which, setting, value)
-                done.append(f"{where}: {setting} → {show(value)}")
+                done.append(f"{where}: {setting} → {shown(setting, value)}")
             except GpudError as err:
                 failed.append(f"{where}: {setting}: {err}")
                 keep.setdefault(key, {})[setting] = value
@@ -459,4 +446,4 @@ def restore(machine: Machine, fans_only: bool = False,
 
 
 __all__ = ["Change", "Drift", "Outcome", "RESET", "UNKNOWN", "apply", "drift", "host_unsupported_removed", "plan",
-           "read_back_ok", "restore", "show", "unsupported_removed", "verify", "write"]
+           "read_back_ok", "restore", "unsupported_removed", "verify", "write"]

@@ -9,7 +9,6 @@ Every error names the file and the dotted key (``InvalidInput``: exit 2).
 from __future__ import annotations
 
 import copy
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 from gpud.errors import InvalidInput
 from gpud.model import GpuInfo
 from gpud.paths import CONFIG_DIR
-from gpud.profiles.settings import GPU_SETTINGS, PROFILE_KEYS
+from gpud.profiles.settings import BY_PROFILE_KEY, GPU_SETTINGS, HOST_SETTINGS
 from gpud.schema import Spec, load_toml, take
 
 USER_DIR = CONFIG_DIR / "profiles"
@@ -25,8 +24,6 @@ USER_DIR = CONFIG_DIR / "profiles"
 SHIPPED = Path(__file__).resolve().parent / "builtin"
 NUM = (int, float)
 SETTINGS = tuple(s.profile_key for s in GPU_SETTINGS)  # the names profiles use (and `required` lists)
-COMPUTE_MODES = ("default", "exclusive_process", "prohibited")
-FAN_MODES = ("auto", "fixed", "curve")
 
 TOP: Spec = {"description": (str, ""), "extends": (str, None), "all": (dict, {}), "gpus": (list, []),
              "host": (dict, {}), "measured": (dict, {})}
@@ -38,26 +35,10 @@ MEASURED: Spec = {
     "baseline_joules_per_sample": (NUM, None), "samples_per_second": (NUM, None), "joules_per_sample": (NUM, None),
     "energy_saving_percent": (NUM, None), "slowdown_percent": (NUM, None), "trials": (int, None),
 }
-GPU: Spec = {
-    "persistence_mode": (bool, None),
-    "compute_mode": (COMPUTE_MODES, None),
-    "power_limit": ((int, float, str), None),  # watts, "80%", "default", "min", "max"
-    "applications_clocks": ((list, str), None),  # [memory MHz, graphics MHz], "max", "reset"
-    "gpu_clocks": ((list, str), None),  # locked [min, max] MHz, "max", "reset"
-    "memory_clocks": ((list, str), None),
-    "fan": (dict, None),
-    "required": (list, []),
-}
+# A GPU's settings: each tunable's own type (``Setting.spec``), then its checks (``Setting.parse``).
+GPU: Spec = {**{s.profile_key: (s.spec, None) for s in GPU_SETTINGS}, "required": (list, [])}
 SELECTION: Spec = {**GPU, "select": ((int, str, list), None)}
-FAN: Spec = {
-    "mode": (FAN_MODES, None),
-    "percent": (int, None),
-    "points": (list, None),
-    "hysteresis": (NUM, 3),
-    "minimum": (int, 0),
-    "max_ramp": (NUM, 10),
-}
-HOST: Spec = {"cpu_governor": (str, None)}
+HOST: Spec = {s.profile_key: (s.spec, None) for s in HOST_SETTINGS}
 
 
 @dataclass(frozen=True)
@@ -97,74 +78,12 @@ def available() -> list[tuple[str, Path]]:
     return sorted(seen.items())
 
 
-def _check_fan(fan: dict[str, Any], file: str, where: str) -> dict[str, Any]:
-    fan = take(fan, FAN, file, where)
-    mode = fan["mode"]
-    if mode is None:
-        raise InvalidInput(file, f"{where}.mode", f"required: one of {', '.join(FAN_MODES)}")
-    for key, belongs in (("points", "curve"), ("percent", "fixed")):
-        if fan[key] is not None and mode != belongs:
-            raise InvalidInput(file, f"{where}.{key}", f"belongs to mode = \"{belongs}\", not \"{mode}\" "
-                                                       "(remove it, or change the mode)")
-    if mode == "fixed":
-        if fan["percent"] is None:
-            raise InvalidInput(file, f"{where}.percent", "required for mode = \"fixed\"")
-        if not 0 <= fan["percent"] <= 100:
-            raise InvalidInput(file, f"{where}.percent", f"duty must be 0..100 %, not {fan['percent']}")
-    if mode == "curve":
-        pts = fan["points"]
-        if not pts or len(pts) < 2:
-            raise InvalidInput(file, f"{where}.points", "a curve needs at least two [°C, %] points")
-        prev = None
-        for k, p in enumerate(pts):
-            key = f"{where}.points[{k}]"
-            if (not isinstance(p, list) or len(p) != 2
-                    or not all(isinstance(x, NUM) and not isinstance(x, bool) for x in p)):
-                raise InvalidInput(file, key, f"must be [temperature °C, duty %], not {p!r}")
-            t, duty = p
-            if not 0 <= t <= 110:
-                raise InvalidInput(file, key, f"temperature {t} °C outside 0..110")
-            if not 0 <= duty <= 100:
-                raise InvalidInput(file, key, f"duty {duty} % outside 0..100")
-            if prev is not None and (t <= prev[0] or duty < prev[1]):
-                raise InvalidInput(file, key, "not monotonic: temperatures must rise and duties must not fall "
-                                              f"({prev} then {p})")
-            prev = p
-    if not 0 <= fan["hysteresis"] <= 20:
-        raise InvalidInput(file, f"{where}.hysteresis", "must be 0..20 °C")
-    if not 0 <= fan["minimum"] <= 100:
-        raise InvalidInput(file, f"{where}.minimum", "must be 0..100 %")
-    if not 0 < fan["max_ramp"] <= 100:
-        raise InvalidInput(file, f"{where}.max_ramp", "must be in (0, 100] %/s")
-    return fan
-
-
-def _check_clocks(value: Any, file: str, key: str, keywords: tuple[str, ...]) -> None:
-    if isinstance(value, str):
-        if value not in keywords:
-            raise InvalidInput(file, key, f"must be [low, high] MHz or one of {', '.join(keywords)}, not {value!r}")
-        return
-    if (len(value) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in value)
-            or (key.endswith("_clocks") and not key.endswith("applications_clocks") and value[0] > value[1])):
-        raise InvalidInput(file, key, f"must be two positive MHz values{' [min, max]' if 'appl' not in key else ''}"
-                                      f", not {value!r}")
-
-
 def _check_gpu_settings(table: dict[str, Any], file: str, where: str, spec: Spec) -> dict[str, Any]:
     out = take(table, spec, file, where)
     out = {k: v for k, v in out.items() if v is not None and not (k == "required" and not v)}
-    p = out.get("power_limit")
-    if isinstance(p, str) and p not in ("default", "min", "max") and not re.fullmatch(r"\d+(\.\d+)?%", p):
-        raise InvalidInput(file, f"{where}.power_limit", f"must be watts, \"NN%\" of the default, \"default\", "
-                                                         f"\"min\" or \"max\", not {p!r}")
-    if isinstance(p, (int, float)) and p <= 0:
-        raise InvalidInput(file, f"{where}.power_limit", "must be positive")
-    for key, words in (("gpu_clocks", ("max", "reset")), ("memory_clocks", ("max", "reset")),
-                       ("applications_clocks", ("max", "reset"))):
-        if key in out:
-            _check_clocks(out[key], file, f"{where}.{key}", words)
-    if "fan" in out:
-        out["fan"] = _check_fan(out["fan"], file, f"{where}.fan")
+    for setting in GPU_SETTINGS:
+        if setting.profile_key in out:
+            out[setting.profile_key] = setting.parse(out[setting.profile_key], file, f"{where}.{setting.profile_key}")
     for r in out.get("required", []):
         if r not in SETTINGS:
             raise InvalidInput(file, f"{where}.required", f"unknown setting {r!r} (settings: {', '.join(SETTINGS)})")
@@ -193,7 +112,9 @@ def parse(data: dict[str, Any], file: str) -> dict[str, Any]:
         entry["_file"] = file
         gpus.append(entry)
     top["gpus"] = gpus
-    top["host"] = {k: v for k, v in take(top["host"], HOST, file, "host").items() if v is not None}
+    host = {k: v for k, v in take(top["host"], HOST, file, "host").items() if v is not None}
+    top["host"] = {s.profile_key: s.parse(host[s.profile_key], file, f"host.{s.profile_key}")
+                   for s in HOST_SETTINGS if s.profile_key in host}
     top["measured"] = {k: v for k, v in take(top["measured"], MEASURED, file, "measured").items() if v is not None}
     if any(not isinstance(g, str) for g in top["measured"].get("gpus", [])):
         raise InvalidInput(file, "measured.gpus", "must be a list of strings (each GPU's model and UUID)")
@@ -279,75 +200,9 @@ def resolve(profile: Profile, gpus: list[GpuInfo]) -> dict[int, dict[str, Any]]:
 
 
 def _absolute(g: GpuInfo, wanted: dict[str, Any], where: dict[str, tuple[str, str]]) -> dict[str, Any]:
+    """GPU ``g``'s settings keyed as the state file and plans key them, each in its absolute units."""
     out: dict[str, Any] = {"required": list(wanted.pop("required", []))}
-    for key, value in wanted.items():
-        file, dotted = where[key]
-        if key == "power_limit":  # watts, a share of the default, default/min/max → watts
-            out[PROFILE_KEYS[key]] = _watts(g, value, file, dotted)
-        elif key in ("gpu_clocks", "memory_clocks"):
-            top = g.max_clocks_mhz.get("sm" if key == "gpu_clocks" else "memory")
-            if value == "reset":
-                out[key] = "reset"
-            elif top is None:
-                out[key] = "unsupported"
-            else:
-                lo, hi = (top, top) if value == "max" else value
-                if hi > top:
-                    raise InvalidInput(file, dotted, f"{hi} MHz is above GPU {g.index}'s maximum {top} MHz")
-                out[key] = [lo, hi]
-        elif key == "applications_clocks":
-            mem, gfx = g.max_clocks_mhz.get("memory"), g.max_clocks_mhz.get("graphics")
-            if value == "reset":
-                out[key] = "reset"
-            elif mem is None or gfx is None:
-                out[key] = "unsupported"
-            else:
-                pair = [mem, gfx] if value == "max" else value
-                if pair[0] > mem or pair[1] > gfx:
-                    raise InvalidInput(file, dotted, f"{pair} MHz is above GPU {g.index}'s maximum [{mem}, {gfx}]")
-                out[key] = pair
-        elif key == "fan":
-            out["fan"] = _fan_for(g, value, file, dotted)
-        else:
-            out[key] = value
+    for name, value in wanted.items():
+        setting = BY_PROFILE_KEY[name]
+        out[setting.key] = setting.resolve(g, value, *where[name])
     return out
-
-
-def _watts(g: GpuInfo, value: Any, file: str, dotted: str) -> float | None:
-    lo, hi, default = g.power_min_limit_watts, g.power_max_limit_watts, g.power_default_limit_watts
-    if lo is None or hi is None or default is None:
-        return None  # power management not supported: the plan skips it
-    if value == "default":
-        w = default
-    elif value == "max":
-        w = hi
-    elif value == "min":
-        w = lo
-    elif isinstance(value, str):
-        w = default * float(value[:-1]) / 100.0
-    else:
-        w = float(value)
-    w = round(w)
-    if not lo <= w <= hi:
-        raise InvalidInput(file, dotted, f"{w:.0f} W is outside GPU {g.index}'s limits {lo:.0f}..{hi:.0f} W "
-                                         f"({g.name})")
-    return float(w)
-
-
-def _fan_for(g: GpuInfo, fan: dict[str, Any], file: str, dotted: str) -> dict[str, Any]:
-    shutdown = g.temperature_shutdown_celsius
-    if fan["mode"] == "curve" and shutdown is not None:
-        for k, (t, _) in enumerate(fan["points"]):
-            if t >= shutdown:
-                raise InvalidInput(file, f"{dotted}.points[{k}]",
-                                   f"{t} °C is at or above GPU {g.index}'s shutdown temperature ({shutdown} °C, "
-                                   "NVML's NVML_TEMPERATURE_THRESHOLD_SHUTDOWN): the GPU is off before it applies")
-    fmin = g.fan_min_speed_percent
-    if fan["mode"] != "auto" and fmin is not None:
-        duties = [fan["percent"]] if fan["mode"] == "fixed" else [d for _, d in fan["points"]]
-        if fan["minimum"]:
-            duties.append(fan["minimum"])
-        low = min(duties)
-        if low < fmin:
-            raise InvalidInput(file, dotted, f"duty {low} % is below GPU {g.index}'s minimum fan speed {fmin} %")
-    return dict(fan)

@@ -13,7 +13,6 @@ record of what they were before.
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -22,6 +21,7 @@ from typing import Any
 
 from gpud.errors import GpudError, InvalidInput
 from gpud.paths import atomic_write, depth, open_trusted, read_fd, state_dir
+from gpud.profiles.settings import GPU_SETTINGS, HOST_SETTINGS
 
 VERSION = 1
 MAX_STATE = 1 << 20
@@ -56,56 +56,14 @@ _TYPES: tuple[tuple[str, Any, str], ...] = (
 )
 
 
-def _finite(v: Any, lo: float, hi: float) -> bool:
-    return _number(v) and math.isfinite(v) and lo <= v <= hi
-
-
-def _pair(v: Any) -> bool:
-    """Two clocks in MHz (min/max or memory/graphics)."""
-    return isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) and not isinstance(x, bool)
-                                                       and 0 < x < 100_000 for x in v)
-
-
-def _clocks(v: Any) -> bool:
-    return _pair(v) or v in ("reset", "unknown")
-
-
-def _fan(v: Any) -> bool:
-    if v == "auto":
-        return True
-    if not isinstance(v, dict) or v.get("mode") not in ("auto", "fixed", "curve"):
-        return False
-    if any(v.get(k) is not None and not _finite(v[k], 0, 1000) for k in ("hysteresis", "max_ramp", "minimum")):
-        return False
-    if v["mode"] == "fixed":
-        return _finite(v.get("percent"), 0, 100)
-    if v["mode"] == "curve":
-        pts = v.get("points")
-        return isinstance(pts, list) and bool(pts) and all(
-            isinstance(p, list) and len(p) == 2 and _finite(p[0], -50, 200) and _finite(p[1], 0, 100) for p in pts)
-    return True
-
-
-def _governor(v: Any) -> bool:
-    return (isinstance(v, str) and bool(v)) or (isinstance(v, dict) and all(
-        k.isdigit() and isinstance(g, str) and g for k, g in v.items()))
-
-
-# Every value a state file may hold for a setting (``gpud.profiles.settings`` keys), in ``desired`` and in
-# ``originals`` alike; "unsupported" (desired only) is accepted for each. One table, read by
+# Every value a state file may hold for a setting, in ``desired`` and in ``originals`` alike: each tunable's
+# own (``Setting.stored``); "unsupported" (desired only) is accepted for each. One table, read by
 # ``TuningState.from_json``: verify, restore and apply all read the file through it, so they agree.
 SETTING_VALUES: dict[str, tuple[Any, str]] = {
-    "persistence_mode": (lambda v: isinstance(v, bool), "true or false"),
-    "compute_mode": (lambda v: v in ("default", "exclusive_thread", "prohibited", "exclusive_process"),
-                     "a compute mode (default, exclusive_process, prohibited)"),
-    "power_limit_watts": (lambda v: _finite(v, 1, 10_000), "a power limit in watts"),
-    "applications_clocks": (_clocks, 'two clocks in MHz or "reset"'),
-    "gpu_clocks": (_clocks, 'two clocks in MHz or "reset"'),
-    "memory_clocks": (_clocks, 'two clocks in MHz or "reset"'),
-    "fan": (_fan, "a fan policy (auto, fixed with a percent, curve with points)"),
+    **{s.key: (s.stored, s.stored_as) for s in GPU_SETTINGS},
     "required": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of setting names"),
 }
-HOST_VALUES: dict[str, tuple[Any, str]] = {"cpu_governor": (_governor, "a CPU governor (or one per CPU)")}
+HOST_VALUES: dict[str, tuple[Any, str]] = {s.key: (s.stored, s.stored_as) for s in HOST_SETTINGS}
 
 
 def _check_settings(section: str, table: Mapping[str, Any]) -> None:

@@ -1,0 +1,68 @@
+"""Every tunable as one object: how it is read, written, compared, restored and supported.
+
+After TuneD's plugins, where a tunable's get and set live together: a ``Setting`` holds its key
+(the one name used in the state file, plans, ``gpud verify`` and metrics), its scope (one GPU or
+the host), its reader, its writer (which returns what the hardware reads back), its comparison,
+what restore and rollback write back, why a GPU cannot take it, whether it can be verified at all,
+whether the driver forgets it without persistence mode, and whether the daemon re-applies it.
+
+A setting also owns its value's whole life outside the hardware: its type in a profile (``spec``), the
+checks of the file alone (``parse``), the value for one GPU in absolute units (``resolve``), what the state
+file may hold for it (``stored``) and how people read it (``shown``); ``gpud.profiles.profile`` and
+``gpud.profiles.state`` loop over the registry and know no setting by name.
+
+``REGISTRY`` is the one ordered list: its order is the apply order (per GPU, then the host), its
+reverse the rollback and restore order. Adding a tunable means one module here
+(its ``Setting``) and its line in ``GPU_SETTINGS`` or ``HOST_SETTINGS``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpud.profiles.settings.base import (
+    RESET,
+    UNKNOWN,
+    UNSUPPORTED,
+    Checked,
+    DriftStatus,
+    PlanAction,
+    Planned,
+    Scope,
+    Setting,
+    show,
+)
+from gpud.profiles.settings.fan import FAN_MODES, Fan
+from gpud.profiles.settings.gpu import ApplicationsClocks, ComputeMode, LockedClocks, PersistenceMode, PowerLimit
+from gpud.profiles.settings.host import CpuGovernor
+
+PERSISTENCE = PersistenceMode()
+COMPUTE = ComputeMode()
+POWER = PowerLimit()
+APP_CLOCKS = ApplicationsClocks()
+GPU_CLOCKS = LockedClocks("gpu_clocks", "sm", "volta")
+MEMORY_CLOCKS = LockedClocks("memory_clocks", "memory", "ampere")
+FAN = Fan()
+GOVERNOR = CpuGovernor()
+
+# The apply order per GPU (persistence first: the settings after it need it), then the host.
+GPU_SETTINGS: tuple[Setting, ...] = (PERSISTENCE, COMPUTE, POWER, APP_CLOCKS, GPU_CLOCKS, MEMORY_CLOCKS, FAN)
+HOST_SETTINGS: tuple[CpuGovernor, ...] = (GOVERNOR,)
+REGISTRY: tuple[Setting | CpuGovernor, ...] = (*GPU_SETTINGS, *HOST_SETTINGS)
+BY_KEY: dict[str, Setting] = {s.key: s for s in GPU_SETTINGS}
+HOST_BY_KEY: dict[str, CpuGovernor] = {s.key: s for s in HOST_SETTINGS}
+KEYS: tuple[str, ...] = tuple(s.key for s in REGISTRY)
+PROFILE_KEYS: dict[str, str] = {s.profile_key: s.key for s in GPU_SETTINGS}  # profile name → key
+BY_PROFILE_KEY: dict[str, Setting] = {s.profile_key: s for s in GPU_SETTINGS}
+
+
+def shown(key: str, value: Any) -> str:
+    """Setting ``key``'s value for people (an unknown key's plainly)."""
+    setting = BY_KEY.get(key) or HOST_BY_KEY.get(key)
+    return setting.shown(value) if setting is not None else show(value)
+
+
+__all__ = ["BY_KEY", "BY_PROFILE_KEY", "FAN_MODES", "GOVERNOR", "GPU_SETTINGS", "HOST_BY_KEY", "HOST_SETTINGS", "KEYS",
+           "PROFILE_KEYS", "REGISTRY",
+           "RESET", "UNKNOWN", "UNSUPPORTED", "Checked", "CpuGovernor", "DriftStatus", "PlanAction", "Planned",
+           "Scope", "Setting", "show", "shown"]
