@@ -43,6 +43,9 @@ GPU_INFO = _obj({
     "nvlink_count": {"type": "integer"}, "numa_node": INT, "cpu_affinity": INTS,
     "pcie_gpu_max_generation": INT, "temperature_max_operating_celsius": INT,
     "temperature_target_celsius": INT, "default_applications_clocks_mhz": CLOCKS, "open_seconds": NUM,
+    # domain (graphics, memory) → [min, max] MHz of the clock offsets the driver allows
+    "clock_offset_ranges_mhz": {"type": "object", "additionalProperties": {
+        "type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2}},
 }, nullable=True)
 
 FAN = _obj({"fan": {"type": "integer"}, "speed_percent": INT, "target_percent": INT,
@@ -88,6 +91,7 @@ GPU_SAMPLE = _obj({
     "remapped_rows_failure": BOOL, "nvlinks": {"type": "array", "items": NVLINK},
     "processes": {"type": ["array", "null"], "items": PROCESS}, "ecc_enabled_after_reboot": BOOL,
     "nvlink_errors": NVLINK_ERRORS, "nvlink_data_bytes": NVLINK_DATA, "clock_event_nanoseconds": VIOLATIONS,
+    "clock_offsets_mhz": CLOCKS,
 })
 
 GPU = _obj({"info": GPU_INFO, "sample": GPU_SAMPLE})

@@ -86,6 +86,9 @@ class GpuInfo:
     # automatic fan policy holds the GPU; None where Not Supported (passive cards, many datacenter GPUs)
     temperature_target_celsius: int | None = None
     default_applications_clocks_mhz: dict[str, int | None] = field(default_factory=dict)
+    # The clock offsets the driver allows in P0, per domain (graphics, memory): (min, max) MHz; a domain
+    # without offsets is absent (nvmlDeviceGetClockOffsets, or the VF-offset range calls before R555)
+    clock_offset_ranges_mhz: dict[str, tuple[int, int]] = field(default_factory=dict)
     # Wall time of this process's first nvmlDeviceGetHandleByIndex where it took SLOW_OPEN_S or more: the
     # lookup initialised the GPU (persistence mode off, no other client holding it); None when it was quick.
     open_seconds: float | None = None
@@ -242,6 +245,8 @@ class GpuSample:
     clock_event_nanoseconds: dict[str, int] | None = None
     # (link, direction, bytes of data since the driver loaded): tx, rx; read every 10 s
     nvlink_data_bytes: tuple[tuple[int, str, int], ...] | None = None
+    # P0's clock offset per domain (graphics, memory), MHz; a domain without offsets is absent; read every 10 s
+    clock_offsets_mhz: dict[str, int] = field(default_factory=dict)
 
 
 # nvidia-smi topo -m levels, closest first.

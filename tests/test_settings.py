@@ -30,6 +30,8 @@ VALUES: dict[str, Any] = {
     "applications_clocks": lambda g, s: ([g.max_clocks_mhz["memory"], g.max_clocks_mhz["graphics"]],) * 2,
     "gpu_clocks": lambda g, s: ([1500, 1800], [1500, 1800]),
     "memory_clocks": lambda g, s: ([g.max_clocks_mhz["memory"]] * 2,) * 2,
+    "gpu_clock_offset": lambda g, s: (120, 120),
+    "memory_clock_offset": lambda g, s: (-300, -300),
     "fan": lambda g, s: ("auto", {"mode": "auto"}),  # apply only ever writes the automatic policy
 }
 
@@ -51,11 +53,12 @@ def _value(key: str, g: GpuInfo, s: GpuSample) -> Value:
 
 def test_the_registry_is_one_ordered_list_with_a_round_trip_for_each() -> None:
     assert KEYS == ("persistence_mode", "compute_mode", "power_limit_watts", "applications_clocks", "gpu_clocks",
-                    "memory_clocks", "fan", "cpu_governor")
+                    "memory_clocks", "gpu_clock_offset", "memory_clock_offset", "fan", "cpu_governor")
     assert REGISTRY[0].key == "persistence_mode"  # first: the settings after it need it
     assert set(VALUES) == set(BY_KEY)  # a new setting needs its round trip below
     assert {s.key for s in GPU_SETTINGS if s.needs_persistence} == {"compute_mode", "power_limit_watts",
-                                                                     "applications_clocks"}
+                                                                     "applications_clocks", "gpu_clock_offset",
+                                                                     "memory_clock_offset"}
     assert [s.key for s in GPU_SETTINGS if not s.verifiable] == ["gpu_clocks", "memory_clocks"]
     assert BY_KEY["power_limit_watts"].profile_key == "power_limit"  # the one rename, said once
 

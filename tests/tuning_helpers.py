@@ -52,6 +52,7 @@ def fingerprint(m: Machine) -> dict[str, Any]:
             "power": s.power_management_limit_watts, "persistence": s.persistence_mode, "compute": s.compute_mode,
             "app_clocks": s.applications_clocks_mhz, "locked_gpu": st["locked_gpu"], "locked_mem": st["locked_mem"],
             "fans": [(f.policy, f.target_percent if f.policy == "manual" else None) for f in s.fans],
+            "offsets": dict(s.clock_offsets_mhz),
         }
     return out
 

@@ -72,6 +72,7 @@ class SimMachine(Physics):
                 "locked_gpu": None,
                 "locked_mem": None,
                 "app_clocks": None,
+                "clock_offsets": {"graphics": 0, "memory": 0},
                 "fans": [{"policy": 0, "target": None} for _ in range(g.fans)],
                 "load": None,
             }
@@ -291,6 +292,7 @@ class SimMachine(Physics):
             s["power_limit_mw"] = int(g.power_default_watts * 1000)
             s["compute_mode"] = 0
             s["locked_gpu"] = s["locked_mem"] = s["app_clocks"] = None
+            s["clock_offsets"] = {"graphics": 0, "memory": 0}
             for f in s["fans"]:
                 f["policy"], f["target"] = 0, None
 

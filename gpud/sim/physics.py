@@ -563,7 +563,8 @@ class Physics:
     def clock_mhz(self, gpu: int, clock: int) -> int:
         """The current clock (graphics, SM or memory): idle clocks or the locked minimum when idle,
         else GPU Boost up to the maximum (or the locked maximum), lowered by the power cap and the
-        thermal slowdowns."""
+        thermal slowdowns. A clock offset (``gpud.sim.libnvml.offsets``) moves a loaded GPU's clock by as
+        much, up to a locked maximum."""
         g, s = self.desc.gpus[gpu], self.settings(gpu)
         idle = self.utilization(gpu) == 0
         described = g.memory_mhz if clock == CLOCK_MEM else g.sm_mhz
@@ -572,9 +573,18 @@ class Physics:
         if clock == CLOCK_MEM:
             if idle:
                 return int(s["locked_mem"][0]) if s["locked_mem"] else int(g.idle_memory_mhz)
-            return int(s["locked_mem"][1] if s["locked_mem"] else g.max_memory_mhz)
+            return int(s["locked_mem"][1] if s["locked_mem"] else g.max_memory_mhz + self._offset(gpu, "memory"))
         if idle:
             return int(s["locked_gpu"][0]) if s["locked_gpu"] else int(g.idle_sm_mhz)
+        mhz = self._boosted_mhz(gpu) + self._offset(gpu, "graphics")
+        return min(mhz, int(s["locked_gpu"][1])) if s["locked_gpu"] else mhz
+
+    def _offset(self, gpu: int, domain: str) -> int:
+        return int((self.settings(gpu).get("clock_offsets") or {}).get(domain, 0))
+
+    def _boosted_mhz(self, gpu: int) -> int:
+        """A loaded GPU's SM clock before any offset."""
+        g, s = self.desc.gpus[gpu], self.settings(gpu)
         top = float(s["locked_gpu"][1] if s["locked_gpu"] else g.max_sm_mhz)
         t = self.temperature(gpu)
         if not g.max_sm_mhz:

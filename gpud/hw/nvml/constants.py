@@ -30,6 +30,26 @@ _UNINITIALIZED = 1
 
 CLOCK_TYPES = {"graphics": 0, "sm": 1, "memory": 2}  # NVML_CLOCK_*
 TEMPERATURE_GPU = 0  # NVML_TEMPERATURE_GPU
+# Clock offsets (the "manual clock values" of overclocking and undervolting tools), per domain: nvml.h's
+# nvmlDeviceGet/SetClockOffsets (R555 on) with its struct, else the older per-domain VF-offset calls
+# (getter, range getter, setter; deprecated "will be removed in CUDA 14.0"). gpud reads and writes P0's.
+OFFSET_DOMAINS = {"graphics": CLOCK_TYPES["graphics"], "memory": CLOCK_TYPES["memory"]}
+VF_OFFSET_CALLS = {
+    "graphics": ("nvmlDeviceGetGpcClkVfOffset", "nvmlDeviceGetGpcClkMinMaxVfOffset", "nvmlDeviceSetGpcClkVfOffset"),
+    "memory": ("nvmlDeviceGetMemClkVfOffset", "nvmlDeviceGetMemClkMinMaxVfOffset", "nvmlDeviceSetMemClkVfOffset"),
+}
+PSTATE_0 = 0  # NVML_PSTATE_0: the performance state a GPU runs its load in
+
+
+class ClockOffsetStruct(ctypes.Structure):
+    """nvml.h's ``nvmlClockOffset_t`` (version 1), declared here: nvidia-ml-py before 12.555 lacks it."""
+
+    _fields_ = [("version", ctypes.c_uint), ("type", ctypes.c_uint), ("pstate", ctypes.c_uint),
+                ("clockOffsetMHz", ctypes.c_int), ("minClockOffsetMHz", ctypes.c_int),
+                ("maxClockOffsetMHz", ctypes.c_int)]
+
+
+CLOCK_OFFSET_V1 = ctypes.sizeof(ClockOffsetStruct) | 1 << 24  # NVML_STRUCT_VERSION(ClockOffset, 1): 0x1000018
 THRESHOLD_SHUTDOWN, THRESHOLD_SLOWDOWN = 0, 1  # NVML_TEMPERATURE_THRESHOLD_*
 PCIE_TX, PCIE_RX = 0, 1  # NVML_PCIE_UTIL_*_BYTES (KB/s)
 FAN_POLICY = {0: "auto", 1: "manual"}  # NVML_FAN_POLICY_TEMPERATURE_CONTINOUS_SW, _MANUAL

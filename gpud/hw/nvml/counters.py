@@ -24,6 +24,7 @@ from gpud.hw.nvml.constants import (
     NVLINK_DATA_RETRY_S,
     NVLINK_DEVICE_SWITCH,
     NVLINK_ERROR_COUNTERS,
+    OFFSET_DOMAINS,
     PERF_POLICIES,
     RETIRE_DBE,
     RETIRE_SBE,
@@ -82,6 +83,8 @@ class NvmlCounters(NvmlProcesses):
                   "applications_clocks": {k: get("nvmlDeviceGetApplicationsClock", CLOCK_TYPES[k])
                                           for k in ("graphics", "memory")},
                   "pcie_width": get("nvmlDeviceGetCurrPcieLinkWidth"),
+                  "clock_offsets": {d: o[0] for d in OFFSET_DOMAINS
+                                    if (o := self.clock_offset(index, h, d)) is not None},
                   "nvlink_errors": self._nvlink_errors(index, h, info), "nvlinks": self._nvlinks(index, h),
                   "violations": self._violations(index, h), "nvlink_data": self._nvlink_data(index, h, info)}
         self._slow[index] = (now, fields)

@@ -264,15 +264,16 @@ class NvmlHandles:
                 self._gone.add(name)
         return None
 
-    def get_out(self, name: str, h: Any, *inputs: Any, outputs: int = 1, gpu: int) -> tuple[int, ...] | None:
+    def get_out(self, name: str, h: Any, *inputs: Any, outputs: int = 1, gpu: int,
+                signed: bool = False) -> tuple[int, ...] | None:
         """An optional reading whose outputs gpud passes as pointers and reads back (unsigned ints).
 
         nvidia-ml-py 12.535–12.560 declare the outputs of ``nvmlDeviceGetMinMaxFanSpeed`` and
         ``nvmlDeviceGetFanControlPolicy_v2`` as required arguments and hand them to the C library as
         given; later releases accept the same pointers (and return NVML_SUCCESS). Passing
-        ``byref(c_uint())`` works with both.
+        ``byref(c_uint())`` works with both (``signed``: ``c_int``, for outputs nvml.h declares ``int *``).
         """
-        cells = [ctypes.c_uint() for _ in range(outputs)]
+        cells = [(ctypes.c_int if signed else ctypes.c_uint)() for _ in range(outputs)]
 
         def read() -> tuple[int, ...]:
             self.call(name, h, *inputs, *(ctypes.byref(c) for c in cells), gpu=gpu)

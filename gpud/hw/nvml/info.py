@@ -13,16 +13,21 @@ from gpud.errors import (
 from gpud.hw.nvml.constants import (
     AFFINITY_SCOPE_NODE,
     ARCHITECTURES,
+    CLOCK_OFFSET_V1,
     CLOCK_TYPES,
     CPU_SET_WORDS,
     FI_TLIMIT,
     MAX_NVLINKS,
     NVLINK_CAP_SLI_BRIDGE,
+    OFFSET_DOMAINS,
+    PSTATE_0,
     TEMPERATURE_GPU,
     THRESHOLD_ACOUSTIC_CURR,
     THRESHOLD_GPU_MAX,
     THRESHOLD_SHUTDOWN,
     THRESHOLD_SLOWDOWN,
+    VF_OFFSET_CALLS,
+    ClockOffsetStruct,
 )
 from gpud.hw.nvml.handles import NvmlHandles
 from gpud.hw.nvml.values import _bits, _text, field_int, normalize_bus_id
@@ -111,10 +116,33 @@ class NvmlInfo(NvmlHandles):
             default_applications_clocks_mhz={
                 k: get("nvmlDeviceGetDefaultApplicationsClock", CLOCK_TYPES[k]) for k in ("graphics", "memory")
             },
+            clock_offset_ranges_mhz={d: (o[1], o[2]) for d in OFFSET_DOMAINS
+                                     if (o := self.clock_offset(index, h, d)) is not None},
             open_seconds=slow if (slow := round(self._open_seconds.get(index, 0.0), 1)) >= SLOW_OPEN_S else None,
         )
         self._info[index] = info
         return info
+
+    def clock_offset(self, index: int, h: Any, domain: str) -> tuple[int, int, int] | None:
+        """P0's clock offset in ``domain`` (graphics, memory) and the range the driver allows: (offset,
+        min, max) MHz; None where the GPU or the driver has none. ``nvmlDeviceGetClockOffsets`` through the C
+        function (nvidia-ml-py's wrapper drops its return code: a Not Supported would read as 0 in 0..0),
+        else the per-domain VF-offset calls of drivers before R555."""
+
+        def read() -> tuple[int, int, int]:
+            out = ClockOffsetStruct(version=CLOCK_OFFSET_V1, type=OFFSET_DOMAINS[domain], pstate=PSTATE_0)
+            fn = self._c_function("nvmlDeviceGetClockOffsets", index)
+            self.calls += 1
+            self._c_check(fn(h, ctypes.byref(out)), "nvmlDeviceGetClockOffsets", index)
+            return int(out.clockOffsetMHz), int(out.minClockOffsetMHz), int(out.maxClockOffsetMHz)
+
+        got: tuple[int, int, int] | None = self._optional(("nvmlDeviceGetClockOffsets", index, (domain,)), read)
+        if got is not None or "nvmlDeviceGetClockOffsets" not in self._gone:
+            return got
+        getter, span, _ = VF_OFFSET_CALLS[domain]
+        offset = self.get(getter, h, gpu=index)
+        lo_hi = self.get_out(span, h, outputs=2, gpu=index, signed=True)
+        return (int(offset), lo_hi[0], lo_hi[1]) if offset is not None and lo_hi is not None else None
 
     def supported_memory_clocks(self, index: int) -> tuple[int, ...] | None:
         """The memory clocks the GPU can run at, MHz, highest first (``nvmlDeviceGetSupportedMemoryClocks``;

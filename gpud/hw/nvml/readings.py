@@ -152,6 +152,7 @@ class NvmlReadings(NvmlPairs):
             nvlink_errors=slow["nvlink_errors"],
             clock_event_nanoseconds=slow["violations"],
             nvlink_data_bytes=slow["nvlink_data"],
+            clock_offsets_mhz=slow["clock_offsets"],
             processes=processes,
         )
 

@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any, Callable
 
-from gpud.hw.nvml.constants import CLOCK_TYPES, COMPUTE_MODES, FAN_POLICY, FAN_POLICY_AUTO, T
+from gpud.errors import NvmlError
+from gpud.hw.nvml.constants import (
+    CLOCK_OFFSET_V1,
+    CLOCK_TYPES,
+    COMPUTE_MODES,
+    FAN_POLICY,
+    FAN_POLICY_AUTO,
+    OFFSET_DOMAINS,
+    PSTATE_0,
+    VF_OFFSET_CALLS,
+    ClockOffsetStruct,
+    T,
+)
 from gpud.hw.nvml.readings import NvmlReadings
 
 
@@ -55,6 +68,27 @@ class NvmlSetters(NvmlReadings):
     def reset_applications_clocks(self, index: int) -> None:
         """``nvidia-smi -i N -rac``."""
         self._set(index, "nvmlDeviceResetApplicationsClocks", ())
+
+    def set_clock_offset(self, index: int, domain: str, mhz: int) -> int | None:
+        """P0's clock offset in ``domain`` (graphics, memory), MHz (0: none); returns the offset read back
+        (the driver rounds to the step its hardware takes). ``nvmlDeviceSetClockOffsets`` where the driver
+        has it (R555 on), else ``nvmlDeviceSetGpcClkVfOffset`` / ``nvmlDeviceSetMemClkVfOffset``."""
+        h = self.handle(index)
+        self._slow.pop(index, None)
+        with self._lock:
+            try:
+                fn = self._c_function("nvmlDeviceSetClockOffsets", index)
+            except NvmlError:
+                fn = None  # a driver before R555: the per-domain call
+            if fn is not None:
+                arg = ClockOffsetStruct(version=CLOCK_OFFSET_V1, type=OFFSET_DOMAINS[domain], pstate=PSTATE_0,
+                                        clockOffsetMHz=int(mhz))
+                self.calls += 1
+                self._c_check(fn(h, ctypes.byref(arg)), "nvmlDeviceSetClockOffsets", index)
+            else:
+                self.call(VF_OFFSET_CALLS[domain][2], h, int(mhz), gpu=index)
+            got = self.clock_offset(index, h, domain)
+        return got[0] if got is not None else None
 
     def set_persistence_mode(self, index: int, enabled: bool) -> bool:
         """``nvidia-smi -i N -pm 1|0``; returns the mode read back."""

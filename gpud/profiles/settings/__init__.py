@@ -35,6 +35,7 @@ from gpud.profiles.settings.base import (
 from gpud.profiles.settings.fan import FAN_MODES, Fan
 from gpud.profiles.settings.gpu import ApplicationsClocks, ComputeMode, LockedClocks, PersistenceMode, PowerLimit
 from gpud.profiles.settings.host import CpuGovernor
+from gpud.profiles.settings.offsets import ClockOffset
 
 PERSISTENCE = PersistenceMode()
 COMPUTE = ComputeMode()
@@ -42,11 +43,14 @@ POWER = PowerLimit()
 APP_CLOCKS = ApplicationsClocks()
 GPU_CLOCKS = LockedClocks("gpu_clocks", "sm", "volta")
 MEMORY_CLOCKS = LockedClocks("memory_clocks", "memory", "ampere")
+GPU_CLOCK_OFFSET = ClockOffset("gpu_clock_offset", "graphics")
+MEMORY_CLOCK_OFFSET = ClockOffset("memory_clock_offset", "memory")
 FAN = Fan()
 GOVERNOR = CpuGovernor()
 
 # The apply order per GPU (persistence first: the settings after it need it), then the host.
-GPU_SETTINGS: tuple[Setting, ...] = (PERSISTENCE, COMPUTE, POWER, APP_CLOCKS, GPU_CLOCKS, MEMORY_CLOCKS, FAN)
+GPU_SETTINGS: tuple[Setting, ...] = (PERSISTENCE, COMPUTE, POWER, APP_CLOCKS, GPU_CLOCKS, MEMORY_CLOCKS,
+                                     GPU_CLOCK_OFFSET, MEMORY_CLOCK_OFFSET, FAN)
 HOST_SETTINGS: tuple[CpuGovernor, ...] = (GOVERNOR,)
 REGISTRY: tuple[Setting | CpuGovernor, ...] = (*GPU_SETTINGS, *HOST_SETTINGS)
 BY_KEY: dict[str, Setting] = {s.key: s for s in GPU_SETTINGS}

@@ -17,13 +17,14 @@ The library is a package, each module one concern (arrows point down the list):
 ``library`` (``SimLibrary`` and its ``LatencyModel``), then the entry points grouped as NVML's
 callers see them: ``handles`` (initialisation, versions, handle lookup, identity), ``readings``
 (temperatures, fans, power, clocks, modes), ``usage`` (utilisation, memory, processes, PCIe, field
-values, ECC), ``pairs`` (NVLink and topology) and ``setters``. Each registers its entry points in
+values, ECC), ``pairs`` (NVLink and topology), ``setters`` and ``offsets`` (a
+tunable's getters and setters together). Each registers its entry points in
 ``gpud.sim.entries`` as it loads; importing this package loads them all.
 """
 
 from __future__ import annotations
 
-from gpud.sim.libnvml import handles, pairs, readings, setters, usage
+from gpud.sim.libnvml import handles, offsets, pairs, readings, setters, usage
 from gpud.sim.libnvml.library import LatencyModel, SimLibrary
 
-__all__ = ["LatencyModel", "SimLibrary", "handles", "pairs", "readings", "setters", "usage"]
+__all__ = ["LatencyModel", "SimLibrary", "handles", "offsets", "pairs", "readings", "setters", "usage"]

@@ -92,7 +92,8 @@ def wait_until(deadline: float) -> None:
 
 
 # Entry points a driver exports only from a release on (nvml.h of the first CUDA toolkit that declares them).
-ENTRY_FROM_DRIVER = {"nvmlDeviceGetMarginTemperature": 570}  # nvml.h 12.8 (R570)
+ENTRY_FROM_DRIVER = {"nvmlDeviceGetMarginTemperature": 570,  # nvml.h 12.8 (R570)
+                     "nvmlDeviceGetClockOffsets": 555, "nvmlDeviceSetClockOffsets": 555}  # nvml.h 12.5 (R555)
 MARGIN_FROM_DRIVER = ENTRY_FROM_DRIVER["nvmlDeviceGetMarginTemperature"]
 
 
