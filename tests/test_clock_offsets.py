@@ -100,3 +100,17 @@ def test_a_loaded_gpu_runs_its_offset_faster(state_dir, monkeypatch) -> None:
     m.nvml.set_clock_offset(0, "memory", 400)
     after = m.nvml.fresh_sample(0).clocks_mhz
     assert after["sm"] == base["sm"] + 90 and after["memory"] == base["memory"] + 400
+
+
+def test_a_sample_reads_each_offset_in_one_call_and_the_range_once(state_dir) -> None:
+    """The offsets are slow fields (every 10 s, in the daemon's whole snapshots): one call a domain, with either
+    driver; the range is the GPU's static information, read once."""
+    m = fresh(SIM)
+    lib = m.simulation.library
+    m.nvml.fresh_sample(0)
+    ranges = lib.called["nvmlDeviceGetGpcClkMinMaxVfOffset"]
+    assert ranges == 1
+    for _ in range(3):
+        m.nvml.fresh_sample(0)
+    assert lib.called["nvmlDeviceGetGpcClkMinMaxVfOffset"] == ranges
+    assert lib.called["nvmlDeviceGetGpcClkVfOffset"] == 4 + 1  # a sample each, and the info's once

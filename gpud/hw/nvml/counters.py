@@ -83,8 +83,8 @@ class NvmlCounters(NvmlProcesses):
                   "applications_clocks": {k: get("nvmlDeviceGetApplicationsClock", CLOCK_TYPES[k])
                                           for k in ("graphics", "memory")},
                   "pcie_width": get("nvmlDeviceGetCurrPcieLinkWidth"),
-                  "clock_offsets": {d: o[0] for d in OFFSET_DOMAINS
-                                    if (o := self.clock_offset(index, h, d)) is not None},
+                  "clock_offsets": {d: o for d in OFFSET_DOMAINS
+                                    if (o := self.clock_offset_now(index, h, d)) is not None},
                   "nvlink_errors": self._nvlink_errors(index, h, info), "nvlinks": self._nvlinks(index, h),
                   "violations": self._violations(index, h), "nvlink_data": self._nvlink_data(index, h, info)}
         self._slow[index] = (now, fields)

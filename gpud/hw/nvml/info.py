@@ -128,7 +128,23 @@ class NvmlInfo(NvmlHandles):
         min, max) MHz; None where the GPU or the driver has none. ``nvmlDeviceGetClockOffsets`` through the C
         function (nvidia-ml-py's wrapper drops its return code: a Not Supported would read as 0 in 0..0),
         else the per-domain VF-offset calls of drivers before R555."""
+        got = self._clock_offsets_struct(index, h, domain)
+        if got is not None or "nvmlDeviceGetClockOffsets" not in self._gone:
+            return got
+        getter, span, _ = VF_OFFSET_CALLS[domain]
+        offset = self.get(getter, h, gpu=index)
+        lo_hi = self.get_out(span, h, outputs=2, gpu=index, signed=True)
+        return (int(offset), lo_hi[0], lo_hi[1]) if offset is not None and lo_hi is not None else None
 
+    def clock_offset_now(self, index: int, h: Any, domain: str) -> int | None:
+        """P0's offset in ``domain`` alone, in one call with either driver (the range is ``GpuInfo``'s)."""
+        got = self._clock_offsets_struct(index, h, domain)
+        if got is not None or "nvmlDeviceGetClockOffsets" not in self._gone:
+            return got[0] if got is not None else None
+        offset = self.get(VF_OFFSET_CALLS[domain][0], h, gpu=index)
+        return int(offset) if offset is not None else None
+
+    def _clock_offsets_struct(self, index: int, h: Any, domain: str) -> tuple[int, int, int] | None:
         def read() -> tuple[int, int, int]:
             out = ClockOffsetStruct(version=CLOCK_OFFSET_V1, type=OFFSET_DOMAINS[domain], pstate=PSTATE_0)
             fn = self._c_function("nvmlDeviceGetClockOffsets", index)
@@ -137,12 +153,7 @@ class NvmlInfo(NvmlHandles):
             return int(out.clockOffsetMHz), int(out.minClockOffsetMHz), int(out.maxClockOffsetMHz)
 
         got: tuple[int, int, int] | None = self._optional(("nvmlDeviceGetClockOffsets", index, (domain,)), read)
-        if got is not None or "nvmlDeviceGetClockOffsets" not in self._gone:
-            return got
-        getter, span, _ = VF_OFFSET_CALLS[domain]
-        offset = self.get(getter, h, gpu=index)
-        lo_hi = self.get_out(span, h, outputs=2, gpu=index, signed=True)
-        return (int(offset), lo_hi[0], lo_hi[1]) if offset is not None and lo_hi is not None else None
+        return got
 
     def supported_memory_clocks(self, index: int) -> tuple[int, ...] | None:
         """The memory clocks the GPU can run at, MHz, highest first (``nvmlDeviceGetSupportedMemoryClocks``;

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Callable
 
-from gpud.errors import NvmlError
+from gpud.errors import Unsupported
 from gpud.hw.nvml.constants import (
     CLOCK_OFFSET_V1,
     CLOCK_TYPES,
@@ -78,8 +78,8 @@ class NvmlSetters(NvmlReadings):
         with self._lock:
             try:
                 fn = self._c_function("nvmlDeviceSetClockOffsets", index)
-            except NvmlError:
-                fn = None  # a driver before R555: the per-domain call
+            except Unsupported:
+                fn = None  # a driver before R555 (FUNCTION_NOT_FOUND): the per-domain call
             if fn is not None:
                 arg = ClockOffsetStruct(version=CLOCK_OFFSET_V1, type=OFFSET_DOMAINS[domain], pstate=PSTATE_0,
                                         clockOffsetMHz=int(mhz))
@@ -87,8 +87,7 @@ class NvmlSetters(NvmlReadings):
                 self._c_check(fn(h, ctypes.byref(arg)), "nvmlDeviceSetClockOffsets", index)
             else:
                 self.call(VF_OFFSET_CALLS[domain][2], h, int(mhz), gpu=index)
-            got = self.clock_offset(index, h, domain)
-        return got[0] if got is not None else None
+            return self.clock_offset_now(index, h, domain)
 
     def set_persistence_mode(self, index: int, enabled: bool) -> bool:
         """``nvidia-smi -i N -pm 1|0``; returns the mode read back."""
