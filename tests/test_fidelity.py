@@ -1138,3 +1138,19 @@ def test_gpud_reads_a_mig_gpus_instances_memory_and_processes(tmp_path, monkeypa
     assert sorted((p.pid, p.gpu_instance_id) for p in s.processes or ()) == [(21180, 2), (21198, 2)]
     other = m.snapshot().samples[1]
     assert other.mig_mode is False and other.mig_instances is None
+
+
+def test_when_nvml_counts_the_gpus_anew_each_index_is_read_as_the_gpu_it_is_now(state_dir) -> None:
+    """A GPU taken off the bus while gpud runs leaves the enumeration (``off_bus``): NVML numbers the others
+    anew, so GPU 2 is index 1 now. Nothing cached under an index (handle, static information, slow fields)
+    may stand for another GPU: each index reads as the GPU NVML gives there, none is left out."""
+    m = open_machine("z8-fury-4x-a6000")
+    before = [s.uuid for s in m.snapshot().samples]
+    assert len(before) == 4 and len(set(before)) == 4
+    m.simulation.machine.inject("off_bus", gpu=1)
+    assert m.nvml.device_count() == 3  # the count a whole snapshot reads (every 5 s in the daemon)
+    after = m.snapshot().samples
+    assert [s.uuid for s in after] == [before[0], before[2], before[3]]
+    assert not any(s.lost for s in after)
+    info = m.info(1)
+    assert info is not None and info.uuid == before[2]

@@ -296,9 +296,25 @@ class NvmlHandles:
         return self._versions
 
     def device_count(self) -> int:
-        n = int(self.call("nvmlDeviceGetCount"))
-        self._count = (time.monotonic(), n)
-        return n
+        """NVML's GPU count. When it differs from the last one read, NVML has numbered the GPUs anew (a
+        driver reload, a GPU taken out of service or brought back): what is cached per index is forgotten."""
+        with self._lock:
+            n = int(self.call("nvmlDeviceGetCount"))
+            if self._count is not None and self._count[1] != n:
+                self._forget_gpus()
+            self._count = (time.monotonic(), n)
+            return n
+
+    def _forget_gpus(self) -> None:
+        """Drop every cache keyed by a GPU's index: index 1 may be another GPU now. What a function said it
+        does not support on a GPU is asked again too; the functions the driver lacks stay known."""
+        for cache in (self._handles, self._open_seconds, self._info, self._sli, self._slow, self._remotes,
+                      self._pcie_counts, self._pcie_sampled, self._procs, self._polled, self._sampled, self._util_seen,
+                      self._pairs):
+            cache.clear()
+        self._pcie_counter_ok.clear()
+        self._fields_retry.clear()
+        self._unsupported = {key for key in self._unsupported if key[1] is None}
 
     def recent_count(self, within_s: float) -> int:
         """NVML's GPU count as read within the last ``within_s`` seconds (the daemon's whole snapshots read it
