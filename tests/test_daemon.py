@@ -125,6 +125,29 @@ def test_apply_through_the_socket_switches_profile_without_restart(daemon: Runni
     assert r.returncode == 0 and json.loads(r.stdout)["profile"] == "quiet"
 
 
+def test_an_invalid_profile_through_the_socket_is_the_same_invalid_input_in_the_client(daemon: RunningDaemon,
+                                                                                     tmp_path: Path) -> None:
+    """The daemon sends an InvalidInput's file, key and reason apart, and the CLI raises the same one (exit 2): a
+    reason that holds ": " itself (a curve "not monotonic: …") is not cut there. A daemon older than its
+    client sends the message alone, which the client still takes apart."""
+    from gpud.cli.apply import _invalid
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[all.fan]\nmode = "curve"\npoints = [[40, 60], [30, 80]]\n')
+    reply = request(daemon.sock, "apply", profile=str(bad))
+    assert reply is not None and reply["ok"] is False
+    parts = reply["invalid"]
+    assert parts["file"] == str(bad) and parts["key"] == "all.fan.points[1]"
+    assert parts["reason"].startswith("not monotonic: temperatures must rise")
+    err = _invalid(reply)
+    assert (err.file, err.key, err.reason) == (parts["file"], parts["key"], parts["reason"])
+    assert str(err) == reply["error"]
+    old = _invalid({"ok": False, "error": reply["error"], "invalid": True})
+    assert str(old) == reply["error"] and old.file == str(bad)
+    r = run_gpud("apply", str(bad), env={"GPUD_SOCKET": daemon.sock, "GPUD_SIMULATE": "z8-fury-4x-a6000"})
+    assert r.returncode == 2 and "all.fan.points[1]: not monotonic" in r.stderr
+
+
 def test_drift_is_reapplied_and_counted(daemon: RunningDaemon) -> None:
     run_gpud("apply", "quiet", env={"GPUD_SOCKET": daemon.sock, "GPUD_SIMULATE": "z8-fury-4x-a6000"})
     before = daemon.value("gpud_profile_reapply_total") or 0

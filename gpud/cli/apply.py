@@ -11,6 +11,7 @@ import typer
 from gpud.cli import complete
 from gpud.cli.common import Json, Simulate, emit_document, local_host, machine, machine_host
 from gpud.cli.output import clean, echo_wrapped, plural, table, table_lines, wrap
+from gpud.errors import GpudError, InvalidInput
 
 Config = Annotated[str | None, typer.Option("--config", metavar="PATH",
                                             help="gpud.toml (its [daemon] socket is where the daemon listens)")]
@@ -53,7 +54,6 @@ def profile_show(name: Annotated[str, typer.Argument(help="Profile name or path.
                  json: Json = False,
                  simulate: Simulate = None) -> None:
     """A profile after inheritance; with --simulate (or on a GPU machine) resolved per GPU."""
-    from gpud.errors import GpudError
     from gpud.profiles.profile import load, resolve
 
     p = load(name)
@@ -145,7 +145,6 @@ class Target:
     def daemon(self, cmd: str, **args: Any) -> dict[str, Any] | None:
         """The running daemon's answer, or None when no daemon drives this machine (act directly)."""
         from gpud.daemon.control import request
-        from gpud.errors import InvalidInput
 
         ping = request(self.socket, "ping", timeout=10)
         if ping is None:
@@ -159,12 +158,21 @@ class Target:
             return None
         reply = request(self.socket, cmd, **args)
         if reply is not None and reply.get("invalid"):
-            file, _, rest = str(reply["error"]).partition(": ")
-            key, _, reason = rest.partition(": ")
-            raise InvalidInput(file, key if reason else "", reason or key)
+            raise _invalid(reply)
         if reply is not None:
             reply.setdefault("target", theirs or self.name)
         return reply
+
+
+def _invalid(reply: dict[str, Any]) -> InvalidInput:
+    """The daemon's InvalidInput as it raised it: its file, key and reason (a daemon older than the client
+    sends ``invalid: true`` and the message alone, taken apart at its first two ": ")."""
+    parts = reply["invalid"]
+    if isinstance(parts, dict) and all(isinstance(parts.get(k), str) for k in ("file", "key", "reason")):
+        return InvalidInput(parts["file"], parts["key"], parts["reason"])
+    file, _, rest = str(reply["error"]).partition(": ")
+    key, _, reason = rest.partition(": ")
+    return InvalidInput(file, key if reason else "", reason or key)
 
 
 # NVML's words for NVML_ERROR_NO_PERMISSION (nvmlErrorString), and EACCES's for a host file.
@@ -177,8 +185,6 @@ def _denied(text: Any) -> bool:
 
 def need_root(command: str, t: Target) -> Any:
     """The one line for a write refused for lack of privileges, with the two ways to have them."""
-    from gpud.errors import GpudError
-
     err = GpudError(f"{command} needs root: the first write was refused, nothing was changed")
     err.remedy = (f"run it with sudo, or start the gpud daemon (`sudo systemctl start gpud`) and let it act: "
                   f"members of the group {t.group!r} may use its socket {t.socket} "
@@ -188,7 +194,6 @@ def need_root(command: str, t: Target) -> Any:
 
 def tuning_lock(role: str) -> Any:
     """The machine-wide tuning lock, waited for a while (another job's apply), never for a daemon."""
-    from gpud.errors import GpudError
     from gpud.paths import LockBusy, TuningLock
 
     lock = TuningLock(role)
@@ -237,8 +242,6 @@ def apply(
     hand pauses the daemon's [[rules]] until `gpud restore` or `gpud apply --rules`.
     """
     import os
-
-    from gpud.errors import GpudError, InvalidInput
 
     t = Target(simulate, config)
     where = os.path.abspath(profile) if profile is not None and "/" in profile else profile

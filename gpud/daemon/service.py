@@ -518,7 +518,8 @@ class Daemon:
         except InvalidInput as err:
             if peer is not None and peer.uid != 0 and err.file and not peer.may_read(err.file):
                 return {"ok": False, "error": "refused: the profile's files are not readable by this user"}
-            return {"ok": False, "error": str(err), "invalid": True}
+            # the parts themselves: a reason may hold ": " too, and the client raises the same InvalidInput
+            return {"ok": False, "error": str(err), "invalid": {"file": err.file, "key": err.key, "reason": err.reason}}
         except GpudError as err:
             return {"ok": False, "error": str(err), "remedy": err.remedy}
         except KeyError as err:
