@@ -31,7 +31,7 @@ from gpud.hw.nvml.constants import (
     SLOW_EVERY_S,
 )
 from gpud.hw.nvml.processes import NvmlProcesses
-from gpud.hw.nvml.values import field_int, normalize_bus_id, violation_fields
+from gpud.hw.nvml.values import SlowFields, field_int, normalize_bus_id, violation_fields
 from gpud.model import (
     EccCounts,
     GpuInfo,
@@ -43,7 +43,7 @@ class NvmlCounters(NvmlProcesses):
     """The slow readings: ECC, retired pages, remapped rows, PCIe replays, violation counters, NVLink
     counters (field values)."""
 
-    def _slow_fields(self, index: int, h: Any, info: GpuInfo, now: float) -> dict[str, Any]:
+    def _slow_fields(self, index: int, h: Any, info: GpuInfo, now: float) -> SlowFields:
         """What changes only when someone sets it, or slowly: health counters (ECC, page retirement, row
         remapping, PCIe replays), modes, the management power limit, application clocks, fan policies
         the trained link width and the NVLink states. Read every SLOW_EVERY_S seconds, not every tick; gpud's
@@ -73,20 +73,20 @@ class NvmlCounters(NvmlProcesses):
                 aggregate_corrected=get("nvmlDeviceGetTotalEccErrors", ECC_CORRECTED, ECC_AGGREGATE),
                 aggregate_uncorrected=get("nvmlDeviceGetTotalEccErrors", ECC_UNCORRECTED, ECC_AGGREGATE),
             )
-        fields = {"ecc_mode": ecc_mode, "ecc": ecc, "sbe": get("nvmlDeviceGetRetiredPages", RETIRE_SBE),
-                  "dbe": get("nvmlDeviceGetRetiredPages", RETIRE_DBE),
-                  "retired_pending": get("nvmlDeviceGetRetiredPagesPendingStatus"),
-                  "remap": get("nvmlDeviceGetRemappedRows"), "replay": get("nvmlDeviceGetPcieReplayCounter"),
-                  "fan_policies": policies, "persistence": get("nvmlDeviceGetPersistenceMode"),
-                  "compute": get("nvmlDeviceGetComputeMode"), "mig": get("nvmlDeviceGetMigMode"),
-                  "management_limit": get("nvmlDeviceGetPowerManagementLimit"),
-                  "applications_clocks": {k: get("nvmlDeviceGetApplicationsClock", CLOCK_TYPES[k])
-                                          for k in ("graphics", "memory")},
-                  "pcie_width": get("nvmlDeviceGetCurrPcieLinkWidth"),
-                  "clock_offsets": {d: o for d in OFFSET_DOMAINS
-                                    if (o := self.clock_offset_now(index, h, d)) is not None},
-                  "nvlink_errors": self._nvlink_errors(index, h, info), "nvlinks": self._nvlinks(index, h),
-                  "violations": self._violations(index, h), "nvlink_data": self._nvlink_data(index, h, info)}
+        fields = SlowFields(  # in this order: the calls are made as the arguments are read
+            ecc_mode=ecc_mode, ecc=ecc, sbe=get("nvmlDeviceGetRetiredPages", RETIRE_SBE),
+            dbe=get("nvmlDeviceGetRetiredPages", RETIRE_DBE),
+            retired_pending=get("nvmlDeviceGetRetiredPagesPendingStatus"),
+            remap=get("nvmlDeviceGetRemappedRows"), replay=get("nvmlDeviceGetPcieReplayCounter"),
+            fan_policies=policies, persistence=get("nvmlDeviceGetPersistenceMode"),
+            compute=get("nvmlDeviceGetComputeMode"), mig=get("nvmlDeviceGetMigMode"),
+            management_limit=get("nvmlDeviceGetPowerManagementLimit"),
+            applications_clocks={k: get("nvmlDeviceGetApplicationsClock", CLOCK_TYPES[k])
+                                 for k in ("graphics", "memory")},
+            pcie_width=get("nvmlDeviceGetCurrPcieLinkWidth"),
+            clock_offsets={d: o for d in OFFSET_DOMAINS if (o := self.clock_offset_now(index, h, d)) is not None},
+            nvlink_errors=self._nvlink_errors(index, h, info), nvlinks=self._nvlinks(index, h),
+            violations=self._violations(index, h), nvlink_data=self._nvlink_data(index, h, info))
         self._slow[index] = (now, fields)
         return fields
 

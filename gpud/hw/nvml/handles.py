@@ -32,7 +32,7 @@ from gpud.hw.nvml.constants import (
     _UNUSABLE,
     CHANGING_SUPPORT,
 )
-from gpud.hw.nvml.values import _hashable, _text
+from gpud.hw.nvml.values import SlowFields, _hashable, _text
 from gpud.model import (
     GpuInfo,
     Versions,
@@ -128,7 +128,7 @@ class NvmlHandles:
         self._sli: dict[int, tuple[bool | None, ...]] = {}
         self._pairs: dict[tuple[int, int], tuple[str, str, str, str]] = {}
         self._versions: Versions | None = None
-        self._slow: dict[int, tuple[float, dict[str, Any]]] = {}
+        self._slow: dict[int, tuple[float, SlowFields]] = {}  # (when, fields) read every SLOW_EVERY_S
         self._remotes: dict[int, dict[int, tuple[str, bool | None]]] = {}
         self._pcie_counts: dict[int, tuple[float, int, int]] = {}  # cumulative byte counters, last tick
         self._pcie_sampled: dict[int, tuple[float, int, int]] = {}  # (when, TX B/s, RX B/s) off the tick

@@ -79,7 +79,7 @@ class NvmlReadings(NvmlPairs):
         fans: list[FanReading] = []
         if info.fan_count is not None:
             for fan in range(info.fan_count):
-                policy = slow["fan_policies"][fan]
+                policy = slow.fan_policies[fan]
                 fans.append(
                     FanReading(
                         fan=fan,
@@ -96,10 +96,9 @@ class NvmlReadings(NvmlPairs):
         used, total, reserved, free = self._memory(index, h)
         tx, rx = self._pcie_rates(index, h, now)
         events = self._clock_event_mask(get)
-        persistence, compute = slow["persistence"], slow["compute"]
+        persistence, compute = slow.persistence, slow.compute
         ecc_mode, ecc, sbe, dbe, retired_pending, remap, replay = (
-            slow["ecc_mode"], slow["ecc"], slow["sbe"], slow["dbe"], slow["retired_pending"], slow["remap"],
-            slow["replay"])
+            slow.ecc_mode, slow.ecc, slow.sbe, slow.dbe, slow.retired_pending, slow.remap, slow.replay)
         ecc_on = bool(ecc_mode[0]) if ecc_mode is not None else None
         procs = self._offtick_processes(index, now) if self.offtick else self._processes(index, h)
         processes = tuple(
@@ -108,7 +107,7 @@ class NvmlReadings(NvmlPairs):
                        gpu_instance_id=getattr(p, "gi", None), compute_instance_id=getattr(p, "ci", None))
             for p in procs
         ) if procs is not None else None
-        mig_on = bool(slow["mig"][0]) if slow["mig"] is not None else None
+        mig_on = bool(slow.mig[0]) if slow.mig is not None else None
         return GpuSample(
             index=index,
             uuid=info.uuid,
@@ -117,10 +116,10 @@ class NvmlReadings(NvmlPairs):
             fans=tuple(fans),
             power_watts=watts(get("nvmlDeviceGetPowerUsage")),
             power_limit_watts=watts(get("nvmlDeviceGetEnforcedPowerLimit")),
-            power_management_limit_watts=watts(slow["management_limit"]),
+            power_management_limit_watts=watts(slow.management_limit),
             energy_joules=watts(get("nvmlDeviceGetTotalEnergyConsumption")),
             clocks_mhz={k: get("nvmlDeviceGetClockInfo", v) for k, v in CLOCK_TYPES.items()},
-            applications_clocks_mhz=slow["applications_clocks"],
+            applications_clocks_mhz=slow.applications_clocks,
             utilization_gpu_percent=util.gpu if util is not None else None,
             utilization_memory_percent=util.memory if util is not None else None,
             memory_used_bytes=used,
@@ -128,7 +127,7 @@ class NvmlReadings(NvmlPairs):
             memory_reserved_bytes=reserved,
             memory_free_bytes=free,
             pcie_generation=get("nvmlDeviceGetCurrPcieLinkGeneration"),
-            pcie_width=slow["pcie_width"],
+            pcie_width=slow.pcie_width,
             pcie_tx_bytes_per_second=tx,
             pcie_rx_bytes_per_second=rx,
             pcie_replay_errors=replay,
@@ -148,11 +147,11 @@ class NvmlReadings(NvmlPairs):
             remapped_rows_uncorrectable=remap[1] if remap is not None else None,
             remapped_rows_pending=bool(remap[2]) if remap is not None else None,
             remapped_rows_failure=bool(remap[3]) if remap is not None else None,
-            nvlinks=slow["nvlinks"],
-            nvlink_errors=slow["nvlink_errors"],
-            clock_event_nanoseconds=slow["violations"],
-            nvlink_data_bytes=slow["nvlink_data"],
-            clock_offsets_mhz=slow["clock_offsets"],
+            nvlinks=slow.nvlinks,
+            nvlink_errors=slow.nvlink_errors,
+            clock_event_nanoseconds=slow.violations,
+            nvlink_data_bytes=slow.nvlink_data,
+            clock_offsets_mhz=slow.clock_offsets,
             processes=processes,
         )
 

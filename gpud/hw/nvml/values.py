@@ -3,9 +3,37 @@
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 from typing import Any
 
 from gpud.hw.nvml.constants import FI_THERMAL_VIOLATIONS, FI_VIOLATIONS
+from gpud.model import EccCounts, NvLinkInfo
+
+
+@dataclass(frozen=True)
+class SlowFields:
+    """A GPU's readings that change only when someone sets them, or slowly (``Nvml._slow_fields``, read every
+    ``SLOW_EVERY_S``), as NVML gave them: None where it could not."""
+
+    ecc_mode: Any  # (current, pending) of nvmlDeviceGetEccMode
+    ecc: EccCounts | None  # read only with ECC on
+    sbe: Any  # retired pages: single-bit, double-bit, pending
+    dbe: Any
+    retired_pending: Any
+    remap: Any  # (correctable, uncorrectable, pending, failure) of nvmlDeviceGetRemappedRows
+    replay: int | None  # PCIe replays
+    fan_policies: list[int | None]  # each fan's control policy
+    persistence: int | None
+    compute: int | None  # NVML's compute-mode code
+    mig: Any  # (current, pending) of nvmlDeviceGetMigMode
+    management_limit: int | None  # mW, as set
+    applications_clocks: dict[str, int | None]
+    pcie_width: int | None
+    nvlink_errors: tuple[tuple[int, str, int], ...] | None
+    nvlinks: tuple[NvLinkInfo, ...]
+    violations: dict[str, int] | None
+    nvlink_data: tuple[tuple[int, str, int], ...] | None
+    clock_offsets: dict[str, int]  # P0's, per domain that has them
 
 
 def normalize_bus_id(raw: str | bytes) -> str:
