@@ -138,3 +138,9 @@ def test_importing_the_cli_loads_neither_torch_nor_the_simulator() -> None:
     assert not any(m == "torch" or m.startswith("torch.") for m in modules)
     assert not any(m == "gpud.sim" or m.startswith("gpud.sim.") for m in modules)
     assert "pynvml" not in modules  # the bindings load when a command needs them
+
+
+def test_a_misspelt_command_is_named_with_the_nearest_ones() -> None:
+    """The commands are built only when one runs (``gpud.cli.Commands``); a misspelt one still gets typer's hint."""
+    r = run_gpud("staus")
+    assert r.returncode == 2 and "No such command 'staus'. Did you mean 'status'?" in r.stderr

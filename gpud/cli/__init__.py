@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import sys
 import traceback
@@ -62,6 +63,18 @@ class Commands(TyperGroup):
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
         module = COMMANDS.get(cmd_name)
         return _commands_of(module).get_command(ctx, cmd_name) if module is not None else None
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        """As typer's, with its "Did you mean" for a misspelt command (typer looks in the commands built)."""
+        try:
+            return super().resolve_command(ctx, args)
+        except Exception as err:  # click's UsageError (vendored by typer 0.26 on, click's own before)
+            message = getattr(err, "message", None)
+            if isinstance(message, str) and args and "Did you mean" not in message:
+                if matches := difflib.get_close_matches(args[0], list(COMMANDS)):
+                    usage: Any = err
+                    usage.message = f"{message.rstrip('.')}. Did you mean {', '.join(repr(m) for m in matches)}?"
+            raise
 
 
 app = typer.Typer(
