@@ -147,9 +147,10 @@ class NvmlInfo(NvmlHandles):
     def _clock_offsets_struct(self, index: int, h: Any, domain: str) -> tuple[int, int, int] | None:
         def read() -> tuple[int, int, int]:
             out = ClockOffsetStruct(version=CLOCK_OFFSET_V1, type=OFFSET_DOMAINS[domain], pstate=PSTATE_0)
-            fn = self._c_function("nvmlDeviceGetClockOffsets", index)
-            self.calls += 1
-            self._c_check(fn(h, ctypes.byref(out)), "nvmlDeviceGetClockOffsets", index)
+            with self._lock:  # as ``call``: one call at a time through gpud, counted
+                fn = self._c_function("nvmlDeviceGetClockOffsets", index)
+                self.calls += 1
+                self._c_check(fn(h, ctypes.byref(out)), "nvmlDeviceGetClockOffsets", index)
             return int(out.clockOffsetMHz), int(out.minClockOffsetMHz), int(out.maxClockOffsetMHz)
 
         got: tuple[int, int, int] | None = self._optional(("nvmlDeviceGetClockOffsets", index, (domain,)), read)

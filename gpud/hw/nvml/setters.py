@@ -28,11 +28,12 @@ class NvmlSetters(NvmlReadings):
     def _set(self, index: int, setter: str, args: tuple[Any, ...], getter: str | None = None,
              getter_args: tuple[Any, ...] = (), convert: Callable[[Any], T] | None = None) -> Any:
         h = self.handle(index)
-        self._slow.pop(index, None)
-        self.call(setter, h, *args, gpu=index)
-        if getter is None:
-            return None
-        value = self.call(getter, h, *getter_args, gpu=index)
+        with self._lock:  # a tick's sample holds it whole: the slow fields it caches are from before the write
+            self.call(setter, h, *args, gpu=index)
+            self._slow.pop(index, None)
+            if getter is None:
+                return None
+            value = self.call(getter, h, *getter_args, gpu=index)
         return convert(value) if convert is not None else value
 
     def set_power_limit(self, index: int, watts: float) -> float:
@@ -74,7 +75,6 @@ class NvmlSetters(NvmlReadings):
         (the driver rounds to the step its hardware takes). ``nvmlDeviceSetClockOffsets`` where the driver
         has it (R555 on), else ``nvmlDeviceSetGpcClkVfOffset`` / ``nvmlDeviceSetMemClkVfOffset``."""
         h = self.handle(index)
-        self._slow.pop(index, None)
         with self._lock:
             try:
                 fn = self._c_function("nvmlDeviceSetClockOffsets", index)
@@ -87,6 +87,7 @@ class NvmlSetters(NvmlReadings):
                 self._c_check(fn(h, ctypes.byref(arg)), "nvmlDeviceSetClockOffsets", index)
             else:
                 self.call(VF_OFFSET_CALLS[domain][2], h, int(mhz), gpu=index)
+            self._slow.pop(index, None)
             return self.clock_offset_now(index, h, domain)
 
     def set_persistence_mode(self, index: int, enabled: bool) -> bool:
@@ -114,10 +115,11 @@ class NvmlSetters(NvmlReadings):
     def set_fan_auto(self, index: int, fan: int) -> str:
         """Hand the fan back to the driver's automatic policy; returns the policy read back."""
         h = self.handle(index)
-        self._slow.pop(index, None)
-        self.call("nvmlDeviceSetDefaultFanSpeed_v2", h, fan, gpu=index)
-        out = self.get_out("nvmlDeviceGetFanControlPolicy_v2", h, fan, gpu=index)
-        if out is not None and out[0] != FAN_POLICY_AUTO:
-            self.call("nvmlDeviceSetFanControlPolicy", h, fan, FAN_POLICY_AUTO, gpu=index)
+        with self._lock:  # as ``_set``: the slow fields dropped after the write, not before
+            self.call("nvmlDeviceSetDefaultFanSpeed_v2", h, fan, gpu=index)
             out = self.get_out("nvmlDeviceGetFanControlPolicy_v2", h, fan, gpu=index)
+            if out is not None and out[0] != FAN_POLICY_AUTO:
+                self.call("nvmlDeviceSetFanControlPolicy", h, fan, FAN_POLICY_AUTO, gpu=index)
+                out = self.get_out("nvmlDeviceGetFanControlPolicy_v2", h, fan, gpu=index)
+            self._slow.pop(index, None)
         return FAN_POLICY.get(out[0], "auto") if out is not None else "auto"
