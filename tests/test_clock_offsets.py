@@ -114,3 +114,30 @@ def test_a_sample_reads_each_offset_in_one_call_and_the_range_once(state_dir) ->
         m.nvml.fresh_sample(0)
     assert lib.called["nvmlDeviceGetGpcClkMinMaxVfOffset"] == ranges
     assert lib.called["nvmlDeviceGetGpcClkVfOffset"] == 4 + 1  # a sample each, and the info's once
+
+
+def test_an_offset_the_driver_snaps_is_applied_and_verifies(capsys, state_dir, tmp_path) -> None:
+    """The driver rounds a memory offset to its hardware's step (465 MHz reads back 464, LACT issue #1202): the
+    apply is not rolled back for it and verify reports no drift."""
+    path = write_profile(tmp_path, {"all": {"memory_clock_offset": 465}}, "odd.toml")
+    code, _, err = cli(capsys, "apply", str(path), "--simulate", SIM)
+    assert code == 0, err
+    assert [o["memory"] for o in _offsets(SIM)] == [464] * 4
+    code, out, _ = cli(capsys, "verify", "--simulate", SIM, "--json")
+    assert code == 0 and json.loads(out)["drift"] == 0
+
+
+def test_a_reset_offset_is_written_without_persistence_mode(capsys, state_dir, tmp_path) -> None:
+    """No offset is the driver's default, which it never forgets: "reset" is written on a GPU without persistence
+    mode (a non-zero offset is skipped there, with the remedy)."""
+    m = fresh(SIM)
+    m.nvml.set_clock_offset(0, "graphics", 80)
+    m.nvml.set_persistence_mode(0, False)
+    path = write_profile(tmp_path, {"all": {"gpu_clock_offset": "reset"}}, "reset.toml")
+    code, out, err = cli(capsys, "apply", str(path), "--simulate", SIM, "--dry-run", "--json")
+    plan = {(c["gpu"], c["setting"]): c for c in json.loads(out)["plan"]}
+    assert code == 0 and plan[(0, "gpu_clock_offset")]["action"] == "change", plan[(0, "gpu_clock_offset")]
+    up = write_profile(tmp_path, {"all": {"gpu_clock_offset": 100}}, "up.toml")
+    code, out, err = cli(capsys, "apply", str(up), "--simulate", SIM, "--dry-run", "--json")
+    plan = {(c["gpu"], c["setting"]): c for c in json.loads(out)["plan"]}
+    assert plan[(0, "gpu_clock_offset")]["action"] == "skip" and "persistence" in plan[(0, "gpu_clock_offset")]["note"]

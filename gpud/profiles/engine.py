@@ -165,7 +165,7 @@ def plan(machine: Machine, profile: Profile, daemon: bool = False, snap: Snapsho
             value = want[setting.key]
             p = setting.plan(g, s, value, tuned.get(s.index, {}).get(setting.key), daemon)
             action, note = p.action, p.note
-            if (action == "set" and setting.needs_persistence and not persistent and value != RESET):
+            if action == "set" and setting.forgotten(value) and not persistent:
                 action, note = "skip", ("persistence mode is off: the driver would forget it when the last NVML "
                                         f"client exits; {PERSISTENCE_REMEDY}, or set persistence_mode = true in "
                                         "the profile")

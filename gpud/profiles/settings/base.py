@@ -108,6 +108,11 @@ class Setting:
     def same(self, current: Any, desired: Any) -> bool:
         return bool(current == desired)
 
+    def forgotten(self, value: Any) -> bool:
+        """Whether the driver would forget ``value`` when the last NVML client exits without persistence mode
+        (a reset to the driver's default is never forgotten)."""
+        return self.needs_persistence and value != RESET
+
     def read_back_ok(self, wanted: Any, got: Any) -> bool:
         return got is None or not self.verifiable or self.same(got, wanted)
 

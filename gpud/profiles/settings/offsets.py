@@ -13,6 +13,9 @@ from gpud.model import GpuInfo, GpuSample
 from gpud.profiles.settings.base import RESET, UNSUPPORTED, Setting
 
 MAX_MHZ = 10_000  # no offset a driver reports comes near this: a larger value is a typo (kHz), not a setting
+# The driver snaps an offset to the step its hardware takes: a memory offset of 465 MHz reads back 464 (LACT
+# issue #1202). What it read back within this of what was asked is what was asked.
+STEP_MHZ = 1
 
 
 class ClockOffset(Setting):
@@ -45,6 +48,12 @@ class ClockOffset(Setting):
 
     def stored(self, value: Any) -> bool:
         return isinstance(value, int) and not isinstance(value, bool) and -MAX_MHZ <= value <= MAX_MHZ
+
+    def same(self, current: Any, desired: Any) -> bool:
+        return isinstance(current, int) and isinstance(desired, int) and abs(current - desired) <= STEP_MHZ
+
+    def forgotten(self, value: Any) -> bool:
+        return value not in (RESET, 0)  # no offset is the driver's default: nothing to forget
 
     def shown(self, value: Any) -> str:
         return f"{value:+d} MHz" if isinstance(value, int) and not isinstance(value, bool) else super().shown(value)

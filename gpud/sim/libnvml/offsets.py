@@ -6,7 +6,8 @@ The range is what NVML reports on a GeForce-class board, −1000..+1000 MHz for 
 (LACT issue #918's dump of ``nvmlDeviceGetClockOffsets``); the memory range is taken as −1000..+3000 MHz
 (a +3000 MHz memory offset applied through NVML on an RTX 4090, LACT issues #418 and #1001). Offsets exist
 from Maxwell on ("Maxwell or newer fully supported devices", nvml.h). The driver keeps them while the GPU
-stays initialised: persistence mode off, the last client leaving drops them (``SimMachine``). Under load an
+stays initialised: persistence mode off, the last client leaving drops them (``SimMachine``). It snaps a
+memory offset to an even figure, down (a GTX 1650 Ti's 465 MHz read back 464: LACT issue #1202). Under load an
 offset moves the clock the GPU runs at by as much (``gpud.sim.physics``).
 """
 
@@ -41,7 +42,8 @@ def _write(lib: SimLibrary, i: int, domain: str, mhz: int) -> None:
     if not lo <= mhz <= hi:
         fail(INVALID_ARGUMENT)
     lib.sim.step()
-    lib.settings(i)["clock_offsets"][domain] = int(mhz)
+    # the memory offset snapped to an even figure, down: 465 reads back 464 (LACT issue #1202)
+    lib.settings(i)["clock_offsets"][domain] = int(mhz) - int(mhz) % 2 if domain == "memory" else int(mhz)
 
 
 def _struct(out: Any) -> Any:
