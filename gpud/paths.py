@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
+import secrets
+import socket
 import stat
+import time
 from pathlib import Path
+
+from gpud.errors import GpudError, InvalidInput
 
 CONFIG_DIR = Path("/etc/gpud")
 DEFAULT_SOCKET = "/run/gpud/gpud.sock"
@@ -18,7 +25,6 @@ def control_socket(configured: str | None = None) -> Path:
 
 def daemon_running(configured: str | None = None) -> bool:
     """Whether a gpud daemon answers on its control socket."""
-    import socket
 
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(0.2)
@@ -76,7 +82,6 @@ def atomic_write(path: Path, data: str, durable: bool = True) -> None:
     the rename replaces a symbolic link at ``path`` itself, never the file it points to. ``durable=False``
     skips both fsyncs: the rename alone keeps readers from a half file, and nothing is promised across a
     power loss (the simulator's hardware state, which its processes share and a reboot need not keep)."""
-    import secrets
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
@@ -111,7 +116,6 @@ def check_output(path: Path, option: str, suffixes: tuple[str, ...] = (), want: 
     nothing written): its directory must exist and be writable, the path must not be a directory, not
     under /proc or /sys, and as root not a symbolic link (root never writes through one a user planted).
     ``suffixes``: the endings allowed (``want`` says what is wanted, for the error)."""
-    from gpud.errors import InvalidInput
 
     def refuse(reason: str) -> InvalidInput:
         return InvalidInput(option, "", f"{path}: {reason}")
@@ -189,9 +193,7 @@ def open_trusted(path: str | Path, what: str, file: str | None = None, key: str 
     InvalidInput (``file``/``key``: where the path came from, for the error) when it is refused;
     OSError (FileNotFoundError …) when it cannot be opened at all.
     """
-    import errno
 
-    from gpud.errors import InvalidInput
 
     shown = file or str(path)
     if os.geteuid() != 0:
@@ -274,7 +276,6 @@ def read_trusted(path: str | Path, what: str, limit: int = MAX_INPUT, shown: str
     """A whole file that steers gpud (profile, configuration, web configuration, TLS file), opened and
     checked once (``open_trusted``) and read from that descriptor; refused (InvalidInput) when larger
     than ``limit`` bytes — never read whole first."""
-    from gpud.errors import InvalidInput
 
     file = shown or str(path)
     try:
@@ -297,7 +298,6 @@ def read_limited(path: str | Path, limit: int = MAX_INPUT, shown: str | None = N
     """A whole input file, refused (InvalidInput) when larger than ``limit`` bytes — never read whole first.
     ``too_large`` replaces the refusal's reason (an importer of another tool's output says whose).
     For files that only describe (a simulated machine, a dump); files that steer gpud: ``read_trusted``."""
-    from gpud.errors import InvalidInput
 
     file = shown or str(path)
     try:
@@ -348,8 +348,6 @@ class TuningLock:
         return state_dir() / "tuning.lock"
 
     def acquire(self, wait: float = 0.0) -> None:
-        import fcntl
-        import time
 
         p = self.path()
         try:
@@ -362,7 +360,6 @@ class TuningLock:
             try:
                 fd = os.open(p.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             except OSError as err:
-                from gpud.errors import GpudError
 
                 e = GpudError(f"cannot use the state directory {p.parent}: {err.strerror}")
                 e.remedy = "create it (root: /var/lib/gpud), or choose another with GPUD_STATE_DIR"

@@ -20,8 +20,18 @@ from gpud.burnin.progress import ProgressLog
 from gpud.burnin.result import Result, Verdict
 from gpud.burnin.telemetry import Check, Series, point
 from gpud.config import Config
+from gpud.doctor import diagnose
+from gpud.doctor.xid import unreadable_summary
+from gpud.errors import GpudError
+from gpud.hw.host import KernelLogUnreadable
 from gpud.hw.machine import Machine
 from gpud.model import Snapshot
+from gpud.probe.diagnose import BUS_WARN
+from gpud.probe.errors import ProbeError
+from gpud.probe.monitor import cpu_affinity
+from gpud.probe.runner import run_probe
+from gpud.probe.stress_run import Children, gpu_env, run_children
+from gpud.profiles import state as tuning_state
 
 Progress = Callable[[str, float], None]  # what runs now, seconds of the GPUs' time left (estimated)
 
@@ -59,7 +69,6 @@ class Bench(Protocol):
 
 def _workload(machine: Machine, bench: Bench, snap: Snapshot, gpus: list[int], device: str,
               seconds: float) -> dict[int, dict[str, Any]]:
-    from gpud.probe.stress_run import run_children
 
     return run_children(_specs(machine, bench, snap, gpus, device, ["gemm", "device_bandwidth", "host_bandwidth"],
                                {"seconds": seconds}), 300.0)
@@ -69,8 +78,6 @@ def _specs(machine: Machine, bench: Bench, snap: Snapshot, gpus: list[int], devi
            extra: dict[str, Any]) -> list[dict[str, Any]]:
     """The children's specs: on ``cuda`` one a GPU (its CPUs on the GPU's NUMA node, only its GPU visible, the
     memory test over a share of its free memory), on the CPU one for every stand-in."""
-    from gpud.probe.monitor import cpu_affinity
-    from gpud.probe.stress_run import gpu_env
 
     size = SIZES[device]
     faults = {str(g): f for g in gpus for f in [bench.device_faults(g)] if f}
@@ -91,9 +98,6 @@ def _specs(machine: Machine, bench: Bench, snap: Snapshot, gpus: list[int], devi
 def _probe(machine: Machine, gpus: list[int], allow_busy: bool) -> list[Verdict]:
     """The probe's P2P and all-reduce on the GPUs, judged against what each path should carry
     (gpud.probe.diagnose and its expected bandwidths, docs/probe.md)."""
-    from gpud.probe.diagnose import BUS_WARN
-    from gpud.probe.errors import ProbeError
-    from gpud.probe.runner import run_probe
 
     source = "the probe's expected bandwidth for the path (gpud.probe.expect, docs/probe.md)"
     saved = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -148,11 +152,9 @@ def _health(machine: Machine, gpus: list[int], at: float) -> dict[str, Any]:
         out["remapped"][g] = None if rows == (None, None) else (*rows, s.remapped_rows_pending,
                                                                  s.remapped_rows_failure)
     try:
-        from gpud.hw.host import KernelLogUnreadable
 
         xids = machine.host.read_xids()
         if isinstance(xids, KernelLogUnreadable):
-            from gpud.doctor.xid import unreadable_summary
 
             out["xids_unread"] = unreadable_summary(xids.tried, os.geteuid() == 0)  # (summary, what gpud needs)
         else:
@@ -194,7 +196,6 @@ def run_burnin(machine: Machine, bench: Bench, config: Config, *, level: Level, 
 
     # 1. Doctor's checks, and GPUs other work is using.
     say("doctor's checks", _total(plan))
-    from gpud.doctor import diagnose
 
     report = diagnose(machine, config, snapshot=snap)
     for c in report.checks:
@@ -299,7 +300,6 @@ def run_burnin(machine: Machine, bench: Bench, config: Config, *, level: Level, 
     def memtest(seconds: float, fade_s: float) -> None:
         """The memory test in children while telemetry is read each second (its own phase); on a simulated
         workstation its time is simulated and the stand-in runs one pass (``Bench.memtest_wall``)."""
-        from gpud.probe.stress_run import Children
 
         wall, fade = bench.memtest_wall(seconds, fade_s)
         kids = Children(_specs(machine, bench, snap, chosen, device, ["memtest"],
@@ -363,8 +363,6 @@ def run_burnin(machine: Machine, bench: Bench, config: Config, *, level: Level, 
 def _applied_curves() -> dict[int, dict[str, Any]]:
     """The fan curves of the applied profile (the tuning state); none where no profile is applied or its
     state cannot be read (``gpud verify`` reports that)."""
-    from gpud.errors import GpudError
-    from gpud.profiles import state as tuning_state
 
     try:
         desired = tuning_state.profile_settings(tuning_state.load())
