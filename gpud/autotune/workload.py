@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
+import re
 import shlex
+import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +24,7 @@ from typing import Any, Protocol
 
 from gpud.child import environment
 from gpud.errors import GpudError, InvalidInput
+from gpud.probe.training import TrainingFailed, TrainingJob
 
 # The labels of ``figures``, as the output and docs/tune.md say them.
 FIGURES = {"gpu": "measured on the GPUs",
@@ -102,7 +107,6 @@ class RunAs:
     the invoking user with their own groups; else gpud's own user. ``clean`` when gpud is root."""
 
     def __init__(self, environ: dict[str, str] | None = None) -> None:
-        import pwd
 
         env = dict(os.environ if environ is None else environ)
         self.clean = os.geteuid() == 0
@@ -204,8 +208,6 @@ class Command:
         GPUs, would run into the next trial and past the restore), at the timeout, and when gpud is
         interrupted. Its standard error goes to a file, not a pipe: a child left behind that holds a pipe
         open would keep a read of it waiting."""
-        import signal
-        import tempfile
 
         with tempfile.TemporaryFile() as err:
             proc = self.run_as.popen(self.argv, self.run_as.env(self._env), err)
@@ -300,7 +302,6 @@ class Training:
         self.gpus: list[int] = []
 
     def start(self, gpus: list[int]) -> None:
-        from gpud.probe.training import TrainingFailed, TrainingJob
 
         self.gpus = list(gpus)
         self.job = TrainingJob(self.pace.device, len(gpus), [self.uuids[g] for g in gpus if g in self.uuids],
@@ -314,7 +315,6 @@ class Training:
 
     def counter(self) -> tuple[float, float]:
         """(samples done, when the last of them ended) now; waits for the job's first step (at most 60 s)."""
-        from gpud.probe.training import TrainingFailed
 
         try:
             for _ in range(60):
@@ -369,7 +369,6 @@ class RateCommand:
 
     def __init__(self, command: str, figures: str, uuids: dict[int, str], pattern: str,
                  timeout_s: float = 3600.0) -> None:
-        import re
 
         try:
             self.argv = shlex.split(command)
@@ -457,7 +456,6 @@ class RateCommand:
                     f(time.monotonic())
 
     def stop(self) -> None:
-        import signal
 
         if self.proc is not None:
             with contextlib.suppress(OSError):

@@ -21,6 +21,7 @@ from typing import IO, Any
 
 from gpud.burnin.result import Result, Verdict
 from gpud.burnin.telemetry import Check, Point, Series
+from gpud.journal import Journal
 
 # The verdicts so far: every 10 minutes of the GPUs' time, or 48 times in a longer run (a 24-hour soak every
 # 30 minutes: judging the whole run so far costs as much as its length).
@@ -106,7 +107,6 @@ def _journal(res: Result, verdicts: list[Verdict], seconds: float) -> None:
     so_far = f"failing (GPU {', '.join(map(str, failed))}: {', '.join(tests)})" if tests else "nothing failed yet"
     summary = f"burn-in {res.level}: {seconds / 3600:.1f} h so far, {so_far}"
     try:
-        from gpud.journal import Journal
 
         j = Journal()
         try:

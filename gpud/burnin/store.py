@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gpud.burnin.result import Result
+from gpud.journal import Journal
 from gpud.model import CheckResult, Status
 from gpud.paths import atomic_write, burnin_path
 
@@ -34,7 +35,6 @@ def record(res: Result, doc: dict[str, Any]) -> None:
     if unjudged:  # unknown is not pass: the journal says what was not judged
         summary += f"; {len(unjudged)} test(s) not judged"
     try:
-        from gpud.journal import Journal
 
         j = Journal()
         try:

@@ -24,6 +24,7 @@ from gpud.daemon.peer import Peer, peer_credentials, peer_groups
 from gpud.daemon.requests import REQUESTS
 from gpud.daemon.wake import Wakeable
 from gpud.errors import GpudError
+from gpud.paths import depth
 
 log = logging.getLogger("gpud.control")
 MAX_REQUEST = 64 * 1024
@@ -68,7 +69,6 @@ MAX_DEPTH = 4
 
 def check_request(request: Any) -> str | None:
     """None when ``request`` has a shape the daemon serves, else why not (without echoing it)."""
-    from gpud.paths import depth
 
     if not isinstance(request, dict):
         return "a request is a JSON object"

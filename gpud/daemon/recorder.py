@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from gpud.journal import Journal
+from gpud.journal import events as read_events
 from gpud.model import CheckResult, GpuInfo, Snapshot, XidEvent
 from gpud.probe.report import ProbeReport
 from gpud.usage import THROTTLE_REASONS
@@ -46,7 +47,6 @@ class Recorder:
                      data={"previous_boot_id": last}, key=f"reboot:{self.boot_id}")
         if self.boot_id:
             j.set_meta("boot_id", self.boot_id)
-            from gpud.journal import events as read_events
 
             try:  # a daemon restarted within the same boot keeps counting the Xids it saw
                 for e in read_events(j.path, kinds=("xid",)):

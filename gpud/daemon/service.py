@@ -31,7 +31,7 @@ from gpud.daemon.status import Report
 from gpud.daemon.systemd import notify, watchdog_seconds
 from gpud.daemon.tick import Pace, Ticker, TuningFacts
 from gpud.daemon.wake import Stop
-from gpud.doctor import configcheck
+from gpud.doctor import configcheck, health
 from gpud.errors import GpudError, InvalidInput
 from gpud.exporter import Counters, Observation
 from gpud.hw.machine import Machine
@@ -40,6 +40,7 @@ from gpud.model import Snapshot
 from gpud.observe import Drift
 from gpud.paths import LockBusy, TuningLock, control_socket
 from gpud.profiles import engine
+from gpud.profiles import state as st
 from gpud.profiles.enforce import DriftMetric, Enforcer
 from gpud.profiles.fanloop import FanControl
 from gpud.profiles.profile import Profile, load
@@ -466,7 +467,6 @@ class Daemon:
     def _restore_gpus(self, gpus: list[int], peer: Peer | None) -> dict[str, Any]:
         """A Slurm job's GPUs put back (``gpud doctor --epilog``): the others keep their profile, enforced and
         with their fan curves, as the state file still holds it; the rules go on as they were."""
-        from gpud.profiles import state as st
 
         with self.tuning_lock:
             done, failed = engine.restore(self.machine, gpus=gpus)
@@ -484,7 +484,6 @@ class Daemon:
     # -- requests ------------------------------------------------------------------------
     def set_healthy(self, gpu: str, reason: str, peer: Peer | None = None) -> dict[str, Any]:
         """``gpud health set-healthy``: the journal's entry (who: the peer; why), then the states again."""
-        from gpud.doctor import health
 
         text = health.check_reason(reason)
         snap = self.snapshot

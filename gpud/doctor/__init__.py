@@ -6,6 +6,7 @@ remedy a person can act on. All checks read one snapshot and the host's files on
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -86,7 +87,6 @@ def diagnose(machine: Machine, config: Config, *, only: list[str] | None = None,
 def _once(results: list[CheckResult], probed: list[CheckResult]) -> list[CheckResult]:
     """``--probe`` re-checks ``pcie.link_gen`` under load: its verdict replaces the idle one for the same
     GPU, so each check is listed once; when the probe saw no load, the idle verdict stays and says so."""
-    import dataclasses
 
     again = {r.gpu for r in probed if r.id == "pcie.link_gen" and r.gpu is not None}
     no_load = any(r.id == "pcie.link_gen" and r.gpu is None and r.status == "skip" for r in probed)

@@ -4,6 +4,7 @@ events, temperature, fans (``gpud.doctor.fans``), PCIe replays, processes."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -171,7 +172,6 @@ def xid(ctx: Context, r: Reporter) -> Iterator[CheckResult]:
 
 def _clock(boot: float | None, since_boot: float | None) -> str:
     """A kernel-log time as a clock time (local), as ``dmesg -T`` shows it; seconds after boot without btime."""
-    import time
 
     if since_boot is None:
         return "an unknown time"

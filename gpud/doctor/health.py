@@ -33,6 +33,7 @@ journal (earlier boots' Xids, lost GPUs, reboots and set-healthy entries).
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from gpud.config import Config, HealthSection
 from gpud.doctor.xid import KIND, QUIET, XIDS, Bucket, describe, unreadable_summary
-from gpud.errors import GpudError, LibraryNotFound
+from gpud.errors import GpudError, InvalidInput, LibraryNotFound
 from gpud.model import CheckResult, Snapshot, XidEvent
 
 if TYPE_CHECKING:
@@ -380,7 +381,6 @@ def ascii_line(text: str) -> str:
 
 
 def _xids_of(h: Health) -> list[int]:
-    import re
 
     return [int(n) for n in re.findall(r"Xid (\d+)", h.reason)] if h.component == "xid" else []
 
@@ -455,7 +455,7 @@ HISTORY_KINDS = ("xid", "gpu_lost", "set_healthy")
 
 def journal_history(path: Path | None = None) -> list[Event]:
     """What the health states read of the journal; nothing without one (no daemon ever ran)."""
-    from gpud import journal
+    from gpud import journal  # here: sqlite3 is 5-8 ms of every `gpud status`, which imports this module
 
     try:
         return journal.events(path, kinds=HISTORY_KINDS)
@@ -464,7 +464,7 @@ def journal_history(path: Path | None = None) -> list[Event]:
 
 
 def journal_version() -> tuple[int, ...] | None:
-    from gpud import journal
+    from gpud import journal  # as in journal_history
 
     return journal.version()
 
@@ -492,7 +492,6 @@ MAX_REASON = 500
 
 def check_reason(reason: str) -> str:
     """A set-healthy reason: one line of text, 1..500 characters (``InvalidInput`` otherwise)."""
-    from gpud.errors import InvalidInput
 
     text = reason.strip()
     if not text:

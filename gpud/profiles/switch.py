@@ -18,6 +18,7 @@ from gpud.errors import GpudError
 from gpud.hw.machine import Machine
 from gpud.model import Snapshot
 from gpud.profiles import engine
+from gpud.profiles import state as st
 from gpud.profiles.engine import ORDER, Change, Desired, Outcome
 from gpud.profiles.profile import Profile
 from gpud.profiles.settings import BY_KEY, UNSUPPORTED
@@ -80,7 +81,6 @@ def switch(machine: Machine, base: Profile | None, targets: Mapping[int, Profile
 def drop_if_empty(machine: Machine) -> None:
     """After every GPU went back to no profile (none configured): nothing is applied, the record goes
     (the originals were written back by the switch)."""
-    from gpud.profiles import state as st
 
     data = engine.read_state(machine)
     if data is not None and not data.profile and not data.gpu_desired() and not data.desired.get("host") \
