@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
+from gpud import journal
 from gpud.cli import complete
 from gpud.cli.common import GpuIds, Json, Simulate, emit_document, gpu_ids, local_host
 from gpud.cli.output import clean, cut, echo_wrapped, table
@@ -52,7 +53,6 @@ def _warn(problems: list[str]) -> None:
 def dossier(which: str, problems: list[str] | None = None) -> dict[str, Any]:
     """Everything the journal knows about one GPU (index, UUID or serial): identity, Xids (with the
     raw kernel lines), ECC and row-remap history, lost/back, probe results, repeats across boots."""
-    from gpud import journal
 
     known = journal.gpus()
     match = [g for g in known if which in (str(g["gpu"]), g["uuid"], g["serial"])]
@@ -90,7 +90,6 @@ def events(
     changes, probe results, reboots — from the health journal the daemon keeps, across reboots.
     With --simulate: the journal a daemon over that simulated workstation keeps (in the same state
     directory: GPUD_STATE_DIR)."""
-    from gpud import journal
 
     problems: list[str] = []
     if since is not None:

@@ -7,17 +7,17 @@ from typing import Annotated
 
 import typer
 
+from gpud import config as cfg
 from gpud.cli.common import Simulate, machine
+from gpud.exporter import exposition
+from gpud.observe import observe
+from gpud.paths import daemon_running
 
 
 def metrics(simulate: Simulate = None,
             config: Annotated[str | None, typer.Option("--config", metavar="PATH", help="gpud.toml")] = None
             ) -> None:
     """Print the metrics the daemon exports (telemetry, checks, tuning, probe) once."""
-    from gpud import config as cfg
-    from gpud.exporter import exposition
-    from gpud.observe import observe
-    from gpud.paths import daemon_running
 
     conf = cfg.load(config)
     m = machine(simulate)

@@ -10,10 +10,14 @@ from typing import Annotated, Any
 import typer
 
 from gpud import __version__
+from gpud import config as cfg
 from gpud.cli.common import GpuIds, Json, Simulate, gpu_ids, gpus_of, host, machine, narrow
 from gpud.cli.output import clean, clear_screen, colour, emit_json, fmt, is_tty, plural, table, visible_len, width, wrap
+from gpud.doctor import diagnose
 from gpud.hw.machine import Machine
 from gpud.model import CheckResult, GpuInfo, GpuSample, Snapshot, document, sample_json, slow_open, to_jsonable
+from gpud.observe import profiles_of
+from gpud.profiles import state as tuning_state
 
 HEADERS = ["GPU", "Name", "Temp", "Fan", "Power / limit", "SM / mem clock", "Util", "Memory",
            "PCIe now/max", "Persist", "ECC", "NVLink", "Processes", "Clock events"]
@@ -31,8 +35,6 @@ Verdicts = dict[tuple[str, int], CheckResult]
 
 def verdicts(m: Machine, snap: Snapshot) -> Verdicts:
     """doctor's checks of the judged columns on this snapshot, with doctor's configuration."""
-    from gpud import config as cfg
-    from gpud.doctor import diagnose
 
     report = diagnose(m, cfg.load(None), only=list(JUDGED_BY.values()), snapshot=snap)
     return {(r.id, r.gpu): r for r in report.checks if r.gpu is not None}
@@ -209,8 +211,6 @@ def status_document(m: Machine, snap: Snapshot) -> dict[str, Any]:
 
 def active_profiles() -> tuple[tuple[int, str, str], ...]:
     """(gpu, profile, rule) of each GPU with a profile, from the state file (a rule's, or the applied one)."""
-    from gpud.observe import profiles_of
-    from gpud.profiles import state as tuning_state
 
     return profiles_of(tuning_state.load())
 
