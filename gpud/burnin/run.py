@@ -26,11 +26,12 @@ from gpud.errors import GpudError
 from gpud.hw.host import KernelLogUnreadable
 from gpud.hw.machine import Machine
 from gpud.model import Snapshot
+
+# through their modules: tests stand in for the probe (it needs a GPU) and for the memory test's child
+from gpud.probe import runner, stress_run
 from gpud.probe.diagnose import BUS_WARN
 from gpud.probe.errors import ProbeError
 from gpud.probe.monitor import cpu_affinity
-from gpud.probe.runner import run_probe
-from gpud.probe.stress_run import Children, gpu_env, run_children
 from gpud.profiles import state as tuning_state
 
 Progress = Callable[[str, float], None]  # what runs now, seconds of the GPUs' time left (estimated)
@@ -69,9 +70,9 @@ class Bench(Protocol):
 
 def _workload(machine: Machine, bench: Bench, snap: Snapshot, gpus: list[int], device: str,
               seconds: float) -> dict[int, dict[str, Any]]:
-
-    return run_children(_specs(machine, bench, snap, gpus, device, ["gemm", "device_bandwidth", "host_bandwidth"],
-                               {"seconds": seconds}), 300.0)
+    specs = _specs(machine, bench, snap, gpus, device, ["gemm", "device_bandwidth", "host_bandwidth"],
+                   {"seconds": seconds})
+    return stress_run.run_children(specs, 300.0)
 
 
 def _specs(machine: Machine, bench: Bench, snap: Snapshot, gpus: list[int], device: str, tasks: list[str],
@@ -89,7 +90,7 @@ def _specs(machine: Machine, bench: Bench, snap: Snapshot, gpus: list[int], devi
     for g, cpus in zip(gpus, cpu_affinity(machine, gpus) or [[] for _ in gpus], strict=True):
         free = (snap.samples[g].memory_total_bytes or 0) - (snap.samples[g].memory_used_bytes or 0)
         uuid = snap.samples[g].uuid or None
-        specs.append({**base, "gpus": [g], "cpus": cpus or None, "cuda_index": 0, "env": gpu_env(uuid),
+        specs.append({**base, "gpus": [g], "cpus": cpus or None, "cuda_index": 0, "env": stress_run.gpu_env(uuid),
                       # cpus: host memory on the GPU's own NUMA node; env: the child sees its GPU only
                       "memtest_mib": max(64, int(free * float(size["memtest_share"]) / 2**20))})
     return specs
@@ -105,7 +106,7 @@ def _probe(machine: Machine, gpus: list[int], allow_busy: bool) -> list[Verdict]
     try:
         if len(uuids) == len(gpus):  # the ranks run on the GPUs under test (the probe maps them by UUID)
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
-        rep = run_probe(device="cuda", gpus=len(gpus), suites=["allreduce", "p2p"], quick=True, machine=machine,
+        rep = runner.run_probe(device="cuda", gpus=len(gpus), suites=["allreduce", "p2p"], quick=True, machine=machine,
                         host=machine.label, keep_history=False, allow_busy=allow_busy)
     except ProbeError as err:
         return [Verdict("burnin.probe", "fail", f"the probe did not run: {str(err).splitlines()[0]}",
@@ -302,7 +303,7 @@ def run_burnin(machine: Machine, bench: Bench, config: Config, *, level: Level, 
         workstation its time is simulated and the stand-in runs one pass (``Bench.memtest_wall``)."""
 
         wall, fade = bench.memtest_wall(seconds, fade_s)
-        kids = Children(_specs(machine, bench, snap, chosen, device, ["memtest"],
+        kids = stress_run.Children(_specs(machine, bench, snap, chosen, device, ["memtest"],
                                {"memtest_seconds": wall, "memtest_fade_s": fade, "memtest_seed": int(time.time())}))
         try:
             hold("memtest", seconds, False)
