@@ -116,33 +116,31 @@ class NvmlInfo(NvmlHandles):
             default_applications_clocks_mhz={
                 k: get("nvmlDeviceGetDefaultApplicationsClock", CLOCK_TYPES[k]) for k in ("graphics", "memory")
             },
-            clock_offset_ranges_mhz={d: (o[1], o[2]) for d in OFFSET_DOMAINS
-                                     if (o := self.clock_offset(index, h, d)) is not None},
+            clock_offset_ranges_mhz={d: span for d in OFFSET_DOMAINS
+                                     if (span := self.clock_offset_range(index, h, d)) is not None},
             open_seconds=slow if (slow := round(self._open_seconds.get(index, 0.0), 1)) >= SLOW_OPEN_S else None,
         )
         self._info[index] = info
         return info
 
-    def clock_offset(self, index: int, h: Any, domain: str) -> tuple[int, int, int] | None:
-        """P0's clock offset in ``domain`` (graphics, memory) and the range the driver allows: (offset,
-        min, max) MHz; None where the GPU or the driver has none. ``nvmlDeviceGetClockOffsets`` through the C
-        function (nvidia-ml-py's wrapper drops its return code: a Not Supported would read as 0 in 0..0),
-        else the per-domain VF-offset calls of drivers before R555."""
+    def clock_offset_range(self, index: int, h: Any, domain: str) -> tuple[int, int] | None:
+        """The clock offsets the driver allows in P0 for ``domain`` (graphics, memory): (min, max) MHz; None
+        where the GPU or the driver has none. ``nvmlDeviceGetClockOffsets`` through the C function
+        (nvidia-ml-py's wrapper drops its return code: a Not Supported would read as 0 in 0..0), else the
+        per-domain ``MinMax`` VF-offset call of drivers before R555."""
         got = self._clock_offsets_struct(index, h, domain)
-        if got is not None or "nvmlDeviceGetClockOffsets" not in self._gone:
-            return got
-        getter, span, _ = VF_OFFSET_CALLS[domain]
-        offset = self.get(getter, h, gpu=index)
-        lo_hi = self.get_out(span, h, outputs=2, gpu=index, signed=True)
-        return (int(offset), lo_hi[0], lo_hi[1]) if offset is not None and lo_hi is not None else None
+        if "nvmlDeviceGetClockOffsets" in self._gone:
+            span = self.get_out(VF_OFFSET_CALLS[domain][1], h, outputs=2, gpu=index, signed=True)
+            return (span[0], span[1]) if span is not None else None
+        return (got[1], got[2]) if got is not None else None
 
     def clock_offset_now(self, index: int, h: Any, domain: str) -> int | None:
-        """P0's offset in ``domain`` alone, in one call with either driver (the range is ``GpuInfo``'s)."""
+        """P0's offset in ``domain``, MHz, in one call with either driver (the range is ``GpuInfo``'s)."""
         got = self._clock_offsets_struct(index, h, domain)
-        if got is not None or "nvmlDeviceGetClockOffsets" not in self._gone:
-            return got[0] if got is not None else None
-        offset = self.get(VF_OFFSET_CALLS[domain][0], h, gpu=index)
-        return int(offset) if offset is not None else None
+        if "nvmlDeviceGetClockOffsets" in self._gone:
+            offset = self.get(VF_OFFSET_CALLS[domain][0], h, gpu=index)
+            return int(offset) if offset is not None else None
+        return got[0] if got is not None else None
 
     def _clock_offsets_struct(self, index: int, h: Any, domain: str) -> tuple[int, int, int] | None:
         def read() -> tuple[int, int, int]:
