@@ -28,22 +28,24 @@ PSTATES = 16  # NVML_PSTATE_0 … NVML_PSTATE_15
 
 
 def offsets(lib: SimLibrary, i: int) -> dict[str, int]:
-    """The GPU's offsets as set (a state file from before offsets were simulated has none: 0)."""
+    """The GPU's offsets as set; a reading changes nothing (a state file from before offsets were simulated
+    has none: 0)."""
     if ARCH_CODES.get(lib.gpu(i).architecture, 0) < ARCH_CODES["maxwell"]:
         fail(NOT_SUPPORTED)
-    got: dict[str, int] = lib.settings(i).setdefault("clock_offsets", {"graphics": 0, "memory": 0})
+    got: dict[str, int] = lib.settings(i).get("clock_offsets") or {"graphics": 0, "memory": 0}
     return got
 
 
 def _write(lib: SimLibrary, i: int, domain: str, mhz: int) -> None:
-    offsets(lib, i)
+    set_now = dict(offsets(lib, i))
     lib.write()
     lo, hi = RANGES_MHZ[domain]
     if not lo <= mhz <= hi:
         fail(INVALID_ARGUMENT)
     lib.sim.step()
     # the memory offset snapped to an even figure, down: 465 reads back 464 (LACT issue #1202)
-    lib.settings(i)["clock_offsets"][domain] = int(mhz) - int(mhz) % 2 if domain == "memory" else int(mhz)
+    set_now[domain] = int(mhz) - int(mhz) % 2 if domain == "memory" else int(mhz)
+    lib.settings(i)["clock_offsets"] = set_now
 
 
 def _struct(out: Any) -> Any:
