@@ -144,3 +144,20 @@ def test_a_misspelt_command_is_named_with_the_nearest_ones() -> None:
     """The commands are built only when one runs (``gpud.cli.Commands``); a misspelt one still gets typer's hint."""
     r = run_gpud("staus")
     assert r.returncode == 2 and "No such command 'staus'. Did you mean 'status'?" in r.stderr
+
+
+def test_the_command_table_names_every_command_each_module_registers() -> None:
+    """``gpud.cli.COMMANDS`` is how a command is found without building the others: a command a module
+    registers and the table lacks could never run, and one the table names that no module registers would list
+    in `gpud --help` and fail."""
+    import typer
+
+    from gpud.cli import COMMANDS
+
+    registered: dict[str, str] = {}
+    for module in sorted({m for m, _ in COMMANDS.values()}):
+        sub = typer.Typer()
+        __import__(f"gpud.cli.{module}", fromlist=["register"]).register(sub)
+        names = [c.name for c in sub.registered_commands] + [g.name for g in sub.registered_groups]
+        registered.update({str(n): module for n in names})
+    assert registered == {name: module for name, (module, _) in COMMANDS.items()}

@@ -15,26 +15,32 @@ from typer.core import TyperGroup
 from gpud import __version__
 from gpud.errors import GpudError, InvalidInput
 
-# One line each in `gpud --help`, whole at 80 columns (click would cut a longer first sentence with "...").
-SHORT_HELP = {"status": "GPU telemetry, with what is outside its limits.",
-              "topo": "GPU topology: NVLink/PCIe levels, affinity, P2P.", "doctor": "Pre-flight checks with remedies.",
-              "apply": "Apply a tuning profile (--dry-run: the plan).",
-              "verify": "Compare the GPUs with the applied profile.", "restore": "Put back what gpud changed.",
-              "metrics": "Print one Prometheus exposition.", "probe": "A short training run: scaling, and why.",
-              "daemon": "Run the service (systemd).", "reload": "Ask the daemon to read its configuration again.",
-              "probe-now": "Ask the daemon to run its probe now.", "report": "Write an archive for a support ticket.",
-              "ps": "Processes on the GPUs: user, container, memory.",
-              "select": "Pick idle, well-connected GPUs for a job.",
-              "events": "The health journal: what happened, per GPU.",
-              "burnin": "Accept a machine: stress, memory, bandwidth, thermal soak.",
-              "tune": "Measure which power and clock settings train best.",
-              "health": "Health states per GPU, with repair actions."}
-# Each command, in `gpud --help`'s order, and the module of gpud.cli whose ``register`` adds it.
-COMMANDS = {"status": "status", "topo": "topo", "doctor": "doctor", "apply": "apply", "verify": "apply",
-            "restore": "apply", "metrics": "metrics", "probe": "probe", "daemon": "daemon", "reload": "daemon",
-            "probe-now": "daemon", "report": "report", "ps": "ps", "select": "select", "events": "events",
-            "burnin": "burnin", "tune": "tune", "profile": "apply", "sim": "sim", "health": "health",
-            "rules": "rules"}
+# Each command, in `gpud --help`'s order: the module of gpud.cli whose ``register`` adds it, and its one line in
+# `gpud --help`, whole at 80 columns (click would cut a longer first sentence with "..."); None for a group of
+# commands, whose line is its own help.
+COMMANDS: dict[str, tuple[str, str | None]] = {
+    "status": ("status", "GPU telemetry, with what is outside its limits."),
+    "topo": ("topo", "GPU topology: NVLink/PCIe levels, affinity, P2P."),
+    "doctor": ("doctor", "Pre-flight checks with remedies."),
+    "apply": ("apply", "Apply a tuning profile (--dry-run: the plan)."),
+    "verify": ("apply", "Compare the GPUs with the applied profile."),
+    "restore": ("apply", "Put back what gpud changed."),
+    "metrics": ("metrics", "Print one Prometheus exposition."),
+    "probe": ("probe", "A short training run: scaling, and why."),
+    "daemon": ("daemon", "Run the service (systemd)."),
+    "reload": ("daemon", "Ask the daemon to read its configuration again."),
+    "probe-now": ("daemon", "Ask the daemon to run its probe now."),
+    "report": ("report", "Write an archive for a support ticket."),
+    "ps": ("ps", "Processes on the GPUs: user, container, memory."),
+    "select": ("select", "Pick idle, well-connected GPUs for a job."),
+    "events": ("events", "The health journal: what happened, per GPU."),
+    "burnin": ("burnin", "Accept a machine: stress, memory, bandwidth, thermal soak."),
+    "tune": ("tune", "Measure which power and clock settings train best."),
+    "profile": ("apply", None),
+    "sim": ("sim", None),
+    "health": ("health", None),
+    "rules": ("rules", None),
+}
 _BUILT: dict[str, TyperGroup] = {}
 
 
@@ -46,8 +52,8 @@ def _commands_of(module: str) -> TyperGroup:
         importlib.import_module(f"gpud.cli.{module}").register(sub)
         for info in sub.registered_commands:
             name = info.name or ""
-            if name in SHORT_HELP and info.short_help is None:
-                info.short_help = SHORT_HELP[name]
+            if name in COMMANDS and info.short_help is None:
+                info.short_help = COMMANDS[name][1]
         group = _BUILT[module] = typer.main.get_group(sub)
     return group
 
@@ -61,8 +67,8 @@ class Commands(TyperGroup):
         return list(COMMANDS)
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
-        module = COMMANDS.get(cmd_name)
-        return _commands_of(module).get_command(ctx, cmd_name) if module is not None else None
+        known = COMMANDS.get(cmd_name)
+        return _commands_of(known[0]).get_command(ctx, cmd_name) if known is not None else None
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         """As typer's, with its "Did you mean" for a misspelt command (typer looks in the commands built)."""
