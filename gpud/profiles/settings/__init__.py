@@ -32,7 +32,7 @@ from gpud.profiles.settings.base import (
     Setting,
     show,
 )
-from gpud.profiles.settings.fan import FAN_MODES, Fan
+from gpud.profiles.settings.fan import Fan
 from gpud.profiles.settings.gpu import ApplicationsClocks, ComputeMode, LockedClocks, PersistenceMode, PowerLimit
 from gpud.profiles.settings.host import CpuGovernor
 from gpud.profiles.settings.offsets import ClockOffset
@@ -56,8 +56,7 @@ REGISTRY: tuple[Setting | CpuGovernor, ...] = (*GPU_SETTINGS, *HOST_SETTINGS)
 BY_KEY: dict[str, Setting] = {s.key: s for s in GPU_SETTINGS}
 HOST_BY_KEY: dict[str, CpuGovernor] = {s.key: s for s in HOST_SETTINGS}
 KEYS: tuple[str, ...] = tuple(s.key for s in REGISTRY)
-PROFILE_KEYS: dict[str, str] = {s.profile_key: s.key for s in GPU_SETTINGS}  # profile name → key
-BY_PROFILE_KEY: dict[str, Setting] = {s.profile_key: s for s in GPU_SETTINGS}
+BY_PROFILE_KEY: dict[str, Setting] = {s.profile_key: s for s in GPU_SETTINGS}  # profile name → setting
 
 
 def shown(key: str, value: Any) -> str:
@@ -66,7 +65,6 @@ def shown(key: str, value: Any) -> str:
     return setting.shown(value) if setting is not None else show(value)
 
 
-__all__ = ["BY_KEY", "BY_PROFILE_KEY", "FAN_MODES", "GOVERNOR", "GPU_SETTINGS", "HOST_BY_KEY", "HOST_SETTINGS", "KEYS",
-           "PROFILE_KEYS", "REGISTRY",
-           "RESET", "UNKNOWN", "UNSUPPORTED", "Checked", "CpuGovernor", "DriftStatus", "PlanAction", "Planned",
-           "Scope", "Setting", "show", "shown"]
+__all__ = ["BY_KEY", "BY_PROFILE_KEY", "GOVERNOR", "GPU_SETTINGS", "HOST_BY_KEY", "HOST_SETTINGS", "KEYS",
+           "REGISTRY", "RESET", "UNKNOWN", "UNSUPPORTED", "Checked", "CpuGovernor", "DriftStatus", "PlanAction",
+           "Planned", "Scope", "Setting", "show", "shown"]
