@@ -801,7 +801,7 @@ def test_nvlink_data_counters_not_supported_at_start_are_asked_again_later(monke
     nv = m.nvml
     clock = [1000.0]
     monkeypatch.setattr(counters.time, "monotonic", lambda: clock[0])
-    real_call = nv.call
+    real_call = nv.client.call
     untrained = [True]
 
     def call(name, *args, **kw):  # type: ignore[no-untyped-def]
@@ -813,15 +813,15 @@ def test_nvlink_data_counters_not_supported_at_start_are_asked_again_later(monke
                     v.nvmlReturn = 3  # NOT_SUPPORTED, as the links might answer before training
         return got
 
-    monkeypatch.setattr(nv, "call", call)
+    monkeypatch.setattr(nv.client, "call", call)
     info = nv.info(0)
     h = nv.handle(0)
-    assert nv._nvlink_data(0, h, info) is None
+    assert nv.counters.nvlink_data(0, h, info) is None
     untrained[0] = False
     clock[0] += 60
-    assert nv._nvlink_data(0, h, info) is None  # not asked again yet
+    assert nv.counters.nvlink_data(0, h, info) is None  # not asked again yet
     clock[0] += nvml_mod.NVLINK_DATA_RETRY_S
-    got = nv._nvlink_data(0, h, info)
+    got = nv.counters.nvlink_data(0, h, info)
     assert got is not None and len(got) == 18 * 2
 
 
@@ -840,14 +840,14 @@ def test_a_process_without_a_sample_in_a_window_that_has_samples_used_no_sm(tmp_
 def _field_ids_asked(monkeypatch: pytest.MonkeyPatch, nv: Nvml) -> list[int]:
     """Every field id gpud asks through ``nvmlDeviceGetFieldValues`` from now on."""
     asked: list[int] = []
-    real = nv.call
+    real = nv.client.call
 
     def call(name: str, *args: Any, gpu: int | None = None) -> Any:
         if name == "nvmlDeviceGetFieldValues":
             asked.extend(f if isinstance(f, int) else f[0] for f in args[1])
         return real(name, *args, gpu=gpu)
 
-    monkeypatch.setattr(nv, "call", call)
+    monkeypatch.setattr(nv.client, "call", call)
     return asked
 
 
@@ -887,12 +887,12 @@ def test_a_field_value_call_that_fails_whole_is_asked_again(tmp_path) -> None:
     nv = m.nvml
     h = nv.handle(0)
     sim.inject("unsupported", call="nvmlDeviceGetFieldValues")
-    assert "hw_thermal_slowdown" not in (nv._violations(0, h) or {})
-    assert nv._pcie_rates(0, h, 1.0) == (None, None)
+    assert "hw_thermal_slowdown" not in (nv.violations(0) or {})
+    assert nv.readings.pcie_rates(0, h, 1.0) == (None, None)
     sim.clear_faults()
-    assert "hw_thermal_slowdown" in (nv._violations(0, h) or {})
-    nv._pcie_rates(0, h, 2.0)
-    assert 0 in nv._pcie_counter_ok
+    assert "hw_thermal_slowdown" in (nv.violations(0) or {})
+    nv.readings.pcie_rates(0, h, 2.0)
+    assert nv.readings.pcie_counters_work(0)
 
 
 def test_margin_temperature_only_from_r570_and_thresholds_from_the_threshold_call_before(tmp_path) -> None:

@@ -22,7 +22,7 @@ def counting(m: Machine) -> list[Counter[str]]:
     """Each NVML call the tick's thread makes (not the doctor run the first tick starts), by entry point, into
     the last Counter of the list returned."""
     ticks: list[Counter[str]] = [Counter()]
-    raw = m.nvml._raw
+    raw = m.nvml.client.raw
     me = threading.get_ident()
 
     def counted(name: str, *args: Any, gpu: int | None = None) -> Any:
@@ -30,7 +30,7 @@ def counting(m: Machine) -> list[Counter[str]]:
             ticks[-1][name] += 1
         return raw(name, *args, gpu=gpu)
 
-    m.nvml._raw = counted  # type: ignore[method-assign]
+    m.nvml.client.raw = counted  # type: ignore[method-assign]
     return ticks
 
 

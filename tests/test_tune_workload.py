@@ -156,13 +156,13 @@ def test_a_locked_clock_is_read_back_from_the_clock_under_load(monkeypatch: pyte
     try:
         held = run_trial(m, work, LocalApplier(m), [0], 1, "clocks", lock, Measure())
         assert held.ok and held.sm_mhz[0] <= 1200 + 15, held.json()
-        real = type(m.nvml).telemetry
+        real = m.nvml.telemetry
 
-        def ignored(self: Any, g: int) -> Any:
-            s = real(self, g)
+        def ignored(g: int) -> Any:
+            s = real(g)
             return s.__class__(**{**s.__dict__, "clocks_mhz": {**s.clocks_mhz, "sm": 1800}})
 
-        monkeypatch.setattr(type(m.nvml), "telemetry", ignored)
+        monkeypatch.setattr(m.nvml, "telemetry", ignored)
         broke = run_trial(m, work, LocalApplier(m), [0], 2, "clocks", lock, Measure())
     finally:
         work.stop()

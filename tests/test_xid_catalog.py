@@ -113,9 +113,9 @@ def test_an_override_in_health_still_wins() -> None:
 def test_nvml_library_not_found_names_the_container_runtime_not_a_reboot() -> None:
     import pynvml
 
-    from gpud.hw.nvml.handles import NvmlHandles
+    from gpud.hw.nvml import NvmlClient
 
-    err = NvmlHandles(pynvml)._translate(pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND), "nvmlInit", None)
+    err = NvmlClient(pynvml).translate(pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND), "nvmlInit", None)
     assert isinstance(err, LibraryNotFound) and "runtime" in err.remedy and "libnvidia-ml" in err.remedy
     check = CheckResult("nvml.available", "fail", str(err), None, remedy=err.remedy)
     driver = component(assess(checks=(check,)), "driver", None)

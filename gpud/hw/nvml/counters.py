@@ -30,7 +30,8 @@ from gpud.hw.nvml.constants import (
     RETIRE_SBE,
     SLOW_EVERY_S,
 )
-from gpud.hw.nvml.processes import NvmlProcesses
+from gpud.hw.nvml.handles import NvmlClient
+from gpud.hw.nvml.info import Info
 from gpud.hw.nvml.values import SlowFields, field_int, normalize_bus_id, violation_fields
 from gpud.model import (
     EccCounts,
@@ -39,11 +40,32 @@ from gpud.model import (
 )
 
 
-class NvmlCounters(NvmlProcesses):
+class Counters:
     """The slow readings: ECC, retired pages, remapped rows, PCIe replays, violation counters, NVLink
     counters (field values)."""
 
-    def _slow_fields(self, index: int, h: Any, info: GpuInfo, now: float) -> SlowFields:
+    def __init__(self, client: NvmlClient, info: Info) -> None:
+        self._c = client
+        self._info = info
+        self._slow: dict[int, tuple[float, SlowFields]] = {}  # (when, fields) read every SLOW_EVERY_S
+        self._remotes: dict[int, dict[int, tuple[str, bool | None]]] = {}  # an NVLink's remote end, per link
+        self._fields_retry: dict[tuple[int, str], float] = {}  # (GPU, field group) → when to ask it again
+        client.on_renumber(self._forget)
+
+    def _forget(self) -> None:
+        for cache in (self._slow, self._remotes, self._fields_retry):
+            cache.clear()
+
+    def drop(self, index: int) -> None:
+        """Read GPU ``index``'s slow fields afresh at its next sample (gpud wrote a setting, or a burn-in's
+        before and after)."""
+        self._slow.pop(index, None)
+
+    def held(self, index: int) -> bool:
+        """Whether GPU ``index``'s slow fields as last read still stand (none written since)."""
+        return index in self._slow
+
+    def slow_fields(self, index: int, h: Any, info: GpuInfo, now: float) -> SlowFields:
         """What changes only when someone sets it, or slowly: health counters (ECC, page retirement, row
         remapping, PCIe replays), modes, the management power limit, application clocks, fan policies
         the trained link width and the NVLink states. Read every SLOW_EVERY_S seconds, not every tick; gpud's
@@ -57,12 +79,14 @@ class NvmlCounters(NvmlProcesses):
         if cached is not None and now - cached[0] < SLOW_EVERY_S:
             return cached[1]
 
+        c = self._c
+
         def get(name: str, *args: Any) -> Any:
-            return self.get(name, h, *args, gpu=index)
+            return c.get(name, h, *args, gpu=index)
 
         policies = []
         for fan in range(info.fan_count or 0):
-            out = self.get_out("nvmlDeviceGetFanControlPolicy_v2", h, fan, gpu=index)
+            out = c.get_out("nvmlDeviceGetFanControlPolicy_v2", h, fan, gpu=index)
             policies.append(out[0] if out is not None else None)
         ecc_mode = get("nvmlDeviceGetEccMode")
         ecc = None
@@ -84,9 +108,9 @@ class NvmlCounters(NvmlProcesses):
             applications_clocks={k: get("nvmlDeviceGetApplicationsClock", CLOCK_TYPES[k])
                                  for k in ("graphics", "memory")},
             pcie_width=get("nvmlDeviceGetCurrPcieLinkWidth"),
-            clock_offsets={d: o for d in OFFSET_DOMAINS if (o := self.clock_offset_now(index, h, d)) is not None},
+            clock_offsets={d: o for d in OFFSET_DOMAINS if (o := self._info.clock_offset_now(index, h, d)) is not None},
             nvlink_errors=self._nvlink_errors(index, h, info), nvlinks=self._nvlinks(index, h),
-            violations=self._violations(index, h), nvlink_data=self._nvlink_data(index, h, info))
+            violations=self._violations(index, h), nvlink_data=self.nvlink_data(index, h, info))
         self._slow[index] = (now, fields)
         return fields
 
@@ -94,17 +118,17 @@ class NvmlCounters(NvmlProcesses):
         """Link states (a slow field: ``_slow_fields``); a link's remote end is read when it comes up, then kept."""
         out = []
         remotes = self._remotes.setdefault(index, {})
-        for link, sli in enumerate(self._sli.get(index, ())):
-            state = self.get("nvmlDeviceGetNvLinkState", h, link, gpu=index)
+        for link, sli in enumerate(self._info.sli_links(index)):
+            state = self._c.get("nvmlDeviceGetNvLinkState", h, link, gpu=index)
             up = bool(state)
             remote: str | None = None
             switch: bool | None = None
             if up:
                 known = remotes.get(link)
                 if known is None:
-                    pci = self.get("nvmlDeviceGetNvLinkRemotePciInfo", h, link, gpu=index)
+                    pci = self._c.get("nvmlDeviceGetNvLinkRemotePciInfo", h, link, gpu=index)
                     if pci is not None:
-                        kind = self.get("nvmlDeviceGetNvLinkRemoteDeviceType", h, link, gpu=index)
+                        kind = self._c.get("nvmlDeviceGetNvLinkRemoteDeviceType", h, link, gpu=index)
                         known = (normalize_bus_id(pci.busId), kind == NVLINK_DEVICE_SWITCH if kind is not None
                                  else None)
                         remotes[link] = known
@@ -120,35 +144,35 @@ class NvmlCounters(NvmlProcesses):
         """NVML's violation counters now, ns per clock-event reason since the driver loaded (``sample``'s
         are up to ``SLOW_EVERY_S`` old): what a tune reads every second of a window, so a hardware slowdown
         between two readings of the clock-event reasons is seen all the same."""
-        with self._lock:
-            return self._violations(index, self.handle(index))
+        with self._c.lock:
+            return self._violations(index, self._c.handle(index))
 
     def _violations(self, index: int, h: Any) -> dict[str, int] | None:
         """NVML's violation counters, ns per clock-event reason: one field-value call for every id; a
         reason no field gives (a driver that does not know the id) from nvmlDeviceGetViolationStatus
         where a policy counts it. None when the GPU keeps none (the caller counts per tick then)."""
         out: dict[str, int] = {}
-        ids = violation_fields(self.versions().driver)
+        ids = violation_fields(self._c.versions().driver)
         # every id Not Supported: a capability, not asked again
-        for v in self._field_values(index, h, list(ids), "violations", retry_s=None) or ():
+        for v in self.field_values(index, h, list(ids), "violations", retry_s=None) or ():
             got = field_int(v)
             if got is not None and int(v.fieldId) in ids:
                 out[ids[int(v.fieldId)]] = got[0]
         for policy, reason in PERF_POLICIES.items():
             if reason not in out:
-                t = self.get("nvmlDeviceGetViolationStatus", h, policy, gpu=index)
+                t = self._c.get("nvmlDeviceGetViolationStatus", h, policy, gpu=index)
                 if t is not None:
                     out[reason] = int(t.violationTime)
         return out or None
 
-    def _nvlink_data(self, index: int, h: Any, info: GpuInfo) -> tuple[tuple[int, str, int], ...] | None:
+    def nvlink_data(self, index: int, h: Any, info: GpuInfo) -> tuple[tuple[int, str, int], ...] | None:
         """Data bytes each link sent and received since the driver loaded (field values 138/139 per link,
         KiB); None where the GPU gives none."""
         if not info.nvlink_count:
             return None
         ids = [(fid, link) for link in range(info.nvlink_count) for fid in FI_NVLINK_DATA]
         # No link counts data (a workstation bridge, or links not trained yet): asked again later.
-        values = self._field_values(index, h, ids, "nvlink_data", retry_s=NVLINK_DATA_RETRY_S)
+        values = self.field_values(index, h, ids, "nvlink_data", retry_s=NVLINK_DATA_RETRY_S)
         out = []
         for v in values or ():
             got = field_int(v)
@@ -156,20 +180,20 @@ class NvmlCounters(NvmlProcesses):
                 out.append((int(v.scopeId), FI_NVLINK_DATA[int(v.fieldId)], got[0] * 1024))
         return tuple(out) if out else None
 
-    def _field_values(self, index: int, h: Any, ids: list[Any], what: str, retry_s: float | None) -> Any:
+    def field_values(self, index: int, h: Any, ids: list[Any], what: str, retry_s: float | None) -> Any:
         """One ``nvmlDeviceGetFieldValues`` call for ``ids``; None when it cannot be read. A GPU that
         answers every id Not Supported is not asked again for ``retry_s`` seconds (None: never)."""
         if time.monotonic() < self._fields_retry.get((index, what), 0.0):
             return None
         try:
-            values = self.call("nvmlDeviceGetFieldValues", h, ids, gpu=index)
+            values = self._c.call("nvmlDeviceGetFieldValues", h, ids, gpu=index)
         except (GpuLost, DriverNotLoaded, GpuUnusable):
             raise
         except NvmlError as err:
             # The call failed whole: nvml.h gives each field its own answer (nvmlReturn), so this says
             # nothing about the fields (asked again next time) unless the function itself is missing.
             if err.code in (13, None):
-                self._gone.add("nvmlDeviceGetFieldValues")
+                self._c.mark_gone("nvmlDeviceGetFieldValues")
                 self._fields_retry[(index, what)] = math.inf
             return None
         if values is not None and all(int(v.nvmlReturn) == 3 for v in values):
@@ -177,12 +201,16 @@ class NvmlCounters(NvmlProcesses):
             return None
         return values
 
+    def never_ask(self, index: int, what: str) -> None:
+        """Ask GPU ``index``'s field group ``what`` no more (one of its fields is Not Supported)."""
+        self._fields_retry[(index, what)] = math.inf
+
     def _nvlink_errors(self, index: int, h: Any, info: GpuInfo) -> tuple[tuple[int, str, int], ...] | None:
         """Each link's error counters (``nvidia-smi nvlink -e``); None where the GPU gives none."""
         out = []
         for link in range(info.nvlink_count):
             for name, counter in NVLINK_ERROR_COUNTERS.items():
-                n = self.get("nvmlDeviceGetNvLinkErrorCounter", h, link, counter, gpu=index)
+                n = self._c.get("nvmlDeviceGetNvLinkErrorCounter", h, link, counter, gpu=index)
                 if n is not None:
                     out.append((link, name, int(n)))
         return tuple(out) if out else None

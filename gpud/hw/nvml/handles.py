@@ -1,5 +1,9 @@
 """The choke point: lazy ``nvmlInit`` under a lock, calls counted and their errors translated,
 Not Supported remembered, handles and the versions cached.
+
+``NvmlClient`` is what every reader of the package takes: the readers (``info``, ``processes``,
+``counters``, ``pairs``, ``readings``, ``setters``) own their caches and call NVML through it only. What a
+reader caches per GPU index it forgets when NVML numbers the GPUs anew (``on_renumber``).
 """
 
 from __future__ import annotations
@@ -32,11 +36,8 @@ from gpud.hw.nvml.constants import (
     _UNUSABLE,
     CHANGING_SUPPORT,
 )
-from gpud.hw.nvml.values import SlowFields, _hashable, _text
-from gpud.model import (
-    GpuInfo,
-    Versions,
-)
+from gpud.hw.nvml.values import _hashable, _text
+from gpud.model import Versions
 
 
 class TickGate:
@@ -110,7 +111,7 @@ class _Held:
         self._exit()
 
 
-class NvmlHandles:
+class NvmlClient:
     """The choke point: lazy ``nvmlInit`` under a lock, calls counted and their errors translated,
     Not Supported remembered, handles and the versions cached."""
 
@@ -119,35 +120,42 @@ class NvmlHandles:
             import pynvml  # the one place gpud imports the real bindings
 
             module = pynvml
-        self._m = module
-        self._lock = threading.RLock()
+        self.module = module  # the bindings: the real ``pynvml`` or the simulator's stand-in
+        self.lock = threading.RLock()  # gpud's calls one at a time; a tick's sample holds it whole
+        self.gate = TickGate()  # the sampler's blocking calls only between ticks (the driver's RM lock)
         self._initialized = False
         self._handles: dict[int, Any] = {}
         self._open_seconds: dict[int, float] = {}  # how long this process's first handle lookup took, per GPU
-        self._info: dict[int, GpuInfo] = {}
-        self._sli: dict[int, tuple[bool | None, ...]] = {}
-        self._pairs: dict[tuple[int, int], tuple[str, str, str, str]] = {}
         self._versions: Versions | None = None
-        self._slow: dict[int, tuple[float, SlowFields]] = {}  # (when, fields) read every SLOW_EVERY_S
-        self._remotes: dict[int, dict[int, tuple[str, bool | None]]] = {}
-        self._pcie_counts: dict[int, tuple[float, int, int]] = {}  # cumulative byte counters, last tick
-        self._pcie_sampled: dict[int, tuple[float, int, int]] = {}  # (when, TX B/s, RX B/s) off the tick
-        self._procs: dict[int, tuple[float, Any]] = {}  # (when, processes) read off the tick
-        self._polled: dict[int, tuple[float, Any]] = {}  # (monotonic, compute list) the rules' poll read
-        self._sampled: dict[int, tuple[float, tuple[int, ...]]] = {}  # (monotonic, pids) of the sampler's compute list
-        self._util_seen: dict[int, int] = {}  # newest process-utilisation sample read per GPU (µs)
-        self._pcie_counter_ok: set[int] = set()  # GPUs whose cumulative PCIe byte counters answer
         self._gone: set[str] = set()  # functions the driver or the bindings do not have
-        self.offtick = False  # a sampler thread reads the blocking readings; the tick uses its results
-        self._gate = TickGate()  # the sampler's blocking calls only between ticks (the driver's RM lock)
         self._unsupported: set[tuple[Any, ...]] = set()  # (function, GPU, arguments) that said NotSupported
-        self._fields_retry: dict[tuple[int, str], float] = {}  # (GPU, field group) → when to ask it again
-        self.calls = 0  # NVML calls made (for the benchmarks)
         self._count: tuple[float, int] | None = None  # (monotonic, GPUs) as ``device_count`` last read
+        self._renumbered: list[Callable[[], None]] = []  # the readers' caches keyed by a GPU's index
+        self.calls = 0  # NVML calls made (for the benchmarks)
         self.errors: Counter[str] = Counter()  # NVML errors per function name
 
+    def on_renumber(self, forget: Callable[[], None]) -> None:
+        """``forget`` drops a reader's caches keyed by a GPU's index: called when NVML numbers the GPUs anew."""
+        self._renumbered.append(forget)
+
+    def unsupported(self, key: tuple[Any, ...]) -> bool:
+        """Whether the reading ``key`` (function, GPU, arguments) said it is not supported here."""
+        return key in self._unsupported
+
+    def gone(self, name: str) -> bool:
+        """Whether the driver or the bindings lack the function ``name`` (FUNCTION_NOT_FOUND)."""
+        return name in self._gone
+
+    def mark_gone(self, name: str) -> None:
+        self._gone.add(name)
+
+    def c_call(self, fn: Any, *args: Any) -> int:
+        """One call of a C entry point (``c_function``), counted; its return code is the caller's to check."""
+        self.calls += 1
+        return int(fn(*args))
+
     # -- the choke point ---------------------------------------------------------------
-    def _translate(self, err: Exception, call: str, gpu: int | None) -> NvmlError:
+    def translate(self, err: Exception, call: str, gpu: int | None) -> NvmlError:
         code = getattr(err, "value", None)
         where = f"GPU {gpu}: " if gpu is not None else ""
         msg = f"{where}{call}: {err}"
@@ -171,21 +179,21 @@ class NvmlHandles:
             )
         return NvmlError(msg, call=call, gpu=gpu, code=code)
 
-    def _raw(self, name: str, *args: Any, gpu: int | None = None) -> Any:
+    def raw(self, name: str, *args: Any, gpu: int | None = None) -> Any:
         """One binding call. Nothing but gpud errors leaves here: an ``NVMLError`` is translated by
         its code; a binding that lacks the function, or whose wrapper does not fit the driver
         (``NVMLLibraryMismatchError``), is Unsupported; anything else the bindings raise (a
         ``TypeError`` from an argument list that changed between nvidia-ml-py releases, a ctypes
         error) is an NvmlError naming the call."""
-        fn = getattr(self._m, name, None)
+        fn = getattr(self.module, name, None)
         if fn is None:
             raise Unsupported(f"{name}: not in these NVML bindings", call=name, gpu=gpu)
         self.calls += 1
         try:
             return fn(*args)
-        except self._m.NVMLError as err:
+        except self.module.NVMLError as err:
             self.errors[name] += 1
-            raise self._translate(err, name, gpu) from err
+            raise self.translate(err, name, gpu) from err
         except Exception as err:  # noqa: BLE001 - the boundary: no binding exception escapes gpud.hw
             self.errors[name] += 1
             where = f"GPU {gpu}: " if gpu is not None else ""
@@ -195,27 +203,27 @@ class NvmlHandles:
 
     def init(self) -> None:
         """``nvmlInit`` once; raises DriverNotLoaded when there is no driver."""
-        with self._lock:
+        with self.lock:
             if not self._initialized:
-                self._raw("nvmlInit")
+                self.raw("nvmlInit")
                 self._initialized = True
 
     def shutdown(self) -> None:
-        with self._lock:
+        with self.lock:
             if self._initialized:
                 self._initialized = False
                 self._handles.clear()
                 try:
-                    self._raw("nvmlShutdown")
+                    self.raw("nvmlShutdown")
                 except NvmlError:
                     pass
 
     def call(self, name: str, *args: Any, gpu: int | None = None) -> Any:
         """Call an NVML function; gpud errors only."""
-        with self._lock:
+        with self.lock:
             if not self._initialized:
                 self.init()
-            return self._raw(name, *args, gpu=gpu)
+            return self.raw(name, *args, gpu=gpu)
 
     def get(self, name: str, *args: Any, gpu: int | None = None) -> Any:
         """Like ``call`` for an optional reading: None when NVML cannot give it here.
@@ -236,22 +244,22 @@ class NvmlHandles:
             if key in self._unsupported:
                 return None
         try:
-            with self._lock:  # ``call``, inline: this is every reading of every tick
+            with self.lock:  # ``call``, inline: this is every reading of every tick
                 if not self._initialized:
                     self.init()
-                return self._raw(name, *args, gpu=gpu)
+                return self.raw(name, *args, gpu=gpu)
         except NvmlError as err:
-            return self._not_read(key, err)
+            return self.not_read(key, err)
 
-    def _optional(self, key: tuple[Any, ...], read: Callable[[], Any]) -> Any:
+    def optional(self, key: tuple[Any, ...], read: Callable[[], Any]) -> Any:
         if key in self._unsupported:
             return None
         try:
             return read()
         except NvmlError as err:
-            return self._not_read(key, err)
+            return self.not_read(key, err)
 
-    def _not_read(self, key: tuple[Any, ...], err: NvmlError) -> None:
+    def not_read(self, key: tuple[Any, ...], err: NvmlError) -> None:
         """An optional reading that failed: None, and what a GPU said it does not support is not asked again
         (but for ``CHANGING_SUPPORT``). A lost GPU or a missing driver still raise."""
         if isinstance(err, (GpuLost, DriverNotLoaded)):
@@ -279,7 +287,7 @@ class NvmlHandles:
             self.call(name, h, *inputs, *(ctypes.byref(c) for c in cells), gpu=gpu)
             return tuple(int(c.value) for c in cells)
 
-        out: tuple[int, ...] | None = self._optional((name, gpu, inputs), read)
+        out: tuple[int, ...] | None = self.optional((name, gpu, inputs), read)
         return out
 
     # -- system ------------------------------------------------------------------------
@@ -298,7 +306,7 @@ class NvmlHandles:
     def device_count(self) -> int:
         """NVML's GPU count. When it differs from the last one read, NVML has numbered the GPUs anew (a
         driver reload, a GPU taken out of service or brought back): what is cached per index is forgotten."""
-        with self._lock:
+        with self.lock:
             n = int(self.call("nvmlDeviceGetCount"))
             if self._count is not None and self._count[1] != n:
                 self._forget_gpus()
@@ -308,13 +316,11 @@ class NvmlHandles:
     def _forget_gpus(self) -> None:
         """Drop every cache keyed by a GPU's index: index 1 may be another GPU now. What a function said it
         does not support on a GPU is asked again too; the functions the driver lacks stay known."""
-        for cache in (self._handles, self._open_seconds, self._info, self._sli, self._slow, self._remotes,
-                      self._pcie_counts, self._pcie_sampled, self._procs, self._polled, self._sampled, self._util_seen,
-                      self._pairs):
-            cache.clear()
-        self._pcie_counter_ok.clear()
-        self._fields_retry.clear()
-        self._unsupported = {key for key in self._unsupported if key[1] is None}
+        self._handles.clear()
+        self._open_seconds.clear()
+        self._unsupported.difference_update([key for key in self._unsupported if key[1] is not None])
+        for forget in self._renumbered:
+            forget()
 
     def recent_count(self, within_s: float) -> int:
         """NVML's GPU count as read within the last ``within_s`` seconds (the daemon's whole snapshots read it
@@ -330,7 +336,7 @@ class NvmlHandles:
         ``NVML_ERROR_UNKNOWN`` (999) or ``GPU_IS_LOST`` here, and ``nvidia-smi`` prints "Unable to
         determine the device handle for GPU …" — is lost, whatever the code; but for the answers that name
         another cause (no permission; its power cables, an interrupt problem: ``GpuUnusable``)."""
-        with self._lock:
+        with self.lock:
             h = self._handles.get(index)
             if h is None:
                 started = time.perf_counter()
@@ -352,7 +358,7 @@ class NvmlHandles:
         consistency between reboots"), and ``nvmlDeviceGetHandleByPciBusId_v2`` initialises the target
         GPU only (and an SLI slave with it): the way to open the one GPU worth reading first. Errors are
         gpud's (``NvmlError`` and its kinds); no GPU at that address is ``NOT_FOUND``."""
-        with self._lock:
+        with self.lock:
             started = time.perf_counter()
             h = self.call("nvmlDeviceGetHandleByPciBusId", bus_id.encode(), gpu=None)
             index = int(self.call("nvmlDeviceGetIndex", h, gpu=None))
@@ -365,21 +371,20 @@ class NvmlHandles:
         """How long this process's first lookup of GPU ``index`` took (None: not opened yet)."""
         return self._open_seconds.get(index)
 
-    # -- static facts, read once ------------------------------------------------------
-    def cached_info(self, index: int) -> GpuInfo | None:
-        """The static facts if they were read already (also for a GPU lost since)."""
-        return self._info.get(index)
+    def forget_handle(self, index: int) -> None:
+        """Look GPU ``index`` up again next time (it was lost, and may come back)."""
+        self._handles.pop(index, None)
 
-    def _c_function(self, name: str, gpu: int | None) -> Any:
+    def c_function(self, name: str, gpu: int | None) -> Any:
         """An entry point of the C library itself, through the bindings' resolver (all versions)."""
         try:
-            return self._m._nvmlGetFunctionPointer(name)
-        except self._m.NVMLError as err:
-            raise self._translate(err, name, gpu) from err
+            return self.module._nvmlGetFunctionPointer(name)
+        except self.module.NVMLError as err:
+            raise self.translate(err, name, gpu) from err
         except AttributeError as err:
             raise Unsupported(f"{name}: the bindings cannot resolve C functions", call=name, gpu=gpu) from err
 
-    def _c_check(self, ret: int, name: str, gpu: int | None) -> None:
+    def c_check(self, ret: int, name: str, gpu: int | None) -> None:
         if ret != 0:
             self.errors[name] += 1
-            raise self._translate(self._m.NVMLError(ret), name, gpu)
+            raise self.translate(self.module.NVMLError(ret), name, gpu)

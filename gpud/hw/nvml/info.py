@@ -1,4 +1,4 @@
-"""A GPU's static information (read once, cached), its thresholds and temperature."""
+"""A GPU's static information (read once, cached), its clock offsets, thresholds and temperature."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from gpud.hw.nvml.constants import (
     VF_OFFSET_CALLS,
     ClockOffsetStruct,
 )
-from gpud.hw.nvml.handles import NvmlHandles
+from gpud.hw.nvml.handles import NvmlClient
 from gpud.hw.nvml.values import _bits, _text, field_int, normalize_bus_id
 from gpud.model import (
     SLOW_OPEN_S,
@@ -37,25 +37,48 @@ from gpud.model import (
 )
 
 
-class NvmlInfo(NvmlHandles):
-    """A GPU's static information (read once, cached), its thresholds and temperature."""
+class Info:
+    """A GPU's static information (read once, cached), its clock offsets, thresholds and temperature."""
+
+    def __init__(self, client: NvmlClient) -> None:
+        self._c = client
+        self._info: dict[int, GpuInfo] = {}
+        self._sli: dict[int, tuple[bool | None, ...]] = {}  # per NVLink: an SLI bridge's (its capability)
+        client.on_renumber(self._forget)
+
+    def _forget(self) -> None:
+        self._info.clear()
+        self._sli.clear()
+
+    def cached(self, index: int) -> GpuInfo | None:
+        """The static facts if they were read already (also for a GPU lost since)."""
+        return self._info.get(index)
+
+    def drop(self, index: int) -> None:
+        """Forget GPU ``index``'s facts (read when it was lost: read again when it comes back)."""
+        self._info.pop(index, None)
+
+    def sli_links(self, index: int) -> tuple[bool | None, ...]:
+        """Each NVLink's SLI-bridge capability, as ``info`` read them (the links there are)."""
+        return self._sli.get(index, ())
 
     def info(self, index: int) -> GpuInfo:
         cached = self._info.get(index)
         if cached is not None:
             return cached
-        h = self.handle(index)
+        c = self._c
+        h = c.handle(index)
 
         def get(name: str, *args: Any) -> Any:
-            return self.get(name, h, *args, gpu=index)
+            return c.get(name, h, *args, gpu=index)
 
         def watts(mw: Any) -> float | None:
             return mw / 1000.0 if mw is not None else None
 
-        pci = self.call("nvmlDeviceGetPciInfo", h, gpu=index)
+        pci = c.call("nvmlDeviceGetPciInfo", h, gpu=index)
         constraints = get("nvmlDeviceGetPowerManagementLimitConstraints") or (None, None)
         fan_count = get("nvmlDeviceGetNumFans")
-        fan_range = (self.get_out("nvmlDeviceGetMinMaxFanSpeed", h, outputs=2, gpu=index) if fan_count
+        fan_range = (c.get_out("nvmlDeviceGetMinMaxFanSpeed", h, outputs=2, gpu=index) if fan_count
                      else None) or (None, None)
         mem = get("nvmlDeviceGetMemoryInfo")
         serial = get("nvmlDeviceGetSerial")
@@ -77,7 +100,7 @@ class NvmlInfo(NvmlHandles):
         links: list[bool | None] = []
         for link in range(MAX_NVLINKS):
             try:
-                self.call("nvmlDeviceGetNvLinkState", h, link, gpu=index)
+                c.call("nvmlDeviceGetNvLinkState", h, link, gpu=index)
             except (GpuLost, DriverNotLoaded):
                 raise
             except NvmlError:
@@ -87,8 +110,8 @@ class NvmlInfo(NvmlHandles):
         self._sli[index] = tuple(links)
         info = GpuInfo(
             index=index,
-            uuid=_text(self.call("nvmlDeviceGetUUID", h, gpu=index)),
-            name=_text(self.call("nvmlDeviceGetName", h, gpu=index)),
+            uuid=_text(c.call("nvmlDeviceGetUUID", h, gpu=index)),
+            name=_text(c.call("nvmlDeviceGetName", h, gpu=index)),
             serial=_text(serial) if serial else None,
             pci_bus_id=normalize_bus_id(pci.busId),
             pci_device_id=getattr(pci, "pciDeviceId", None),
@@ -118,7 +141,7 @@ class NvmlInfo(NvmlHandles):
             },
             clock_offset_ranges_mhz={d: span for d in OFFSET_DOMAINS
                                      if (span := self.clock_offset_range(index, h, d)) is not None},
-            open_seconds=slow if (slow := round(self._open_seconds.get(index, 0.0), 1)) >= SLOW_OPEN_S else None,
+            open_seconds=slow if (slow := round(c.open_seconds(index) or 0.0, 1)) >= SLOW_OPEN_S else None,
         )
         self._info[index] = info
         return info
@@ -129,36 +152,35 @@ class NvmlInfo(NvmlHandles):
         (nvidia-ml-py's wrapper drops its return code: a Not Supported would read as 0 in 0..0), else the
         per-domain ``MinMax`` VF-offset call of drivers before R555."""
         got = self._clock_offsets_struct(index, h, domain)
-        if "nvmlDeviceGetClockOffsets" in self._gone:
-            span = self.get_out(VF_OFFSET_CALLS[domain][1], h, outputs=2, gpu=index, signed=True)
+        if self._c.gone("nvmlDeviceGetClockOffsets"):
+            span = self._c.get_out(VF_OFFSET_CALLS[domain][1], h, outputs=2, gpu=index, signed=True)
             return (span[0], span[1]) if span is not None else None
         return (got[1], got[2]) if got is not None else None
 
     def clock_offset_now(self, index: int, h: Any, domain: str) -> int | None:
         """P0's offset in ``domain``, MHz, in one call with either driver (the range is ``GpuInfo``'s)."""
         got = self._clock_offsets_struct(index, h, domain)
-        if "nvmlDeviceGetClockOffsets" in self._gone:
-            offset = self.get(VF_OFFSET_CALLS[domain][0], h, gpu=index)
+        if self._c.gone("nvmlDeviceGetClockOffsets"):
+            offset = self._c.get(VF_OFFSET_CALLS[domain][0], h, gpu=index)
             return int(offset) if offset is not None else None
         return got[0] if got is not None else None
 
     def _clock_offsets_struct(self, index: int, h: Any, domain: str) -> tuple[int, int, int] | None:
         def read() -> tuple[int, int, int]:
             out = ClockOffsetStruct(version=CLOCK_OFFSET_V1, type=OFFSET_DOMAINS[domain], pstate=PSTATE_0)
-            with self._lock:  # as ``call``: one call at a time through gpud, counted
-                fn = self._c_function("nvmlDeviceGetClockOffsets", index)
-                self.calls += 1
-                self._c_check(fn(h, ctypes.byref(out)), "nvmlDeviceGetClockOffsets", index)
+            with self._c.lock:  # as ``call``: one call at a time through gpud, counted
+                fn = self._c.c_function("nvmlDeviceGetClockOffsets", index)
+                self._c.c_check(self._c.c_call(fn, h, ctypes.byref(out)), "nvmlDeviceGetClockOffsets", index)
             return int(out.clockOffsetMHz), int(out.minClockOffsetMHz), int(out.maxClockOffsetMHz)
 
-        got: tuple[int, int, int] | None = self._optional(("nvmlDeviceGetClockOffsets", index, (domain,)), read)
+        got: tuple[int, int, int] | None = self._c.optional(("nvmlDeviceGetClockOffsets", index, (domain,)), read)
         return got
 
     def supported_memory_clocks(self, index: int) -> tuple[int, ...] | None:
         """The memory clocks the GPU can run at, MHz, highest first (``nvmlDeviceGetSupportedMemoryClocks``;
         ``nvidia-smi -q -d SUPPORTED_CLOCKS``): what ``nvmlDeviceSetMemoryLockedClocks`` may be given.
         None where NVML cannot say (Not Supported)."""
-        got = self.get("nvmlDeviceGetSupportedMemoryClocks", self.handle(index), gpu=index)
+        got = self._c.get("nvmlDeviceGetSupportedMemoryClocks", self._c.handle(index), gpu=index)
         if not got:
             return None
         return tuple(sorted({int(c) for c in got}, reverse=True))
@@ -167,9 +189,9 @@ class NvmlInfo(NvmlHandles):
         """Absolute thresholds from T.Limit offsets: threshold = temperature + margin − offset (the
         offset is where the margin stands when the threshold is reached). Empty without the margin
         call (nvidia-ml-py before 12.570) or the fields."""
-        margin = self._optional(("nvmlDeviceGetMarginTemperature", index, ()), lambda: self._margin(h, index))
-        temp = self._temperature(h, index)
-        values = self.get("nvmlDeviceGetFieldValues", h, list(FI_TLIMIT.values()), gpu=index)
+        margin = self._c.optional(("nvmlDeviceGetMarginTemperature", index, ()), lambda: self._margin(h, index))
+        temp = self.temperature(h, index)
+        values = self._c.get("nvmlDeviceGetFieldValues", h, list(FI_TLIMIT.values()), gpu=index)
         if margin is None or temp is None or values is None:
             return {}
         out: dict[str, int | None] = {}
@@ -182,22 +204,21 @@ class NvmlInfo(NvmlHandles):
     def _margin(self, h: Any, index: int) -> int:
         """``nvmlDeviceGetMarginTemperature`` — through the C function with nvml.h's versioned struct
         where the bindings (nvidia-ml-py before 12.570) have no wrapper for it."""
-        if hasattr(self._m, "nvmlDeviceGetMarginTemperature"):
-            return int(self.call("nvmlDeviceGetMarginTemperature", h, gpu=index))
+        if hasattr(self._c.module, "nvmlDeviceGetMarginTemperature"):
+            return int(self._c.call("nvmlDeviceGetMarginTemperature", h, gpu=index))
 
         class Margin(ctypes.Structure):
             _fields_ = [("version", ctypes.c_uint), ("marginTemperature", ctypes.c_int)]
 
         out = Margin(version=ctypes.sizeof(Margin) | 1 << 24)  # NVML_STRUCT_VERSION(MarginTemperature, 1)
-        fn = self._c_function("nvmlDeviceGetMarginTemperature", index)
-        self.calls += 1
-        self._c_check(fn(h, ctypes.byref(out)), "nvmlDeviceGetMarginTemperature", index)
+        fn = self._c.c_function("nvmlDeviceGetMarginTemperature", index)
+        self._c.c_check(self._c.c_call(fn, h, ctypes.byref(out)), "nvmlDeviceGetMarginTemperature", index)
         return int(out.marginTemperature)
 
-    def _temperature(self, h: Any, index: int) -> int | None:
+    def temperature(self, h: Any, index: int) -> int | None:
         """GPU temperature: ``nvmlDeviceGetTemperature``, deprecated ("will be removed in CUDA 14.0"),
         then its successor ``nvmlDeviceGetTemperatureV`` where the first is gone."""
-        t = self.get("nvmlDeviceGetTemperature", h, TEMPERATURE_GPU, gpu=index)
-        if t is None and "nvmlDeviceGetTemperature" in self._gone:
-            t = self.get("nvmlDeviceGetTemperatureV", h, TEMPERATURE_GPU, gpu=index)
+        t = self._c.get("nvmlDeviceGetTemperature", h, TEMPERATURE_GPU, gpu=index)
+        if t is None and self._c.gone("nvmlDeviceGetTemperature"):
+            t = self._c.get("nvmlDeviceGetTemperatureV", h, TEMPERATURE_GPU, gpu=index)
         return int(t) if t is not None else None

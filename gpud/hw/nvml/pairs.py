@@ -5,27 +5,33 @@ from __future__ import annotations
 from typing import Any
 
 from gpud.hw.nvml.constants import P2P_NVLINK, P2P_READ, P2P_STATUS, P2P_WRITE, TOPO_LEVEL
-from gpud.hw.nvml.counters import NvmlCounters
+from gpud.hw.nvml.handles import NvmlClient
+from gpud.hw.nvml.info import Info
 from gpud.model import (
     GpuSample,
     Topology,
 )
 
 
-class NvmlPairs(NvmlCounters):
+class Pairs:
     """NVLinks and the pairs of GPUs: links, peers, P2P status and the topology matrix."""
 
-    # -- pairs ------------------------------------------------------------------------
+    def __init__(self, client: NvmlClient, info: Info) -> None:
+        self._c = client
+        self._info = info
+        self._pairs: dict[tuple[int, int], tuple[str, str, str, str]] = {}
+        client.on_renumber(self._pairs.clear)
+
     def _pair(self, i: int, j: int) -> tuple[str, str, str, str]:
         """(PCIe level, P2P read, P2P write, P2P NVLink) between GPUs i and j, cached."""
         key = (min(i, j), max(i, j))
         cached = self._pairs.get(key)
         if cached is None:
-            hi, hj = self.handle(key[0]), self.handle(key[1])
-            anc = self.get("nvmlDeviceGetTopologyCommonAncestor", hi, hj, gpu=i)
+            hi, hj = self._c.handle(key[0]), self._c.handle(key[1])
+            anc = self._c.get("nvmlDeviceGetTopologyCommonAncestor", hi, hj, gpu=i)
 
             def p2p(idx: int) -> str:
-                st = self.get("nvmlDeviceGetP2PStatus", hi, hj, idx, gpu=i)
+                st = self._c.get("nvmlDeviceGetP2PStatus", hi, hj, idx, gpu=i)
                 return P2P_STATUS.get(st, "unknown") if st is not None else "unknown"
 
             cached = (
@@ -40,7 +46,7 @@ class NvmlPairs(NvmlCounters):
     def topology(self, samples: list[GpuSample] | tuple[GpuSample, ...]) -> Topology:
         """Pairwise topology; NV# counts the links up in ``samples`` (one per GPU)."""
         idx = tuple(s.index for s in samples)
-        bus = {i: self.info(i).pci_bus_id for i in idx if not self._lost(samples, i)}
+        bus = {i: self._info.info(i).pci_bus_id for i in idx if not self._lost(samples, i)}
         n = len(idx)
         level, pcie, nvl, rd, wr, nv = ([["X"] * n for _ in range(n)] for _ in range(6))
         for a in range(n):

@@ -21,7 +21,7 @@ from gpud.hw.nvml.constants import (
     ProcessUtilizationSample,
     T,
 )
-from gpud.hw.nvml.info import NvmlInfo
+from gpud.hw.nvml.handles import NvmlClient
 from gpud.hw.nvml.values import GpuProcessEntry
 from gpud.model import GpuProcess, MigInstance, mig_profile
 
@@ -31,10 +31,22 @@ POLLED_REUSE_S = 1.0
 NO_INSTANCE = 0xFFFFFFFF  # nvml.h, nvmlProcessInfo_t: gpuInstanceId / computeInstanceId without MIG
 
 
-class NvmlProcesses(NvmlInfo):
-    """The processes on a GPU: compute and graphics lists, per-process SM use."""
+class Processes:
+    """The processes on a GPU: compute and graphics lists, per-process SM use, MIG devices."""
 
-    def _processes(self, index: int, h: Any, locked: bool = True) -> Any:
+    def __init__(self, client: NvmlClient) -> None:
+        self._c = client
+        self._procs: dict[int, tuple[float, Any]] = {}  # (when, processes) read off the tick
+        self._polled: dict[int, tuple[float, Any]] = {}  # (monotonic, compute list) the rules' poll read
+        self._sampled: dict[int, tuple[float, tuple[int, ...]]] = {}  # (monotonic, pids) of the sampler's compute list
+        self._util_seen: dict[int, int] = {}  # newest process-utilisation sample read per GPU (µs)
+        client.on_renumber(self._forget)
+
+    def _forget(self) -> None:
+        for cache in (self._procs, self._polled, self._sampled, self._util_seen):
+            cache.clear()
+
+    def read(self, index: int, h: Any, locked: bool = True) -> Any:
         """The GPU's compute and graphics processes (one entry per pid: a process in both lists is
         ``compute+graphics``, as nvidia-smi's "C+G"). None when the compute list cannot be read."""
         compute = None if locked else self._polled_compute(index)
@@ -81,7 +93,7 @@ class NvmlProcesses(NvmlInfo):
         when NVML has no newer sample. None when the GPU does not give it."""
         name = "nvmlDeviceGetProcessUtilization"
 
-        out: dict[int, int] | None = self._optional(
+        out: dict[int, int] | None = self._c.optional(
             (name, index, ()), lambda: self._maybe_locked(locked, self._utilization_samples, name, h, index))
         return out
 
@@ -89,23 +101,22 @@ class NvmlProcesses(NvmlInfo):
         """``nvmlDeviceGetProcessUtilization`` with gpud's own buffer: the bindings' wrapper raises on the
         size call's SUCCESS and NOT_FOUND answers (nvidia-ml-py 12.535 and 13.x alike). NOT_FOUND ("no
         valid sample entries are found since the lastSeenTimeStamp", nvml.h) means no figure, not 0."""
-        fn = self._c_function(name, index)
+        c = self._c
+        fn = c.c_function(name, index)
         last = ctypes.c_ulonglong(self._util_seen.get(index, 0))
         count = ctypes.c_uint(0)
-        self.calls += 1
-        ret = fn(h, None, ctypes.byref(count), last)
+        ret = c.c_call(fn, h, None, ctypes.byref(count), last)
         if ret in (0, NOT_FOUND):
             return {}
         if ret != INSUFFICIENT_SIZE:
-            self._c_check(ret, name, index)
+            c.c_check(ret, name, index)
         room = count.value * 2 + 5  # processes may start between the two calls
         buf = (ProcessUtilizationSample * room)()
         count.value = room
-        self.calls += 1
-        ret = fn(h, buf, ctypes.byref(count), last)
+        ret = c.c_call(fn, h, buf, ctypes.byref(count), last)
         if ret == NOT_FOUND:
             return {}
-        self._c_check(ret, name, index)
+        c.c_check(ret, name, index)
         samples = buf[:min(count.value, room)]
         per: dict[int, list[int]] = {}
         for smp in samples:
@@ -118,9 +129,9 @@ class NvmlProcesses(NvmlInfo):
         """``fn(*args)`` under gpud's NVML lock, or without it (the off-tick sampler: NVML is thread-safe),
         between two ticks' reads."""
         if not locked:
-            with self._gate.call():
+            with self._c.gate.call():
                 return fn(*args)
-        with self._lock:
+        with self._c.lock:
             return fn(*args)
 
     def _process_list(self, index: int, h: Any, locked: bool, calls: tuple[str, ...],
@@ -128,10 +139,10 @@ class NvmlProcesses(NvmlInfo):
         """One of NVML's process lists, from the newest entry point the driver exports (``scope``: a MIG
         device's, whose answers are remembered apart from its GPU's)."""
         for name in calls:
-            if (name, index, scope) in self._unsupported:
+            if self._c.unsupported((name, index, scope)):
                 continue
 
-            procs = self._optional((name, index, scope),
+            procs = self._c.optional((name, index, scope),
                                    functools.partial(self._maybe_locked, locked, self._process_entries, name, h, index))
             if procs is not None:
                 return procs
@@ -141,20 +152,19 @@ class NvmlProcesses(NvmlInfo):
         """Call the process-list entry point with gpud's own buffer: sized for the largest entry any
         driver writes and filled with a sentinel, so the entry size the driver used is seen in the
         bytes it left untouched (a pid or a memory size is never 0xA5A5…)."""
-        fn = self._c_function(name, index)
+        c = self._c
+        fn = c.c_function(name, index)
         count = ctypes.c_uint(0)
-        self.calls += 1
-        ret = fn(h, ctypes.byref(count), None)
+        ret = c.c_call(fn, h, ctypes.byref(count), None)
         if ret == 0:
             return []
         if ret != INSUFFICIENT_SIZE:
-            self._c_check(ret, name, index)
+            c.c_check(ret, name, index)
         room = count.value * 2 + 5  # processes may start between the two calls
         buf = (ctypes.c_ubyte * (room * PROCESS_ENTRY_MAX))()
         ctypes.memset(buf, SENTINEL, ctypes.sizeof(buf))
         count.value = room
-        self.calls += 1
-        self._c_check(fn(h, ctypes.byref(count), buf), name, index)
+        c.c_check(c.c_call(fn, h, ctypes.byref(count), buf), name, index)
         n = count.value
         raw = bytes(buf)
         size = 24 if n == 0 or raw[24 * n:32 * n] == bytes([SENTINEL]) * (8 * n) else 32
@@ -172,7 +182,7 @@ class NvmlProcesses(NvmlInfo):
         """The GPU's compute processes now (``nvmlDeviceGetComputeRunningProcesses``, gpud's own buffer: one
         call when there are none), without gpud's lock and never while a tick reads (``TickGate``): what
         the daemon's profile rules poll. Empty when the list cannot be read."""
-        procs = self._process_list(index, self.handle(index), False, PROCESS_CALLS)
+        procs = self._process_list(index, self._c.handle(index), False, PROCESS_CALLS)
         if procs is not None:
             self._polled[index] = (time.monotonic(), procs)  # for the sampler's next round (``_polled_compute``)
         return list(procs or [])
@@ -184,17 +194,17 @@ class NvmlProcesses(NvmlInfo):
         instead of a 4.5 ms one (docs/simulation.md, "Call latency"). A CUDA context takes memory as it is
         created and gives it back at exit. None where it cannot be read, a lost GPU included."""
         out: dict[int, int | None] = {}
-        name, unsupported = "nvmlDeviceGetMemoryInfo", self._unsupported
-        with self._gate.call():
+        name, c = "nvmlDeviceGetMemoryInfo", self._c
+        with c.gate.call():
             for index in indices:
                 key = (name, index, ())
                 mem = None
-                if key not in unsupported:  # ``_optional`` inline: this runs for every GPU twice a second
+                if not c.unsupported(key):  # ``optional`` inline: this runs for every GPU twice a second
                     try:
-                        mem = self._raw(name, self.handle(index), gpu=index)
+                        mem = c.raw(name, c.handle(index), gpu=index)
                     except NvmlError as err:
                         try:
-                            self._not_read(key, err)
+                            c.not_read(key, err)
                         except NvmlError:
                             pass  # lost, or no driver: None
                 out[index] = None if mem is None else int(mem.used)
@@ -219,21 +229,21 @@ class NvmlProcesses(NvmlInfo):
         """(index, handle) of each MIG device of a MIG-enabled GPU; None without MIG (no count, or 0).
         nvml.h: every index below nvmlDeviceGetMaxMigDeviceCount is asked; NOT_FOUND is a free slot."""
         count_call = "nvmlDeviceGetMaxMigDeviceCount"
-        count = self._optional((count_call, index, ()), lambda: self._maybe_locked(
-            locked, functools.partial(self._raw, count_call, h, gpu=index)))
+        count = self._c.optional((count_call, index, ()), lambda: self._maybe_locked(
+            locked, functools.partial(self._c.raw, count_call, h, gpu=index)))
         if not count:
             return None
         out = []
         for k in range(int(count)):
             try:
                 out.append((k, self._maybe_locked(locked, functools.partial(
-                    self._raw, "nvmlDeviceGetMigDeviceHandleByIndex", h, k, gpu=index))))
+                    self._c.raw, "nvmlDeviceGetMigDeviceHandleByIndex", h, k, gpu=index))))
             except NvmlError as err:
                 if err.code != NOT_FOUND or isinstance(err, (GpuLost, DriverNotLoaded)):
                     raise
         return out
 
-    def _mig_instances(self, index: int, h: Any,
+    def mig_instances(self, index: int, h: Any,
                        processes: tuple[GpuProcess, ...] | None) -> tuple[MigInstance, ...] | None:
         """A MIG-enabled GPU's MIG devices through their own handles: UUID, profile (from the name), GPU and
         compute instance ids, memory (``_v2`` where there is one), and the processes whose ids are theirs.
@@ -248,11 +258,12 @@ class NvmlProcesses(NvmlInfo):
         for k, mh in migs or ():
             def read(name: str, *args: Any, k: int = k, mh: Any = mh) -> Any:
                 key = tuple(repr(a) for a in args)
-                return self._optional((name, index, ("mig", k, *key)), lambda: self.call(name, mh, *args, gpu=index))
+                c = self._c
+                return c.optional((name, index, ("mig", k, *key)), lambda: c.call(name, mh, *args, gpu=index))
 
             uuid = read("nvmlDeviceGetUUID")
             gi, ci = read("nvmlDeviceGetGpuInstanceId"), read("nvmlDeviceGetComputeInstanceId")
-            version = getattr(self._m, "nvmlMemory_v2", None)
+            version = getattr(self._c.module, "nvmlMemory_v2", None)
             mem = read("nvmlDeviceGetMemoryInfo", version) if version is not None else None
             used, reserved = (int(mem.used), int(mem.reserved)) if mem is not None else (None, None)
             if mem is None:
@@ -267,6 +278,12 @@ class NvmlProcesses(NvmlInfo):
                 memory_free_bytes=int(mem.free) if mem else None, processes=mine))
         return tuple(out)
 
-    def _offtick_processes(self, index: int, now: float) -> Any:
+    def read_offtick(self, index: int) -> None:
+        """Read the GPU's processes without gpud's lock (the off-tick sampler), for the ticks that follow."""
+        procs = self.read(index, self._c.handle(index), locked=False)
+        self._procs[index] = (time.time(), procs)
+
+    def offtick(self, index: int, now: float) -> Any:
+        """The processes the off-tick sampler read last, if recent enough; else None."""
         got = self._procs.get(index)
         return got[1] if got is not None and now - got[0] <= 3 * OFFTICK_EVERY_S else None

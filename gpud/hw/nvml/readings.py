@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 import time
 from typing import Any, Callable
@@ -25,7 +24,10 @@ from gpud.hw.nvml.constants import (
     PCIE_TX,
     log,
 )
-from gpud.hw.nvml.pairs import NvmlPairs
+from gpud.hw.nvml.counters import Counters
+from gpud.hw.nvml.handles import NvmlClient
+from gpud.hw.nvml.info import Info
+from gpud.hw.nvml.processes import Processes
 from gpud.hw.nvml.values import field_int
 from gpud.model import (
     FanReading,
@@ -37,45 +39,62 @@ from gpud.model import (
 )
 
 
-class NvmlReadings(NvmlPairs):
+class Readings:
     """A GPU's sample (one tick's readings), the burn-in's telemetry and the off-tick sampler."""
+
+    def __init__(self, client: NvmlClient, info: Info, processes: Processes, counters: Counters) -> None:
+        self._c = client
+        self._info = info
+        self._processes = processes
+        self._counters = counters
+        self._pcie_counts: dict[int, tuple[float, int, int]] = {}  # cumulative byte counters, last tick
+        self._pcie_sampled: dict[int, tuple[float, int, int]] = {}  # (when, TX B/s, RX B/s) off the tick
+        self._pcie_counter_ok: set[int] = set()  # GPUs whose cumulative PCIe byte counters answer
+        self.offtick = False  # a sampler thread reads the blocking readings; the tick uses its results
+        client.on_renumber(self._forget)
+
+    def _forget(self) -> None:
+        for cache in (self._pcie_counts, self._pcie_sampled, self._pcie_counter_ok):
+            cache.clear()
 
     # -- one reading per tick ---------------------------------------------------------
     def sample(self, index: int) -> GpuSample:
         """Read one GPU's telemetry. A lost GPU gives a sample with ``lost=True``."""
-        with self._lock:  # once for the whole sample: the calls inside re-enter it cheaply
+        with self._c.lock:  # once for the whole sample: the calls inside re-enter it cheaply
             return self._sample_locked(index)
 
     def reading_all(self) -> contextlib.AbstractContextManager[None]:
         """Held while a snapshot reads every GPU (``Machine.snapshot``): the sampler's blocking calls wait."""
-        return self._gate.tick()
+        return self._c.gate.tick()
 
     def _sample_locked(self, index: int, read: Callable[[int, GpuInfo, float], GpuSample] | None = None) -> GpuSample:
         """``read`` (default: the whole ``_sample``) under the one translation of a lost or unusable GPU."""
         now = time.time()
-        cached = self._info.get(index)
+        cached = self._info.cached(index)
         try:
-            info = self.info(index)
+            info = self._info.info(index)
             return (read or self._sample)(index, info, now)
         except DriverNotLoaded:
             raise
         except NvmlError as err:  # lost, or a reading every GPU must give failed: this GPU only
-            self._handles.pop(index, None)  # look the GPU up again next time: it may come back
-            self._info.pop(index, None) if cached is None else None
+            self._c.forget_handle(index)  # look the GPU up again next time: it may come back
+            if cached is None:
+                self._info.drop(index)
             return GpuSample(index=index, uuid=cached.uuid if cached else "", timestamp=now, lost=True,
                              error=str(err), inaccessible=isinstance(err, PermissionDenied),
                              cause=err.cause if isinstance(err, GpuUnusable) else None)
 
     def _sample(self, index: int, info: GpuInfo, now: float) -> GpuSample:
-        h = self.handle(index)
+        c = self._c
+        h = c.handle(index)
 
         def get(name: str, *args: Any) -> Any:
-            return self.get(name, h, *args, gpu=index)
+            return c.get(name, h, *args, gpu=index)
 
         def watts(mw: Any) -> float | None:
             return mw / 1000.0 if mw is not None else None
 
-        slow = self._slow_fields(index, h, info, now)
+        slow = self._counters.slow_fields(index, h, info, now)
         fans: list[FanReading] = []
         if info.fan_count is not None:
             for fan in range(info.fan_count):
@@ -94,13 +113,13 @@ class NvmlReadings(NvmlPairs):
                 fans.append(FanReading(0, speed, None, None))
         util = get("nvmlDeviceGetUtilizationRates")
         used, total, reserved, free = self._memory(index, h)
-        tx, rx = self._pcie_rates(index, h, now)
+        tx, rx = self.pcie_rates(index, h, now)
         events = self._clock_event_mask(get)
         persistence, compute = slow.persistence, slow.compute
         ecc_mode, ecc, sbe, dbe, retired_pending, remap, replay = (
             slow.ecc_mode, slow.ecc, slow.sbe, slow.dbe, slow.retired_pending, slow.remap, slow.replay)
         ecc_on = bool(ecc_mode[0]) if ecc_mode is not None else None
-        procs = self._offtick_processes(index, now) if self.offtick else self._processes(index, h)
+        procs = self._processes.offtick(index, now) if self.offtick else self._processes.read(index, h)
         processes = tuple(
             GpuProcess(pid=p.pid, used_memory_bytes=p.usedGpuMemory, user=None, command=None,
                        kind=getattr(p, "kind", "compute"), sm_utilization_percent=getattr(p, "sm", None),
@@ -112,7 +131,7 @@ class NvmlReadings(NvmlPairs):
             index=index,
             uuid=info.uuid,
             timestamp=now,
-            temperature_celsius=self._temperature(h, index),
+            temperature_celsius=self._info.temperature(h, index),
             fans=tuple(fans),
             power_watts=watts(get("nvmlDeviceGetPowerUsage")),
             power_limit_watts=watts(get("nvmlDeviceGetEnforcedPowerLimit")),
@@ -136,7 +155,7 @@ class NvmlReadings(NvmlPairs):
             persistence_mode=bool(persistence) if persistence is not None else None,
             compute_mode=COMPUTE_MODES.get(compute, str(compute)) if compute is not None else None,
             mig_mode=mig_on,
-            mig_instances=self._mig_instances(index, h, processes) if mig_on else None,
+            mig_instances=self._processes.mig_instances(index, h, processes) if mig_on else None,
             ecc_enabled=ecc_on,
             ecc_pending=bool(ecc_mode[1]) if ecc_mode is not None else None,
             ecc_errors=ecc,
@@ -158,7 +177,7 @@ class NvmlReadings(NvmlPairs):
     def settings_held(self, index: int) -> bool:
         """Whether this GPU's settings as last read still stand: False after gpud wrote one (a write drops
         the slow fields, so the next ``sample`` reads them afresh) until a whole sample reads them again."""
-        return index in self._slow
+        return self._counters.held(index)
 
     def quick_sample(self, index: int, whole: GpuSample) -> GpuSample:
         """``whole`` (this GPU's latest ``sample``) with what the daemon's fan loop and the power figures
@@ -166,39 +185,41 @@ class NvmlReadings(NvmlPairs):
         where ``sample`` makes about 16). The rest stays as ``whole`` read it; the daemon reads a whole
         sample every few ticks (``gpud.daemon.tick.WHOLE_EVERY_S``). A lost GPU reads as in ``sample``."""
 
+        c = self._c
+
         def read(i: int, info: GpuInfo, now: float) -> GpuSample:
-            h = self.handle(i)
+            h = c.handle(i)
             if info.fan_count is not None:
-                fans = tuple(FanReading(f.fan, self.get("nvmlDeviceGetFanSpeed_v2", h, f.fan, gpu=i), f.target_percent,
+                fans = tuple(FanReading(f.fan, c.get("nvmlDeviceGetFanSpeed_v2", h, f.fan, gpu=i), f.target_percent,
                                         f.policy) for f in whole.fans)
             else:
-                speed = self.get("nvmlDeviceGetFanSpeed", h, gpu=i)
+                speed = c.get("nvmlDeviceGetFanSpeed", h, gpu=i)
                 fans = (FanReading(0, speed, None, None),) if speed is not None else ()
-            power = self.get("nvmlDeviceGetPowerUsage", h, gpu=i)
-            return held_over(whole, timestamp=now, temperature_celsius=self._temperature(h, i), fans=fans,
+            power = c.get("nvmlDeviceGetPowerUsage", h, gpu=i)
+            return held_over(whole, timestamp=now, temperature_celsius=self._info.temperature(h, i), fans=fans,
                              power_watts=power / 1000.0 if power is not None else None)
 
-        with self._lock:
+        with c.lock:
             return self._sample_locked(index, read)
 
     def _memory(self, index: int, h: Any) -> tuple[int | None, int | None, int | None, int | None]:
         """(used, total, reserved, free) bytes: ``nvmlDeviceGetMemoryInfo_v2`` keeps the driver's
         reservation apart (nvml.h: v1's ``used`` is reserved + allocated); v1 where the driver or the
         bindings lack it (reserved unknown)."""
-        version = getattr(self._m, "nvmlMemory_v2", None)
-        v2 = self.get("nvmlDeviceGetMemoryInfo", h, version, gpu=index) if version is not None else None
+        version = getattr(self._c.module, "nvmlMemory_v2", None)
+        v2 = self._c.get("nvmlDeviceGetMemoryInfo", h, version, gpu=index) if version is not None else None
         if v2 is not None:
             return int(v2.used), int(v2.total), int(v2.reserved), int(v2.free)
-        mem = self.get("nvmlDeviceGetMemoryInfo", h, gpu=index)
+        mem = self._c.get("nvmlDeviceGetMemoryInfo", h, gpu=index)
         if mem is None:
             return None, None, None, None
         return int(mem.used), int(mem.total), None, int(mem.free)
 
-    def _pcie_rates(self, index: int, h: Any, now: float) -> tuple[int | None, int | None]:
+    def pcie_rates(self, index: int, h: Any, now: float) -> tuple[int | None, int | None]:
         """PCIe TX/RX bytes per second without blocking the tick: from NVML's cumulative byte counters
         (two ticks apart) where the GPU has them, else the latest off-tick ``sample_pcie`` result."""
         # Every id Not Supported: no counters, not asked again (a call that fails whole is asked again).
-        values = self._field_values(index, h, [FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES], "pcie_bytes", retry_s=None)
+        values = self._counters.field_values(index, h, [FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES], "pcie_bytes", retry_s=None)
         if values is not None:
             counts = [field_int(v) for v in values]
             if None not in counts:
@@ -210,7 +231,7 @@ class NvmlReadings(NvmlPairs):
                     dt, wrap = now - last[0], 1 << bits  # "Value can be wrapped" (nvml.h): modulo its width
                     return int((tx - last[1]) % wrap / dt), int((rx - last[2]) % wrap / dt)
             elif any(int(v.nvmlReturn) == 3 for v in values):  # one of the pair missing: no use either
-                self._fields_retry[(index, "pcie_bytes")] = math.inf
+                self._counters.never_ask(index, "pcie_bytes")
         sampled = self._pcie_sampled.get(index)  # no counters, or no earlier count yet
         if sampled is None or now - sampled[0] > 3 * OFFTICK_EVERY_S:
             return None, None
@@ -219,25 +240,30 @@ class NvmlReadings(NvmlPairs):
     def needs_pcie_sampling(self, index: int) -> bool:
         """No working byte counters (yet) and a throughput call that answers."""
         return (index not in self._pcie_counter_ok
-                and ("nvmlDeviceGetPcieThroughput", index, (PCIE_TX,)) not in self._unsupported)
+                and not self._c.unsupported(("nvmlDeviceGetPcieThroughput", index, (PCIE_TX,))))
+
+    def pcie_counters_work(self, index: int) -> bool:
+        """Whether the GPU's cumulative PCIe byte counters answered (no throughput call needed)."""
+        return index in self._pcie_counter_ok
 
     def sample_pcie(self, index: int) -> None:
         """Read ``nvmlDeviceGetPcieThroughput`` (each call counts bytes over 20 ms, NVML reference) for
         one GPU *without* holding gpud's NVML lock, so a tick never waits for it. NVML itself is
         thread-safe. Meant for a sampler thread (the daemon) or a one-shot read of all GPUs at once."""
+        c = self._c
         try:
-            h = self.handle(index)
+            h = c.handle(index)
         except NvmlError:
             return
         rates: list[int] = []
         for counter in (PCIE_TX, PCIE_RX):
             key = ("nvmlDeviceGetPcieThroughput", index, (counter,))
 
-            def read(c: int = counter) -> Any:
-                with self._gate.call():
-                    return self._raw("nvmlDeviceGetPcieThroughput", h, c, gpu=index)
+            def read(which: int = counter) -> Any:
+                with c.gate.call():
+                    return c.raw("nvmlDeviceGetPcieThroughput", h, which, gpu=index)
 
-            kbs = self._optional(key, read)
+            kbs = c.optional(key, read)
             if kbs is None:
                 return
             rates.append(int(kbs) * 1024)
@@ -250,15 +276,14 @@ class NvmlReadings(NvmlPairs):
             if self.needs_pcie_sampling(index):
                 self.sample_pcie(index)
             if processes:
-                procs = self._processes(index, self.handle(index), locked=False)
-                self._procs[index] = (time.time(), procs)
+                self._processes.read_offtick(index)
         except NvmlError as err:  # a lost GPU or a missing driver: the tick reports it
             log.debug("off-tick readings of GPU %d: %s", index, err)
 
     def fresh_sample(self, index: int) -> GpuSample:
         """``sample`` with the health counters (ECC, retired pages, remapped rows, replays, NVLink errors)
         read now rather than up to ``SLOW_EVERY_S`` ago: a burn-in's before and after."""
-        self._slow.pop(index, None)
+        self._counters.drop(index)
         return self.sample(index)
 
     def telemetry(self, index: int) -> GpuSample:
@@ -266,21 +291,22 @@ class NvmlReadings(NvmlPairs):
         blocking): temperature, fans (as asked), power and its enforced limit, SM and memory clocks,
         utilisation, clock-event reasons, the PCIe link's generation and width. ``sample`` gives the
         whole picture (health counters, processes) at 10× the cost; a lost GPU reads as it does there."""
-        with self._lock:
+        with self._c.lock:
             return self._sample_locked(index, self._telemetry)
 
     def _telemetry(self, index: int, info: GpuInfo, now: float) -> GpuSample:
-        h = self.handle(index)
+        c = self._c
+        h = c.handle(index)
 
         def get(name: str, *args: Any) -> Any:
-            return self.get(name, h, *args, gpu=index)
+            return c.get(name, h, *args, gpu=index)
 
         fans = tuple(FanReading(f, get("nvmlDeviceGetFanSpeed_v2", f), None, None) for f in range(info.fan_count or 0))
         events = self._clock_event_mask(get)
         power, limit = get("nvmlDeviceGetPowerUsage"), get("nvmlDeviceGetEnforcedPowerLimit")
         util = get("nvmlDeviceGetUtilizationRates")
         return GpuSample(
-            index=index, uuid=info.uuid, timestamp=now, temperature_celsius=self._temperature(h, index),
+            index=index, uuid=info.uuid, timestamp=now, temperature_celsius=self._info.temperature(h, index),
             fans=fans, power_watts=power / 1000.0 if power is not None else None,
             power_limit_watts=limit / 1000.0 if limit is not None else None,
             clocks_mhz={k: get("nvmlDeviceGetClockInfo", CLOCK_TYPES[k]) for k in ("sm", "memory")},
@@ -313,7 +339,7 @@ class NvmlReadings(NvmlPairs):
 
         def round_() -> None:
             try:
-                self.sample_pcie_all(list(range(self.device_count())), processes=True)
+                self.sample_pcie_all(list(range(self._c.device_count())), processes=True)
             except NvmlError as err:
                 log.debug("off-tick sampler: %s", err)
                 return

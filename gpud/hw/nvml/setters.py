@@ -18,22 +18,30 @@ from gpud.hw.nvml.constants import (
     ClockOffsetStruct,
     T,
 )
-from gpud.hw.nvml.readings import NvmlReadings
+from gpud.hw.nvml.counters import Counters
+from gpud.hw.nvml.handles import NvmlClient
+from gpud.hw.nvml.info import Info
 
 
-class NvmlSetters(NvmlReadings):
-    """Setters, each with a read-back of what the driver took."""
+class Setters:
+    """Setters, each with a read-back of what the driver took. A write drops the GPU's slow fields (its
+    settings as last read): the next sample reads them afresh."""
 
-    # -- setters, each followed by a read-back where NVML has a getter ----------------
+    def __init__(self, client: NvmlClient, info: Info, counters: Counters) -> None:
+        self._c = client
+        self._info = info
+        self._counters = counters
+
     def _set(self, index: int, setter: str, args: tuple[Any, ...], getter: str | None = None,
              getter_args: tuple[Any, ...] = (), convert: Callable[[Any], T] | None = None) -> Any:
-        h = self.handle(index)
-        with self._lock:  # a tick's sample holds it whole: the slow fields it caches are from before the write
-            self.call(setter, h, *args, gpu=index)
-            self._slow.pop(index, None)
+        c = self._c
+        h = c.handle(index)
+        with c.lock:  # a tick's sample holds it whole: the slow fields it caches are from before the write
+            c.call(setter, h, *args, gpu=index)
+            self._counters.drop(index)
             if getter is None:
                 return None
-            value = self.call(getter, h, *getter_args, gpu=index)
+            value = c.call(getter, h, *getter_args, gpu=index)
         return convert(value) if convert is not None else value
 
     def set_power_limit(self, index: int, watts: float) -> float:
@@ -60,10 +68,10 @@ class NvmlSetters(NvmlReadings):
     def set_applications_clocks(self, index: int, memory_mhz: int, graphics_mhz: int) -> tuple[int, int]:
         """``nvidia-smi -i N -ac MEM,GFX``; returns (memory, graphics) read back."""
         self._set(index, "nvmlDeviceSetApplicationsClocks", (memory_mhz, graphics_mhz))
-        h = self.handle(index)
+        h = self._c.handle(index)
         return (
-            self.call("nvmlDeviceGetApplicationsClock", h, CLOCK_TYPES["memory"], gpu=index),
-            self.call("nvmlDeviceGetApplicationsClock", h, CLOCK_TYPES["graphics"], gpu=index),
+            self._c.call("nvmlDeviceGetApplicationsClock", h, CLOCK_TYPES["memory"], gpu=index),
+            self._c.call("nvmlDeviceGetApplicationsClock", h, CLOCK_TYPES["graphics"], gpu=index),
         )
 
     def reset_applications_clocks(self, index: int) -> None:
@@ -74,21 +82,21 @@ class NvmlSetters(NvmlReadings):
         """P0's clock offset in ``domain`` (graphics, memory), MHz (0: none); returns the offset read back
         (the driver rounds to the step its hardware takes). ``nvmlDeviceSetClockOffsets`` where the driver
         has it (R555 on), else ``nvmlDeviceSetGpcClkVfOffset`` / ``nvmlDeviceSetMemClkVfOffset``."""
-        h = self.handle(index)
-        with self._lock:
+        c = self._c
+        h = c.handle(index)
+        with c.lock:
             try:
-                fn = self._c_function("nvmlDeviceSetClockOffsets", index)
+                fn = c.c_function("nvmlDeviceSetClockOffsets", index)
             except Unsupported:
                 fn = None  # a driver before R555 (FUNCTION_NOT_FOUND): the per-domain call
             if fn is not None:
                 arg = ClockOffsetStruct(version=CLOCK_OFFSET_V1, type=OFFSET_DOMAINS[domain], pstate=PSTATE_0,
                                         clockOffsetMHz=int(mhz))
-                self.calls += 1
-                self._c_check(fn(h, ctypes.byref(arg)), "nvmlDeviceSetClockOffsets", index)
+                c.c_check(c.c_call(fn, h, ctypes.byref(arg)), "nvmlDeviceSetClockOffsets", index)
             else:
-                self.call(VF_OFFSET_CALLS[domain][2], h, int(mhz), gpu=index)
-            self._slow.pop(index, None)
-            return self.clock_offset_now(index, h, domain)
+                c.call(VF_OFFSET_CALLS[domain][2], h, int(mhz), gpu=index)
+            self._counters.drop(index)
+            return self._info.clock_offset_now(index, h, domain)
 
     def set_persistence_mode(self, index: int, enabled: bool) -> bool:
         """``nvidia-smi -i N -pm 1|0``; returns the mode read back."""
@@ -109,17 +117,18 @@ class NvmlSetters(NvmlReadings):
     def fan_policy(self, index: int, fan: int) -> str | None:
         """The fan's control policy now (``auto`` or ``manual``), past the slow fields' 10 s cache; None
         where NVML cannot say."""
-        out = self.get_out("nvmlDeviceGetFanControlPolicy_v2", self.handle(index), fan, gpu=index)
+        out = self._c.get_out("nvmlDeviceGetFanControlPolicy_v2", self._c.handle(index), fan, gpu=index)
         return FAN_POLICY.get(out[0], str(out[0])) if out is not None else None
 
     def set_fan_auto(self, index: int, fan: int) -> str:
         """Hand the fan back to the driver's automatic policy; returns the policy read back."""
-        h = self.handle(index)
-        with self._lock:  # as ``_set``: the slow fields dropped after the write, not before
-            self.call("nvmlDeviceSetDefaultFanSpeed_v2", h, fan, gpu=index)
-            out = self.get_out("nvmlDeviceGetFanControlPolicy_v2", h, fan, gpu=index)
+        c = self._c
+        h = c.handle(index)
+        with c.lock:  # as ``_set``: the slow fields dropped after the write, not before
+            c.call("nvmlDeviceSetDefaultFanSpeed_v2", h, fan, gpu=index)
+            out = c.get_out("nvmlDeviceGetFanControlPolicy_v2", h, fan, gpu=index)
             if out is not None and out[0] != FAN_POLICY_AUTO:
-                self.call("nvmlDeviceSetFanControlPolicy", h, fan, FAN_POLICY_AUTO, gpu=index)
-                out = self.get_out("nvmlDeviceGetFanControlPolicy_v2", h, fan, gpu=index)
-            self._slow.pop(index, None)
+                c.call("nvmlDeviceSetFanControlPolicy", h, fan, FAN_POLICY_AUTO, gpu=index)
+                out = c.get_out("nvmlDeviceGetFanControlPolicy_v2", h, fan, gpu=index)
+            self._counters.drop(index)
         return FAN_POLICY.get(out[0], "auto") if out is not None else "auto"
