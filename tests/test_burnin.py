@@ -20,7 +20,7 @@ from conftest import REPO, run_gpud
 
 from gpud.backends import SimBench, open_bench, open_machine
 from gpud.burnin.result import Result, Verdict
-from gpud.burnin.run import run_burnin
+from gpud.burnin.run import SIZES, run_burnin
 from gpud.config import Config
 from gpud.json_schema import check
 
@@ -148,7 +148,8 @@ def test_the_soak_detects_each_fault(soak: tuple[Result, dict[str, Any]]) -> Non
     assert "burnin.memtest" in failing[3]  # memory errors
     mem = next(x for x in soak[0].verdicts if x.test == "burnin.memtest" and x.gpu == 3)
     assert "walking zeros" in mem.summary and "bit fade" in mem.summary and "over 10 min" in mem.summary
-    assert "at byte offset(s) 0x500000 (1 word(s))" in mem.summary  # located: the stand-in's weak cell
+    weak = SIZES["cpu"]["memtest_mib"] * 2**20 * 5 // 8  # the stand-in's weak cell: 5/8 into its block
+    assert f"at byte offset(s) {int(weak):#x} (1 word(s))" in mem.summary  # located
     assert len(soak[0].series[3].of("memtest")) == 600  # DCGM memtest's 600 s, in simulated time, read each second
     # wrong only from 75 °C: the load's checked products name the temperature their errors began at
     hot = next(x for x in soak[0].verdicts if x.test == "burnin.gemm.load" and x.gpu == 1)

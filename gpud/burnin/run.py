@@ -39,7 +39,7 @@ Progress = Callable[[str, float], None]  # what runs now, seconds of the GPUs' t
 # Sizes of the measured kernels: a GPU gets work large enough to reach its peak; the CPU standing in
 # for one (simulated workstations, --device cpu) small sizes, so its figures take seconds.
 SIZES: dict[str, dict[str, float]] = {"cuda": {"gemm_n": 8192, "copy_mib": 1024, "memtest_share": 0.85},
-                                      "cpu": {"gemm_n": 256, "copy_mib": 16, "memtest_mib": 8}}
+                                      "cpu": {"gemm_n": 256, "copy_mib": 16, "memtest_mib": 1}}
 
 
 class Bench(Protocol):
