@@ -53,6 +53,7 @@ class Soak:
         self.seconds, self.scrapers, self.hup_every = seconds, scrapers, hup_every
         self.stop = threading.Event()
         self.lock = threading.Lock()
+        self._due = threading.local()  # each thread's next point on its grid (``_wait_next``)
         self.counts: dict[str, int] = {"scrapes": 0, "scrape_errors": 0, "control": 0, "control_errors": 0,
                                        "refusals": 0, "sighups": 0, "faults": 0, "fault_errors": 0}
         self.refusals: set[str] = set()
@@ -85,11 +86,20 @@ class Soak:
             time.sleep(0.05)
         conn.close()
 
+    def _wait_next(self, every: float) -> bool:
+        """Wait for the next point of this thread's grid of ``every`` seconds (True: the soak ends): on a grid,
+        not ``every`` after the last action, so that an action slowed by a loaded machine does not thin out
+        the ones after it (a minute holds its 12 faults, its 30 control requests)."""
+        due = getattr(self._due, "t", None)
+        due = (time.monotonic() if due is None else due) + every
+        self._due.t = max(due, time.monotonic())  # an action longer than the period: the next at once, none piled up
+        return self.stop.wait(max(0.0, due - time.monotonic()))
+
     def controller(self, sock: str) -> None:
         from gpud.daemon import control
 
         k = 0
-        while not self.stop.wait(2.0):
+        while not self._wait_next(2.0):
             cmd, args = (("apply", {"profile": "quiet"}) if k % 2 == 0 else ("restore", {}))
             k += 1
             why = "no daemon listens on the socket"
@@ -115,7 +125,7 @@ class Soak:
         sim = open_machine(SIM).simulation
         assert sim is not None
         k = 0
-        while not self.stop.wait(5.0):
+        while not self._wait_next(5.0):
             kind, gpu = FAULTS[k % len(FAULTS)], (k // len(FAULTS)) % len(sim.description.gpus)
             k += 1
             try:
