@@ -639,7 +639,7 @@ def train(ctx: Ctx) -> dict[str, Any]:
                 # (``no_sync``: its gradients join the next step's), timed on each rank and gathered as
                 # floats in a CPU tensor (never torch's object collectives).
                 t0 = time.perf_counter()
-                with net.no_sync():  # type: ignore[operator]
+                with net.no_sync():
                     trainer.steps(x, y, 1)
                 sync(dev)
                 mine = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=CPU)
@@ -740,7 +740,7 @@ def init(spec: dict[str, Any], rank: int, world: int, local_rank: int) -> Ctx:
         # CPU bookkeeping is legal on a GPU run too: one backend per device type. On one machine the ranks
         # meet through a file store in the launcher's private (0700) directory, not a TCP port another
         # user could take first (gpud.probe.launch.launch); under torchrun, through torchrun's rendezvous.
-        file_store = dist.FileStore  # type: ignore[attr-defined]
+        file_store = dist.FileStore
         store = file_store(spec["store"], world) if spec.get("store") else None
         dist.init_process_group("cpu:gloo,cuda:nccl" if device == "cuda" else "gloo", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=float(spec.get("collective_timeout", 60))),
