@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -12,6 +12,9 @@ from gpud.cli import complete
 from gpud.cli.common import Json, Simulate, emit_document, local_host, machine, machine_host
 from gpud.cli.output import clean, echo_wrapped, plural, table, table_lines, wrap
 from gpud.errors import GpudError, InvalidInput
+
+if TYPE_CHECKING:
+    from gpud.profiles.session import ApplyResult, DaemonSession, LocalSession
 
 Config = Annotated[str | None, typer.Option("--config", metavar="PATH",
                                             help="gpud.toml (its [daemon] socket is where the daemon listens)")]
@@ -142,9 +145,10 @@ class Target:
 
         return target(self.machine)
 
-    def daemon(self, cmd: str, **args: Any) -> dict[str, Any] | None:
-        """The running daemon's answer, or None when no daemon drives this machine (act directly)."""
+    def daemon_session(self) -> DaemonSession | None:
+        """The running daemon's session, or None when no daemon drives this machine (act directly)."""
         from gpud.daemon.control import request
+        from gpud.profiles.session import DaemonSession
 
         ping = request(self.socket, "ping", timeout=10)
         if ping is None:
@@ -156,12 +160,22 @@ class Target:
             sys.stderr.write(f"gpud: the daemon on {self.socket} drives {theirs}, not {self.name}: "
                              "acting directly\n")
             return None
+        return DaemonSession(self.ask, theirs or self.name)
+
+    def ask(self, cmd: str, **args: Any) -> dict[str, Any] | None:
+        """One request to the daemon (None: it did not answer); its InvalidInput raised as it raised it."""
+        from gpud.daemon.control import request
+
         reply = request(self.socket, cmd, **args)
         if reply is not None and reply.get("invalid"):
             raise _invalid(reply)
-        if reply is not None:
-            reply.setdefault("target", theirs or self.name)
         return reply
+
+    def local(self) -> LocalSession:
+        """The engine on this machine, from this process (the caller takes the tuning lock to write)."""
+        from gpud.profiles.session import LocalSession
+
+        return LocalSession(self.machine)
 
 
 def _invalid(reply: dict[str, Any]) -> InvalidInput:
@@ -208,23 +222,6 @@ def tuning_lock(role: str) -> Any:
     return lock
 
 
-def _local_apply(profile: str, dry_run: bool, t: Target) -> dict[str, Any]:
-    from gpud.profiles import engine
-    from gpud.profiles.profile import load
-
-    p = load(profile)  # invalid → exit 2 before anything is read or written
-    m = t.machine
-    with tuning_lock("gpud apply"):
-        changes, desired = engine.plan(m, p, daemon=False)
-        result: dict[str, Any] = {"ok": True, "profile": p.name, "chain": list(p.chain), "source": p.source,
-                                  "dry_run": dry_run, "daemon": False, "target": t.name,
-                                  "plan": [c.as_dict() for c in changes]}
-        if dry_run:
-            return result
-        out = engine.apply(m, p, changes, desired, m.host.cpu_governors())
-    return result | out.as_dict()
-
-
 def apply(
     profile: Annotated[str | None, typer.Argument(help="Profile name (see `gpud profile list`) or path to a TOML "
                                                        "file.", autocompletion=complete.profiles)] = None,
@@ -245,68 +242,68 @@ def apply(
 
     t = Target(simulate, config)
     where = os.path.abspath(profile) if profile is not None and "/" in profile else profile
+    session = t.daemon_session()
     if rules:
         if dry_run:
             raise InvalidInput("--rules", "", "cannot be combined with --dry-run")
-        result = t.daemon("rules-resume", **({"profile": where} if where else {}))
-        if result is None:
+        if session is None:
             err = GpudError("the [[rules]] are the daemon's: no gpud daemon drives this machine")
             err.remedy = "start it (`systemctl start gpud`)"
             raise err
-        result["daemon"] = True
-        if result.get("ok") and result.get("profile") is None:
+        result = session.resume_rules(where)
+        if result.ok and result.profile is None:
             if json:
-                emit_document("apply", machine_host(t.machine), **_public({**result, "chain": [], "dry_run": False}))
+                emit_document("apply", machine_host(t.machine), **_public(result.to_json()))
             else:
-                echo_wrapped(f"rules resumed on {result['target']} (no base profile)")
+                echo_wrapped(f"rules resumed on {result.target} (no base profile)")
             return
-        if "plan" not in result:
-            raise typer.Exit(_fail(result, json))
-    if profile is None:
+    elif profile is None:
         raise InvalidInput("gpud apply", "PROFILE", "name a profile (`gpud profile list`), or give --rules")
-    result = t.daemon("apply", profile=where, dry_run=dry_run) if not rules else result
-    if result is not None:
-        result["daemon"] = True
-        if "plan" not in result:  # refused before planning
-            raise typer.Exit(_fail(result, json))
+    elif session is not None:
+        result = session.apply(str(where), dry_run)
     else:
-        result = _local_apply(profile, dry_run, t)
-        if (not json and not result["ok"] and not result.get("written") and not result.get("rolled_back")
-                and _denied(result.get("error"))):
+        from gpud.profiles.profile import load
+
+        p = load(profile)  # invalid → exit 2 before anything is read or written
+        with tuning_lock("gpud apply"):
+            result = t.local().apply(p, dry_run)
+        if not json and not result.ok and not result.written and not result.rolled_back and _denied(result.error):
             raise need_root("gpud apply", t)  # one line, not the plan and then a refusal
-    skipped = result.get("skipped", [])
-    plan = result["plan"] + skipped
+    if not result.planned:  # refused before planning
+        raise typer.Exit(_fail(result, json))
+    doc = result.to_json()
+    plan = doc["plan"] + doc.get("skipped", [])
     todo = sum(1 for c in plan if c["action"] == "set")
     if json:
-        emit_document("apply", machine_host(t.machine), **_public(result))
+        emit_document("apply", machine_host(t.machine), **_public(doc))
     else:
         table(["GPU", "Setting", "Current", "Desired", "Action"], _plan_rows(plan),
-              title=f"Profile {result['profile']} ({' → '.join(result['chain'])}) on {result['target']}: "
-                    f"{plural(todo - len(skipped), 'change')}")
-        if any(c["action"] == "daemon" and c["setting"] == "fan" for c in plan) and not result["daemon"]:
+              title=f"Profile {result.profile} ({' → '.join(result.chain)}) on {result.target}: "
+                    f"{plural(todo - len(result.skipped), 'change')}")
+        if any(c["action"] == "daemon" and c["setting"] == "fan" for c in plan) and not result.daemon:
             echo_wrapped("Fan curves need the gpud daemon (`systemctl start gpud`): the fans stay on the "
                          "driver's automatic policy until it runs.")
-        if not dry_run and result["ok"]:
-            via = " by the gpud daemon" if result["daemon"] else ""
-            echo_wrapped(f"applied {result['profile']}{via} on {result['target']}: "
-                         f"{plural(result['written'], 'setting')} written and read back")
+        if not dry_run and result.ok:
+            via = " by the gpud daemon" if result.daemon else ""
+            echo_wrapped(f"applied {result.profile}{via} on {result.target}: "
+                         f"{plural(result.written, 'setting')} written and read back")
         if any(c["action"] == "skip" and "persistence mode is off" in c["note"] for c in plan):
             echo_wrapped("Skipped settings the driver would forget without persistence mode: "
                          "`sudo nvidia-smi -pm 1` or enable nvidia-persistenced, then apply again.")
-        for line in result.get("messages", []):
+        for line in result.messages:
             sys.stderr.write(f"gpud: warning: {line}\n")
-    if not result["ok"]:
+    if not result.ok:
         raise typer.Exit(_fail(result, json))
 
 
-def _fail(result: dict[str, Any], json: bool) -> int:
+def _fail(result: ApplyResult, json: bool) -> int:
     if not json:
-        lines = [f"gpud: apply failed: {result.get('error')}"]
-        lines += [f"  rolled back: {r}" for r in result.get("rolled_back", [])]
-        lines += [f"  NOT restored: {r}" for r in result.get("not_restored", [])]
+        lines = [f"gpud: apply failed: {result.error}"]
+        lines += [f"  rolled back: {r}" for r in result.rolled_back]
+        lines += [f"  NOT restored: {r}" for r in result.not_restored]
         sys.stderr.write("\n".join(lines) + "\n")
-    elif "plan" not in result:
-        emit_document("apply", local_host(), **result)
+    elif not result.planned:
+        emit_document("apply", local_host(), **result.to_json())
     return 1
 
 
@@ -320,30 +317,18 @@ def verify(
     """Compare the GPUs with the applied profile; exit 1 on drift (and with --strict on settings
     that cannot be read back). The summary counts both."""
     t = Target(simulate, config)
-    reply = t.daemon("verify")
-    if reply is not None:
-        profile, rows = reply.get("profile"), reply.get("settings", [])
-        applied = reply.get("applied", False)
-    else:
-        from gpud.profiles import engine
-
-        data, drifts = engine.verify(t.machine, daemon=False)
-        profile, applied = (data.profile if data else None), data is not None
-        rows = [{"gpu": d.gpu, "setting": d.setting, "current": d.current, "desired": d.desired, "status": d.status}
-                for d in drifts]
-    bad = [d for d in rows if d["status"] == "drift"]
-    unread = [d for d in rows if d["status"] == "unverifiable"]
+    res = (t.daemon_session() or t.local()).verify()
+    bad, unread = res.drifted, res.unverifiable
     if json:
-        emit_document("verify", machine_host(t.machine), profile=profile, drift=len(bad), unverifiable=len(unread),
-                      settings=rows)
-    elif not applied:
+        emit_document("verify", machine_host(t.machine), profile=res.profile, drift=len(bad), unverifiable=len(unread),
+                      settings=res.to_json()["settings"])
+    elif not res.applied:
         sys.stdout.write("no profile applied\n")
     else:
         table(["GPU", "Setting", "Current", "Desired", "Status"],
-              [["host" if d["gpu"] is None else f"GPU{d['gpu']}", d["setting"],
-                _shown(d["setting"], d["current"]), _shown(d["setting"], d["desired"]),
-                d["status"]] for d in rows],
-              title=f"Profile {profile}: {plural(len(bad), 'drifted setting')}, "
+              [["host" if d.gpu is None else f"GPU{d.gpu}", d.setting, _shown(d.setting, d.current),
+                _shown(d.setting, d.desired), d.status] for d in res.settings],
+              title=f"Profile {res.profile}: {plural(len(bad), 'drifted setting')}, "
                     f"{len(unread)} that cannot be read back" + (" (--strict fails on them)" if unread else ""))
     if bad or (strict and unread):
         raise typer.Exit(1)
@@ -357,31 +342,27 @@ def restore(
 ) -> None:
     """Put back what gpud changed: fans automatic, clocks reset, power, persistence, governor."""
     t = Target(simulate, config)
-    reply = t.daemon("restore", fans_only=fans_only)
-    if reply is not None:
-        done, failed = reply.get("restored", []), reply.get("failed", [])
-        if "error" in reply and not reply.get("ok"):
-            failed = [*failed, reply["error"]]
+    session = t.daemon_session()
+    if session is not None:
+        res = session.restore(fans_only)
     else:
-        from gpud.profiles import engine
-
         with tuning_lock("gpud restore"):
-            done, failed = engine.restore(t.machine, fans_only=fans_only)
-        if not json and failed and not done and all(_denied(f) for f in failed):
+            res = t.local().restore(fans_only)
+        if not json and res.failed and not res.restored and all(_denied(f) for f in res.failed):
             raise need_root("gpud restore", t)  # one line, not one refusal per GPU and setting
-    where = reply.get("target", "") if reply is not None else t.name
     if json:
-        emit_document("restore", machine_host(t.machine), restored=done, failed=failed, target=where)
+        emit_document("restore", machine_host(t.machine), restored=list(res.restored), failed=list(res.failed),
+                      target=res.target)
     else:
-        if done or failed:
-            sys.stdout.write(f"restoring {where}\n")
-        for line in done:
+        if res.restored or res.failed:
+            sys.stdout.write(f"restoring {res.target}\n")
+        for line in res.restored:
             sys.stdout.write(f"restored {line}\n")
-        for line in failed:
+        for line in res.failed:
             sys.stderr.write(f"gpud: could not restore {line}\n")
-        if not done and not failed:
+        if not res.restored and not res.failed:
             sys.stdout.write("nothing to restore\n")
-    if failed:
+    if res.failed:
         raise typer.Exit(1)
 
 

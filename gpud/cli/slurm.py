@@ -372,7 +372,6 @@ def _restore(simulate: str | None, config: str | None, m: Machine, gpus: list[in
     """What the job's profile changed on its GPUs (``gpus``; None: all), put back: through the daemon when it
     drives this machine. The other GPUs keep theirs (another job's)."""
     from gpud.cli.apply import Target, tuning_lock
-    from gpud.profiles import engine
     from gpud.profiles import state as tuning_state
 
     if tuning_state.load() is None:
@@ -380,13 +379,13 @@ def _restore(simulate: str | None, config: str | None, m: Machine, gpus: list[in
     t = Target(simulate, config)
     t._machine = m
     try:
-        reply = t.daemon("restore", gpus=gpus) if gpus is not None else t.daemon("restore")
-        if reply is not None:
-            failed = list(reply.get("failed", []))
-            done = list(reply.get("restored", []))
+        session = t.daemon_session()
+        if session is not None:
+            res = session.restore(gpus=gpus)
         else:
             with tuning_lock("gpud doctor --epilog"):
-                done, failed = engine.restore(m, gpus=gpus)
+                res = t.local().restore(gpus=gpus)
+        done, failed = list(res.restored), list(res.failed)
     except GpudError as err:
         done, failed = [], [str(err)]
     for line in failed:

@@ -8,7 +8,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -17,13 +17,16 @@ from gpud.cli.common import Json, Simulate, host
 from gpud.cli.output import clean, echo_wrapped, plural, table
 from gpud.errors import GpudError, InvalidInput
 
+if TYPE_CHECKING:
+    from gpud.profiles.session import DaemonSession
+
 
 class DaemonApplier:
     """Trials applied by the running daemon (it holds the tuning lock): each trial's settings as a profile
     file it loads, the originals saved by its engine; ``restore`` through its socket at the end."""
 
-    def __init__(self, t: Target, workdir: Path) -> None:
-        self.t = t
+    def __init__(self, session: DaemonSession, workdir: Path) -> None:
+        self.session = session
         self.workdir = workdir
 
     def apply(self, settings: dict[int, dict[str, Any]], label: str) -> None:
@@ -32,26 +35,19 @@ class DaemonApplier:
 
         path = self.workdir / "gpud-tune-trial.toml"
         atomic_write(path, profile_toml(settings, f"gpud tune: {label}"))
-        reply = self.t.daemon("apply", profile=str(path), dry_run=False)
-        if reply is None:
-            raise GpudError("the gpud daemon stopped answering")
-        if not reply.get("ok"):
-            raise GpudError(str(reply.get("error") or "the daemon's apply failed"))
+        res = self.session.apply(str(path))
+        if not res.ok:
+            raise GpudError(str(res.error or "the daemon's apply failed"))
 
     def tick(self, now: float) -> None:
         """Nothing: the daemon's fan loop drives a trial's fan curve."""
 
     def restore(self) -> list[str]:
-        reply = self.t.daemon("restore", fans_only=False) or {}
-        return [str(x) for x in reply.get("restored", [])] + [f"NOT restored: {x}" for x in reply.get("failed", [])]
-
-
-def _daemon_drives(t: Target) -> bool:
-    """Whether a daemon runs for this machine (then every write goes through it)."""
-    from gpud.daemon.control import request
-
-    ping = request(t.socket, "ping", timeout=10)
-    return ping is not None and ping.get("target") in (None, t.name)
+        try:
+            res = self.session.restore()
+        except GpudError as err:  # the daemon gone: nothing is known to be put back
+            return [f"NOT restored: {err}"]
+        return list(res.restored) + [f"NOT restored: {x}" for x in res.failed]
 
 
 def check_daemon_trusts(sock: str | Path) -> None:
@@ -206,15 +202,16 @@ def tune(
     else:
         load = Command(workload, "cpu" if m.simulation is not None else "gpu",
                        {g: infos[g].uuid for g in chosen if g in infos}, timeout_s=timeout)
-    daemon = _daemon_drives(t)
-    if daemon:
+    session = t.daemon_session()  # a daemon drives this machine: every write goes through it
+    daemon = session is not None
+    if session is not None:
         check_daemon_trusts(t.socket)
     say = _progress()
     with tempfile.TemporaryDirectory(prefix="gpud-tune-") as tmp:
         lock = None if daemon else tuning_lock("gpud tune")
         try:
             check_start(m, chosen, allow_busy)
-            applier = DaemonApplier(t, Path(tmp)) if daemon else LocalApplier(m)
+            applier = DaemonApplier(session, Path(tmp)) if session is not None else LocalApplier(m)
             out = run_tune(m, load, applier, goal=goal, max_slowdown=max_slowdown / 100.0,  # type: ignore[arg-type]
                            knobs=chosen_knobs, gpus=chosen, measure=Measure(), say=say)
         finally:
@@ -248,7 +245,7 @@ def tune(
 
         atomic_write(report, rep.html(doc))
     if apply_ and changed and out.gain_excludes_zero and target_path is not None and not out.interrupted:
-        doc["applied"] = _apply(t, target_path, daemon)
+        doc["applied"] = _apply(t, target_path, session)
     if json:
         from gpud.cli.output import emit_json
 
@@ -267,18 +264,17 @@ def tune(
         raise typer.Exit(130)
 
 
-def _apply(t: Target, path: Path, daemon: bool) -> bool:
-    from gpud.cli.apply import _local_apply
-
-    if daemon:
-        reply = t.daemon("apply", profile=str(path.resolve()), dry_run=False)
-        ok = bool(reply and reply.get("ok"))
-        error = None if reply is None else reply.get("error")
+def _apply(t: Target, path: Path, session: DaemonSession | None) -> bool:
+    if session is not None:
+        res = session.apply(str(path.resolve()))
     else:
-        result = _local_apply(str(path.resolve()), False, t)
-        ok, error = bool(result.get("ok")), result.get("error")
-    if not ok:
-        raise GpudError(f"the chosen profile {path} did not apply: {error}")
+        from gpud.profiles.profile import load
+
+        p = load(str(path.resolve()))
+        with tuning_lock("gpud apply"):
+            res = t.local().apply(p)
+    if not res.ok:
+        raise GpudError(f"the chosen profile {path} did not apply: {res.error}")
     return True
 
 

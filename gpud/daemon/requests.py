@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gpud import __version__
-from gpud.model import to_jsonable
 from gpud.profiles import engine
+from gpud.profiles.session import LocalSession
 
 if TYPE_CHECKING:
     from gpud.daemon.peer import Peer
@@ -65,9 +65,7 @@ def _ping(d: Served, args: dict[str, Any], peer: Peer | None) -> Reply:
 
 
 def _verify(d: Served, args: dict[str, Any], peer: Peer | None) -> Reply:
-    data, drifts = engine.verify(d.machine, daemon=True, snapshot=d.snapshot)
-    return {"ok": True, "profile": data.profile if data else None, "applied": data is not None,
-            "settings": [to_jsonable(x) for x in drifts]}
+    return LocalSession(d.machine, in_daemon=True).verify_on(d.snapshot).to_json()
 
 
 def _gpus(value: Any) -> list[int] | None:

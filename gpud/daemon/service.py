@@ -17,6 +17,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from gpud import __version__
@@ -44,6 +45,7 @@ from gpud.profiles import state as st
 from gpud.profiles.enforce import DriftMetric, Enforcer
 from gpud.profiles.fanloop import FanControl
 from gpud.profiles.profile import Profile, load
+from gpud.profiles.session import LocalSession
 
 log = logging.getLogger("gpud.daemon")
 
@@ -196,6 +198,7 @@ class Daemon:
     def __init__(self, machine: Machine, config: cfg.Config, config_path: str | None = None,
                  overrides: dict[str, Any] | None = None) -> None:
         self.machine = machine
+        self.session = LocalSession(machine, in_daemon=True)  # apply, verify, restore: the engine's, here
         self.settings = Settings(config, config_path, overrides)
         self.stop_event = Stop()
         # tuning enforcement: apply/restore and the tick's fan and drift work, under one lock
@@ -408,18 +411,10 @@ class Daemon:
                     self.rules.pause(f"profile {p.name} applied by uid {peer.uid} (pid {peer.pid})")
                 else:
                     self.rules.release()
-            changes, desired = engine.plan(self.machine, p)
-            reply: dict[str, Any] = {"ok": True, "profile": p.name, "chain": list(p.chain), "source": p.source,
-                                     "plan": [c.as_dict() for c in changes], "dry_run": dry_run,
-                                     "target": engine.target(self.machine)}
-            if dry_run:
-                return reply
-            out = engine.apply(self.machine, p, changes, desired, self.machine.host.cpu_governors())
-            reply |= out.as_dict()
-            if out.ok:
-                desired = engine.unsupported_removed(desired, out)  # neither enforced nor verified
-                self.enforcer.follow(p.name, desired, engine.host_unsupported_removed(p.host, out))
-                self.fans.configure(desired)
+            res = replace(self.session.apply(p, dry_run), daemon=True)
+            if res.ok and not dry_run:  # what the driver said it cannot take is neither enforced nor verified
+                self.enforcer.follow(p.name, res.desired, res.host)
+                self.fans.configure(res.desired)
                 self.rules.base = name if peer is None or rules else None
                 if rules:
                     self.rules.resume(f"profile {p.name} applied as the base by uid "
@@ -427,8 +422,8 @@ class Daemon:
                 log.info("profile %s applied", p.name)
                 who = f"uid {peer.uid} (pid {peer.pid})" if peer is not None else "the daemon"
                 self.recorder.profile("profile_apply", f"profile {p.name} applied by {who}", profile=p.name,
-                                      uid=peer.uid if peer else None, written=len(out.written))
-            return reply
+                                      uid=peer.uid if peer else None, written=res.written)
+            return res.to_json()
 
     def resume_rules(self, profile: str | None = None, peer: Peer | None = None) -> dict[str, Any]:
         """``gpud apply --rules [PROFILE]``: the rules switch again, from PROFILE as the base (else the
@@ -454,22 +449,22 @@ class Daemon:
             else:
                 self.fans.configure({})
                 self.enforcer.forget("fan")
-            done, failed = engine.restore(self.machine, fans_only=fans_only)
+            res = self.session.restore(fans_only)
             who = f"uid {peer.uid} (pid {peer.pid})" if peer is not None else "the daemon"
             if not fans_only:
                 self.rules.base = None
                 self.rules.resume(f"settings restored by {who}")
             self.recorder.profile("profile_restore", f"{'fans' if fans_only else 'settings'} restored by {who}"
-                                  + (f"; failed: {failed}" if failed else ""), uid=peer.uid if peer else None,
-                                  fans_only=fans_only)
-            return {"ok": not failed, "restored": done, "failed": failed}
+                                  + (f"; failed: {list(res.failed)}" if res.failed else ""),
+                                  uid=peer.uid if peer else None, fans_only=fans_only)
+            return res.to_json()
 
     def _restore_gpus(self, gpus: list[int], peer: Peer | None) -> dict[str, Any]:
         """A Slurm job's GPUs put back (``gpud doctor --epilog``): the others keep their profile, enforced and
         with their fan curves, as the state file still holds it; the rules go on as they were."""
 
         with self.tuning_lock:
-            done, failed = engine.restore(self.machine, gpus=gpus)
+            res = self.session.restore(gpus=gpus)
             data = st.load()
             desired = data.gpu_desired() if data is not None else {}
             self.enforcer.follow(data.profile if data is not None and desired else None, desired,
@@ -477,9 +472,9 @@ class Daemon:
             self.fans.configure(desired)
             who = f"uid {peer.uid} (pid {peer.pid})" if peer is not None else "the daemon"
             self.recorder.profile("profile_restore", f"GPU {','.join(map(str, gpus))} restored by {who}"
-                                  + (f"; failed: {failed}" if failed else ""), uid=peer.uid if peer else None,
-                                  fans_only=False)
-            return {"ok": not failed, "restored": done, "failed": failed}
+                                  + (f"; failed: {list(res.failed)}" if res.failed else ""),
+                                  uid=peer.uid if peer else None, fans_only=False)
+            return res.to_json()
 
     # -- requests ------------------------------------------------------------------------
     def set_healthy(self, gpu: str, reason: str, peer: Peer | None = None) -> dict[str, Any]:
