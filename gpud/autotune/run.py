@@ -25,6 +25,7 @@ from gpud.model import FanReading, GpuSample
 from gpud.profiles import engine
 from gpud.profiles.fanloop import FanControl
 from gpud.profiles.profile import Profile
+from gpud.profiles.session import LocalSession
 from gpud.profiles.settings import MEMORY_CLOCKS
 
 KNOBS = ("power", "clocks", "memclocks", "fans")
@@ -125,21 +126,21 @@ class LocalApplier:
 
     def __init__(self, machine: Machine) -> None:
         self.machine = machine
+        self.session = LocalSession(machine)
         self.fans: FanControl | None = None  # a trial's fan curve, driven by ``tick`` (no daemon drives it)
 
     def apply(self, settings: Settings, label: str) -> None:
-        p = trial_profile(settings, label)
-        changes, desired = engine.plan(self.machine, p)
-        skipped = [c for c in changes if c.action == "skip" and c.setting != "persistence_mode"]
+        planned = self.session.plan(trial_profile(settings, label))
+        skipped = [c for c in planned.changes if c.action == "skip" and c.setting != "persistence_mode"]
         if skipped:
             c = skipped[0]
             raise GpudError(f"{c.where}: {c.setting}: {c.note}")
         self._release_fans()
-        out = engine.apply(self.machine, p, changes, desired)  # the fans' original policy saved first
-        if not out.ok:
-            raise GpudError(out.error or "apply failed")
-        if any(isinstance(s.get("fan"), dict) and s["fan"]["mode"] != "auto" for s in desired.values()):
-            self.fans = FanControl.from_profile(self.machine, desired)
+        res = self.session.write(planned)  # the fans' original policy saved first
+        if not res.ok:
+            raise GpudError(res.error or "apply failed")
+        if any(isinstance(s.get("fan"), dict) and s["fan"]["mode"] != "auto" for s in res.desired.values()):
+            self.fans = FanControl.from_profile(self.machine, res.desired)
 
     def tick(self, now: float) -> None:
         """One step of the trial's fan curve (the daemon's fan loop, run here) at the workload's time
@@ -166,8 +167,8 @@ class LocalApplier:
 
     def restore(self) -> list[str]:
         self._release_fans()  # the fans back to the driver's automatic policy before anything else
-        done, failed = engine.restore(self.machine)
-        return done + [f"NOT restored: {f}" for f in failed]
+        res = self.session.restore()
+        return list(res.restored) + [f"NOT restored: {f}" for f in res.failed]
 
 
 def trial_profile(settings: Settings, label: str) -> Profile:

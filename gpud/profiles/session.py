@@ -142,6 +142,15 @@ class RestoreResult:
         return cls(tuple(str(x) for x in doc.get("restored") or ()), tuple(failed), str(doc.get("target") or target))
 
 
+@dataclass(frozen=True)
+class Planned:
+    """A profile's plan on this machine (``LocalSession.plan``): each change, and every GPU's desired settings."""
+
+    profile: Profile
+    changes: list[Change]
+    desired: Desired
+
+
 class Session(Protocol):
     """Apply, verify and restore on one machine: here (``LocalSession``) or through its daemon."""
 
@@ -175,15 +184,24 @@ class LocalSession:
     def apply(self, profile: str | Profile, dry_run: bool = False) -> ApplyResult:
         """Apply ``profile`` (a loaded one, or a name or path: loaded here, invalid → InvalidInput before
         anything is read or written)."""
+        planned = self.plan(profile)
+        return ApplyResult.of(planned.profile, self.target, planned.changes, True) if dry_run else self.write(planned)
+
+    def plan(self, profile: str | Profile) -> Planned:
+        """What applying ``profile`` would change (``engine.plan``), to look at before ``write``."""
         p = profiles.load(profile) if isinstance(profile, str) else profile
         changes, desired = engine.plan(self.machine, p)
-        if dry_run:
-            return ApplyResult.of(p, self.target, changes, True)
-        out = engine.apply(self.machine, p, changes, desired, self.machine.host.cpu_governors())
-        result = ApplyResult.of(p, self.target, changes, False, out)
+        return Planned(p, changes, desired)
+
+    def write(self, planned: Planned) -> ApplyResult:
+        """Apply a plan: the originals saved, every change written and read back, this apply's writes rolled
+        back on a failure (``engine.apply``)."""
+        p = planned.profile
+        out = engine.apply(self.machine, p, planned.changes, planned.desired, self.machine.host.cpu_governors())
+        result = ApplyResult.of(p, self.target, planned.changes, False, out)
         if not out.ok:
             return result
-        return ApplyResult(**{**result.__dict__, "desired": engine.unsupported_removed(desired, out),
+        return ApplyResult(**{**result.__dict__, "desired": engine.unsupported_removed(planned.desired, out),
                               "host": engine.host_unsupported_removed(p.host, out)})
 
     def verify(self) -> VerifyResult:
@@ -235,4 +253,4 @@ class DaemonSession:
         return RestoreResult.from_json(self._reply("restore", **args), self._target)
 
 
-__all__ = ["ApplyResult", "Ask", "DaemonSession", "LocalSession", "RestoreResult", "Session", "VerifyResult"]
+__all__ = ["ApplyResult", "Ask", "DaemonSession", "LocalSession", "Planned", "RestoreResult", "Session", "VerifyResult"]
