@@ -27,11 +27,12 @@ from gpud.hw.machine import COUNT_HELD_S, Machine
 from gpud.procinfo import status_ids
 from gpud.profiles import engine
 from gpud.profiles.enforce import Enforcer
-from gpud.profiles.engine import Change, Desired, Outcome
+from gpud.profiles.engine import Change, Desired
 from gpud.profiles.fanloop import FanControl
 from gpud.profiles.profile import Profile
 from gpud.profiles.rules import Arbiter, Choice, Job, choose
-from gpud.profiles.switch import drop_if_empty, switch, switched
+from gpud.profiles.session import ApplyResult, LocalSession
+from gpud.profiles.switch import drop_if_empty, switched
 
 log = logging.getLogger("gpud.daemon")
 
@@ -221,10 +222,11 @@ class ProfileRules:
     (under the daemon's tuning lock, with the enforcement and the fan loop following), the journal
     lines, pausing while a person's profile stands."""
 
-    def __init__(self, machine: Machine, lock: threading.RLock, enforcer: Enforcer, fans: FanControl,
+    def __init__(self, session: LocalSession, lock: threading.RLock, enforcer: Enforcer, fans: FanControl,
                  recorder: Callable[[], Recorder], config: Callable[[], Config],
                  load: Callable[[str], Profile]) -> None:
-        self.machine = machine
+        self.session = session  # the daemon's: the switches go through it
+        self.machine = machine = session.machine
         self.lock = lock
         self.enforcer = enforcer
         self.fans = fans
@@ -272,7 +274,7 @@ class ProfileRules:
                 return False
             held = dict(self.held)
             targets: dict[int, Profile | None] = {}
-            out: Outcome | None = None
+            out: ApplyResult | None = None
             desired: Desired = {}
             try:
                 base = self.load(self.base) if self.base else None
@@ -283,8 +285,8 @@ class ProfileRules:
                     else:
                         held.pop(gpu, None)
                 record = {g: {"profile": c.rule.profile, "rule": c.rule.name} for g, c in held.items()}
-                out, desired = switch(self.machine, base, targets, record)
-                error = out.error or ""
+                out = self.session.switch(base, targets, record)
+                desired, error = out.desired, out.error or ""
             except GpudError as err:
                 error = str(err)
             if out is None or not out.ok:
@@ -352,7 +354,7 @@ class ProfileRules:
                 base = self.load(name) if name else None
             except GpudError:
                 base = None
-            out, _ = switch(self.machine, base, {g: None for g in held}, {})
+            out = self.session.switch(base, {g: None for g in held}, {})
             if not out.ok:
                 log.error("profile rules: GPUs left by an earlier daemon not put back: %s", out.error)
             elif base is None:

@@ -213,7 +213,7 @@ class Daemon:
         self.front = Front(self.handle)
         self.report = Report(machine)
         # [[rules]]: a thread polls the GPUs' processes and switches the GPUs whose rule changed
-        self.rules = ProfileRules(machine, self.tuning_lock, self.enforcer, self.fans, lambda: self.recorder,
+        self.rules = ProfileRules(self.session, self.tuning_lock, self.enforcer, self.fans, lambda: self.recorder,
                                   lambda: self.config, load_trusted_profile)
 
     # The parts' state, where callers (and tests) have always read it.

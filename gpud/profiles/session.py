@@ -20,6 +20,7 @@ from gpud.profiles import engine
 from gpud.profiles import profile as profiles
 from gpud.profiles.engine import Change, Desired, Drift, Outcome
 from gpud.profiles.profile import Profile
+from gpud.profiles.switch import blank, switch
 
 Ask = Callable[..., "dict[str, Any] | None"]  # a control request (command, keyword arguments) → the reply, None: gone
 
@@ -203,6 +204,15 @@ class LocalSession:
             return result
         return ApplyResult(**{**result.__dict__, "desired": engine.unsupported_removed(planned.desired, out),
                               "host": engine.host_unsupported_removed(p.host, out)})
+
+    def switch(self, base: Profile | None, targets: Mapping[int, Profile | None],
+               rules: Mapping[int, dict[str, str]]) -> ApplyResult:
+        """Some GPUs to another profile (None: none) while the others keep theirs: the daemon's rules
+        (``gpud.profiles.switch``; ``rules``: the state file's new record of the GPUs a rule holds). ``desired``:
+        every GPU's settings after it (before it, on a failure)."""
+        out, desired = switch(self.machine, base, targets, rules)
+        p = blank(base)
+        return ApplyResult(**{**ApplyResult.of(p, self.target, out.plan, False, out).__dict__, "desired": desired})
 
     def verify(self) -> VerifyResult:
         return self.verify_on(None)
