@@ -377,10 +377,17 @@ def test_daemon_follows_injected_jobs_and_a_sigkill_mid_switch_is_undone_by_rest
                                   "lost": []}
         r = gpud("sim", "inject", "process_exit", "pid=7001")
         d.wait_for(lambda: d.value("gpud_gpu_profile_active", gpu="2", profile="quiet") == 1, 20, "GPU2 back")
+        r = gpud("apply", "balanced")  # a person's apply: the rules pause
+        assert r.returncode == 0, r.stderr
+        r = gpud("apply", "--rules")  # handed back, from the configured base: its plan, exit 0
+        assert r.returncode == 0 and "applied quiet by the gpud daemon" in r.stdout, r.stdout + r.stderr
         sim = fresh().simulation.machine
         sim.inject("crash", at_write=int(sim.state["writes"]) + 2)  # the daemon dies between two writes
         gpud("sim", "inject", "process", "gpu=3", "pid=7002", "user=alice", "command=python")
-        d.proc.wait(30)
+        try:
+            d.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the daemon was not killed at its switch's second write:\n" + d.logs()[-4000:])
         assert d.proc.returncode == -signal.SIGKILL, d.logs()
     finally:
         d.stop()

@@ -242,28 +242,30 @@ def apply(
 
     t = Target(simulate, config)
     where = os.path.abspath(profile) if profile is not None and "/" in profile else profile
-    session = t.daemon_session()
+    if rules and dry_run:
+        raise InvalidInput("--rules", "", "cannot be combined with --dry-run")
+    if not rules and profile is None:
+        raise InvalidInput("gpud apply", "PROFILE", "name a profile (`gpud profile list`), or give --rules")
+    session = t.daemon_session()  # after the arguments: a usage error never reaches the socket
     if rules:
-        if dry_run:
-            raise InvalidInput("--rules", "", "cannot be combined with --dry-run")
         if session is None:
             err = GpudError("the [[rules]] are the daemon's: no gpud daemon drives this machine")
             err.remedy = "start it (`systemctl start gpud`)"
             raise err
         result = session.resume_rules(where)
-        if result.ok and result.profile is None:
+        if result.ok and result.profile is None:  # no base profile: nothing applied, the rules switch again
             if json:
-                emit_document("apply", machine_host(t.machine), **_public(result.to_json()))
+                emit_document("apply", machine_host(t.machine), ok=True, profile=None, plan=[], written=0,
+                              target=result.target, daemon=True, chain=[], dry_run=False)
             else:
                 echo_wrapped(f"rules resumed on {result.target} (no base profile)")
             return
-    elif profile is None:
-        raise InvalidInput("gpud apply", "PROFILE", "name a profile (`gpud profile list`), or give --rules")
     elif session is not None:
         result = session.apply(str(where), dry_run)
     else:
         from gpud.profiles.profile import load
 
+        assert profile is not None  # refused above without --rules
         p = load(profile)  # invalid → exit 2 before anything is read or written
         with tuning_lock("gpud apply"):
             result = t.local().apply(p, dry_run)

@@ -373,6 +373,7 @@ def _restore(simulate: str | None, config: str | None, m: Machine, gpus: list[in
     drives this machine. The other GPUs keep theirs (another job's)."""
     from gpud.cli.apply import Target, tuning_lock
     from gpud.profiles import state as tuning_state
+    from gpud.profiles.session import DaemonGone
 
     if tuning_state.load() is None:
         return []
@@ -380,9 +381,11 @@ def _restore(simulate: str | None, config: str | None, m: Machine, gpus: list[in
     t._machine = m
     try:
         session = t.daemon_session()
-        if session is not None:
-            res = session.restore(gpus=gpus)
-        else:
+        try:
+            res = session.restore(gpus=gpus) if session is not None else None
+        except DaemonGone:
+            res = None  # it stopped between the ping and the request: put the job's GPUs back here
+        if res is None:
             with tuning_lock("gpud doctor --epilog"):
                 res = t.local().restore(gpus=gpus)
         done, failed = list(res.restored), list(res.failed)

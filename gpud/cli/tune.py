@@ -43,9 +43,11 @@ class DaemonApplier:
         """Nothing: the daemon's fan loop drives a trial's fan curve."""
 
     def restore(self) -> list[str]:
+        from gpud.profiles.session import DaemonGone
+
         try:
             res = self.session.restore()
-        except GpudError as err:  # the daemon gone: nothing is known to be put back
+        except DaemonGone as err:  # nothing is known to be put back; a refusal or a timeout still raises
             return [f"NOT restored: {err}"]
         return list(res.restored) + [f"NOT restored: {x}" for x in res.failed]
 

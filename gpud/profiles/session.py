@@ -22,6 +22,11 @@ from gpud.profiles.engine import Change, Desired, Drift, Outcome
 from gpud.profiles.profile import Profile
 from gpud.profiles.switch import blank, switch
 
+
+class DaemonGone(GpudError):
+    """The daemon answered the ping and then no request: it stopped (its caller may act here instead)."""
+
+
 Ask = Callable[..., "dict[str, Any] | None"]  # a control request (command, keyword arguments) → the reply, None: gone
 
 
@@ -51,6 +56,7 @@ class ApplyResult:
     rolled_back: tuple[str, ...] = ()
     not_restored: tuple[str, ...] = ()
     messages: tuple[str, ...] = ()
+    remedy: str | None = None  # a refusal's (before planning)
     desired: Desired = field(default_factory=dict, compare=False)
     host: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -68,7 +74,8 @@ class ApplyResult:
     def to_json(self) -> dict[str, Any]:
         """The reply and ``gpud apply --json``'s fields (an apply that ran adds its outcome to the plan's)."""
         if not self.planned:
-            return {"ok": self.ok, "error": self.error}
+            return {"ok": self.ok, "error": self.error, **({"remedy": self.remedy} if self.remedy else {}),
+                    "target": self.target, "daemon": self.daemon}
         doc: dict[str, Any] = {"ok": self.ok, "profile": self.profile, "chain": list(self.chain),
                                "source": self.source, "dry_run": self.dry_run, "daemon": self.daemon,
                                "target": self.target, "plan": [c.as_dict() for c in self.plan]}
@@ -82,7 +89,7 @@ class ApplyResult:
     def from_json(cls, doc: Mapping[str, Any], daemon: bool = True) -> ApplyResult:
         if "plan" not in doc:
             return cls(ok=bool(doc.get("ok")), profile=doc.get("profile"), target=str(doc.get("target") or ""),
-                       daemon=daemon, planned=False, error=doc.get("error"))
+                       daemon=daemon, planned=False, error=doc.get("error"), remedy=doc.get("remedy"))
         return cls(ok=bool(doc.get("ok")), profile=doc.get("profile"), chain=tuple(doc.get("chain") or ()),
                    source=doc.get("source"), target=str(doc.get("target") or ""), dry_run=bool(doc.get("dry_run")),
                    daemon=daemon, plan=tuple(_change(c) for c in doc.get("plan") or ()),
@@ -244,7 +251,7 @@ class DaemonSession:
     def _reply(self, cmd: str, **args: Any) -> dict[str, Any]:
         reply = self._ask(cmd, **args)
         if reply is None:
-            raise GpudError("the gpud daemon stopped answering")
+            raise DaemonGone("the gpud daemon stopped answering")
         reply.setdefault("target", self._target)
         return reply
 
@@ -263,4 +270,5 @@ class DaemonSession:
         return RestoreResult.from_json(self._reply("restore", **args), self._target)
 
 
-__all__ = ["ApplyResult", "Ask", "DaemonSession", "LocalSession", "Planned", "RestoreResult", "Session", "VerifyResult"]
+__all__ = ["ApplyResult", "Ask", "DaemonGone", "DaemonSession", "LocalSession", "Planned", "RestoreResult", "Session",
+           "VerifyResult"]
