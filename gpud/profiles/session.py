@@ -263,7 +263,14 @@ class DaemonSession:
         return ApplyResult.from_json(self._reply("rules-resume", **({"profile": profile} if profile else {})))
 
     def verify(self) -> VerifyResult:
-        return VerifyResult.from_json(self._reply("verify"))
+        """The daemon's verify; its refusal (an unusable state file, say) is the error it names, never "no profile
+        applied": what could not be read was not verified."""
+        reply = self._reply("verify")
+        if not reply.get("ok"):
+            err = GpudError(str(reply.get("error") or "the gpud daemon refused to verify"))
+            err.remedy = str(reply.get("remedy") or "")
+            raise err
+        return VerifyResult.from_json(reply)
 
     def restore(self, fans_only: bool = False, gpus: list[int] | None = None) -> RestoreResult:
         args: dict[str, Any] = {"fans_only": fans_only} | ({"gpus": gpus} if gpus is not None else {})
