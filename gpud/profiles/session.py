@@ -10,7 +10,7 @@ daemon's replies are its local session's results as JSON (``to_json``), so what 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from gpud.errors import GpudError
@@ -67,9 +67,9 @@ class ApplyResult:
                    daemon=daemon, plan=tuple(plan))
         if out is None:
             return base
-        return cls(**{**base.__dict__, "ok": out.ok, "skipped": tuple(out.skipped), "written": len(out.written),
-                      "error": out.error, "rolled_back": tuple(out.rolled_back),
-                      "not_restored": tuple(out.not_restored), "messages": tuple(out.messages)})
+        return replace(base, ok=out.ok, skipped=tuple(out.skipped), written=len(out.written), error=out.error,
+                       rolled_back=tuple(out.rolled_back), not_restored=tuple(out.not_restored),
+                       messages=tuple(out.messages))
 
     def to_json(self) -> dict[str, Any]:
         """The reply and ``gpud apply --json``'s fields (an apply that ran adds its outcome to the plan's)."""
@@ -209,8 +209,8 @@ class LocalSession:
         result = ApplyResult.of(p, self.target, planned.changes, False, out)
         if not out.ok:
             return result
-        return ApplyResult(**{**result.__dict__, "desired": engine.unsupported_removed(planned.desired, out),
-                              "host": engine.host_unsupported_removed(p.host, out)})
+        return replace(result, desired=engine.unsupported_removed(planned.desired, out),
+                       host=engine.host_unsupported_removed(p.host, out))
 
     def switch(self, base: Profile | None, targets: Mapping[int, Profile | None],
                rules: Mapping[int, dict[str, str]]) -> ApplyResult:
@@ -219,7 +219,7 @@ class LocalSession:
         every GPU's settings after it (before it, on a failure)."""
         out, desired = switch(self.machine, base, targets, rules)
         p = blank(base)
-        return ApplyResult(**{**ApplyResult.of(p, self.target, out.plan, False, out).__dict__, "desired": desired})
+        return replace(ApplyResult.of(p, self.target, out.plan, False, out), desired=desired)
 
     def verify(self) -> VerifyResult:
         return self.verify_on(None)
