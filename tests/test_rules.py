@@ -382,7 +382,9 @@ def test_daemon_follows_injected_jobs_and_a_sigkill_mid_switch_is_undone_by_rest
         r = gpud("apply", "--rules")  # handed back, from the configured base: its plan, exit 0
         assert r.returncode == 0 and "applied quiet by the gpud daemon" in r.stdout, r.stdout + r.stderr
         sim = fresh().simulation.machine
-        sim.inject("crash", at_write=int(sim.state["writes"]) + 2)  # the daemon dies between two writes
+        # the daemon dies between two writes of the switch: after GPU3's power limit, before its memory clocks
+        # (a call, not a write's number: the fan loop's writes would take that number first under load)
+        sim.inject("crash", call="nvmlDeviceSetMemoryLockedClocks", gpu=3)
         gpud("sim", "inject", "process", "gpu=3", "pid=7002", "user=alice", "command=python")
         try:
             d.proc.wait(30)
@@ -395,7 +397,9 @@ def test_daemon_follows_injected_jobs_and_a_sigkill_mid_switch_is_undone_by_rest
     assert "GPU2: max-performance (rule alice-trains: alice, pid 7001, job 1234)" in events.stdout, events.stdout
     assert "GPU2: quiet (no rule matches any more)" in events.stdout
     assert st.load().pending is True  # the switch saved the originals before its first write
-    fresh().simulation.machine.clear_faults()
+    crashed = fresh().simulation.machine
+    assert crashed.settings(3)["power_limit_mw"] == crashed.desc.gpus[3].power_max_watts * 1000  # written
+    crashed.clear_faults()
     r = gpud("restore")
     assert r.returncode == 0, r.stderr
     assert fingerprint(fresh()) == original and st.load() is None

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import MINIMAL, SHIPPED
+from conftest import MINIMAL, REPO, SHIPPED
 
 from gpud.backends import open_machine
 from gpud.errors import InvalidInput
 from gpud.sim import reset
 from gpud.sim.description import load, parse
+from gpud.sim.faults import validate_fault
 
 
 def test_every_shipped_description_loads() -> None:
@@ -203,6 +207,27 @@ def test_every_fault_kind_is_registered_once_with_its_keys_and_where_it_acts() -
                                                                                           "links": None}
     with pytest.raises(InvalidInput, match="must be one of gpu_lost, off_bus"):
         validate_fault({"kind": "melted"}, 2, "inject", "fault")
+
+
+def test_a_crash_fault_kills_at_its_call_only(state_dir) -> None:
+    """``crash`` with ``call``: the process dies as it makes that call on that GPU, not at another write
+    (tests/test_rules.py kills the daemon mid-switch with it); without a call or a write number it is refused."""
+    with pytest.raises(InvalidInput, match=r"fault.call: required \(or at_write\)"):
+        validate_fault({"kind": "crash"}, 2, "inject", "fault")
+    m = open_machine("z8-fury-4x-a6000")
+    m.simulation.machine.inject("crash", call="nvmlDeviceSetMemoryLockedClocks", gpu=3)
+    child = ("from gpud.backends import open_machine\n"
+             "m = open_machine('z8-fury-4x-a6000')\n"
+             "m.nvml.set_power_limit(3, 250); m.nvml.set_fan_speed(3, 0, 60)\n"
+             "m.nvml.set_locked_memory_clocks(2, 5001, 5001)\n"
+             "print('alive', flush=True)\n"
+             "m.nvml.set_locked_memory_clocks(3, 5001, 5001)\n"
+             "print('after', flush=True)\n")
+    r = subprocess.run([sys.executable, "-I", "-c", child], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert r.returncode == -signal.SIGKILL and r.stdout == "alive\n", (r.returncode, r.stdout, r.stderr)
+    after = open_machine("z8-fury-4x-a6000").simulation.machine
+    assert after.settings(3)["power_limit_mw"] == 250_000 and after.settings(3).get("locked_mem") is None
+    assert after.settings(2)["locked_mem"] == [5001, 5001]
 
 
 def test_field_values_cost_a_reading_per_id(state_dir) -> None:

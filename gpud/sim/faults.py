@@ -191,7 +191,7 @@ def _fans_to_auto(sim: Machine, fault: Fault) -> None:
             f["policy"], f["target"] = 0, None
 
 
-def _no_permission(fault: Fault, file: str, where: str) -> None:
+def _call_or_write(fault: Fault, file: str, where: str) -> None:
     if fault.call is None and fault.at_write is None:
         raise InvalidInput(file, f"{where}.call", "required (or at_write)")
 
@@ -228,8 +228,11 @@ FAULTS: dict[str, FaultKind] = {
                          on_inject=_fans_to_auto),
     "unsupported": FaultKind({"gpu": (int, None), "call": (str, _ANY)}, "libnvml (SimLibrary.guard)"),
     "no_permission": FaultKind({"gpu": (int, None), "call": (str, None), "at_write": (int, None)},
-                               "libnvml (SimLibrary.guard; at_write: SimLibrary.write)", check=_no_permission),
-    "crash": FaultKind({"at_write": (int, _ANY)}, "libnvml (SimLibrary.write: SIGKILL)"),
+                               "libnvml (SimLibrary.guard; at_write: SimLibrary.write)", check=_call_or_write),
+    # crash: the process is killed at the N-th hardware write (at_write), or as it calls ``call`` (on ``gpu``),
+    # before the call acts: a call names one step of a sequence that other writers (a fan loop) cannot reach
+    "crash": FaultKind({"at_write": (int, None), "call": (str, None), "gpu": (int, None)},
+                       "libnvml (SimLibrary.write; call: SimLibrary.guard: SIGKILL)", check=_call_or_write),
     "link_degraded": FaultKind({"gpu": (int, _ANY), "width": (int, None), "generation": (int, None)},
                                "topology (link_state), and so libnvml and rootfs"),
     "nvlink_down": FaultKind({"gpus": (list, _ANY), "links": (list, None)}, "topology (nvlink_peer)"),

@@ -195,7 +195,7 @@ class SimMachine(Physics):
                                                      for f in self.state.get("faults", [])]
             self._lost = {int(f.gpu or 0) for f in self._faults if f.kind == "gpu_lost" and f.at_write is None}
             self._refused = {(f.kind, f.call, f.gpu) for f in self._faults
-                             if f.kind in ("unsupported", "no_permission") and f.at_write is None}
+                             if f.kind in ("unsupported", "no_permission", "crash") and f.at_write is None}
         return self._faults
 
     def _indexed(self) -> None:

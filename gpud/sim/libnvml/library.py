@@ -221,14 +221,16 @@ class SimLibrary:
         return index
 
     def guard(self, name: str, gpus: list[int]) -> None:
-        """Lost GPUs and the injected NotSupported / NoPermission answers (matched on the name with or
-        without its ``_vN`` suffix)."""
+        """Lost GPUs, the injected NotSupported / NoPermission answers and crashes (matched on the name with
+        or without its ``_vN`` suffix)."""
         self.sim.refresh()
         for g in gpus:
             if self.sim.lost(g):
                 fail(GPU_IS_LOST)
         gpu = gpus[0] if gpus else None
         for call in {name, base_name(name)}:
+            if self.sim.refused("crash", call, gpu):
+                os.kill(os.getpid(), signal.SIGKILL)  # the process dies as it makes that call
             if self.sim.refused("unsupported", call, gpu):
                 fail(NOT_SUPPORTED)
             if self.sim.refused("no_permission", call, gpu):
