@@ -23,6 +23,7 @@ from gpud.burnin.result import Result, Verdict
 from gpud.burnin.run import SIZES, run_burnin
 from gpud.config import Config
 from gpud.json_schema import check
+from gpud.sim.physics import TEMP_SIGMA_K
 
 # The burn-in's pass/fail is a verdict a person relies on: judged under the simulator's noise and spread in
 # several realisations (docs/simulation.md, "Noise and spread"), no false alarm on the healthy machine and
@@ -154,7 +155,10 @@ def test_the_soak_detects_each_fault(soak: tuple[Result, dict[str, Any]]) -> Non
     # wrong only from 75 °C: the load's checked products name the temperature their errors began at
     hot = next(x for x in soak[0].verdicts if x.test == "burnin.gemm.load" and x.gpu == 1)
     began = next(c for c in soak[0].series[1].checks if c.wrong).temperature_c
-    assert hot.status == "fail" and began is not None and began >= 75 and hot.remedy and hot.figure
+    # as NVML's sensor reads it: whole degrees, scattered by TEMP_SIGMA_K, so a GPU at 75 °C may read 74
+    # (and reads lower only past 5 σ)
+    lowest = int(75 - 5 * TEMP_SIGMA_K + 0.5)
+    assert hot.status == "fail" and began is not None and began >= lowest and hot.remedy and hot.figure
     assert f"the first at {began} °C" in hot.summary and "a minute" in hot.summary
     # wrong from the first product on: the same wrong bits each time, which only the siblings show
     assert "burnin.gemm.load.siblings" in failing[3] and "burnin.gemm.load" not in failing[3]
