@@ -19,8 +19,17 @@ from daemon_helpers import RunningDaemon
 from tuning_helpers import cli, fingerprint, fresh
 
 from gpud.autotune import search
-from gpud.autotune.run import LocalApplier, TuningBusy, check_start, fan_ceiling, memory_clocks, run_tune
-from gpud.autotune.trial import Measure, relative_ci
+from gpud.autotune.run import (
+    LocalApplier,
+    Outcome,
+    TuningBusy,
+    check_start,
+    confirm,
+    fan_ceiling,
+    memory_clocks,
+    run_tune,
+)
+from gpud.autotune.trial import Measure, Trial, relative_ci
 from gpud.autotune.workload import Training
 from gpud.backends import SimPace
 from gpud.errors import GpudError
@@ -195,6 +204,40 @@ def test_golden_section_needs_fewer_points_than_the_linear_sweep() -> None:
     assert abs(min(seen, key=lambda k: (k - 712) ** 2) - 712) <= 50
     assert len(seen) + 1 < search.zeus_sweep_trials(100, 300) == 9  # + the baseline
     assert relative_ci([1.0, 1.0, 1.0]) == 0.0 and relative_ci([1.0]) == float("inf")
+
+
+def test_a_choice_that_does_not_confirm_gives_way_to_a_safer_one() -> None:
+    """The search's best sits at the slowdown bound; when a fresh measurement puts it over, the next
+    candidate is the best that the search measured slowing less, not the next best by energy alone (which
+    sits at the same bound and fails the same way)."""
+    def t(n: int, stage: str, watts: float, rate: float, joules: float, ref: Trial | None) -> Trial:
+        x = Trial(n, stage, {0: {"power_limit": watts}} if stage != "baseline" else {}, samples_per_second=rate,
+                  ci=0.005, ci_reached=True, joules_per_sample=joules, j_ci=0.005, power_w=watts)
+        x.ref = ref if ref is not None else x
+        return x
+
+    base = t(0, "baseline", 300, 100.0, 1.00, None)
+    at_bound = t(1, "power", 240, 96.4, 0.90, base)  # 3.6 % slower: feasible (+0.7 % margin ≤ 5 %)
+    next_by_energy = t(2, "power", 245, 96.3, 0.91, base)  # as slow: the objective's second
+    safer = t(3, "power", 270, 98.0, 0.95, base)  # 2 % slower
+    out = Outcome("energy", 0.05, ["power"], [0], "training", "cpu", "samples", trials=[base, at_bound,
+                                                                                      next_by_energy, safer])
+    asked: list[int] = []
+
+    def baseline() -> Trial:
+        b = t(len(out.trials), "baseline", 300, 100.0, 1.00, None)
+        out.trials.append(b)
+        return b
+
+    def again(cand: Trial, b: Trial) -> Trial:  # measured again: 1.5 points slower than the search saw
+        asked.append(cand.number)
+        return t(len(out.trials), "confirm", cand.settings[0]["power_limit"], (cand.samples_per_second or 0) - 1.5,
+                 cand.joules_per_sample or 0, b)
+
+    c = search.Constraint("energy", 0.05, 100.0, 0.005)
+    got = confirm(out, at_bound, baseline, again, lambda x: search.feasible(x, c), lambda x: search.objective(x, c))
+    assert asked == [1, 3] and out.confirmed and out.picked is safer and got.stage == "confirm", out.notes
+    assert "trial 1's settings did not confirm" in out.notes[0], out.notes
 
 
 def _tune(m: Any, **kw: Any) -> Any:

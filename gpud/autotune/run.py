@@ -345,14 +345,14 @@ def run_tune(machine: Machine, workload: Workload, applier: Applier, *, goal: Go
             return search.objective(t, c)
 
         pick = search.best(out.trials, c) or base
-        out.chosen = _confirm(out, pick, baseline, again, judge, rank)
+        out.chosen = confirm(out, pick, baseline, again, judge, rank)
         if "fans" in knobs:  # the curves on top of the confirmed settings, the quietest confirmed in turn
             start = out.chosen
             quietest = _fans(machine, out, trial, c, gpus, start)
             if quietest is not None:
                 ceilings = _ceilings(machine, gpus)
                 first, first_pick, first_ok = out.chosen, out.picked, out.confirmed
-                out.chosen = _confirm(out, quietest, baseline, again,  # the bound itself, and the ceilings
+                out.chosen = confirm(out, quietest, baseline, again,  # the bound itself, and the ceilings
                                       lambda t: search.feasible(t, c) and fan_objective(t, c, ceilings) < math.inf,
                                       lambda t: fan_objective(t, c, ceilings, start), stage="fans")
                 if out.confirmed is False:  # no curve confirmed: the confirmed settings with the driver's fans
@@ -412,25 +412,28 @@ def _ceilings(machine: Machine, gpus: list[int]) -> dict[int, float]:
 CONFIRM_TRIES = 3  # candidates measured again, best first, before the GPUs are left as they were
 
 
-def _confirm(out: Outcome, pick: Trial, baseline: Callable[[], Trial], again: Callable[[Trial, Trial], Trial],
+def confirm(out: Outcome, pick: Trial, baseline: Callable[[], Trial], again: Callable[[Trial, Trial], Trial],
              judge: Callable[[Trial], bool], rank: Callable[[Trial], float], stage: str | None = None) -> Trial:
     """Measure the chosen point again against a fresh baseline: a search's best trial is the minimum over
     noisy measurements, biased toward luck, so a choice stands only where a measurement that did not choose
     it still passes ``judge`` (within the slowdown bound; a fan curve also below the ceilings). A point that
-    does not confirm gives way to the next best trial that passed (of ``stage``, by ``rank``: a safer one, as
-    a rule, since the search's best sits at the bound), up to ``CONFIRM_TRIES``; if none confirms the GPUs
-    stay as they were (the last fresh baseline is the choice), and the notes say why."""
+    does not confirm gives way to the best trial that passed (of ``stage``, by ``rank``) and that the search
+    measured safer than it, a smaller slowdown (the next best by the objective alone sits at the same bound,
+    and fails the same way), up to ``CONFIRM_TRIES``; if none confirms the GPUs stay as they were (the last
+    fresh baseline is the choice), and the notes say why."""
     if pick.stage in ("baseline", "confirm") or not pick.settings:
         out.confirmed, out.picked = None, pick
         return pick
+    c = search.Constraint("energy", out.max_slowdown, 0.0)
     seen: set[str] = set()
     others = sorted((t for t in out.trials if t is not pick and t.stage not in ("baseline", "confirm")
                      and t.settings and (stage is None or t.stage == stage) and judge(t)
                      and (stage is not None or rank(t) < 1.0)), key=lambda t: (rank(t), t.number))
     fresh = pick
+    below = math.inf  # the search's slowdown of the last candidate that did not confirm: the next is safer
     for cand in [pick, *others]:
         key = repr(sorted(cand.settings.items()))
-        if key in seen:
+        if key in seen or search.trial_slowdown(cand, c) >= below:
             continue
         seen.add(key)
         if len(seen) > CONFIRM_TRIES:
@@ -441,7 +444,8 @@ def _confirm(out: Outcome, pick: Trial, baseline: Callable[[], Trial], again: Ca
         if judge(t):
             out.confirmed, out.picked = True, cand
             return t
-        slow = search.trial_slowdown(t, search.Constraint("energy", out.max_slowdown, 0.0))
+        below = search.trial_slowdown(cand, c)
+        slow = search.trial_slowdown(t, c)
         out.notes.append(f"trial {cand.number}'s settings did not confirm against a fresh baseline (trial "
                          f"{t.number}: {t.status}, slowdown {slow * 100:+.1f} %)")
     out.confirmed = False
