@@ -17,9 +17,9 @@ from typing import Any
 from gpud.config import Config
 from gpud.doctor import diagnose
 from gpud.doctor.health import Health, gather
-from gpud.exporter import Counters, Observation, TickStats
 from gpud.hw.machine import Machine
 from gpud.model import CheckResult, Snapshot, XidEvent
+from gpud.observation import Counters, Observation, TickStats
 from gpud.paths import burnin_path
 from gpud.probe import history
 from gpud.probe.report import ProbeReport
@@ -84,29 +84,12 @@ def observe(machine: Machine, config: Config | None, *, snapshot: Snapshot | Non
     if health is None:  # `gpud metrics`: from these checks and Xids, and the journal
         health = gather(machine, config if config is not None else Config(), checks, snap, xids=xids)
     if profiles is None:
-        profiles = profiles_of(tuning_state.load())
+        profiles = tuning_state.gpu_profiles(tuning_state.load())
     run = running if running is not None else Running()
     return Observation(snapshot=snap, xids=xids, checks=checks, profile=profile, drift=drifts,
                        counters=run.counters, probe=probe(), nvml_errors=dict(machine.nvml.errors), tick=run.tick,
                        last_tick=run.last_tick, usage=run.usage, burnin=last_burnin(), health=health,
                        profiles=profiles).following(previous)
-
-
-def profiles_of(data: tuning_state.TuningState | None) -> tuple[tuple[int, str, str], ...]:
-    """(gpu, profile, rule) of each GPU the state file gives settings: the rule that switched it
-    (``extra["rules"]``, written by the daemon's rules), else the applied profile with rule ""."""
-    if data is None:
-        return ()
-    raw = data.extra.get("rules")
-    rules = raw if isinstance(raw, dict) else {}
-    out = []
-    for key in sorted(set(data.gpu_desired()) | {int(k) for k in rules if str(k).isdigit()}):
-        got = rules.get(str(key))
-        if isinstance(got, dict) and isinstance(got.get("profile"), str):
-            out.append((key, str(got["profile"]), str(got.get("rule") or "")))
-        elif data.profile:
-            out.append((key, data.profile, ""))
-    return tuple(out)
 
 
 _burnin_cache: dict[str, Any] = {"key": None, "doc": None}

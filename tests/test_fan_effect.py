@@ -18,9 +18,9 @@ from gpud.daemon.recorder import Recorder
 from gpud.daemon.schedule import Schedule
 from gpud.daemon.thermal import MAX_POINTS, ThermalHistory
 from gpud.doctor import diagnose
-from gpud.exporter import Counters
 from gpud.hw.machine import Machine
 from gpud.model import CheckResult
+from gpud.observation import Counters
 
 LOADED = "utilization_percent = 100\npower_watts = 280\n"
 

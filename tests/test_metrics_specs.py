@@ -11,9 +11,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpud.backends import open_machine
 from gpud.config import Config
 from gpud.daemon.status import Renderer
-from gpud.exporter import METRICS, SLOW_FAMILIES, Observation, Spec, TickStats, exposition, registry
+from gpud.exporter import METRICS, SLOW_FAMILIES, Spec, exposition, registry
 from gpud.hw.machine import Machine
 from gpud.model import CheckResult
+from gpud.observation import Observation, TickStats
 from gpud.observe import Running, observe
 from gpud.usage import Accounting
 

@@ -329,7 +329,8 @@ def test_a_gpu_group_has_a_backend_per_device_type(monkeypatch: pytest.MonkeyPat
 def test_history_written_before_the_report_was_typed_still_loads(state_dir) -> None:
     """Records written by the dict-based runner (tests/fixtures/probe) load as ``ProbeReport``s that
     write back exactly the same JSON, and the daemon's, doctor's and the exporter's readings of them."""
-    from gpud.exporter import Observation, exposition
+    from gpud.exporter import exposition
+    from gpud.observation import Observation
     from gpud.probe import history
     from gpud.probe.report import ProbeReport
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 from conftest import run_gpud
 
 from gpud.backends import open_machine
-from gpud.exporter import Observation, exposition
+from gpud.exporter import exposition
 from gpud.model import GpuSample, Snapshot, Versions
+from gpud.observation import Observation
 from gpud.usage import Accounting
 
 V = Versions(None, None, None)

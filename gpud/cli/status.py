@@ -16,7 +16,6 @@ from gpud.cli.output import clean, clear_screen, colour, emit_json, fmt, is_tty,
 from gpud.doctor import diagnose
 from gpud.hw.machine import Machine
 from gpud.model import CheckResult, GpuInfo, GpuSample, Snapshot, document, sample_json, slow_open, to_jsonable
-from gpud.observe import profiles_of
 from gpud.profiles import state as tuning_state
 
 HEADERS = ["GPU", "Name", "Temp", "Fan", "Power / limit", "SM / mem clock", "Util", "Memory",
@@ -212,7 +211,7 @@ def status_document(m: Machine, snap: Snapshot) -> dict[str, Any]:
 def active_profiles() -> tuple[tuple[int, str, str], ...]:
     """(gpu, profile, rule) of each GPU with a profile, from the state file (a rule's, or the applied one)."""
 
-    return profiles_of(tuning_state.load())
+    return tuning_state.gpu_profiles(tuning_state.load())
 
 
 def profiles_line(snap: Snapshot) -> str | None:

@@ -34,10 +34,10 @@ from gpud.daemon.tick import Pace, Ticker, TuningFacts
 from gpud.daemon.wake import Stop
 from gpud.doctor import configcheck, health
 from gpud.errors import GpudError, InvalidInput
-from gpud.exporter import Counters, Observation
 from gpud.hw.machine import Machine
 from gpud.journal import Journal
 from gpud.model import Snapshot
+from gpud.observation import Counters, Observation
 from gpud.observe import Drift
 from gpud.paths import LockBusy, TuningLock, control_socket
 from gpud.profiles import engine

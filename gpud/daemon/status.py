@@ -16,9 +16,10 @@ from prometheus_client.core import Metric
 from prometheus_client.utils import floatToGoString as _go_float
 
 from gpud import __version__
-from gpud.exporter import METRICS, Counters, Observation, Scope, Series, Spec, TickStats, Value, registry
+from gpud.exporter import METRICS, Scope, Series, Spec, Value, registry
 from gpud.hw.machine import Machine
 from gpud.model import document, host_json, probe_document, sample_json, to_jsonable
+from gpud.observation import Counters, Observation, TickStats
 from gpud.probe import history
 
 

@@ -21,9 +21,9 @@ from gpud.daemon.status import TickTiming
 from gpud.daemon.thermal import ThermalHistory
 from gpud.doctor.health import Tracker
 from gpud.errors import GpudError
-from gpud.exporter import Counters, Observation
 from gpud.hw.machine import Machine
 from gpud.model import Snapshot, XidEvent
+from gpud.observation import Counters, Observation
 from gpud.observe import Drift, Running, observe
 from gpud.probe import history
 from gpud.probe.report import ProbeReport

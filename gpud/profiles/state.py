@@ -130,6 +130,23 @@ class TuningState:
         return {int(k): dict(v) for k, v in self.desired.items() if k.isdigit()}
 
 
+def gpu_profiles(data: TuningState | None) -> tuple[tuple[int, str, str], ...]:
+    """(gpu, profile, rule) of each GPU the state file gives settings: the rule that switched it
+    (``extra["rules"]``, written by the daemon's rules), else the applied profile with rule ""."""
+    if data is None:
+        return ()
+    raw = data.extra.get("rules")
+    rules = raw if isinstance(raw, dict) else {}
+    out = []
+    for key in sorted(set(data.gpu_desired()) | {int(k) for k in rules if str(k).isdigit()}):
+        got = rules.get(str(key))
+        if isinstance(got, dict) and isinstance(got.get("profile"), str):
+            out.append((key, str(got["profile"]), str(got.get("rule") or "")))
+        elif data.profile:
+            out.append((key, data.profile, ""))
+    return tuple(out)
+
+
 def path() -> Path:
     return state_dir() / "tuning.json"
 
