@@ -99,6 +99,20 @@ class GpuInfo:
 SLOW_OPEN_S = 1.0
 
 
+def pci_address(text: str) -> tuple[int, int, int, int] | None:
+    """A PCI address as the driver compares it, (domain, bus, device, function), from any of its spellings:
+    ``0000:17:00.0``, ``00000000:17:00.0`` (nvml.h: nvmlPciInfo_t's busId, busIdLegacy with 4 digits) or
+    ``17:00.0`` (no domain); None when it is not one."""
+    parts = text.strip().lower().replace(".", ":").split(":")
+    if len(parts) == 3:
+        parts = ["0", *parts]
+    try:
+        dom, bus, dev, fn = (int(p, 16) for p in parts)
+    except ValueError:
+        return None
+    return dom, bus, dev, fn
+
+
 def slow_open(info: GpuInfo | None) -> str | None:
     """Why this command waited for the GPU, where its first NVML lookup initialised it; None otherwise."""
     if info is None or info.open_seconds is None or info.open_seconds < SLOW_OPEN_S:

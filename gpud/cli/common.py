@@ -8,6 +8,7 @@ import typer
 
 from gpud.backends import open_machine
 from gpud.hw.machine import Machine
+from gpud.model import pci_address
 
 if TYPE_CHECKING:
     from gpud.model import Snapshot
@@ -56,18 +57,6 @@ GpuIds = Annotated[
 ]
 
 
-def _bus(text: str) -> tuple[int, int, int, int] | None:
-    """A PCI bus id in any of its spellings (``0000:17:00.0``, ``00000000:17:00.0``, ``17:00.0``)."""
-    parts = text.strip().lower().replace(".", ":").split(":")
-    if len(parts) == 3:
-        parts = ["0", *parts]
-    try:
-        dom, bus, dev, fn = (int(p, 16) for p in parts)
-    except ValueError:
-        return None
-    return (dom, bus, dev, fn) if len(parts) == 4 else None
-
-
 def gpu_ids(spec: str | None, gpus: Any) -> set[int] | None:
     """The indexes ``-i/--id`` names among ``gpus`` (objects with ``index``, ``uuid``, ``pci_bus_id``),
     or None without the option. A name matching no GPU is bad usage: exit 2 with the GPUs there are."""
@@ -80,11 +69,11 @@ def gpu_ids(spec: str | None, gpus: Any) -> set[int] | None:
     for word in (w.strip() for w in spec.split(",")):
         if not word:
             raise InvalidInput("--id", spec, "an empty GPU id (index, UUID or PCI bus id, comma separated)")
-        bus = _bus(word)
+        bus = pci_address(word)
         low = word.lower()
         found = [g.index for g in known if word == str(g.index) or low == str(g.uuid).lower()
                  or (low.startswith("gpu-") and len(low) >= 8 and str(g.uuid).lower().startswith(low))
-                 or (bus is not None and bus == _bus(str(g.pci_bus_id or "")))]
+                 or (bus is not None and bus == pci_address(str(g.pci_bus_id or "")))]
         if not found:
             have = ", ".join(f"{g.index} ({g.pci_bus_id or 'not readable'})" for g in known) or "none"
             raise InvalidInput("--id", word, f"no such GPU: give an index, UUID or PCI bus id ({have})")

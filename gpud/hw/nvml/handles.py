@@ -331,6 +331,15 @@ class NvmlClient:
             return got[1]
         return self.device_count()
 
+    def reader(self, index: int) -> tuple[Any, Callable[..., Any]]:
+        """The GPU's handle and its optional reading by name: ``get(name, *args)`` (``get`` on that handle)."""
+        h = self.handle(index)
+
+        def get(name: str, *args: Any) -> Any:
+            return self.get(name, h, *args, gpu=index)
+
+        return h, get
+
     def handle(self, index: int) -> Any:
         """The GPU's handle. A GPU that NVML counts but cannot open — a GPU fallen off the bus answers
         ``NVML_ERROR_UNKNOWN`` (999) or ``GPU_IS_LOST`` here, and ``nvidia-smi`` prints "Unable to

@@ -30,7 +30,7 @@ from gpud.hw.nvml.constants import (
     ClockOffsetStruct,
 )
 from gpud.hw.nvml.handles import NvmlClient
-from gpud.hw.nvml.values import _bits, _text, field_int, normalize_bus_id
+from gpud.hw.nvml.values import _bits, _text, field_int, normalize_bus_id, watts
 from gpud.model import (
     SLOW_OPEN_S,
     GpuInfo,
@@ -67,13 +67,7 @@ class Info:
         if cached is not None:
             return cached
         c = self._c
-        h = c.handle(index)
-
-        def get(name: str, *args: Any) -> Any:
-            return c.get(name, h, *args, gpu=index)
-
-        def watts(mw: Any) -> float | None:
-            return mw / 1000.0 if mw is not None else None
+        h, get = c.reader(index)
 
         pci = c.call("nvmlDeviceGetPciInfo", h, gpu=index)
         constraints = get("nvmlDeviceGetPowerManagementLimitConstraints") or (None, None)

@@ -28,7 +28,7 @@ from gpud.hw.nvml.counters import Counters
 from gpud.hw.nvml.handles import NvmlClient
 from gpud.hw.nvml.info import Info
 from gpud.hw.nvml.processes import Processes
-from gpud.hw.nvml.values import field_int
+from gpud.hw.nvml.values import field_int, watts
 from gpud.model import (
     FanReading,
     GpuInfo,
@@ -86,13 +86,7 @@ class Readings:
 
     def _sample(self, index: int, info: GpuInfo, now: float) -> GpuSample:
         c = self._c
-        h = c.handle(index)
-
-        def get(name: str, *args: Any) -> Any:
-            return c.get(name, h, *args, gpu=index)
-
-        def watts(mw: Any) -> float | None:
-            return mw / 1000.0 if mw is not None else None
+        h, get = c.reader(index)
 
         slow = self._counters.slow_fields(index, h, info, now)
         fans: list[FanReading] = []

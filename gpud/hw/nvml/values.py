@@ -36,6 +36,11 @@ class SlowFields:
     clock_offsets: dict[str, int]  # P0's, per domain that has them
 
 
+def watts(mw: Any) -> float | None:
+    """NVML's milliwatts (or millijoules) in watts (joules); None stays None."""
+    return mw / 1000.0 if mw is not None else None
+
+
 def normalize_bus_id(raw: str | bytes) -> str:
     """NVML's ``00000000:17:00.0`` → sysfs's ``0000:17:00.0`` (lower case)."""
     text = raw.decode() if isinstance(raw, bytes) else str(raw)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from gpud.model import pci_address
 from gpud.sim.entries import entry
 from gpud.sim.libnvml.library import MigRef, SimLibrary, wait_until
 from gpud.sim.libnvml.returns import (
@@ -84,30 +85,17 @@ def _handle_by_index(lib: SimLibrary, index: Any, out: Any) -> None:
     _open(lib, visible, i, out)
 
 
-def _bus_key(text: str) -> tuple[int, int, int, int] | None:
-    """A PCI address as the driver compares it: ``domain:bus:device.function``, the domain of 4 or 8 hex
-    digits or left out (nvml.h: nvmlPciInfo_t's busId "domain:bus:device.function", busIdLegacy with 4)."""
-    parts = text.strip().lower().replace(".", ":").split(":")
-    if len(parts) == 3:
-        parts = ["0", *parts]
-    try:
-        dom, bus, dev, fn = (int(p, 16) for p in parts)
-    except ValueError:
-        return None
-    return dom, bus, dev, fn
-
-
 @entry("nvmlDeviceGetHandleByPciBusId_v2", outs="raw", handles=0)
 def _handle_by_bus(lib: SimLibrary, bus_id: Any, out: Any) -> None:
     """nvml.h: "causes NVML to initialize the target GPU" (only it, but for an SLI slave); an address no
     GPU has answers NOT_FOUND, one that does not parse INVALID_ARGUMENT."""
     raw = value_of(bus_id)
-    key = _bus_key(raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw or ""))
+    key = pci_address(raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw or ""))
     if key is None:
         fail(INVALID_ARGUMENT)
     visible = lib.visible()
     for i, d in enumerate(visible):
-        if _bus_key(lib.sim.desc.gpus[d].bus_id) == key:
+        if pci_address(lib.sim.desc.gpus[d].bus_id) == key:
             _open(lib, visible, i, out)
             return
     fail(NOT_FOUND)
