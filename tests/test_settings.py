@@ -18,7 +18,20 @@ from gpud.profiles import engine
 from gpud.profiles import state as st
 from gpud.profiles.enforce import BACKOFF_FIRST_S, BACKOFF_MAX_S, HOST_EVERY_S, Enforcer, exported
 from gpud.profiles.profile import load
-from gpud.profiles.settings import BY_KEY, GOVERNOR, GPU_SETTINGS, KEYS, REGISTRY, UNKNOWN, Checked
+from gpud.profiles.settings import (
+    BY_KEY,
+    GOVERNOR,
+    GPU_SETTINGS,
+    HOST,
+    KEYS,
+    REGISTRY,
+    UNKNOWN,
+    Checked,
+    Gpu,
+    setting_for,
+    target_at,
+    target_keyed,
+)
 
 # Per setting: a value an RTX A6000 takes that differs from the simulated workstation's own, and
 # what a profile asks for to see it (``Setting.check``).
@@ -375,3 +388,17 @@ def test_the_daemon_does_not_enforce_a_cpu_governor_this_host_cannot_take(tmp_pa
     for _ in range(3):
         d.tick()
     assert d.enforcer.reapply_total == 0 and d.enforcer.reapply_failures_total == 0
+
+
+def test_a_target_is_named_once_for_the_state_file_the_plan_and_people() -> None:
+    """A GPU or the host: the state file's key, the plan's ``gpu`` (None for the host) and "GPU 3" / "host"
+    come from one place, and a state file's sections read back keyed by target, GPUs in index order first."""
+    assert [target_keyed(k) for k in ("3", "host", "fans")] == [Gpu(3), HOST, None]
+    assert target_at(None) is HOST and target_at(10) == Gpu(10) and Gpu(10).key == "10"
+    assert (Gpu(3).where, HOST.where, Gpu(3).gpu, HOST.gpu) == ("GPU 3", "host", 3, None)
+    section = {"host": {"cpu_governor": "performance"}, "10": {"power_limit": 250.0}, "2": {"power_limit": 200.0}}
+    assert list(st.by_target(section)) == [Gpu(2), Gpu(10), HOST]  # by index, not as text ("10" < "2")
+    assert engine.keyed({2: {"power_limit": 200.0, "required": ["power_limit"]}}, {"cpu_governor": "performance"}) \
+        == {"2": {"power_limit": 200.0}, "host": {"cpu_governor": "performance"}}
+    assert setting_for(HOST, "cpu_governor") is GOVERNOR and setting_for(Gpu(0), "cpu_governor") is None
+    assert setting_for(Gpu(0), "power_limit_watts") is BY_KEY["power_limit_watts"]

@@ -28,7 +28,7 @@ from gpud.hw.machine import Machine
 from gpud.model import Snapshot
 from gpud.profiles import engine
 from gpud.profiles.engine import Desired, Drift
-from gpud.profiles.settings import BY_KEY, GPU_SETTINGS, HOST_BY_KEY, UNSUPPORTED, shown
+from gpud.profiles.settings import GPU_SETTINGS, HOST, HOST_BY_KEY, UNSUPPORTED, Host, setting_for, shown, target_at
 from gpud.profiles.state import TuningState
 
 log = logging.getLogger("gpud.daemon")
@@ -82,11 +82,7 @@ class Enforcer:
         if profile is None:
             self.state = None
             return
-        want: dict[str, dict[str, Any]] = {str(gpu): {k: v for k, v in d.items() if k != "required"}
-                                           for gpu, d in desired.items()}
-        if host:
-            want["host"] = dict(host)
-        self.state = TuningState(profile=profile, desired=want)
+        self.state = TuningState(profile=profile, desired=engine.keyed(desired, host))
 
     def forget(self, key: str) -> None:
         """Stop comparing setting ``key`` (``gpud restore --fans-only`` hands the fans back)."""
@@ -122,24 +118,23 @@ class Enforcer:
         assert self.state is not None
         desired = self.state.desired
         drifts = engine.drift(self.machine, replace(self.state, desired={k: v for k, v in desired.items()
-                                                                         if k != "host"}), snap, daemon=True)
-        if "host" not in desired:
+                                                                         if k != HOST.key}), snap, daemon=True)
+        if HOST.key not in desired:
             return drifts
         if self._host is None or now - self._host[0] >= HOST_EVERY_S:
-            host = engine.drift(self.machine, replace(self.state, desired={"host": desired["host"]}), snap,
+            host = engine.drift(self.machine, replace(self.state, desired={HOST.key: desired[HOST.key]}), snap,
                                 daemon=True)
             self._host = (now, host)
         return drifts + self._host[1]
 
     @staticmethod
     def _enforced(d: Drift) -> bool:
-        if d.gpu is None:
-            return d.setting in HOST_BY_KEY and HOST_BY_KEY[d.setting].enforced
-        return d.setting in BY_KEY and BY_KEY[d.setting].enforced
+        setting = setting_for(d.target, d.setting)
+        return setting is not None and setting.enforced
 
     def _want(self, gpu: int | None) -> dict[str, Any]:
         assert self.state is not None
-        return dict(self.state.desired.get("host" if gpu is None else str(gpu), {}))
+        return dict(self.state.desired.get(target_at(gpu).key, {}))
 
     def _due(self, gpu: int | None, key: str, now: float) -> bool:
         """Whether a re-apply of ``key`` may be tried now: not failing, asked another value, or its back-off over."""
@@ -150,8 +145,7 @@ class Enforcer:
         """A failing setting read as the profile asks (someone else put it back): its back-off ends."""
         f = self.failing.pop((d.gpu, d.setting), None)
         if f is not None:
-            log.info("%s: %s matches profile %s again after %d failed re-apply(s)",
-                     "host" if d.gpu is None else f"GPU {d.gpu}", d.setting,
+            log.info("%s: %s matches profile %s again after %d failed re-apply(s)", d.target.where, d.setting,
                      self.state.profile if self.state else None, f.failures)
 
     def _failed(self, gpu: int | None, key: str, value: Any, now: float) -> bool:
@@ -171,15 +165,15 @@ class Enforcer:
         and when a failure clears; a retry that fails again is only counted."""
         assert self.state is not None
         names = [d.setting for d in drifted]
-        where = "host" if gpu is None else f"GPU {gpu}"
+        target = target_at(gpu)
+        where = target.where
         profile = self.state.profile
         want = self._want(gpu)
         before = {d.setting: self.failing.get((gpu, d.setting)) for d in drifted}
         new_drift = [k for k, f in before.items() if f is None or f.value != want.get(k)]
         if new_drift:
             log.warning("%s: %s drifted from profile %s: re-applying", where, ", ".join(names), profile)
-        keys = (list(HOST_BY_KEY) if gpu is None
-                else [s.key for s in GPU_SETTINGS if s.enforced])
+        keys = list(HOST_BY_KEY) if isinstance(target, Host) else [s.key for s in GPU_SETTINGS if s.enforced]
         fixed: set[tuple[int | None, str]] = set()
         failed: set[str] = set()
         new_failed: set[str] = set()
@@ -190,8 +184,8 @@ class Enforcer:
                 continue
             why = ""
             try:
-                got = engine.write(self.machine, gpu, key, value)
-                if not engine.read_back_ok(engine.Change(gpu, key, None, value, "set"), got):
+                got = engine.write(self.machine, target, key, value)
+                if not engine.read_back_ok(target, key, value, got):
                     why = f"read back {shown(key, got)}, wanted {shown(key, value)}"
             except GpudError as err:
                 why = f"failed: {err}"
@@ -210,7 +204,7 @@ class Enforcer:
                 f = self.failing[(gpu, key)]
                 log.debug("%s: re-applying %s %s again (%d in a row; next try in %.0f s)", where, key, why,
                           f.failures, f.delay)
-        if gpu is None:
+        if isinstance(target, Host):
             self._host = None  # read the governors again on the next tick
         self.reapply_total += 1
         self.reapply_failures_total += len(failed)

@@ -23,14 +23,19 @@ from gpud.profiles.settings import (
     BY_KEY,
     GOVERNOR,
     GPU_SETTINGS,
+    HOST,
     HOST_BY_KEY,
     KEYS,
     RESET,
     UNKNOWN,
     UNSUPPORTED,
     DriftStatus,
+    Gpu,
+    Host,
     PlanAction,
+    Target,
     shown,
+    target_at,
 )
 from gpud.profiles.state import TuningState
 
@@ -84,8 +89,12 @@ class Change:
     required: bool = False
 
     @property
+    def target(self) -> Target:
+        return target_at(self.gpu)
+
+    @property
     def where(self) -> str:
-        return "host" if self.gpu is None else f"GPU {self.gpu}"
+        return self.target.where
 
     def as_dict(self) -> dict[str, Any]:
         return {"gpu": self.gpu, "setting": self.setting, "current": self.current, "desired": self.desired,
@@ -124,6 +133,10 @@ class Drift:
     current: Any
     desired: Any
     status: DriftStatus
+
+    @property
+    def target(self) -> Target:
+        return target_at(self.gpu)
 
     @property
     def drifted(self) -> bool:
@@ -186,22 +199,31 @@ def plan(machine: Machine, profile: Profile, daemon: bool = False, snap: Snapsho
 
 # -- writing ------------------------------------------------------------------------------
 
-def write(machine: Machine, gpu: int | None, setting: str, value: Any) -> Any:
-    """Write one setting and return what was read back (None where NVML has no getter)."""
-    if gpu is None:
+def write(machine: Machine, target: Target, setting: str, value: Any) -> Any:
+    """Write one setting of ``target`` and return what was read back (None where NVML has no getter)."""
+    if isinstance(target, Host):
         return HOST_BY_KEY[setting].write(machine, value)
-    return BY_KEY[setting].write(machine, gpu, value)
+    return BY_KEY[setting].write(machine, target.index, value)
 
 
-def read_back_ok(c: Change, got: Any) -> bool:
-    if c.gpu is None:
-        return HOST_BY_KEY[c.setting].read_back_ok(c.desired, got)
-    return BY_KEY[c.setting].read_back_ok(c.desired, got)
+def read_back_ok(target: Target, setting: str, wanted: Any, got: Any) -> bool:
+    """Whether ``got``, read back after writing ``wanted``, is what was asked."""
+    if isinstance(target, Host):
+        return HOST_BY_KEY[setting].read_back_ok(wanted, got)
+    return BY_KEY[setting].read_back_ok(wanted, got)
+
+
+def _first(c: Change, host_before: dict[int, str] | None) -> Any:
+    """What restore writes back for this change: the host's governors as read before the apply, a
+    GPU setting's original from the value the plan read."""
+    if isinstance(c.target, Host):
+        return GOVERNOR.original(host_before)
+    return BY_KEY[c.setting].original(c.current)
 
 
 def _undo(c: Change, host_before: dict[int, str] | None) -> Any:
     """What a rollback writes back for this change."""
-    if c.gpu is None:
+    if isinstance(c.target, Host):
         return GOVERNOR.original(host_before)
     return BY_KEY[c.setting].undo(c.current)
 
@@ -223,13 +245,8 @@ def apply(machine: Machine, profile: Profile, changes: list[Change], desired: De
     previous = read_state(machine)  # corrupt or another machine's: refuse before anything is written
     originals: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (previous.originals if previous else {}).items()}
     for c in todo:
-        key = "host" if c.gpu is None else str(c.gpu)
-        first = GOVERNOR.original(host_before) if c.gpu is None else BY_KEY[c.setting].original(c.current)
-        originals.setdefault(key, {}).setdefault(c.setting, first)
-    wanted: dict[str, dict[str, Any]] = {str(i): {k: v for k, v in d.items() if k != "required"}
-                                         for i, d in desired.items()}
-    if profile.host:
-        wanted["host"] = dict(profile.host)
+        originals.setdefault(c.target.key, {}).setdefault(c.setting, _first(c, host_before))
+    wanted = keyed(desired, profile.host)
     _mark_skipped(wanted, changes)  # what is skipped is neither enforced nor verified
     record = TuningState(profile=profile.name, source=profile.source, chain=tuple(profile.chain), desired=wanted,
                          originals=originals, pending=True, started_at=time.time(), target=target(machine),
@@ -241,7 +258,7 @@ def apply(machine: Machine, profile: Profile, changes: list[Change], desired: De
         return out
     for c in todo:
         try:
-            got = write(machine, c.gpu, c.setting, c.desired)
+            got = write(machine, c.target, c.setting, c.desired)
         except Unsupported as err:
             if c.required:
                 out.error = f"{c.where}: required setting {c.setting}: not supported by this GPU ({err})"
@@ -254,9 +271,9 @@ def apply(machine: Machine, profile: Profile, changes: list[Change], desired: De
         except GpudError as err:
             out.error = f"{c.where}: {c.setting}: {err}"
             # A host write can fail half-way (some CPUs written): undo it with the rest.
-            _fail(machine, out, host_before, previous, c if c.gpu is None else None)
+            _fail(machine, out, host_before, previous, c if isinstance(c.target, Host) else None)
             return out
-        if not read_back_ok(c, got):
+        if not read_back_ok(c.target, c.setting, c.desired, got):
             out.error = (f"{c.where}: {c.setting}: read back {shown(c.setting, got)}, "
                          f"wanted {shown(c.setting, c.desired)}")
             _fail(machine, out, host_before, previous, c)  # it was written: undo it too
@@ -269,27 +286,35 @@ def apply(machine: Machine, profile: Profile, changes: list[Change], desired: De
     return out
 
 
+def keyed(desired: Desired, host: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """``desired`` (per GPU index) and the host's settings keyed as the state file keys them (``Target.key``),
+    less the profile's list of required settings."""
+    out = {Gpu(i).key: {k: v for k, v in d.items() if k != "required"} for i, d in desired.items()}
+    if host:
+        out[HOST.key] = dict(host)
+    return out
+
+
 def unsupported_removed(desired: Desired, out: Outcome) -> Desired:
     """``desired`` with what the plan or the writes skipped marked unsupported (neither enforced nor
     verified), as the state file records it."""
-    marked = {str(gpu): dict(want) for gpu, want in desired.items()}
+    marked = {Gpu(gpu).key: dict(want) for gpu, want in desired.items()}
     _mark_skipped(marked, [*out.plan, *out.skipped])
-    return {int(gpu): want for gpu, want in marked.items()}
+    return {gpu: marked[Gpu(gpu).key] for gpu in desired}
 
 
 def host_unsupported_removed(host: Mapping[str, Any], out: Outcome) -> dict[str, Any]:
     """The profile's host settings with what the plan or the writes skipped (no cpufreq on this
     host) marked unsupported, as the state file records them."""
-    marked = {"host": dict(host)}
+    marked = {HOST.key: dict(host)}
     _mark_skipped(marked, [*out.plan, *out.skipped])
-    return marked["host"]
+    return marked[HOST.key]
 
 
 def _mark_skipped(wanted: dict[str, dict[str, Any]], changes: Iterable[Change]) -> None:
-    """Mark unsupported, in ``wanted`` (keyed as the state file: GPU index as a string, or "host"),
-    every setting a change skipped."""
+    """Mark unsupported, in ``wanted`` (keyed as the state file, ``Target.key``), every setting a change skipped."""
     for c in changes:
-        key = "host" if c.gpu is None else str(c.gpu)
+        key = c.target.key
         if c.action == "skip" and c.setting in wanted.get(key, {}):
             wanted[key][c.setting] = UNSUPPORTED
 
@@ -313,7 +338,7 @@ def _rollback(machine: Machine, out: Outcome, host_before: dict[int, str] | None
     for c in reversed(out.written + ([also] if also is not None else [])):
         back = _undo(c, host_before)
         try:
-            write(machine, c.gpu, c.setting, back)
+            write(machine, c.target, c.setting, back)
             out.rolled_back.append(f"{c.where}: {c.setting} → {shown(c.setting, back)}")
         except GpudError as err:
             out.not_restored.append(f"{c.where}: {c.setting}: {err}")
@@ -326,16 +351,14 @@ def drift(machine: Machine, data: TuningState, snapshot: Snapshot, daemon: bool 
     order per GPU then the host. ``daemon``: a running daemon drives the fans (curves are checked)."""
     samples = {s.index: s for s in snapshot.samples}
     out: list[Drift] = []
-    for key, want in sorted(data.desired.items(), key=lambda kv: (not kv[0].isdigit(), kv[0])):
-        if key == "host":
+    for t, want in st.by_target(data.desired).items():
+        if isinstance(t, Host):
             for hkey, host_setting in HOST_BY_KEY.items():
                 if want.get(hkey) not in (None, UNSUPPORTED):
                     c = host_setting.check(machine, want[hkey])
                     out.append(Drift(None, hkey, c.current, c.desired, c.status))
             continue
-        if not key.isdigit():
-            continue
-        gpu = int(key)
+        gpu = t.index
         s = samples.get(gpu)
         if s is None or s.lost:
             out.append(Drift(gpu, "gpu", "lost" if s else "absent", "present", "drift"))
@@ -388,11 +411,11 @@ def restore(machine: Machine, fans_only: bool = False,
         try:
             s = machine.nvml.sample(gpu)
             if s.lost:
-                if str(gpu) in originals:
+                if Gpu(gpu).key in originals:
                     failed.append(f"GPU {gpu}: lost: cannot restore it (a reset returns it to driver defaults)")
                 continue
             for f in s.fans:
-                if f.policy == "manual" or any(k in originals.get(str(gpu), {}) for k in first):
+                if f.policy == "manual" or any(k in originals.get(Gpu(gpu).key, {}) for k in first):
                     machine.nvml.set_fan_auto(gpu, f.fan)
                     done.append(f"GPU {gpu}: fan {f.fan} → auto")
         except GpudError as err:
@@ -411,24 +434,26 @@ def restore(machine: Machine, fans_only: bool = False,
         return done, failed
     keep: dict[str, dict[str, Any]] = {}
     others: dict[str, dict[str, Any]] = {}  # what ``gpus`` leaves out: kept applied, and in the state file
+
+    def left_out(t: Target) -> bool:
+        return gpus is not None and (isinstance(t, Host) or t.index not in gpus)
+
     if gpus is not None:
-        others = {k: v for k, v in originals.items() if k == "host" or int(k) not in gpus}
+        others = {t.key: v for t, v in st.by_target(originals).items() if left_out(t)}
         originals = {k: v for k, v in originals.items() if k not in others}
-    for key, settings in sorted(originals.items()):
-        which = None if key == "host" else int(key)
+    for t, settings in sorted(st.by_target(originals).items(), key=lambda kv: kv[0].key):
         for setting in reversed(KEYS):
             if setting not in settings or setting in first:
                 continue
             value = settings[setting]
-            where = "host" if which is None else f"GPU {which}"
             try:
-                write(machine, which, setting, value)
-                done.append(f"{where}: {setting} → {shown(setting, value)}")
+                write(machine, t, setting, value)
+                done.append(f"{t.where}: {setting} → {shown(setting, value)}")
             except GpudError as err:
-                failed.append(f"{where}: {setting}: {err}")
-                keep.setdefault(key, {})[setting] = value
+                failed.append(f"{t.where}: {setting}: {err}")
+                keep.setdefault(t.key, {})[setting] = value
     if gpus is not None and others:
-        left = {k: dict(v) for k, v in data.desired.items() if k == "host" or int(k) not in gpus or k in keep}
+        left = {t.key: v for t, v in st.by_target(data.desired).items() if left_out(t) or t.key in keep}
         try:
             st.save(dataclasses.replace(data, originals={**others, **keep}, desired=left))
         except st.StateError as err:

@@ -21,7 +21,7 @@ from typing import Any
 
 from gpud.errors import GpudError, InvalidInput
 from gpud.paths import atomic_write, depth, open_trusted, read_fd, state_dir
-from gpud.profiles.settings import GPU_SETTINGS, HOST_SETTINGS
+from gpud.profiles.settings import GPU_SETTINGS, HOST_SETTINGS, Gpu, Host, Target, target_keyed
 
 VERSION = 1
 MAX_STATE = 1 << 20
@@ -69,7 +69,8 @@ HOST_VALUES: dict[str, tuple[Any, str]] = {s.key: (s.stored, s.stored_as) for s 
 def _check_settings(section: str, table: Mapping[str, Any]) -> None:
     """ValueError naming the first value of ``desired`` or ``originals`` gpud could not act on."""
     for where, values in table.items():
-        known = HOST_VALUES if where == "host" else SETTING_VALUES if str(where).isdigit() else None
+        t = target_keyed(str(where))
+        known = None if t is None else HOST_VALUES if isinstance(t, Host) else SETTING_VALUES
         if known is None:
             raise ValueError(f"'{section}.{where}' is neither a GPU index nor \"host\"")
         for key, value in values.items():
@@ -127,7 +128,14 @@ class TuningState:
 
     def gpu_desired(self) -> dict[int, dict[str, Any]]:
         """What the applied profile asked for, per GPU index (the host's settings left out)."""
-        return {int(k): dict(v) for k, v in self.desired.items() if k.isdigit()}
+        return {t.index: want for t, want in by_target(self.desired).items() if isinstance(t, Gpu)}
+
+
+def by_target(section: Mapping[str, Mapping[str, Any]]) -> dict[Target, dict[str, Any]]:
+    """``desired`` or ``originals`` keyed by target: the GPUs in index order, then the host (keys that name
+    neither are left out; ``from_json`` refused them)."""
+    out = {t: dict(v) for k, v in section.items() if (t := target_keyed(k)) is not None}
+    return dict(sorted(out.items(), key=lambda kv: (isinstance(kv[0], Host), kv[0].gpu or 0)))
 
 
 def gpu_profiles(data: TuningState | None) -> tuple[tuple[int, str, str], ...]:

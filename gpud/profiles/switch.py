@@ -21,7 +21,7 @@ from gpud.profiles import engine
 from gpud.profiles import state as st
 from gpud.profiles.engine import ORDER, Change, Desired, Outcome
 from gpud.profiles.profile import Profile
-from gpud.profiles.settings import BY_KEY, UNSUPPORTED
+from gpud.profiles.settings import BY_KEY, UNSUPPORTED, Gpu
 
 RULES_KEY = "rules"  # the state file's record of the GPUs a rule switched: GPU → {profile, rule}
 
@@ -47,7 +47,8 @@ def switch(machine: Machine, base: Profile | None, targets: Mapping[int, Profile
     snap = snap if snap is not None else machine.snapshot()
     data = engine.read_state(machine)
     old = data.gpu_desired() if data is not None else {}
-    originals = {int(k): dict(v) for k, v in (data.originals if data is not None else {}).items() if k.isdigit()}
+    originals = {t.index: v for t, v in st.by_target(data.originals if data is not None else {}).items()
+                 if isinstance(t, Gpu)}
     merged: Desired = {g: dict(v) for g, v in old.items()}
     changes: list[Change] = []
     plans: dict[str, tuple[list[Change], Desired]] = {}

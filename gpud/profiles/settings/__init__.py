@@ -21,16 +21,22 @@ from __future__ import annotations
 from typing import Any
 
 from gpud.profiles.settings.base import (
+    HOST,
     RESET,
     UNKNOWN,
     UNSUPPORTED,
     Checked,
     DriftStatus,
+    Gpu,
+    Host,
     PlanAction,
     Planned,
     Scope,
     Setting,
+    Target,
     show,
+    target_at,
+    target_keyed,
 )
 from gpud.profiles.settings.fan import Fan
 from gpud.profiles.settings.gpu import ApplicationsClocks, ComputeMode, LockedClocks, PersistenceMode, PowerLimit
@@ -59,12 +65,18 @@ KEYS: tuple[str, ...] = tuple(s.key for s in REGISTRY)
 BY_PROFILE_KEY: dict[str, Setting] = {s.profile_key: s for s in GPU_SETTINGS}  # profile name → setting
 
 
+def setting_for(target: Target, key: str) -> Setting | CpuGovernor | None:
+    """The registry's setting ``key`` of ``target``'s kind (a GPU's or the host's); None when it has none."""
+    return HOST_BY_KEY.get(key) if isinstance(target, Host) else BY_KEY.get(key)
+
+
 def shown(key: str, value: Any) -> str:
     """Setting ``key``'s value for people (an unknown key's plainly)."""
     setting = BY_KEY.get(key) or HOST_BY_KEY.get(key)
     return setting.shown(value) if setting is not None else show(value)
 
 
-__all__ = ["BY_KEY", "BY_PROFILE_KEY", "GOVERNOR", "GPU_SETTINGS", "HOST_BY_KEY", "HOST_SETTINGS", "KEYS",
-           "REGISTRY", "RESET", "UNKNOWN", "UNSUPPORTED", "Checked", "CpuGovernor", "DriftStatus", "PlanAction",
-           "Planned", "Scope", "Setting", "show", "shown"]
+__all__ = ["BY_KEY", "BY_PROFILE_KEY", "GOVERNOR", "GPU_SETTINGS", "HOST", "HOST_BY_KEY", "HOST_SETTINGS", "KEYS",
+           "REGISTRY", "RESET", "UNKNOWN", "UNSUPPORTED", "Checked", "CpuGovernor", "DriftStatus", "Gpu", "Host",
+           "PlanAction", "Planned", "Scope", "Setting", "Target", "setting_for", "show", "shown", "target_at",
+           "target_keyed"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from gpud.errors import InvalidInput
 from gpud.hw.machine import Machine
@@ -25,6 +25,52 @@ UNKNOWN = "unknown"  # NVML has no getter (locked clocks) and gpud did not set i
 UNSUPPORTED = "unsupported"  # desired value recorded for what this GPU cannot take
 _ARCH_RANK = {name: code for code, name in ARCHITECTURES.items()}
 NUM = (int, float)
+
+
+@dataclass(frozen=True, order=True)
+class Gpu:
+    """What a GPU setting acts on: GPU ``index`` (NVML's)."""
+
+    index: int
+
+    @property
+    def gpu(self) -> int | None:
+        """The index, as plans, drift, journal lines and JSON carry a target (None: the host)."""
+        return self.index
+
+    @property
+    def key(self) -> str:
+        """Its key in the state file: the index as text."""
+        return str(self.index)
+
+    @property
+    def where(self) -> str:
+        return f"GPU {self.index}"
+
+
+@dataclass(frozen=True)
+class Host:
+    """What a host setting acts on: the machine itself (its CPUs)."""
+
+    gpu: ClassVar[None] = None
+    key: ClassVar[str] = "host"
+    where: ClassVar[str] = "host"
+
+
+HOST = Host()
+Target = Gpu | Host
+
+
+def target_at(gpu: int | None) -> Target:
+    """The target a plan's or a drift's ``gpu`` names (None: the host)."""
+    return HOST if gpu is None else Gpu(gpu)
+
+
+def target_keyed(key: str) -> Target | None:
+    """The target a state-file key names ("0", "1", … or "host"); None for any other key."""
+    if key == HOST.key:
+        return HOST
+    return Gpu(int(key)) if key.isdigit() else None
 
 
 def show(v: Any) -> str:
