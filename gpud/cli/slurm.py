@@ -18,19 +18,32 @@ where Slurm passes it, else the time this node's prolog noted for ``SLURM_JOB_ID
 from __future__ import annotations
 
 import os
+import re
+import socket
+import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from gpud import config as cfg
+from gpud.cli.apply import Target, tuning_lock
+from gpud.cli.common import machine
+from gpud.cli.health import NOT_HEALTH, states_of
+from gpud.config import Config
+from gpud.doctor import diagnose
+from gpud.doctor import health as hl
+from gpud.doctor.health import COMPONENTS, Health, ascii_line, one_line, policy_of
+from gpud.doctor.xid import describe, unreadable_needs
 from gpud.errors import GpudError
-
-if TYPE_CHECKING:
-    from gpud.config import Config
-    from gpud.doctor.health import Health
-    from gpud.hw.host import KernelLogUnreadable
-    from gpud.hw.machine import Machine
+from gpud.hw.host import KernelLogUnreadable
+from gpud.hw.machine import Machine
+from gpud.journal import Journal
+from gpud.model import SLOW_OPEN_S
+from gpud.paths import _dir_refusal, atomic_write, state_dir
+from gpud.profiles import state as tuning_state
+from gpud.profiles.session import DaemonGone
 
 PROLOG_BUDGET_S = 9.0  # of the 10 s answer, from the process's start: a second left for the exit
 LINE = 200  # Slurm's drain reason, as the contract has it
@@ -47,7 +60,6 @@ def say(line: str) -> None:
 
 
 def reason_line(line: str) -> str:
-    from gpud.doctor.health import ascii_line
 
     text = ascii_line(line).strip()
     text = text.removeprefix("gpud: ").removesuffix(TAG).rstrip()
@@ -57,13 +69,11 @@ def reason_line(line: str) -> str:
 
 def ours(reason: str) -> bool:
     """Whether a node's drain reason is one gpud gave (``scontrol show node`` may add `` [user@time]``)."""
-    import re
 
     return re.sub(r"\s*\[[^\]]*@[^\]]*\]$", "", reason.strip()).endswith(TAG)
 
 
 def jobs_dir() -> Path:
-    from gpud.paths import state_dir
 
     return state_dir() / "jobs"
 
@@ -107,7 +117,6 @@ def fit_checks() -> list[str]:
     """The checks that can make a node unfit: those whose component can be unhealthy. The others
     (configuration, host, PCIe link, NVLink, clocks) are at worst degraded, so the prolog leaves them
     out; the Xids come from the kernel log and the journal, not from a check."""
-    from gpud.doctor.health import COMPONENTS
 
     return [check for check, (_, worst, _, _) in COMPONENTS.items() if worst == "unhealthy"]
 
@@ -128,7 +137,6 @@ def since_start() -> float:
 def suspects(m: Machine, conf: Config) -> list[str]:
     """PCI addresses worth opening first, known without opening any GPU: those the kernel log names in
     an Xid of this boot that is not the application's (``[health]``'s policy), most recent first."""
-    from gpud.doctor.health import policy_of
 
     policy = policy_of(conf.health)
     out: list[str] = []
@@ -159,11 +167,6 @@ def read_health(m: Machine, conf: Config, progress: Progress, job: bool = True) 
     that GPU only), then the others one by one; after the accused and after each GPU slow to open, the
     fit checks of the GPUs read so far, and the first unhealthy finding is the answer. All read and
     nothing unhealthy: the whole machine's states (with ``gpu.count``'s count, which needs every GPU)."""
-    from gpud.cli.health import NOT_HEALTH, states_of
-    from gpud.doctor import diagnose
-    from gpud.doctor import health as hl
-    from gpud.hw.host import KernelLogUnreadable
-    from gpud.model import SLOW_OPEN_S
 
     read = m.host.read_xids()
     xids, progress.unread = ((), read) if isinstance(read, KernelLogUnreadable) else (read, None)
@@ -256,7 +259,6 @@ class Verdict:
 
 def judge(simulate: str | None, config: str | None, budget: float | None, job: bool) -> Verdict:
     """Is this node fit (``job``: for the job whose GPUs Slurm names, ``job_gpus``; else the whole machine)?"""
-    from gpud import config as cfg
 
     started = time.time()
     if budget is None:
@@ -269,7 +271,6 @@ def judge(simulate: str | None, config: str | None, budget: float | None, job: b
 
     def work() -> None:
         try:
-            from gpud.cli.common import machine
 
             read_health(machine(simulate), conf, progress, job=job)
         except Exception as err:  # noqa: BLE001 - said as the one line, never a traceback to Slurm
@@ -284,7 +285,6 @@ def judge(simulate: str | None, config: str | None, budget: float | None, job: b
         _note_job(started)
     if progress.error is not None:
         return Verdict(1, f"health not read: {progress.error}")
-    from gpud.doctor.health import one_line
 
     line = one_line(progress.states or (), LINE)
     if line:
@@ -298,7 +298,6 @@ def judge(simulate: str | None, config: str | None, budget: float | None, job: b
 def unreadable_answer(unread: KernelLogUnreadable, policy: str) -> tuple[int, str | None]:
     """No kernel log readable and nothing else unhealthy: ``[doctor] unreadable_kernel_log`` says fit
     (exit 0, one warning line on stderr) or unfit (exit 1 and the drain reason, naming what is missing)."""
-    from gpud.doctor.xid import unreadable_needs
 
     needs = unreadable_needs(unread.tried, os.geteuid() == 0)
     what = f"no kernel log readable ({unread.says()}): Xids not judged"
@@ -315,7 +314,6 @@ def _note_job(started: float) -> None:
     job = _job_id()
     if job is None:
         return
-    from gpud.paths import atomic_write
 
     try:
         atomic_write(jobs_dir() / job, f"{started:.3f}\n")
@@ -338,8 +336,6 @@ def job_start(boot_time: float | None) -> tuple[float | None, str]:
 
 
 def epilog(simulate: str | None, config: str | None) -> int:
-    from gpud import config as cfg
-    from gpud.cli.common import machine
 
     try:
         conf = cfg.load(config)
@@ -371,9 +367,6 @@ def epilog(simulate: str | None, config: str | None) -> int:
 def _restore(simulate: str | None, config: str | None, m: Machine, gpus: list[int] | None) -> list[str]:
     """What the job's profile changed on its GPUs (``gpus``; None: all), put back: through the daemon when it
     drives this machine. The other GPUs keep theirs (another job's)."""
-    from gpud.cli.apply import Target, tuning_lock
-    from gpud.profiles import state as tuning_state
-    from gpud.profiles.session import DaemonGone
 
     if tuning_state.load() is None:
         return []
@@ -400,8 +393,6 @@ def _since(m: Machine, conf: Config, since: float | None,
            scope: list[int] | None) -> tuple[list[int], list[dict[str, Any]]]:
     """The job's GPUs (``scope``; None: all) lost now or during the job; the Xids logged on them since it
     began: an Xid of another job's GPU, or one logged before this job began, is not this job's."""
-    from gpud.doctor.health import policy_of
-    from gpud.doctor.xid import describe
 
     try:
         snap = m.snapshot()
@@ -430,7 +421,6 @@ def _since(m: Machine, conf: Config, since: float | None,
 
 def _journal(m: Machine, job: str | None, since: float | None, source: str, xids: list[dict[str, Any]],
              lost: list[int], restored: list[str]) -> None:
-    from gpud.journal import Journal
 
     summary = (f"job {job or '?'} ended: {len(xids)} Xid(s) since it began"
                + (f", GPU {', '.join(map(str, lost))} lost" if lost else "")
@@ -455,7 +445,6 @@ SCONTROL = ("/usr/bin/scontrol", "/usr/local/bin/scontrol", "/opt/slurm/bin/scon
 
 
 def scontrol_path() -> str | None:
-    from gpud.paths import _dir_refusal
 
     for path in SCONTROL:
         try:
@@ -470,15 +459,12 @@ def scontrol_path() -> str | None:
 
 def node_name() -> str:
     """The node's name in slurm.conf: ``SLURMD_NODENAME`` (slurmd sets it), else the short host name."""
-    import socket
 
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
 def node_state(scontrol: str, node: str) -> tuple[str, str]:
     """(State, Reason) from ``scontrol show node NODE -o``; raises OSError/ValueError when it cannot tell."""
-    import re
-    import subprocess
 
     r = subprocess.run([scontrol, "show", "node", node, "-o"], capture_output=True, text=True, timeout=20,
                        stdin=subprocess.DEVNULL, check=False)
@@ -496,7 +482,6 @@ def health_check(simulate: str | None, config: str | None) -> int:
     it; unfit: the node drained with the reason, unless it is drained already with someone else's (an
     admin's "new PSU" stays); fit: a drain of gpud's own (its reason ends with ``TAG``) lifted, and any
     other left. Exit 0 fit, 1 unfit, 2 when Slurm could not be asked or told."""
-    import subprocess
 
     verdict = judge(simulate, config, None, job=False)
     code = 0 if verdict.code == 0 else 1
