@@ -14,6 +14,7 @@ from gpud.autotune.run import Outcome
 from gpud.autotune.trial import Settings, Trial
 from gpud.autotune.workload import FIGURES
 from gpud.burnin.html import CSS
+from gpud.text import ranges
 
 W, H, PAD_L, PAD_R, PAD_T, PAD_B = 720, 360, 64, 16, 24, 40
 
@@ -172,7 +173,6 @@ def _fmt(v: Any, spec: str, suffix: str = "") -> str:
 
 def settings_text(settings: dict[str, Any]) -> str:
     """``GPU0-3 255 W, locked 1500 MHz`` style: GPUs with the same settings together."""
-    from gpud.text import ranges
 
     if not settings:
         return "as found"

@@ -16,6 +16,7 @@ from prometheus_client.core import Metric
 from prometheus_client.utils import floatToGoString as _go_float
 
 from gpud import __version__
+from gpud.doctor.health import as_json, worst_of
 from gpud.exporter import METRICS, Scope, Series, Spec, Value, registry
 from gpud.hw.machine import Machine
 from gpud.model import document, host_json, probe_document, sample_json, to_jsonable
@@ -25,7 +26,6 @@ from gpud.probe import history
 
 def health_part(obs: Observation) -> dict[str, Any]:
     """``/status``'s ``health``: the worst state and every component (gpud.doctor.health)."""
-    from gpud.doctor.health import as_json, worst_of
 
     return {"state": worst_of(obs.health), "components": as_json(obs.health)}
 

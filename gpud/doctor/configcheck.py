@@ -15,11 +15,12 @@ import grp
 from collections.abc import Sequence
 
 from gpud.config import Config, DaemonSection
+from gpud.doctor import CHECKS
 from gpud.errors import GpudError, InvalidInput
+from gpud.profiles.profile import load
 
 
 def check_ids() -> list[str]:
-    from gpud.doctor import CHECKS
 
     return [c.id for c in CHECKS]
 
@@ -65,7 +66,6 @@ def daemon_keys(conf: Config) -> None:
                            f"no group {d.socket_group!r} on this host (`getent group {d.socket_group}`; "
                            f"create it with `sudo groupadd --system {d.socket_group}` or name another)")
     if d.profile is not None:
-        from gpud.profiles.profile import load
 
         try:
             load(d.profile)
@@ -75,7 +75,6 @@ def daemon_keys(conf: Config) -> None:
 
 def rules_valid(conf: Config, gpus: int) -> None:
     """Each ``[[rules]]`` profile must load, and a rule's ``gpus`` must exist on this machine."""
-    from gpud.profiles.profile import load
 
     file = conf.path or "gpud.toml"
     for k, rule in enumerate(conf.rules):

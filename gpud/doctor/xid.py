@@ -29,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Literal, NamedTuple, get_args
 
+from gpud.hw.journald import JOURNAL_DIRS
+
 if TYPE_CHECKING:
     from gpud.journal import Event
 
@@ -370,7 +372,6 @@ def unreadable_needs(tried: tuple[tuple[str, str], ...], root: bool) -> list[str
     with adm and wheel); it needs libsystemd, and this boot's kernel messages in the directories read. A
     syslog file refused needs read access (Debian's kern.log is 0640 syslog:adm, RHEL's messages 0600
     root). Nothing there at all is a journald-only node whose journal was not mounted."""
-    from gpud.hw.journald import JOURNAL_DIRS
 
     why = dict(tried)
     needs = []

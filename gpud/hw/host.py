@@ -9,8 +9,12 @@ from __future__ import annotations
 import errno
 import math
 import os
+import pwd
 import re
+import shutil
+import subprocess
 from dataclasses import dataclass
+from datetime import datetime
 from functools import cached_property
 from pathlib import Path
 
@@ -433,8 +437,6 @@ class Host:
 
         Only on the real root: a program under another root cannot be run.
         """
-        import shutil
-        import subprocess
 
         exe = shutil.which("nvidia-settings")
         displays = self.x_displays()
@@ -494,7 +496,6 @@ class Host:
             if len(parts) > 2 and parts[2] == str(uid):
                 return parts[0]
         if str(self.root) == "/":  # NSS (LDAP, sssd) only answers for the real root
-            import pwd
 
             try:
                 return pwd.getpwuid(uid).pw_name
@@ -512,7 +513,6 @@ BSD_STAMP = re.compile(r"^([A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d)\s")
 def _stamp(line: str, year: int) -> float | None:
     """The syslog time of a line: RFC 3339 (rsyslog's default on current distributions) or the
     traditional ``Nov 30 01:02:03`` (no year: this one is assumed), as local time."""
-    from datetime import datetime
 
     m = ISO_STAMP.match(line)
     try:
@@ -538,7 +538,6 @@ def this_boot(lines: list[str], boot_time: float | None) -> list[tuple[float | N
         if BOOT_MARK.search(line):
             start = k
     if start == 0 and boot_time is not None:
-        from datetime import datetime
 
         year = datetime.fromtimestamp(boot_time).year
         kept = []

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -233,7 +234,6 @@ class SimMachine(Physics):
     def boot_id(self) -> str:
         """``/proc/sys/kernel/random/boot_id`` of this boot: a random UUID per boot on Linux; here
         derived from the machine's name and boot number, so that it changes exactly at a reboot."""
-        import uuid
 
         return str(uuid.uuid5(uuid.NAMESPACE_URL, f"gpud-sim:{self.desc.name}:{self.state.get('boot', 0)}"))
 

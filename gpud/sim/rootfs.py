@@ -5,11 +5,13 @@
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import hashlib
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from gpud.sim.description import GpuSpec, MachineSpec, Xorg
@@ -82,8 +84,6 @@ _PRIVATE: dict[str, Path] = {}
 
 
 def _private_root(sim: SimMachine, stamp: str) -> Path:
-    import atexit
-    import tempfile
 
     root = _PRIVATE.get(sim.desc.name)
     if root is not None and (root / STAMP).is_file() and (root / STAMP).read_text() == stamp:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpud.errors import InvalidInput
+from gpud.sim.description import parse
 from gpud.sim.dump.fields import Reader
 from gpud.sim.dump.mig import instances, process_instances
 from gpud.sim.dump.notes import Notes
@@ -561,7 +562,6 @@ def _raise_nvlinks(data: dict[str, Any], placement: Placement, notes: Notes) -> 
 
 def check(twin: Twin) -> None:
     """The twin must load like any description; a failure here is the dump's inconsistency."""
-    from gpud.sim.description import parse
 
     try:
         parse(twin.data, twin.dump.file)
