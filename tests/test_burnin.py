@@ -896,12 +896,12 @@ def test_a_cpu_run_on_a_machine_whose_gpus_work_needs_rehearsal(state_dir: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The command refuses --device cpu where NVML sees GPUs and the kernels would run on the host (a real
     machine's RealBench, stood in here on a simulated one), unless --rehearsal; nothing runs or is written."""
-    import gpud.backends
+    import gpud.cli.burnin
     from gpud.backends import RealBench
     from gpud.cli.burnin import burnin
     from gpud.errors import InvalidInput
 
-    monkeypatch.setattr(gpud.backends, "open_bench", lambda m, dev: RealBench(dev))
+    monkeypatch.setattr(gpud.cli.burnin, "open_bench", lambda m, dev: RealBench(dev))
     with pytest.raises(InvalidInput, match="--rehearsal"):
         burnin(level="quick", device="cpu", simulate="z8-fury-4x-a6000")
     assert not (state_dir / "burnin.json").exists() and not (state_dir / "burnin-run.jsonl").exists()

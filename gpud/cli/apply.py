@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -12,6 +13,7 @@ from gpud.cli import complete
 from gpud.cli.common import Json, Simulate, emit_document, local_host, machine, machine_host
 from gpud.cli.output import clean, echo_wrapped, plural, table, table_lines, wrap
 from gpud.errors import GpudError, InvalidInput
+from gpud.text import ranges
 
 if TYPE_CHECKING:
     from gpud.profiles.session import ApplyResult, DaemonSession, LocalSession
@@ -103,7 +105,6 @@ def _public(result: dict[str, Any]) -> dict[str, Any]:
 
 def _plan_rows(plan: list[dict[str, Any]]) -> list[list[str]]:
     """One row per setting and outcome, the GPUs it holds for grouped as doctor groups them (GPU0-3)."""
-    from gpud.text import ranges
 
     groups: dict[tuple[str, ...], list[int]] = {}
     hosts: list[tuple[str, ...]] = []
@@ -238,7 +239,6 @@ def apply(
     With the daemon running, the daemon applies it (and drives the fan curves); a profile applied by
     hand pauses the daemon's [[rules]] until `gpud restore` or `gpud apply --rules`.
     """
-    import os
 
     t = Target(simulate, config)
     where = os.path.abspath(profile) if profile is not None and "/" in profile else profile

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from gpud import __version__
+from gpud.backends import open_bench
 from gpud.cli.common import Json, Simulate, host, machine
 from gpud.cli.output import colour, echo_wrapped, emit_json
 from gpud.errors import InvalidInput
@@ -155,7 +156,6 @@ def burnin(
     each with its threshold's source; what could not be measured is "not judged" and named. Exit 0 pass
     (tests not judged are listed, not failed), 1 a GPU failed, 2 invalid input, 130 interrupted."""
     from gpud import config as cfg
-    from gpud.backends import open_bench
     from gpud.burnin.plan import LEVELS
     from gpud.burnin.run import run_burnin
     from gpud.burnin.store import record

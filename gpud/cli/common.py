@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+import socket
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from gpud import __version__
 from gpud.backends import open_machine
+from gpud.cli.output import emit_json
+from gpud.errors import GpudError, InvalidInput
 from gpud.hw.machine import Machine
-from gpud.model import pci_address
+from gpud.model import document, host_json, pci_address
 
 if TYPE_CHECKING:
     from gpud.model import Snapshot
@@ -39,7 +45,6 @@ def machine(simulate: str | None) -> Machine:
 
 def host(m: Machine, snap: Snapshot | None) -> dict[str, Any]:
     """``host`` as every JSON document writes it (gpud.model.host_json)."""
-    from gpud.model import host_json
 
     try:
         cpu = m.host.cpu_info()
@@ -60,7 +65,6 @@ GpuIds = Annotated[
 def gpu_ids(spec: str | None, gpus: Any) -> set[int] | None:
     """The indexes ``-i/--id`` names among ``gpus`` (objects with ``index``, ``uuid``, ``pci_bus_id``),
     or None without the option. A name matching no GPU is bad usage: exit 2 with the GPUs there are."""
-    from gpud.errors import InvalidInput
 
     if spec is None:
         return None
@@ -84,8 +88,6 @@ def gpu_ids(spec: str | None, gpus: Any) -> set[int] | None:
 def machine_host(m: Machine) -> dict[str, Any]:
     """``host`` for a document whose command reads no snapshot (apply, verify, restore): versions and
     GPU count from NVML, or the name alone when NVML cannot answer."""
-    from gpud.errors import GpudError
-    from gpud.model import host_json
 
     try:
         m.nvml.init()
@@ -101,25 +103,19 @@ def machine_host(m: Machine) -> dict[str, Any]:
 
 def local_host() -> dict[str, Any]:
     """``host`` for a document about this machine that reads no GPU (profile list, sim list, events)."""
-    import socket
 
-    from gpud.model import host_json
 
     return host_json(socket.gethostname())
 
 
 def emit_document(kind: str, host_: dict[str, Any], **body: Any) -> None:
     """One ``--json`` document of the shared schema (docs/json.md): the envelope, then ``body``."""
-    from gpud import __version__
-    from gpud.cli.output import emit_json
-    from gpud.model import document
 
     emit_json(document(kind, __version__, host_, **body))
 
 
 def gpus_of(snap: Snapshot) -> list[Any]:
     """Every GPU of a snapshot as ``-i/--id`` matches it, a lost one too (its index and UUID)."""
-    from types import SimpleNamespace
 
     infos = {g.index: g for g in snap.gpus}
     return [SimpleNamespace(index=s.index, uuid=s.uuid,
@@ -128,7 +124,6 @@ def gpus_of(snap: Snapshot) -> list[Any]:
 
 def narrow(snap: Snapshot, only: set[int] | None) -> Snapshot:
     """``snap`` with only the GPUs ``-i/--id`` named (all without the option)."""
-    import dataclasses
 
     if only is None:
         return snap

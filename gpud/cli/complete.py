@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpud.backends import simulated_workstations
+
 
 def _files(incomplete: str, suffix: str = ".toml") -> list[str]:
     """Files (and directories, to go on into) that start with ``incomplete``."""
@@ -29,7 +31,6 @@ def profiles(incomplete: str) -> list[str]:
 
 
 def machines(incomplete: str) -> list[str]:
-    from gpud.backends import simulated_workstations
 
     names = [n for n in simulated_workstations() if n.startswith(incomplete)]
     return names + (_files(incomplete) if "/" in incomplete else [])

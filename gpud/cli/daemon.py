@@ -6,7 +6,9 @@ from typing import Annotated
 
 import typer
 
-from gpud.cli.common import Simulate, machine
+from gpud.cli.common import Simulate, emit_document, local_host, machine
+from gpud.cli.output import echo_err, echo_wrapped
+from gpud.errors import GpudError, InvalidInput
 
 
 def daemon(
@@ -21,7 +23,6 @@ def daemon(
     from gpud import config as cfg
     from gpud import logs
     from gpud.daemon.service import run
-    from gpud.errors import InvalidInput
 
     level = log_level.upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -51,10 +52,7 @@ def daemon(
 def _ask(cmd: str, config: str | None, json: bool) -> None:
     """Send one control-socket request to the running daemon; no daemon → one line, exit 1."""
     from gpud import config as cfg
-    from gpud.cli.common import emit_document, local_host
-    from gpud.cli.output import echo_err, echo_wrapped
     from gpud.daemon.control import request
-    from gpud.errors import GpudError
     from gpud.paths import control_socket
 
     conf = cfg.load(config)

@@ -12,7 +12,8 @@ import typer
 from gpud import __version__
 from gpud.cli import complete
 from gpud.cli.common import GpuIds, Json, Simulate, gpu_ids, gpus_of, machine
-from gpud.cli.output import clean, colour, cut, echo_err, emit_json, plural, stderr_width, width, wrap
+from gpud.cli.output import clean, colour, cut, debug_enabled, echo_err, emit_json, plural, stderr_width, width, wrap
+from gpud.errors import InvalidInput
 from gpud.model import CheckResult, document
 from gpud.text import ranges
 
@@ -126,14 +127,12 @@ def doctor(
         from gpud.cli import slurm
 
         if prolog + epilog + health_check > 1:
-            from gpud.errors import InvalidInput
 
             raise InvalidInput("--prolog", "", "--prolog, --epilog and --health-check are different moments: "
                                                "give one")
         raise typer.Exit(slurm.prolog(simulate, config) if prolog else slurm.epilog(simulate, config) if epilog
                          else slurm.health_check(simulate, config))
     from gpud import config as cfg
-    from gpud.cli.output import debug_enabled
     from gpud.doctor import configcheck, diagnose
 
     conf = cfg.load(config)  # an invalid file stops here: exit 2, nothing else runs

@@ -11,6 +11,7 @@ import typer
 
 from gpud.cli.common import Json, Simulate, emit_document, gpu_ids, gpus_of, host, machine
 from gpud.cli.output import clean, colour, table
+from gpud.errors import GpudError, InvalidInput
 
 if TYPE_CHECKING:
     from gpud.config import Config
@@ -33,7 +34,6 @@ def states_of(m: Machine, conf: Config, snap: Snapshot | None = None,
     """Doctor's checks that bear on health (none that are slow; with ``only``, those), then the states."""
     from gpud.doctor import diagnose
     from gpud.doctor import health as hl
-    from gpud.errors import GpudError
 
     if snap is None:
         try:
@@ -124,7 +124,6 @@ def set_healthy(
     from gpud import config as cfg
     from gpud.daemon.control import request
     from gpud.doctor import health as hl
-    from gpud.errors import InvalidInput
     from gpud.paths import control_socket
 
     parent = ctx.obj if isinstance(ctx.obj, dict) else {}
@@ -161,7 +160,6 @@ def set_healthy(
 
 
 def _record(summary: str, data: dict[str, Any], index: int, uuid: str, boot_id: str | None) -> None:
-    from gpud.errors import GpudError
     from gpud.journal import Journal
 
     j = Journal(busy_wait_s=2.0)

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import socket
+import subprocess
 import sys
+import tempfile
 from typing import Annotated, Any, NoReturn
 
 import typer
 
+from gpud import __version__
 from gpud.cli.common import Json, Simulate, machine
+from gpud.cli.common import host as host_of
 from gpud.cli.output import echo_wrapped, emit_json, is_tty, table
+from gpud.errors import GpudError, InvalidInput
+from gpud.model import host_json, probe_document
 from gpud.probe.report import CORRECTNESS, Device, ProbeReport, by_node
 
 GB = 1e9
@@ -160,7 +169,6 @@ def probe(
     here (the same command on every machine, node 0's HOST:PORT as the rendezvous).
     """
     from gpud import config as cfg
-    from gpud.errors import GpudError, InvalidInput
     from gpud.probe import runner, torchrun
     from gpud.probe.plan import SUITES
 
@@ -190,14 +198,11 @@ def probe(
         inner += ["--config", _whole(config)] if config else []
         cmd = torchrun.torchrun_command(nnodes=nnodes, node_rank=node_rank, endpoint=rdzv_endpoint,
                                         nproc_per_node=nproc_per_node or gpus, probe_args=inner)
-        import subprocess
-        import tempfile
 
         with tempfile.TemporaryDirectory(prefix="gpud-torchrun-") as cwd:
             code = subprocess.run(cmd, check=False, cwd=cwd).returncode
         raise typer.Exit(code)
     if torchrun.under_torchrun():
-        import socket
 
         try:
             node: Any = machine(simulate)
@@ -223,9 +228,6 @@ def probe(
             if isinstance(progress, _Bar):
                 progress.stop()
     if json:
-        from gpud import __version__
-        from gpud.cli.common import host as host_of
-        from gpud.model import host_json, probe_document
 
         if torchrun.under_torchrun():
             where = host_json(res.host)
@@ -249,8 +251,6 @@ def _leave_rank(code: int) -> NoReturn:
     called without an active exception" and SIGABRT after a run that succeeded, seen here in Gloo under load
     (pytorch/pytorch#65237 is the same race in PyTorch's own tests) — and which torchrun then reports as the
     rank's failure."""
-    import logging
-    import os
 
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -267,6 +267,5 @@ def register(app: typer.Typer) -> None:
 
 def _whole(path: str) -> str:
     """A file named on the command line as an absolute path (a name that is no file, as given)."""
-    import os
 
     return os.path.abspath(path) if os.path.isfile(path) else path

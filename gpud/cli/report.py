@@ -41,6 +41,7 @@ import typer
 from gpud import __version__
 from gpud.cli.common import Simulate, host, machine
 from gpud.cli.output import echo_wrapped, plural
+from gpud.errors import GpudError
 from gpud.model import document, host_json, probe_document
 
 NVIDIA_LINE = re.compile(r"NVRM|nvidia|Xid|NVLink|nvlink", re.IGNORECASE)
@@ -351,7 +352,6 @@ def report(
                 info.size, info.mtime, info.mode = len(data), int(time.time()), 0o600
                 tar.addfile(info, io.BytesIO(data))
     except OSError as err:
-        from gpud.errors import GpudError
 
         e = GpudError(f"cannot write {target}: {err.strerror or err}")
         e.remedy = "choose a writable place with `--output PATH`"

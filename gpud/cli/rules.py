@@ -15,6 +15,7 @@ import typer
 from gpud import __version__
 from gpud.cli.common import Json, Simulate, host, machine
 from gpud.cli.output import clean, emit_json, table_lines
+from gpud.model import document
 
 rules_app = typer.Typer(help="Profile rules: the profile each GPU follows for its jobs.",
                         no_args_is_help=True)
@@ -29,7 +30,6 @@ def rules_test(config: Config = None, simulate: Simulate = None, json: Json = Fa
     from gpud import config as cfg
     from gpud.daemon.rules import groups
     from gpud.doctor import configcheck
-    from gpud.model import document
     from gpud.profiles.rules import Job, choose, matches
 
     conf = cfg.load(config)  # an invalid file: `file: key: reason`, exit 2

@@ -10,7 +10,7 @@ import typer
 
 from gpud.cli.common import Json, Simulate, emit_document, local_host
 from gpud.cli.output import table
-from gpud.errors import InvalidInput
+from gpud.errors import GpudError, InvalidInput
 
 sim_app = typer.Typer(help="Simulated workstations: try gpud without NVIDIA GPUs, test it.", no_args_is_help=True)
 
@@ -76,7 +76,6 @@ def _saved(sim: Any, what: str) -> None:
     """A change to the simulated machine that could not be saved (a full or read-only state
     directory) lasts only as long as this command: say so, exit 1."""
     if sim.machine.in_memory:
-        from gpud.errors import GpudError
 
         err = GpudError(f"{what} could not be saved in {sim.machine.state_file.parent}: the state directory is "
                         "full or read-only, so other gpud processes do not see it")

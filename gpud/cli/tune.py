@@ -12,10 +12,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from gpud import __version__
+from gpud.backends import open_training
 from gpud.cli.apply import Config, Target, tuning_lock
 from gpud.cli.common import Json, Simulate, host
-from gpud.cli.output import clean, echo_wrapped, plural, table
+from gpud.cli.output import clean, echo_wrapped, emit_json, plural, table
 from gpud.errors import GpudError, InvalidInput
+from gpud.model import document
 
 if TYPE_CHECKING:
     from gpud.profiles.session import DaemonSession
@@ -165,14 +168,12 @@ def tune(
     """Measure which power (and clock) settings make training fastest or cheapest here: a baseline,
     a bracketing search with every trial measured to a stated confidence, the GPUs put back at the
     end (and by `gpud restore` after a crash). Exit 0 done, 1 refused or failed, 2 invalid input."""
-    from gpud import __version__
     from gpud.autotune import report as rep
     from gpud.autotune.run import LocalApplier, check_start, run_tune
     from gpud.autotune.search import GOALS
     from gpud.autotune.trial import Measure
     from gpud.autotune.workload import Command, RateCommand, Training, Workload
     from gpud.cli.burnin import parse_gpus
-    from gpud.model import document
 
     if goal not in GOALS:
         raise InvalidInput("--goal", "", f"must be one of {', '.join(GOALS)}, not {goal!r}")
@@ -193,7 +194,6 @@ def tune(
     chosen = parse_gpus(gpus, len(snap.samples)) if gpus is not None else list(range(len(snap.samples)))
     infos = {i.index: i for i in snap.gpus}
     if workload == "probe":
-        from gpud.backends import open_training
 
         if rate_from is not None:
             raise InvalidInput("--rate-from", "", "reads a command's output: give --workload \"COMMAND\"")
@@ -249,7 +249,6 @@ def tune(
     if apply_ and changed and out.gain_excludes_zero and target_path is not None and not out.interrupted:
         doc["applied"] = _apply(t, target_path, session)
     if json:
-        from gpud.cli.output import emit_json
 
         emit_json(doc)
     else:
