@@ -275,7 +275,7 @@ def curve_applied(m: Machine) -> None:
     from gpud.profiles.profile import load as load_profile
 
     changes, desired = engine.plan(m, load_profile("training"), daemon=True)
-    assert engine.apply(m, load_profile("training"), changes, desired, m.host.cpu_governors()).ok
+    assert engine.apply(m, load_profile("training"), changes, desired).ok
     loop = FanControl.from_profile(m, tuning_state.profile_settings(tuning_state.load()))
     loop.step(m.snapshot().samples, 0.0)
 

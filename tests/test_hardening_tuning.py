@@ -150,7 +150,7 @@ def test_a_state_file_that_cannot_be_saved_stops_apply_before_any_write(tmp_path
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr("gpud.paths.os.fsync", full)
-    out = engine.apply(m, p, changes, desired, m.host.cpu_governors())
+    out = engine.apply(m, p, changes, desired)
     monkeypatch.undo()
     assert not out.ok and "cannot save" in out.error and "nothing was written" in out.error
     assert out.written == []

@@ -358,7 +358,7 @@ def test_prolog_and_epilog_of_a_job_that_lost_a_gpu(monkeypatch: pytest.MonkeyPa
     from gpud.profiles.profile import load as load_profile
 
     changes, desired = engine.plan(m, load_profile("training"))
-    assert engine.apply(m, load_profile("training"), changes, desired, m.host.cpu_governors()).ok
+    assert engine.apply(m, load_profile("training"), changes, desired).ok
     inject_now(m, "xid", gpu=1, xid=79)
     inject_now(m, "xid", gpu=0, xid=13)
     assert epilog(HEALTHY, None) == 1

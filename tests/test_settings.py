@@ -26,6 +26,7 @@ from gpud.profiles.settings import (
     KEYS,
     REGISTRY,
     UNKNOWN,
+    At,
     Checked,
     Gpu,
     setting_for,
@@ -86,26 +87,31 @@ def test_each_setting_writes_reads_back_and_goes_back(key: str, undo: bool, stat
         m.nvml.set_fan_speed(1, 0, 80)  # manual, as a daemon driving a curve leaves it
     g, s = m.info(1), m.snapshot().samples[1]
     assert g is not None
-    value, asked = _value(key, g, s)
-    current = setting.read(s)
-    assert not setting.unsupported(g, value, current)
-    assert setting.check(s, asked, daemon=False).status in ("drift", "unverifiable")  # it differs now
+    raw, raw_asked = _value(key, g, s)
+    value, asked = setting.from_json(raw), setting.from_json(raw_asked)  # typed, as the engine hands them over
+    at = At(m, Gpu(1), g, s)
+    current = setting.read(at)
+    assert not setting.unsupported(at, value, current)
+    assert setting.check(at, asked, daemon=False).status in ("drift", "unverifiable")  # it differs now
 
-    got = setting.write(m, 1, value)
+    got = setting.write(m, Gpu(1), value)
     assert setting.read_back_ok(value, got)
-    after = m.snapshot().samples[1]
+    after = At(m, Gpu(1), g, m.snapshot().samples[1])
     if setting.verifiable:
         assert setting.check(after, asked, daemon=False).status == "ok"
         if key != "fan":
             assert setting.same(setting.read(after), value) and setting.same(got, value)
     else:  # no getter: what gpud set is what it records and shows; the hardware holds it
-        assert got is None and setting.read(after) == UNKNOWN and setting.read(after, value) == value
+        assert got is None and setting.read(after) == UNKNOWN and setting.read(after, raw) == value
         held = m.simulation.machine.settings(1)["locked_gpu" if key == "gpu_clocks" else "locked_mem"]
-        assert list(held) == value
+        assert list(held) == raw
+    # the JSON form the state file and plans carry reads back as the same value
+    assert setting.from_json(json.loads(json.dumps(setting.to_json(value)))) == value
     assert fingerprint(fresh()) != before or key == "fan" and fingerprint(m) == before
 
-    back = setting.undo(current) if undo else setting.original(current)
-    setting.write(m, 1, back)
+    back = setting.undo(current) if undo else setting.original(current)  # the state file's form
+    json.dumps(back)
+    setting.write(m, Gpu(1), setting.from_json(back))
     assert fingerprint(fresh()) == before
 
 
@@ -113,14 +119,19 @@ def test_each_setting_writes_reads_back_and_goes_back(key: str, undo: bool, stat
 def test_the_cpu_governor_writes_reads_back_and_goes_back(undo: bool, state_dir) -> None:
     m = fresh()
     before = fingerprint(m)
-    now = GOVERNOR.read(m)
+    host = At(m, HOST)
+    now = GOVERNOR.read(host)
     other = sorted(m.host.cpu_governors_available() - set(now.values()))[0]
-    assert GOVERNOR.plan(m, other).action == "set"
-    got = GOVERNOR.write(m, other)
-    assert GOVERNOR.read_back_ok(other, got) and GOVERNOR.same(GOVERNOR.read(m), other)
-    assert GOVERNOR.check(m, other).status == "ok" and GOVERNOR.plan(m, other).action == "none"
-    GOVERNOR.write(m, GOVERNOR.original(now))  # restore and rollback both write each CPU's own back
-    assert fingerprint(fresh()) == before and GOVERNOR.read(m) == now
+    planned = GOVERNOR.plan(host, other, None, daemon=False)
+    assert planned.action == "set"
+    got = GOVERNOR.write(m, HOST, other)
+    assert GOVERNOR.read_back_ok(other, got) and GOVERNOR.same(GOVERNOR.read(host), other)
+    assert GOVERNOR.check(host, other, False).status == "ok"
+    assert GOVERNOR.plan(host, other, None, False).action == "none"
+    back = planned.original if not undo else planned.undo  # restore and rollback both write each CPU's own back
+    assert back == {str(cpu): gov for cpu, gov in now.items()}
+    GOVERNOR.write(m, HOST, GOVERNOR.from_json(back))
+    assert fingerprint(fresh()) == before and GOVERNOR.read(host) == now
 
 
 # What gpud wrote before the registry (``sort_keys``, ``indent=1``): a profile with a power limit,
@@ -206,7 +217,7 @@ def _enforcing(tmp_path: Path, profile: dict[str, Any]) -> tuple[Machine, Enforc
     m = fresh()
     p = load(str(write_profile(tmp_path, profile)))
     changes, desired = engine.plan(m, p, daemon=True)
-    out = engine.apply(m, p, changes, desired, m.host.cpu_governors())
+    out = engine.apply(m, p, changes, desired)
     assert out.ok, out.error
     events: list[tuple[str, str]] = []
     clock = Clock()
@@ -234,7 +245,7 @@ def test_a_failed_reapply_is_still_drift_and_counted(tmp_path: Path, state_dir) 
     m = fresh()
     p = load(str(write_profile(tmp_path, {"description": "power", "all": {"power_limit": 250}})))
     changes, desired = engine.plan(m, p, daemon=True)
-    out = engine.apply(m, p, changes, desired, m.host.cpu_governors())
+    out = engine.apply(m, p, changes, desired)
     assert out.ok, out.error
     enforcer = Enforcer(m)
     enforcer.follow(p.name, engine.unsupported_removed(desired, out), p.host)
@@ -263,7 +274,7 @@ def test_a_cpu_governor_on_a_host_without_cpufreq_is_unsupported_not_drift(tmp_p
     changes, desired = engine.plan(m, p, daemon=True)
     host = [c for c in changes if c.gpu is None]
     assert [(c.setting, c.action, c.note) for c in host] == [("cpu_governor", "skip", "no cpufreq on this host")]
-    out = engine.apply(m, p, changes, desired, m.host.cpu_governors())
+    out = engine.apply(m, p, changes, desired)
     assert out.ok, out.error
     assert st.read().desired["host"] == {"cpu_governor": "unsupported"}  # neither enforced nor verified
     assert engine.host_unsupported_removed(p.host, out) == {"cpu_governor": "unsupported"}
@@ -282,7 +293,7 @@ def test_a_cpu_governor_on_a_host_without_cpufreq_is_unsupported_not_drift(tmp_p
     assert drifts and not [d for d in drifts if d.drifted]
 
     # A state file saying "performance" (written by an older gpud, or cpufreq gone since): skip, not drift.
-    assert GOVERNOR.check(m, "performance") == Checked(None, "performance", "skip")
+    assert GOVERNOR.check(At(m, HOST), "performance", False) == Checked(None, "performance", "skip")
     enforcer.follow(p.name, engine.unsupported_removed(desired, out), dict(p.host))
     for _ in range(3):
         clock.now += HOST_EVERY_S
@@ -355,7 +366,7 @@ def test_the_enforcer_reads_the_cpu_governors_at_most_every_10_s(tmp_path: Path,
     m = fresh()
     p = load(str(write_profile(tmp_path, {"description": "governor", "host": {"cpu_governor": "powersave"}})))
     changes, desired = engine.plan(m, p, daemon=True)
-    assert engine.apply(m, p, changes, desired, m.host.cpu_governors()).ok
+    assert engine.apply(m, p, changes, desired).ok
     clock = Clock()
     enforcer = Enforcer(m, clock=clock)
     enforcer.follow(p.name, engine.unsupported_removed(desired, engine.Outcome(changes)), p.host)

@@ -98,7 +98,7 @@ def test_the_epilog_puts_back_the_jobs_gpus_only(monkeypatch: pytest.MonkeyPatch
     m = open_machine(HEALTHY)
     before = fingerprint(m)
     changes, desired = engine.plan(m, load_profile("quiet"))
-    assert engine.apply(m, load_profile("quiet"), changes, desired, m.host.cpu_governors()).ok
+    assert engine.apply(m, load_profile("quiet"), changes, desired).ok
     applied = fingerprint(m)
     assert all(applied[g] != before[g] for g in "0123")
     monkeypatch.setenv("SLURM_JOB_ID", "77")

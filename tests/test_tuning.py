@@ -96,7 +96,7 @@ def _n_writes(tmp_path: Path) -> int:
     start = m.simulation.machine.state["writes"]
     p = load(str(write_profile(tmp_path, RICH)))
     changes, desired = engine.plan(m, p)
-    out = engine.apply(m, p, changes, desired, m.host.cpu_governors())
+    out = engine.apply(m, p, changes, desired)
     assert out.ok
     n = fresh().simulation.machine.state["writes"] - start
     engine.restore(fresh())
@@ -117,7 +117,7 @@ def test_rollback_at_every_write_position(tmp_path: Path, state_dir, fault: str)
             params["gpu"] = (k - 1) // 5
         sim.inject(fault, **params)
         changes, desired = engine.plan(m, profile)
-        out = engine.apply(m, profile, changes, desired, m.host.cpu_governors())
+        out = engine.apply(m, profile, changes, desired)
         assert not out.ok and out.error and len(out.written) == k - 1, (k, out.error)
         assert out.not_restored == [], (k, out.not_restored)
         assert len(out.rolled_back) == k - 1

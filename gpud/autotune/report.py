@@ -14,6 +14,7 @@ from gpud.autotune.run import Outcome
 from gpud.autotune.trial import Settings, Trial
 from gpud.autotune.workload import FIGURES
 from gpud.burnin.html import CSS
+from gpud.profiles.fancurve import Curve, policy_of
 from gpud.text import ranges
 
 W, H, PAD_L, PAD_R, PAD_T, PAD_B = 720, 360, 64, 16, 24, 40
@@ -188,8 +189,9 @@ def settings_text(settings: dict[str, Any]) -> str:
         if isinstance(mem, list):
             parts.append(f"memory locked {mem[0]}" + ("" if mem[0] == mem[1] else f"-{mem[1]}") + " MHz")
         fan = s.get("fan")
-        if isinstance(fan, dict) and fan.get("mode") == "curve":
-            parts.append("fans " + " ".join(f"{t:g}°C:{d:g}%" for t, d in fan["points"]))
+        policy = policy_of(fan) if isinstance(fan, dict) else None
+        if isinstance(policy, Curve):
+            parts.append("fans " + " ".join(f"{t:g}°C:{d:g}%" for t, d in policy.points))
         groups.setdefault(", ".join(parts) or "as found", []).append(int(g))
     return "; ".join(f"GPU{ranges(sorted(gs))} {text}" for text, gs in groups.items())
 

@@ -23,10 +23,11 @@ from gpud.hw.machine import Machine
 from gpud.hw.nvml import TEMPERATURE_GPU
 from gpud.model import FanReading, GpuSample
 from gpud.profiles import engine
+from gpud.profiles.fancurve import curve_of
 from gpud.profiles.fanloop import FanControl
 from gpud.profiles.profile import Profile
 from gpud.profiles.session import LocalSession
-from gpud.profiles.settings import MEMORY_CLOCKS
+from gpud.profiles.settings import MEMORY_CLOCKS, At, Gpu
 
 KNOBS = ("power", "clocks", "memclocks", "fans")
 # The baseline is measured again after this many trials (and before the confirmation): each trial is
@@ -139,7 +140,7 @@ class LocalApplier:
         res = self.session.write(planned)  # the fans' original policy saved first
         if not res.ok:
             raise GpudError(res.error or "apply failed")
-        if any(isinstance(s.get("fan"), dict) and s["fan"]["mode"] != "auto" for s in res.desired.values()):
+        if any(curve_of(s.get("fan")) is not None for s in res.desired.values()):
             self.fans = FanControl.from_profile(self.machine, res.desired)
 
     def tick(self, now: float) -> None:
@@ -460,7 +461,7 @@ def memory_clocks(machine: Machine, gpus: list[int]) -> tuple[dict[int, list[int
         info = machine.info(g)
         if info is None:
             return {}, f"GPU {g}: no information"
-        why = MEMORY_CLOCKS.unsupported(info, [0, 0], None)
+        why = MEMORY_CLOCKS.unsupported(At(machine, Gpu(g), info), [0, 0], None)
         if why:
             return {}, f"GPU {g}: {why}"
         clocks = machine.nvml.supported_memory_clocks(g)

@@ -33,6 +33,7 @@ from gpud.probe.diagnose import BUS_WARN
 from gpud.probe.errors import ProbeError
 from gpud.probe.monitor import cpu_affinity
 from gpud.profiles import state as tuning_state
+from gpud.profiles.fancurve import Curve, policy_of
 
 Progress = Callable[[str, float], None]  # what runs now, seconds of the GPUs' time left (estimated)
 
@@ -192,7 +193,7 @@ def run_burnin(machine: Machine, bench: Bench, config: Config, *, level: Level, 
                          "power_max_w": i.power_max_limit_watts if i else None,
                          "target_power_w": target_power_w}
     curves = _applied_curves() if fan_curves is None else fan_curves
-    res.fan_curves = {g: dict(f) for g, f in curves.items() if g in chosen and f.get("mode") == "curve"}
+    res.fan_curves = {g: dict(f) for g, f in curves.items() if g in chosen and _is_curve(f)}
     say: Progress = progress or (lambda what, left: None)
 
     # 1. Doctor's checks, and GPUs other work is using.
@@ -369,7 +370,12 @@ def _applied_curves() -> dict[int, dict[str, Any]]:
         desired = tuning_state.profile_settings(tuning_state.load())
     except (GpudError, OSError):
         return {}
-    return {g: s["fan"] for g, s in desired.items() if isinstance(s.get("fan"), dict)}
+    return {g: s["fan"] for g, s in desired.items() if _is_curve(s.get("fan"))}
+
+
+def _is_curve(fan: Any) -> bool:
+    """Whether a fan setting is a curve (``mode = "curve"``): a fixed duty promises no temperature."""
+    return isinstance(policy_of(fan), Curve)
 
 
 def _total(plan: Any) -> float:

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 
 from gpud.doctor.registry import Context, Reporter
 from gpud.model import CheckResult, GpuSample, ThermalPoint
-from gpud.profiles.fancurve import FanCurve, curve_of
+from gpud.profiles.fancurve import Curve, FanCurve, policy_of
 
 # NVML reports the speed a fan is *asked* for, not a measurement ("if the fan is physically blocked
 # and unable to spin, the output will not match the actual fan speed", nvml.h): a stalled fan reads
@@ -80,9 +80,9 @@ def health_fans(ctx: Context, r: Reporter) -> Iterator[CheckResult]:
 
 def _curve_of(ctx: Context, gpu: int) -> FanCurve | None:
     """gpud's own fan curve on this GPU (the applied profile's ``mode = "curve"``); None for a fixed duty
-    (it promises no temperature), no profile, or a setting ``curve_of`` cannot read (verify reports it)."""
-    fan = ctx.profile_settings.get(gpu, {}).get("fan")
-    return curve_of(fan) if isinstance(fan, dict) and fan.get("mode") == "curve" else None
+    (it promises no temperature), no profile, or a setting that is no fan policy (verify reports it)."""
+    policy = policy_of(ctx.profile_settings.get(gpu, {}).get("fan"))
+    return policy.curve() if isinstance(policy, Curve) else None
 
 
 def _against_the_curve(ctx: Context, s: GpuSample) -> tuple[list[str], tuple[str, str] | None]:

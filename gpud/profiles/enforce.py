@@ -28,7 +28,7 @@ from gpud.hw.machine import Machine
 from gpud.model import Snapshot
 from gpud.profiles import engine
 from gpud.profiles.engine import Desired, Drift
-from gpud.profiles.settings import GPU_SETTINGS, HOST, HOST_BY_KEY, UNSUPPORTED, Host, setting_for, shown, target_at
+from gpud.profiles.settings import HOST, UNSUPPORTED, Host, setting_for, settings_of, shown, target_at
 from gpud.profiles.state import TuningState
 
 log = logging.getLogger("gpud.daemon")
@@ -173,7 +173,7 @@ class Enforcer:
         new_drift = [k for k, f in before.items() if f is None or f.value != want.get(k)]
         if new_drift:
             log.warning("%s: %s drifted from profile %s: re-applying", where, ", ".join(names), profile)
-        keys = list(HOST_BY_KEY) if isinstance(target, Host) else [s.key for s in GPU_SETTINGS if s.enforced]
+        keys = [s.key for s in settings_of(target) if s.enforced]
         fixed: set[tuple[int | None, str]] = set()
         failed: set[str] = set()
         new_failed: set[str] = set()

@@ -20,20 +20,22 @@ from gpud.model import Snapshot
 from gpud.profiles import state as st
 from gpud.profiles.profile import Profile, resolve
 from gpud.profiles.settings import (
-    BY_KEY,
-    GOVERNOR,
     GPU_SETTINGS,
     HOST,
-    HOST_BY_KEY,
+    HOST_SETTINGS,
     KEYS,
     RESET,
     UNKNOWN,
     UNSUPPORTED,
+    AnySetting,
+    At,
     DriftStatus,
     Gpu,
     Host,
     PlanAction,
     Target,
+    setting_for,
+    settings_of,
     shown,
     target_at,
 )
@@ -78,7 +80,9 @@ def persistenced_running(machine: Machine) -> bool:
 
 @dataclass(frozen=True)
 class Change:
-    """One line of a plan: one setting of one GPU (``gpu`` None: the host)."""
+    """One line of a plan: one setting of one GPU (``gpu`` None: the host), its values in their JSON form.
+    ``original`` and ``undo``: what restore and a rollback of this change write back (a plan's own; a change
+    read back from JSON has none, and is not applied)."""
 
     gpu: int | None
     setting: str  # a registry key
@@ -87,6 +91,8 @@ class Change:
     action: PlanAction
     note: str = ""
     required: bool = False
+    original: Any = field(default=None, compare=False, repr=False)
+    undo: Any = field(default=None, compare=False, repr=False)
 
     @property
     def target(self) -> Target:
@@ -164,7 +170,7 @@ def plan(machine: Machine, profile: Profile, daemon: bool = False, snap: Snapsho
     for s in snap.samples:
         if s.lost:
             raise GpuLost(f"GPU {s.index} is lost: cannot tune it", gpu=s.index)
-        g = infos[s.index]
+        at = At(machine, Gpu(s.index), infos[s.index], s)
         want = desired[s.index]
         required = set(want.get("required", []))
         persistent = want.get("persistence_mode", s.persistence_mode) is True or daemon_keeps
@@ -176,60 +182,66 @@ def plan(machine: Machine, profile: Profile, daemon: bool = False, snap: Snapsho
             if setting.key not in want:
                 continue
             value = want[setting.key]
-            p = setting.plan(g, s, value, tuned.get(s.index, {}).get(setting.key), daemon)
-            action, note = p.action, p.note
-            if action == "set" and setting.forgotten(value) and not persistent:
-                action, note = "skip", ("persistence mode is off: the driver would forget it when the last NVML "
-                                        f"client exits; {PERSISTENCE_REMEDY}, or set persistence_mode = true in "
-                                        "the profile")
-            changes.append(Change(s.index, setting.key, p.current, p.desired, action, note,
-                                  setting.profile_key in required))
-    for key, host_setting in HOST_BY_KEY.items():
-        gov = profile.host.get(key)
-        if gov is None:
+            recorded = tuned.get(s.index, {}).get(setting.key)
+            change = _planned(at, setting, value, recorded, daemon, setting.profile_key in required)
+            if change.action == "set" and setting.forgotten(value) and not persistent:
+                change = dataclasses.replace(
+                    change, action="skip", note=("persistence mode is off: the driver would forget it when the last "
+                                                 f"NVML client exits; {PERSISTENCE_REMEDY}, or set persistence_mode = "
+                                                 "true in the profile"))
+            changes.append(change)
+    host = At(machine, HOST)
+    for setting in HOST_SETTINGS:
+        value = profile.host.get(setting.key)
+        if value is None:
             continue
-        avail = machine.host.cpu_governors_available()
-        if avail and gov not in avail:
-            raise InvalidInput(profile.source, f"host.{key}",
-                               f"{gov!r} not available here (available: {', '.join(sorted(avail))})")
-        p = host_setting.plan(machine, gov)
-        changes.append(Change(None, key, p.current, p.desired, p.action, p.note))
+        why = setting.accepts(host, value)
+        if why:
+            raise InvalidInput(profile.source, f"host.{setting.profile_key}", why)
+        changes.append(_planned(host, setting, value, None, daemon, False))
     return changes, desired
+
+
+def _typed(setting: AnySetting, raw: Any) -> Any:
+    """A JSON-form value as the setting's own type; what a plan skips (None, unsupported) as it is."""
+    return raw if raw is None or raw == UNSUPPORTED else setting.from_json(raw)
+
+
+def _planned(at: At, setting: AnySetting, value: Any, recorded: Any, daemon: bool, required: bool) -> Change:
+    """One setting's line of a plan, its values in their JSON form."""
+    p = setting.plan(at, _typed(setting, value), recorded, daemon)
+    return Change(at.target.gpu, setting.key, setting.to_json(p.current), setting.to_json(p.desired), p.action,
+                  p.note, required, p.original, p.undo)
 
 
 # -- writing ------------------------------------------------------------------------------
 
+def _setting(target: Target, key: str) -> AnySetting:
+    setting = setting_for(target, key)
+    if setting is None:
+        raise GpudError(f"{target.where}: {key} is not a setting this gpud knows")
+    return setting
+
+
 def write(machine: Machine, target: Target, setting: str, value: Any) -> Any:
-    """Write one setting of ``target`` and return what was read back (None where NVML has no getter)."""
-    if isinstance(target, Host):
-        return HOST_BY_KEY[setting].write(machine, value)
-    return BY_KEY[setting].write(machine, target.index, value)
+    """Write one setting of ``target`` (``value`` in its JSON form, as the state file and plans hold it) and
+    return what was read back (None where NVML has no getter)."""
+    s = _setting(target, setting)
+    try:
+        typed = s.from_json(value)
+    except ValueError as err:  # a value no plan or state file should hold (a GPU lost before its reading)
+        raise GpudError(f"{target.where}: cannot write {setting} {value!r}: {err}") from err
+    return s.write(machine, target, typed)
 
 
 def read_back_ok(target: Target, setting: str, wanted: Any, got: Any) -> bool:
-    """Whether ``got``, read back after writing ``wanted``, is what was asked."""
-    if isinstance(target, Host):
-        return HOST_BY_KEY[setting].read_back_ok(wanted, got)
-    return BY_KEY[setting].read_back_ok(wanted, got)
-
-
-def _first(c: Change, host_before: dict[int, str] | None) -> Any:
-    """What restore writes back for this change: the host's governors as read before the apply, a
-    GPU setting's original from the value the plan read."""
-    if isinstance(c.target, Host):
-        return GOVERNOR.original(host_before)
-    return BY_KEY[c.setting].original(c.current)
-
-
-def _undo(c: Change, host_before: dict[int, str] | None) -> Any:
-    """What a rollback writes back for this change."""
-    if isinstance(c.target, Host):
-        return GOVERNOR.original(host_before)
-    return BY_KEY[c.setting].undo(c.current)
+    """Whether ``got``, read back after writing ``wanted`` (its JSON form), is what was asked."""
+    s = _setting(target, setting)
+    return s.read_back_ok(s.from_json(wanted), got)
 
 
 def apply(machine: Machine, profile: Profile, changes: list[Change], desired: Desired,
-          host_before: dict[int, str] | None = None, extra: Mapping[str, Any] | None = None) -> Outcome:
+          extra: Mapping[str, Any] | None = None) -> Outcome:
     """Save originals, write, read back; roll back this apply's writes on any failure.
 
     The caller holds the tuning lock (``paths.TuningLock``) from the plan to the end. ``extra``: more
@@ -245,7 +257,9 @@ def apply(machine: Machine, profile: Profile, changes: list[Change], desired: De
     previous = read_state(machine)  # corrupt or another machine's: refuse before anything is written
     originals: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (previous.originals if previous else {}).items()}
     for c in todo:
-        originals.setdefault(c.target.key, {}).setdefault(c.setting, _first(c, host_before))
+        if c.original is None:  # a change no plan made (one read back from JSON): nothing to restore it to
+            raise TypeError(f"{c.where}: {c.setting}: a change to write needs its original")
+        originals.setdefault(c.target.key, {}).setdefault(c.setting, c.original)
     wanted = keyed(desired, profile.host)
     _mark_skipped(wanted, changes)  # what is skipped is neither enforced nor verified
     record = TuningState(profile=profile.name, source=profile.source, chain=tuple(profile.chain), desired=wanted,
@@ -262,7 +276,7 @@ def apply(machine: Machine, profile: Profile, changes: list[Change], desired: De
         except Unsupported as err:
             if c.required:
                 out.error = f"{c.where}: required setting {c.setting}: not supported by this GPU ({err})"
-                _fail(machine, out, host_before, previous, None)
+                _fail(machine, out, previous, None)
                 return out
             skipped = Change(c.gpu, c.setting, c.current, c.desired, "skip", f"not supported by this GPU ({err})")
             out.skipped.append(skipped)
@@ -271,12 +285,12 @@ def apply(machine: Machine, profile: Profile, changes: list[Change], desired: De
         except GpudError as err:
             out.error = f"{c.where}: {c.setting}: {err}"
             # A host write can fail half-way (some CPUs written): undo it with the rest.
-            _fail(machine, out, host_before, previous, c if isinstance(c.target, Host) else None)
+            _fail(machine, out, previous, c if isinstance(c.target, Host) else None)
             return out
         if not read_back_ok(c.target, c.setting, c.desired, got):
             out.error = (f"{c.where}: {c.setting}: read back {shown(c.setting, got)}, "
                          f"wanted {shown(c.setting, c.desired)}")
-            _fail(machine, out, host_before, previous, c)  # it was written: undo it too
+            _fail(machine, out, previous, c)  # it was written: undo it too
             return out
         out.written.append(c)
     try:
@@ -319,10 +333,9 @@ def _mark_skipped(wanted: dict[str, dict[str, Any]], changes: Iterable[Change]) 
             wanted[key][c.setting] = UNSUPPORTED
 
 
-def _fail(machine: Machine, out: Outcome, host_before: dict[int, str] | None, previous: TuningState | None,
-          also: Change | None) -> None:
+def _fail(machine: Machine, out: Outcome, previous: TuningState | None, also: Change | None) -> None:
     """Roll back, then put the state file back as it was before this apply."""
-    _rollback(machine, out, host_before, also)
+    _rollback(machine, out, also)
     try:
         if previous is None:
             why = st.clear()
@@ -334,9 +347,9 @@ def _fail(machine: Machine, out: Outcome, host_before: dict[int, str] | None, pr
         out.messages.append(str(err))
 
 
-def _rollback(machine: Machine, out: Outcome, host_before: dict[int, str] | None, also: Change | None = None) -> None:
+def _rollback(machine: Machine, out: Outcome, also: Change | None = None) -> None:
     for c in reversed(out.written + ([also] if also is not None else [])):
-        back = _undo(c, host_before)
+        back = c.undo
         try:
             write(machine, c.target, c.setting, back)
             out.rolled_back.append(f"{c.where}: {c.setting} → {shown(c.setting, back)}")
@@ -352,23 +365,19 @@ def drift(machine: Machine, data: TuningState, snapshot: Snapshot, daemon: bool 
     samples = {s.index: s for s in snapshot.samples}
     out: list[Drift] = []
     for t, want in st.by_target(data.desired).items():
-        if isinstance(t, Host):
-            for hkey, host_setting in HOST_BY_KEY.items():
-                if want.get(hkey) not in (None, UNSUPPORTED):
-                    c = host_setting.check(machine, want[hkey])
-                    out.append(Drift(None, hkey, c.current, c.desired, c.status))
-            continue
-        gpu = t.index
-        s = samples.get(gpu)
-        if s is None or s.lost:
-            out.append(Drift(gpu, "gpu", "lost" if s else "absent", "present", "drift"))
-            continue
-        for setting in GPU_SETTINGS:
+        at = At(machine, t)
+        if isinstance(t, Gpu):
+            s = samples.get(t.index)
+            if s is None or s.lost:
+                out.append(Drift(t.index, "gpu", "lost" if s else "absent", "present", "drift"))
+                continue
+            at = At(machine, t, None, s)
+        for setting in settings_of(t):
             value = want.get(setting.key)
             if value is None or value == UNSUPPORTED:
                 continue
-            c = setting.check(s, value, daemon)
-            out.append(Drift(gpu, setting.key, c.current, c.desired, c.status))
+            c = setting.check(at, setting.from_json(value), daemon)
+            out.append(Drift(t.gpu, setting.key, setting.to_json(c.current), setting.to_json(c.desired), c.status))
     return out
 
 

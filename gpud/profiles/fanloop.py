@@ -17,7 +17,7 @@ from gpud.errors import GpudError
 from gpud.hw.machine import Machine
 from gpud.hw.nvml import TEMPERATURE_GPU
 from gpud.model import GpuSample
-from gpud.profiles.fancurve import FAILSAFE, FanController, FanCurve, curve_of
+from gpud.profiles.fancurve import FAILSAFE, FanController, FanCurve, FanPolicy, read_policy
 
 log = logging.getLogger("gpud.fans")
 
@@ -37,7 +37,7 @@ class FanControl:
     failsafes: int = 0
     in_failsafe: set[int] = field(default_factory=set)
     unreleased: set[int] = field(default_factory=set)  # GPUs whose fans could not be handed back yet
-    settings: dict[int, dict[str, Any]] = field(default_factory=dict)  # the fan setting each controller follows
+    settings: dict[int, FanPolicy] = field(default_factory=dict)  # the fan policy each controller follows
 
     @classmethod
     def from_profile(cls, machine: Machine, desired: dict[int, dict[str, Any]]) -> FanControl:
@@ -49,8 +49,15 @@ class FanControl:
         """(Re)build the controllers from a profile's per-GPU settings; fans no longer asked for go auto."""
         # A fan setting the plan skipped (a GPU without fans) is "unsupported", not a curve; one that cannot
         # be read as a curve is driven by no one here (`gpud verify` reports the state file).
-        wanted: dict[int, tuple[dict[str, Any], FanCurve]] = {
-            gpu: (s["fan"], curve) for gpu, s in desired.items() if (curve := curve_of(s.get("fan"))) is not None}
+        wanted: dict[int, tuple[FanPolicy, FanCurve]] = {}
+        for gpu, s in desired.items():
+            try:
+                policy = read_policy(s.get("fan"))
+            except ValueError:
+                continue
+            curve = policy.curve()
+            if curve is not None:
+                wanted[gpu] = (policy, curve)
         for gpu in set(self.controllers) - set(wanted):
             self._to_auto(gpu, "no longer controlled")
             self.controllers.pop(gpu, None)

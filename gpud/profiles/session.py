@@ -205,7 +205,7 @@ class LocalSession:
         """Apply a plan: the originals saved, every change written and read back, this apply's writes rolled
         back on a failure (``engine.apply``)."""
         p = planned.profile
-        out = engine.apply(self.machine, p, planned.changes, planned.desired, self.machine.host.cpu_governors())
+        out = engine.apply(self.machine, p, planned.changes, planned.desired)
         result = ApplyResult.of(p, self.target, planned.changes, False, out)
         if not out.ok:
             return result

@@ -21,7 +21,7 @@ from gpud.profiles import engine
 from gpud.profiles import state as st
 from gpud.profiles.engine import ORDER, Change, Desired, Outcome
 from gpud.profiles.profile import Profile
-from gpud.profiles.settings import BY_KEY, UNSUPPORTED, Gpu
+from gpud.profiles.settings import BY_KEY, UNSUPPORTED, At, Gpu
 
 RULES_KEY = "rules"  # the state file's record of the GPUs a rule switched: GPU → {profile, rule}
 
@@ -69,8 +69,11 @@ def switch(machine: Machine, base: Profile | None, targets: Mapping[int, Profile
                 continue  # fans: the fan loop hands a fan no profile drives back to the driver
             back = originals[gpu][key]
             s = samples.get(gpu)
-            current = BY_KEY[key].read(s, was) if s is not None and not s.lost else None
-            changes.append(Change(gpu, key, current, back, "set", "the rule's profile set it: original back"))
+            setting = BY_KEY[key]
+            current = setting.read(At(machine, Gpu(gpu), None, s), was) if s is not None and not s.lost else None
+            changes.append(Change(gpu, key, setting.to_json(current), back, "set",
+                                  "the rule's profile set it: original back", original=back,
+                                  undo=setting.undo(current)))
     changes.sort(key=lambda c: (-1 if c.gpu is None else c.gpu, ORDER.index(c.setting) if c.setting in ORDER else 0))
     extra: dict[str, Any] = {RULES_KEY: {str(g): dict(r) for g, r in sorted(rules.items())}} if rules else {}
     out = engine.apply(machine, blank(base), changes, merged, extra=extra)

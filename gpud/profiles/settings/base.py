@@ -1,17 +1,17 @@
-"""What every tunable shares: ``Setting``, the interface one implements (its whole life: profile, state
-file, hardware, people), its plan and check results, the value words (reset, unknown, unsupported) and the
-checks of clock pairs several tunables take."""
+"""What every tunable shares: ``Setting[T]``, the interface one implements (its whole life: profile, state
+file, hardware, people) for a value of type ``T``, what it acts on (``Gpu`` or ``Host``, read through ``At``), its
+plan and check results, and the checks of clock pairs several tunables take."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from gpud.errors import InvalidInput
 from gpud.hw.machine import Machine
 from gpud.hw.nvml import ARCHITECTURES
 from gpud.model import GpuInfo, GpuSample
+from gpud.profiles.settings.values import RESET, UNSUPPORTED
 
 Scope = Literal["gpu", "host"]
 # Plan actions: write it, already there, cannot (with the reason), left to the daemon's fan loop.
@@ -20,11 +20,9 @@ PlanAction = Literal["set", "none", "skip", "daemon"]
 # cannot be read or set here (a CPU governor on a host without cpufreq).
 DriftStatus = Literal["ok", "drift", "unverifiable", "daemon", "skip"]
 
-RESET = "reset"
-UNKNOWN = "unknown"  # NVML has no getter (locked clocks) and gpud did not set it
-UNSUPPORTED = "unsupported"  # desired value recorded for what this GPU cannot take
 _ARCH_RANK = {name: code for code, name in ARCHITECTURES.items()}
 NUM = (int, float)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, order=True)
@@ -61,6 +59,13 @@ HOST = Host()
 Target = Gpu | Host
 
 
+def gpu_index(target: Target) -> int:
+    """The GPU a GPU setting acts on (a host target is a caller's mistake: TypeError)."""
+    if not isinstance(target, Gpu):
+        raise TypeError(f"a GPU setting cannot act on the {target.where}")
+    return target.index
+
+
 def target_at(gpu: int | None) -> Target:
     """The target a plan's or a drift's ``gpu`` names (None: the host)."""
     return HOST if gpu is None else Gpu(gpu)
@@ -71,6 +76,29 @@ def target_keyed(key: str) -> Target | None:
     if key == HOST.key:
         return HOST
     return Gpu(int(key)) if key.isdigit() else None
+
+
+@dataclass(frozen=True)
+class At:
+    """What a setting of ``target`` is planned and checked against: the machine, and for a GPU its static
+    facts and the reading just taken (``info``, ``sample``). A host setting reads the machine itself."""
+
+    machine: Machine
+    target: Target
+    gpu_info: GpuInfo | None = None
+    gpu_sample: GpuSample | None = None
+
+    @property
+    def info(self) -> GpuInfo:
+        if self.gpu_info is None:
+            raise TypeError(f"{self.target.where}: no GPU's static facts to read a GPU setting against")
+        return self.gpu_info
+
+    @property
+    def sample(self) -> GpuSample:
+        if self.gpu_sample is None:
+            raise TypeError(f"{self.target.where}: no GPU reading to read a GPU setting from")
+        return self.gpu_sample
 
 
 def show(v: Any) -> str:
@@ -88,18 +116,18 @@ def show(v: Any) -> str:
     return str(v)
 
 
-def _finite(v: Any, lo: float, hi: float) -> bool:
-    return isinstance(v, NUM) and not isinstance(v, bool) and math.isfinite(v) and lo <= v <= hi
-
-
 @dataclass(frozen=True)
 class Planned:
-    """One setting's line of a plan, before it becomes a ``Change``."""
+    """One setting's line of a plan, before it becomes a ``Change``: the value read now and the one asked
+    for (as people and JSON see them), and what restore and a rollback would write back (the state file's
+    form, from the value read now)."""
 
     current: Any
     desired: Any
     action: PlanAction
     note: str = ""
+    original: Any = None
+    undo: Any = None
 
 
 @dataclass(frozen=True)
@@ -111,8 +139,14 @@ class Checked:
     status: DriftStatus
 
 
-class Setting:
-    """A tunable of one GPU: its key, get/set pair, comparison, originals and support."""
+class Setting(Generic[T]):
+    """A tunable whose value is a ``T``: its key, its profile form, its state file form, its get/set pair,
+    comparison, originals and support. One of a GPU (``scope`` "gpu") or of the host ("host"): both take the
+    same calls, a GPU's reading what ``At`` holds of the GPU, the host's the machine.
+
+    Values cross module boundaries (plans, the state file, the daemon's socket) in their JSON form;
+    ``from_json`` reads that as a ``T`` (or one of the words reset, unknown), ``to_json`` writes it back, and the
+    engine hands the setting typed values only."""
 
     key: str = ""
     profile_key: str = ""  # the name in profile files (`required` lists it by this name too)
@@ -131,23 +165,40 @@ class Setting:
         return value
 
     def resolve(self, g: GpuInfo, value: Any, file: str, where: str) -> Any:
-        """The profile's value for GPU ``g`` in the units of the state file and plans, checked against
-        that GPU's limits."""
+        """The profile's value for GPU ``g`` in the units of the state file and plans (its JSON form),
+        checked against that GPU's limits."""
         return value
 
-    def stored(self, value: Any) -> bool:
-        """Whether ``value`` (from the state file's ``desired`` or ``originals``) is one it can act on."""
+    def accepts(self, at: At, value: Any) -> str:
+        """Why ``at`` cannot be asked ``value`` at all, a fault of the profile (exit 2: "" when it can): what
+        ``resolve`` cannot tell without the machine (the host's available governors)."""
+        return ""
+
+    def from_json(self, raw: Any) -> T:
+        """The JSON form (the state file's, a plan's) as a value to act on; ``ValueError`` when it is none."""
+        return raw  # type: ignore[no-any-return]  # the settings whose JSON form is their value
+
+    def to_json(self, value: Any) -> Any:
+        """A value in the JSON form the state file, plans and the socket carry."""
+        return value
+
+    def stored(self, raw: Any) -> bool:
+        """Whether ``raw`` (from the state file's ``desired`` or ``originals``) is one it can act on."""
+        try:
+            self.from_json(raw)
+        except (ValueError, TypeError):
+            return False
         return True
 
     def shown(self, value: Any) -> str:
         return show(value)
 
     # -- the hardware ---------------------------------------------------------------------------
-    def read(self, s: GpuSample, recorded: Any = None) -> Any:
+    def read(self, at: At, recorded: Any = None) -> Any:
         """The current value (``recorded``: what gpud itself set, for a setting with no getter)."""
         raise NotImplementedError
 
-    def write(self, machine: Machine, gpu: int, value: Any) -> Any:
+    def write(self, machine: Machine, target: Target, value: T) -> Any:
         """Write ``value`` (or reset it) and return what was read back (None: nothing to read)."""
         raise NotImplementedError
 
@@ -162,8 +213,8 @@ class Setting:
     def read_back_ok(self, wanted: Any, got: Any) -> bool:
         return got is None or not self.verifiable or self.same(got, wanted)
 
-    def unsupported(self, g: GpuInfo, value: Any, current: Any) -> str:
-        """Why this GPU cannot take ``value`` ("" when it can)."""
+    def unsupported(self, at: At, value: Any, current: Any) -> str:
+        """Why this GPU (or host) cannot take ``value`` ("" when it can)."""
         if value is None or value == UNSUPPORTED:
             return "not supported by this GPU"
         if current is None:
@@ -171,31 +222,26 @@ class Setting:
         return ""
 
     def original(self, current: Any) -> Any:
-        """What restore writes back, given the value read before the first write."""
-        return current
+        """What restore writes back (the state file's form), given the value read before the first write."""
+        return self.to_json(current)
 
     def undo(self, current: Any) -> Any:
-        """What a rollback writes back, given the value read before this apply's write."""
-        return current
+        """What a rollback writes back (the state file's form), given the value read before this apply's write."""
+        return self.to_json(current)
 
-    def plan(self, g: GpuInfo, s: GpuSample, value: Any, recorded: Any, daemon: bool) -> Planned:
-        cur = self.read(s, recorded)
-        skip = self.unsupported(g, value, cur)
+    def plan(self, at: At, value: T, recorded: Any, daemon: bool) -> Planned:
+        cur = self.read(at, recorded)
+        skip = self.unsupported(at, value, cur)
         if skip:
             return Planned(cur, value, "skip", skip)
-        return Planned(cur, value, "none" if self.same(cur, value) else "set")
+        return Planned(cur, value, "none" if self.same(cur, value) else "set", original=self.original(cur),
+                       undo=self.undo(cur))
 
-    def check(self, s: GpuSample, value: Any, daemon: bool) -> Checked:
-        cur = self.read(s)
+    def check(self, at: At, value: T, daemon: bool) -> Checked:
+        cur = self.read(at)
         if value == RESET:
             return Checked(cur, value, "unverifiable")
         return Checked(cur, value, "ok" if self.same(cur, value) else "drift")
-
-
-def _clocks(v: Any) -> bool:
-    """Two clocks in MHz (min/max or memory/graphics), or what a reset or no getter left."""
-    return (isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) and not isinstance(x, bool)
-                                                        and 0 < x < 100_000 for x in v)) or v in (RESET, UNKNOWN)
 
 
 def _parse_clocks(value: Any, file: str, where: str, ordered: bool) -> Any:

@@ -4,58 +4,65 @@ clocks and locked clocks."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 from gpud.errors import InvalidInput
 from gpud.hw.machine import Machine
-from gpud.model import GpuInfo, GpuSample
-from gpud.profiles.settings.base import (
-    _ARCH_RANK,
-    NUM,
+from gpud.model import GpuInfo
+from gpud.profiles.settings.base import _ARCH_RANK, NUM, At, Checked, Planned, Setting, Target, _parse_clocks, gpu_index
+from gpud.profiles.settings.values import (
     RESET,
     UNKNOWN,
     UNSUPPORTED,
-    Checked,
-    Planned,
-    Setting,
-    _clocks,
-    _finite,
-    _parse_clocks,
+    AppClocks,
+    ClockRange,
+    Reset,
+    Unknown,
+    clock_pair,
+    finite,
 )
 
+COMPUTE_MODES = ("default", "exclusive_process", "prohibited")
+P = TypeVar("P", AppClocks, ClockRange)
 
-class PersistenceMode(Setting):
+
+class PersistenceMode(Setting[bool]):
     key = profile_key = "persistence_mode"
     spec = bool
     stored_as = "true or false"
 
-    def stored(self, value: Any) -> bool:
-        return isinstance(value, bool)
+    def from_json(self, raw: Any) -> bool:
+        if not isinstance(raw, bool):
+            raise ValueError(f"not true or false: {raw!r}")
+        return raw
 
-    def read(self, s: GpuSample, recorded: Any = None) -> Any:
-        return s.persistence_mode
+    def read(self, at: At, recorded: Any = None) -> bool | None:
+        return at.sample.persistence_mode
 
-    def write(self, machine: Machine, gpu: int, value: Any) -> Any:
-        return machine.nvml.set_persistence_mode(gpu, bool(value))
+    def write(self, machine: Machine, target: Target, value: bool) -> Any:
+        return machine.nvml.set_persistence_mode(gpu_index(target), bool(value))
 
 
-class ComputeMode(Setting):
+class ComputeMode(Setting[str]):
     key = profile_key = "compute_mode"
     needs_persistence = True
-    spec = ("default", "exclusive_process", "prohibited")
+    spec = COMPUTE_MODES
     stored_as = "a compute mode (default, exclusive_process, prohibited)"
 
-    def stored(self, value: Any) -> bool:
-        return value in (*self.spec, "exclusive_thread")  # what NVML reads back of older drivers' settings
+    def from_json(self, raw: Any) -> str:
+        if raw not in (*COMPUTE_MODES, "exclusive_thread"):  # what NVML reads back of older drivers' settings
+            raise ValueError(f"not a compute mode: {raw!r}")
+        return str(raw)
 
-    def read(self, s: GpuSample, recorded: Any = None) -> Any:
-        return s.compute_mode
+    def read(self, at: At, recorded: Any = None) -> str | None:
+        return at.sample.compute_mode
 
-    def write(self, machine: Machine, gpu: int, value: Any) -> Any:
-        return machine.nvml.set_compute_mode(gpu, value)
+    def write(self, machine: Machine, target: Target, value: str) -> Any:
+        return machine.nvml.set_compute_mode(gpu_index(target), value)
 
 
-class PowerLimit(Setting):
+class PowerLimit(Setting[float]):
     """Watts in the state file, plans and metrics (`power_limit_watts`); profiles say `power_limit`
     (watts, a share of the default, default/min/max), resolved to watts per GPU."""
 
@@ -87,26 +94,48 @@ class PowerLimit(Setting):
                                             f"({g.name})")
         return float(w)
 
-    def stored(self, value: Any) -> bool:
-        return _finite(value, 1, 10_000)
+    def from_json(self, raw: Any) -> float:
+        if not finite(raw, 1, 10_000):
+            raise ValueError(f"not a power limit in watts: {raw!r}")
+        return float(raw)
 
-    def read(self, s: GpuSample, recorded: Any = None) -> Any:
-        return s.power_management_limit_watts
+    def to_json(self, value: Any) -> Any:
+        return value  # watts as read or resolved (a float; an older file's whole number stays one)
 
-    def write(self, machine: Machine, gpu: int, value: Any) -> Any:
-        return machine.nvml.set_power_limit(gpu, float(value))
+    def read(self, at: At, recorded: Any = None) -> float | None:
+        return at.sample.power_management_limit_watts
+
+    def write(self, machine: Machine, target: Target, value: float) -> Any:
+        return machine.nvml.set_power_limit(gpu_index(target), float(value))
 
     def same(self, current: Any, desired: Any) -> bool:
         return current is not None and abs(float(current) - float(desired)) <= 1.0
 
 
-class ApplicationsClocks(Setting):
+class _Clocks(Setting[P | Reset | Unknown], Generic[P]):
+    """Two clocks (``pair``: their type), or the words for the driver's default and for no getter; a JSON list
+    of two MHz figures in the state file and plans."""
+
+    pair: Callable[[int, int], P]
+    spec = (list, str)
+    stored_as = 'two clocks in MHz or "reset"'
+
+    def from_json(self, raw: Any) -> P | Reset | Unknown:
+        if raw == RESET or raw == UNKNOWN:
+            return RESET if raw == RESET else UNKNOWN
+        return self.pair(*clock_pair(raw))
+
+    def to_json(self, value: Any) -> Any:
+        return list(value) if isinstance(value, tuple) else value
+
+
+class ApplicationsClocks(_Clocks[AppClocks]):
     """[memory MHz, graphics MHz], "max" or "reset" in profiles."""
+
+    pair = AppClocks
 
     key = profile_key = "applications_clocks"
     needs_persistence = True
-    spec = (list, str)
-    stored_as = 'two clocks in MHz or "reset"'
 
     def parse(self, value: Any, file: str, where: str) -> Any:
         return _parse_clocks(value, file, where, ordered=False)
@@ -120,41 +149,39 @@ class ApplicationsClocks(Setting):
         pair = [mem, gfx] if value == "max" else value
         if pair[0] > mem or pair[1] > gfx:
             raise InvalidInput(file, where, f"{pair} MHz is above GPU {g.index}'s maximum [{mem}, {gfx}]")
-        return pair
+        return list(pair)
 
-    def stored(self, value: Any) -> bool:
-        return _clocks(value)
+    def read(self, at: At, recorded: Any = None) -> AppClocks | None:
+        clocks = at.sample.applications_clocks_mhz
+        mem, gfx = clocks.get("memory"), clocks.get("graphics")
+        return AppClocks(mem, gfx) if mem is not None and gfx is not None else None
 
-    def read(self, s: GpuSample, recorded: Any = None) -> Any:
-        mem, gfx = s.applications_clocks_mhz.get("memory"), s.applications_clocks_mhz.get("graphics")
-        return [mem, gfx] if mem is not None and gfx is not None else None
-
-    def write(self, machine: Machine, gpu: int, value: Any) -> Any:
-        if value in (RESET, UNKNOWN, None):
-            machine.nvml.reset_applications_clocks(gpu)
+    def write(self, machine: Machine, target: Target, value: AppClocks | Reset | Unknown) -> Any:
+        if isinstance(value, str):
+            machine.nvml.reset_applications_clocks(gpu_index(target))
             return None
-        return list(machine.nvml.set_applications_clocks(gpu, value[0], value[1]))
+        return AppClocks(*machine.nvml.set_applications_clocks(gpu_index(target), value.memory, value.graphics))
 
     def original(self, current: Any) -> Any:
         return RESET  # the driver's defaults
 
-    def plan(self, g: GpuInfo, s: GpuSample, value: Any, recorded: Any, daemon: bool) -> Planned:
+    def plan(self, at: At, value: AppClocks | Reset | Unknown, recorded: Any, daemon: bool) -> Planned:
         """"reset" is already done when the clocks read back as the GPU's defaults
         (nvmlDeviceGetDefaultApplicationsClock): a second apply of the same profile plans nothing."""
-        p = super().plan(g, s, value, recorded, daemon)
-        default = g.default_applications_clocks_mhz or {}
-        at_default = [default.get("memory"), default.get("graphics")] == p.current
+        p = super().plan(at, value, recorded, daemon)
+        default = at.info.default_applications_clocks_mhz or {}
+        at_default = p.current is not None and (default.get("memory"), default.get("graphics")) == p.current
         if p.action == "set" and value == RESET and at_default:
             return Planned(p.current, value, "none")
         return p
 
 
-class LockedClocks(Setting):
-    """Locked GPU or memory clocks: NVML has no getter, so what gpud set is recorded and shown."""
+class LockedClocks(_Clocks[ClockRange]):
+    """Locked GPU or memory clocks ([min, max] MHz, "max", "reset" in profiles): NVML has no getter, so what
+    gpud set is recorded and shown."""
 
+    pair = ClockRange
     verifiable = False
-    spec = (list, str)  # locked [min, max] MHz, "max", "reset"
-    stored_as = 'two clocks in MHz or "reset"'
 
     def __init__(self, key: str, domain: str, needs: str) -> None:
         self.key = self.profile_key = key
@@ -175,25 +202,23 @@ class LockedClocks(Setting):
             raise InvalidInput(file, where, f"{hi} MHz is above GPU {g.index}'s maximum {top} MHz")
         return [lo, hi]
 
-    def stored(self, value: Any) -> bool:
-        return _clocks(value)
+    def read(self, at: At, recorded: Any = None) -> ClockRange | Reset | Unknown:
+        return UNKNOWN if recorded is None else self.from_json(recorded)
 
-    def read(self, s: GpuSample, recorded: Any = None) -> Any:
-        return UNKNOWN if recorded is None else recorded
-
-    def write(self, machine: Machine, gpu: int, value: Any) -> Any:
+    def write(self, machine: Machine, target: Target, value: ClockRange | Reset | Unknown) -> Any:
         n = machine.nvml
         lock, reset = ((n.set_locked_gpu_clocks, n.reset_locked_gpu_clocks) if self.key == "gpu_clocks"
                        else (n.set_locked_memory_clocks, n.reset_locked_memory_clocks))
-        if value in (RESET, UNKNOWN, None):
-            reset(gpu)
+        if isinstance(value, str):
+            reset(gpu_index(target))
         else:
-            lock(gpu, value[0], value[1])
+            lock(gpu_index(target), value.low, value.high)
         return None
 
-    def unsupported(self, g: GpuInfo, value: Any, current: Any) -> str:
+    def unsupported(self, at: At, value: Any, current: Any) -> str:
         if value is None or value == UNSUPPORTED:
             return "not supported by this GPU"
+        g = at.info
         if g.architecture in _ARCH_RANK and _ARCH_RANK[g.architecture] < _ARCH_RANK[self.needs]:
             what = "GPU" if self.key == "gpu_clocks" else "memory"
             return f"locked {what} clocks need {self.needs.title()} or newer ({g.name} is {g.architecture.title()})"
@@ -203,7 +228,7 @@ class LockedClocks(Setting):
         return RESET
 
     def undo(self, current: Any) -> Any:
-        return RESET if current == UNKNOWN else current
+        return RESET if current == UNKNOWN else self.to_json(current)
 
-    def check(self, s: GpuSample, value: Any, daemon: bool) -> Checked:
+    def check(self, at: At, value: ClockRange | Reset | Unknown, daemon: bool) -> Checked:
         return Checked(UNKNOWN, value, "unverifiable")

@@ -9,8 +9,9 @@ from typing import Any
 
 from gpud.errors import InvalidInput
 from gpud.hw.machine import Machine
-from gpud.model import GpuInfo, GpuSample
-from gpud.profiles.settings.base import RESET, UNSUPPORTED, Setting
+from gpud.model import GpuInfo
+from gpud.profiles.settings.base import At, Setting, Target, gpu_index
+from gpud.profiles.settings.values import RESET, UNSUPPORTED
 
 MAX_MHZ = 10_000  # no offset a driver reports comes near this: a larger value is a typo (kHz), not a setting
 # The driver snaps an offset to the step its hardware takes: a memory offset of 465 MHz reads back 464 (LACT
@@ -18,7 +19,7 @@ MAX_MHZ = 10_000  # no offset a driver reports comes near this: a larger value i
 STEP_MHZ = 1
 
 
-class ClockOffset(Setting):
+class ClockOffset(Setting[int]):
     """P0's offset of one clock domain (``graphics`` or ``memory``), MHz; 0 is none."""
 
     needs_persistence = True  # the driver drops it with the GPU's other settings when the last client leaves
@@ -46,8 +47,10 @@ class ClockOffset(Setting):
                                             f"{span[0]:+d}..{span[1]:+d} MHz ({g.name})")
         return mhz
 
-    def stored(self, value: Any) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool) and -MAX_MHZ <= value <= MAX_MHZ
+    def from_json(self, raw: Any) -> int:
+        if isinstance(raw, int) and not isinstance(raw, bool) and -MAX_MHZ <= raw <= MAX_MHZ:
+            return raw
+        raise ValueError(f"not an offset in MHz: {raw!r}")
 
     def same(self, current: Any, desired: Any) -> bool:
         return isinstance(current, int) and isinstance(desired, int) and abs(current - desired) <= STEP_MHZ
@@ -58,8 +61,8 @@ class ClockOffset(Setting):
     def shown(self, value: Any) -> str:
         return f"{value:+d} MHz" if isinstance(value, int) and not isinstance(value, bool) else super().shown(value)
 
-    def read(self, s: GpuSample, recorded: Any = None) -> Any:
-        return s.clock_offsets_mhz.get(self.domain)
+    def read(self, at: At, recorded: Any = None) -> int | None:
+        return at.sample.clock_offsets_mhz.get(self.domain)
 
-    def write(self, machine: Machine, gpu: int, value: Any) -> Any:
-        return machine.nvml.set_clock_offset(gpu, self.domain, 0 if value in (RESET, None) else int(value))
+    def write(self, machine: Machine, target: Target, value: int) -> Any:
+        return machine.nvml.set_clock_offset(gpu_index(target), self.domain, int(value))
