@@ -102,17 +102,6 @@ def check_request(request: Any) -> str | None:
     return None
 
 
-def needs_access(request: Any) -> bool:
-    """Whether ``request`` needs the socket's access (any request that is not a known one does)."""
-    cmd = request.get("cmd") if isinstance(request, dict) else None
-    return not isinstance(cmd, str) or cmd not in REQUESTS or REQUESTS[cmd].group
-
-
-# Whether any request is served without the socket's access; while none is, a refused peer's line is
-# not even parsed.
-OPEN = any(not r.group for r in REQUESTS.values())
-
-
 class _Server(Wakeable, socketserver.ThreadingUnixStreamServer):
     daemon_threads = True
 
@@ -173,23 +162,27 @@ def serve(path: str, handler: Callable[[dict[str, Any], Peer], dict[str, Any]], 
             line, ended = _read_request(self.request)
             if not line.strip():
                 return  # a connect-and-close (`gpud doctor` asking whether a daemon runs)
+            if refusal:  # every request needs the socket's access: a refused peer's line is not even parsed
+                log.warning("control socket: %s (pid %d)", refusal, pid)
+                self._answer({"ok": False, "error": refusal})
+                return
             request: Any = None
             why: str | None = (f"bad request: larger than {MAX_REQUEST} bytes" if len(line) > MAX_REQUEST
                                else "bad request: not one line (no end of line, and not one whole JSON object)")
-            if (not refusal or OPEN) and len(line) <= MAX_REQUEST and ended:
+            if len(line) <= MAX_REQUEST and ended:
                 try:
                     request = json.loads(line)
                     why = check_request(request)
                 except (ValueError, UnicodeDecodeError, RecursionError):
                     why = "not valid JSON"
                 why = None if why is None else f"bad request: {why}"
-            if refusal and (why is not None or needs_access(request)):  # the table's access rule
-                log.warning("control socket: %s (pid %d)", refusal, pid)
-                reply: dict[str, Any] = {"ok": False, "error": refusal}
-            elif why is not None:
-                reply = {"ok": False, "error": why}
+            if why is not None:
+                reply: dict[str, Any] = {"ok": False, "error": why}
             else:
                 reply = handler(request, Peer(pid, uid, gid))
+            self._answer(reply)
+
+        def _answer(self, reply: dict[str, Any]) -> None:
             try:
                 self.wfile.write(json.dumps(reply, default=str).encode() + b"\n")
             except OSError:

@@ -1,5 +1,4 @@
-"""The control socket's requests: one table from a request's name to its arguments, its access rule
-and its handler.
+"""The control socket's requests: one table from a request's name to its arguments and its handler.
 
 Every request needs the control socket's access (root, the daemon's own user or a member of
 ``[daemon] socket_group``: ``control.Access``). The socket server checks each request's shape against
@@ -56,7 +55,6 @@ Handler = Callable[[Served, dict[str, Any], "Peer | None"], Reply]
 class Request:
     args: dict[str, type | tuple[type, ...]]  # argument → type(s); checked before the handler runs
     handler: Handler
-    group: bool = True  # needs the socket's access (root, the daemon's user, the socket group)
     required: tuple[str, ...] = ()
 
 

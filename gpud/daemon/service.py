@@ -216,7 +216,8 @@ class Daemon:
         self.rules = ProfileRules(self.session, self.tuning_lock, self.enforcer, self.fans, lambda: self.recorder,
                                   lambda: self.config, load_trusted_profile)
 
-    # The parts' state, where callers (and tests) have always read it.
+    # The parts' state, read through the daemon by its own methods, the request handlers (``Served``) and the
+    # HTTP front.
     @property
     def profile(self) -> str | None:
         """The profile the daemon applied and enforces (the enforcer holds it)."""
