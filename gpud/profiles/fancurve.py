@@ -200,12 +200,24 @@ def read_policy(raw: Any) -> FanPolicy:
         return Auto()
     if isinstance(raw, _Policy):
         return raw  # type: ignore[return-value]  # one of the three: the only subclasses
-    if isinstance(raw, dict):  # the JSON form writes null for what the mode has none of
-        raw = {k: v for k, v in raw.items() if v is not None}
+    # The daemon's enforcement reads every GPU's policy from its state at each whole snapshot: a policy read
+    # once is kept (it is frozen), keyed by the table's text (3 and 3.0 apart, as their JSON forms are).
+    key = repr(raw) if isinstance(raw, dict) else None
+    if key is not None and key in _READ:
+        return _READ[key]
+    table = {k: v for k, v in raw.items() if v is not None} if isinstance(raw, dict) else raw  # null: none
     try:
-        return fan_policy(raw, "", "fan")
+        policy = fan_policy(table, "", "fan")
     except InvalidInput as err:
         raise ValueError(f"not a fan policy ({err.key}: {err.reason})") from err
+    if key is not None:
+        if len(_READ) >= 256:  # a bound: a rule switching among many profiles reads a few policies each
+            _READ.clear()
+        _READ[key] = policy
+    return policy
+
+
+_READ: dict[str, FanPolicy] = {}
 
 
 def policy_of(fan: object) -> FanPolicy | None:
