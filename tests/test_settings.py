@@ -413,3 +413,31 @@ def test_a_target_is_named_once_for_the_state_file_the_plan_and_people() -> None
         == {"2": {"power_limit": 200.0}, "host": {"cpu_governor": "performance"}}
     assert setting_for(HOST, "cpu_governor") is GOVERNOR and setting_for(Gpu(0), "cpu_governor") is None
     assert setting_for(Gpu(0), "power_limit_watts") is BY_KEY["power_limit_watts"]
+
+
+def test_a_setting_a_plan_skipped_plans_again_as_unsupported(state_dir) -> None:
+    """Locked memory clocks need Ampere: on Turing the plan skips them and the state file records them
+    "unsupported". The next plan reads that record as what gpud set (no getter), and does not fail on it."""
+    m = fresh("z8-g4-2x-rtx8000-sli")
+    p = load("max-performance")
+    changes, desired = engine.plan(m, p)
+    skipped = [c for c in changes if c.setting == "memory_clocks"]
+    assert skipped and all(c.action == "skip" and "Ampere" in c.note for c in skipped)
+    assert engine.apply(m, p, changes, desired).ok
+    assert st.read().desired["0"]["memory_clocks"] == "unsupported"
+    again, _ = engine.plan(m, p)
+    assert [c.action for c in again if c.setting == "memory_clocks"] == ["skip"] * len(skipped)
+
+
+def test_clocks_read_back_are_shown_as_the_state_file_lists_them() -> None:
+    from gpud.profiles.settings import AppClocks, ClockRange, shown
+
+    assert shown("applications_clocks", AppClocks(7901, 2100)) == shown("applications_clocks", [7901, 2100]) \
+        == "7901,2100"
+    assert shown("gpu_clocks", ClockRange(1500, 1800)) == "1500,1800"
+
+
+def test_an_empty_cpu_governor_is_bad_input(tmp_path: Path, state_dir, capsys) -> None:
+    f = write_profile(tmp_path, {"host": {"cpu_governor": ""}})
+    code, _, err = cli(capsys, "apply", str(f), "--simulate", "z8-fury-4x-a6000")
+    assert code == 2 and "host.cpu_governor" in err and "must name a CPU governor" in err, err

@@ -203,8 +203,9 @@ def read_policy(raw: Any) -> FanPolicy:
     # The daemon's enforcement reads every GPU's policy from its state at each whole snapshot: a policy read
     # once is kept (it is frozen), keyed by the table's text (3 and 3.0 apart, as their JSON forms are).
     key = repr(raw) if isinstance(raw, dict) else None
-    if key is not None and key in _READ:
-        return _READ[key]
+    known = _READ.get(key) if key is not None else None  # one lookup: another thread may clear the table
+    if known is not None:
+        return known
     table = {k: v for k, v in raw.items() if v is not None} if isinstance(raw, dict) else raw  # null: none
     try:
         policy = fan_policy(table, "", "fan")

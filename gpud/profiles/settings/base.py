@@ -111,7 +111,7 @@ def show(v: Any) -> str:
         return f"{v:.0f} W"
     if isinstance(v, dict):
         return "/".join(sorted(set(map(str, v.values()))))
-    if isinstance(v, list):
+    if isinstance(v, list | tuple):  # clocks, as the state file lists them or as a setting read them back
         return ",".join(map(str, v))
     return str(v)
 

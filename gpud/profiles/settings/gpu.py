@@ -202,8 +202,15 @@ class LockedClocks(_Clocks[ClockRange]):
             raise InvalidInput(file, where, f"{hi} MHz is above GPU {g.index}'s maximum {top} MHz")
         return [lo, hi]
 
-    def read(self, at: At, recorded: Any = None) -> ClockRange | Reset | Unknown:
-        return UNKNOWN if recorded is None else self.from_json(recorded)
+    def read(self, at: At, recorded: Any = None) -> Any:
+        """What gpud set (``recorded``), or "unknown"; a recorded word (reset, or unsupported where an earlier
+        plan skipped it) as it is."""
+        if recorded is None:
+            return UNKNOWN
+        try:
+            return self.from_json(recorded)
+        except ValueError:
+            return recorded
 
     def write(self, machine: Machine, target: Target, value: ClockRange | Reset | Unknown) -> Any:
         n = machine.nvml

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpud.errors import GpudError
+from gpud.errors import GpudError, InvalidInput
 from gpud.hw.machine import Machine
 from gpud.profiles.settings.base import At, Checked, Planned, Setting, Target, show
 from gpud.profiles.settings.values import Governors, governor
@@ -18,6 +18,11 @@ class CpuGovernor(Setting[str | Governors]):
     scope = "host"
     spec = str
     stored_as = "a CPU governor (or one per CPU)"
+
+    def parse(self, value: Any, file: str, where: str) -> Any:
+        if not value.strip():
+            raise InvalidInput(file, where, "must name a CPU governor (performance, powersave, …), not \"\"")
+        return value
 
     def accepts(self, at: At, value: Any) -> str:
         avail = at.machine.host.cpu_governors_available()
