@@ -17,7 +17,7 @@ from gpud.errors import GpudError
 from gpud.hw.machine import Machine
 from gpud.hw.nvml import TEMPERATURE_GPU
 from gpud.model import GpuSample
-from gpud.profiles.fancurve import FAILSAFE, FanController, FanCurve, FanPolicy, read_policy
+from gpud.profiles.fancurve import FAILSAFE, FanController, FanCurve, FanPolicy, policy_of
 
 log = logging.getLogger("gpud.fans")
 
@@ -49,15 +49,9 @@ class FanControl:
         """(Re)build the controllers from a profile's per-GPU settings; fans no longer asked for go auto."""
         # A fan setting the plan skipped (a GPU without fans) is "unsupported", not a curve; one that cannot
         # be read as a curve is driven by no one here (`gpud verify` reports the state file).
-        wanted: dict[int, tuple[FanPolicy, FanCurve]] = {}
-        for gpu, s in desired.items():
-            try:
-                policy = read_policy(s.get("fan"))
-            except ValueError:
-                continue
-            curve = policy.curve()
-            if curve is not None:
-                wanted[gpu] = (policy, curve)
+        wanted: dict[int, tuple[FanPolicy, FanCurve]] = {
+            gpu: (policy, curve) for gpu, s in desired.items()
+            if (policy := policy_of(s.get("fan"))) is not None and (curve := policy.curve()) is not None}
         for gpu in set(self.controllers) - set(wanted):
             self._to_auto(gpu, "no longer controlled")
             self.controllers.pop(gpu, None)
