@@ -87,6 +87,11 @@ class _Policy:
         """The curve gpud's fan loop drives (None: the driver's automatic policy)."""
         return None
 
+    def _through(self, points: Any) -> FanCurve:
+        """The controller's curve through ``points`` (°C, %), with this policy's hysteresis, floor and ramp."""
+        return FanCurve(tuple((float(t), float(d)) for t, d in points), float(self.hysteresis),
+                        float(self.minimum), float(self.max_ramp))
+
     def to_json(self) -> dict[str, Any]:
         """The state file's and plans' form: every key, ``null`` where the mode has none."""
         return {"mode": self.mode, "percent": None, "points": None, "hysteresis": self.hysteresis,
@@ -112,8 +117,7 @@ class Fixed(_Policy):
         return out + ([self.minimum] if self.minimum else [])
 
     def curve(self) -> FanCurve:
-        return FanCurve(((0.0, float(self.percent)), (110.0, float(self.percent))), float(self.hysteresis),
-                        float(self.minimum), float(self.max_ramp))
+        return self._through(((0, self.percent), (110, self.percent)))
 
     def to_json(self) -> dict[str, Any]:
         return {**super().to_json(), "percent": self.percent}
@@ -130,8 +134,7 @@ class Curve(_Policy):
         return [d for _, d in self.points] + ([self.minimum] if self.minimum else [])
 
     def curve(self) -> FanCurve:
-        return FanCurve(tuple((float(t), float(d)) for t, d in self.points), float(self.hysteresis),
-                        float(self.minimum), float(self.max_ramp))
+        return self._through(self.points)
 
     def to_json(self) -> dict[str, Any]:
         return {**super().to_json(), "points": [list(p) for p in self.points]}
