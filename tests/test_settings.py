@@ -102,7 +102,7 @@ def test_each_setting_writes_reads_back_and_goes_back(key: str, undo: bool, stat
         if key != "fan":
             assert setting.same(setting.read(after), value) and setting.same(got, value)
     else:  # no getter: what gpud set is what it records and shows; the hardware holds it
-        assert got is None and setting.read(after) == UNKNOWN and setting.read(after, raw) == value
+        assert got is None and setting.read(after) == UNKNOWN and setting.read(after, value) == value
         held = m.simulation.machine.settings(1)["locked_gpu" if key == "gpu_clocks" else "locked_mem"]
         assert list(held) == raw
     # the JSON form the state file and plans carry reads back as the same value

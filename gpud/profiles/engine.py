@@ -202,14 +202,15 @@ def plan(machine: Machine, profile: Profile, daemon: bool = False, snap: Snapsho
     return changes, desired
 
 
-def _typed(setting: AnySetting, raw: Any) -> Any:
-    """A JSON-form value as the setting's own type; what a plan skips (None, unsupported) as it is."""
+def typed(setting: AnySetting, raw: Any) -> Any:
+    """A JSON-form value (a profile's, or the state file's record of what gpud set) as the setting's own type;
+    what a plan skips (None, unsupported) as it is."""
     return raw if raw is None or raw == UNSUPPORTED else setting.from_json(raw)
 
 
 def _planned(at: At, setting: AnySetting, value: Any, recorded: Any, daemon: bool, required: bool) -> Change:
     """One setting's line of a plan, its values in their JSON form."""
-    p = setting.plan(at, _typed(setting, value), recorded, daemon)
+    p = setting.plan(at, typed(setting, value), typed(setting, recorded), daemon)
     return Change(at.target.gpu, setting.key, setting.to_json(p.current), setting.to_json(p.desired), p.action,
                   p.note, required, p.original, p.undo)
 
@@ -480,4 +481,4 @@ def restore(machine: Machine, fans_only: bool = False,
 
 
 __all__ = ["Change", "Drift", "Outcome", "RESET", "UNKNOWN", "apply", "drift", "host_unsupported_removed", "plan",
-           "read_back_ok", "restore", "unsupported_removed", "verify", "write"]
+           "read_back_ok", "restore", "typed", "unsupported_removed", "verify", "write"]

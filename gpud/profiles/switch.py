@@ -70,7 +70,8 @@ def switch(machine: Machine, base: Profile | None, targets: Mapping[int, Profile
             back = originals[gpu][key]
             s = samples.get(gpu)
             setting = BY_KEY[key]
-            current = setting.read(At(machine, Gpu(gpu), None, s), was) if s is not None and not s.lost else None
+            current = (setting.read(At(machine, Gpu(gpu), None, s), engine.typed(setting, was))
+                       if s is not None and not s.lost else None)
             changes.append(Change(gpu, key, setting.to_json(current), back, "set",
                                   "the rule's profile set it: original back", original=back,
                                   undo=setting.undo(current)))

@@ -203,14 +203,9 @@ class LockedClocks(_Clocks[ClockRange]):
         return [lo, hi]
 
     def read(self, at: At, recorded: Any = None) -> Any:
-        """What gpud set (``recorded``), or "unknown"; a recorded word (reset, or unsupported where an earlier
-        plan skipped it) as it is."""
-        if recorded is None:
-            return UNKNOWN
-        try:
-            return self.from_json(recorded)
-        except ValueError:
-            return recorded
+        """What gpud set (``recorded``, typed by the engine; a word such as unsupported as it is), or
+        "unknown"."""
+        return UNKNOWN if recorded is None else recorded
 
     def write(self, machine: Machine, target: Target, value: ClockRange | Reset | Unknown) -> Any:
         n = machine.nvml
