@@ -801,19 +801,17 @@ def test_nvlink_data_counters_not_supported_at_start_are_asked_again_later(monke
     nv = m.nvml
     clock = [1000.0]
     monkeypatch.setattr(counters.time, "monotonic", lambda: clock[0])
-    real_call = nv.client.call
+    real_values = nv.client.field_values
     untrained = [True]
 
-    def call(name, *args, **kw):  # type: ignore[no-untyped-def]
-        got = real_call(name, *args, **kw)
-        if name == "nvmlDeviceGetFieldValues" and untrained[0] and got is not None:
-            ids = {int(v.fieldId) for v in got}
-            if ids <= set(nvml_mod.FI_NVLINK_DATA):
-                for v in got:
-                    v.nvmlReturn = 3  # NOT_SUPPORTED, as the links might answer before training
+    def field_values(h, ids, gpu):  # type: ignore[no-untyped-def]
+        got = real_values(h, ids, gpu=gpu)
+        if untrained[0] and {int(v.fieldId) for v in got} <= set(nvml_mod.FI_NVLINK_DATA):
+            for v in got:
+                v.nvmlReturn = 3  # NOT_SUPPORTED, as the links might answer before training
         return got
 
-    monkeypatch.setattr(nv.client, "call", call)
+    monkeypatch.setattr(nv.client, "field_values", field_values)
     info = nv.info(0)
     h = nv.handle(0)
     assert nv.counters.nvlink_data(0, h, info) is None
@@ -840,14 +838,13 @@ def test_a_process_without_a_sample_in_a_window_that_has_samples_used_no_sm(tmp_
 def _field_ids_asked(monkeypatch: pytest.MonkeyPatch, nv: Nvml) -> list[int]:
     """Every field id gpud asks through ``nvmlDeviceGetFieldValues`` from now on."""
     asked: list[int] = []
-    real = nv.client.call
+    real = nv.client.field_values
 
-    def call(name: str, *args: Any, gpu: int | None = None) -> Any:
-        if name == "nvmlDeviceGetFieldValues":
-            asked.extend(f if isinstance(f, int) else f[0] for f in args[1])
-        return real(name, *args, gpu=gpu)
+    def field_values(h: Any, ids: Any, gpu: int) -> Any:
+        asked.extend(f if isinstance(f, int) else f[0] for f in ids)
+        return real(h, ids, gpu=gpu)
 
-    monkeypatch.setattr(nv.client, "call", call)
+    monkeypatch.setattr(nv.client, "field_values", field_values)
     return asked
 
 

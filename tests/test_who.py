@@ -144,18 +144,36 @@ def test_select_waits_then_gives_up(state_dir) -> None:
 
 
 def test_nvlink_error_counters_are_read_every_10_s_not_every_tick(state_dir) -> None:
+    """The ECC totals and every link's error counters come in one field-value call a slow round, with the
+    counts each counter's own call gives; a driver whose field values fail is asked counter by counter."""
     from gpud.backends import open_machine
 
     m = open_machine("z8-fury-4x-a6000")
     sim = m.simulation
     sim.machine.inject("nvlink_errors", gpu=0, link=1, counter="replay", per_second=50.0)
+    own = {"nvmlDeviceGetNvLinkErrorCounter", "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetFieldValues"}
+    before = {n: sim.library.called[n] for n in own}
     first = m.nvml.sample(0)
     assert first.nvlink_errors is not None and len(first.nvlink_errors) == 4 * 4  # 4 links, 4 counters
     errs = {(link, kind): n for link, kind, n in first.nvlink_errors}
     assert errs[(1, "replay")] > 0 and errs[(0, "replay")] == 0 and errs[(1, "crc_flit")] == 0
-    calls = sim.library.called["nvmlDeviceGetNvLinkErrorCounter"]
+    assert sim.library.called["nvmlDeviceGetNvLinkErrorCounter"] == before["nvmlDeviceGetNvLinkErrorCounter"]
+    assert sim.library.called["nvmlDeviceGetTotalEccErrors"] == before["nvmlDeviceGetTotalEccErrors"]
+    calls = {n: sim.library.called[n] for n in own}
     m.nvml.sample(0)  # the next tick: served from the 10 s cache
-    assert sim.library.called["nvmlDeviceGetNvLinkErrorCounter"] == calls
+    assert {n: sim.library.called[n] for n in own} == calls
+
+    # The same counts through each counter's own call, where the field values are refused.
+    other = open_machine("z8-fury-4x-a6000")
+    other.simulation.machine.inject("nvlink_errors", gpu=0, link=1, counter="replay", per_second=50.0)
+    other.simulation.machine.inject("unsupported", call="nvmlDeviceGetFieldValues", gpu=0)
+    slow = other.nvml.sample(0)
+    assert other.simulation.library.called["nvmlDeviceGetNvLinkErrorCounter"] == 16
+    assert other.simulation.library.called["nvmlDeviceGetTotalEccErrors"] == (4 if slow.ecc_enabled else 0)
+    assert [(link, kind) for link, kind, _ in slow.nvlink_errors or ()] == [(link, kind) for link, kind, _ in
+                                                                            first.nvlink_errors]
+    assert {(link, kind): n > 0 for link, kind, n in slow.nvlink_errors or ()} == {k: n > 0 for k, n in errs.items()}
+    assert slow.ecc_errors == first.ecc_errors
     ada = open_machine("z8-fury-4x-rtx6000ada")  # PCIe only: no NVLink, no counters (absent, not 0)
     assert ada.nvml.sample(0).nvlink_errors is None
 

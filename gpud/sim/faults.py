@@ -255,7 +255,7 @@ FAULTS: dict[str, FaultKind] = {
     "nvlink_errors": FaultKind({"gpu": (int, _ANY), "link": (int, None),
                                 "counter": (("replay", "recovery", "crc_flit", "crc_data"), "crc_flit"),
                                 "per_second": ((int, float), 1.0)},
-                               "libnvml (nvmlDeviceGetNvLinkErrorCounter)"),
+                               "libnvml (nvmlDeviceGetNvLinkErrorCounter and its field values)"),
     # above_celsius: a marginal GPU that errs only while it is at or above that temperature (it passes cold)
     "wrong_results": FaultKind({"gpu": (int, _ANY), "above_celsius": ((int, float), None)},
                                "backends (SimBench.device_faults: the CPU standing in for the GPU alters its GEMM "

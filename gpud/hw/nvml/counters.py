@@ -4,6 +4,7 @@ states and counters (field values).
 
 from __future__ import annotations
 
+import ctypes
 import math
 import time
 from typing import Any
@@ -20,7 +21,10 @@ from gpud.hw.nvml.constants import (
     ECC_CORRECTED,
     ECC_UNCORRECTED,
     ECC_VOLATILE,
+    FI_ECC_TOTALS,
     FI_NVLINK_DATA,
+    FI_NVLINK_ERROR_LINKS,
+    FI_NVLINK_ERRORS,
     NVLINK_DATA_RETRY_S,
     NVLINK_DEVICE_SWITCH,
     NVLINK_ERROR_COUNTERS,
@@ -29,6 +33,7 @@ from gpud.hw.nvml.constants import (
     RETIRE_DBE,
     RETIRE_SBE,
     SLOW_EVERY_S,
+    FieldValue,
 )
 from gpud.hw.nvml.handles import NvmlClient
 from gpud.hw.nvml.info import Info
@@ -38,6 +43,12 @@ from gpud.model import (
     GpuInfo,
     NvLinkInfo,
 )
+
+# nvmlDeviceGetTotalEccErrors's (error type, counter type) for each ECC total
+ECC_TOTALS = {"volatile_corrected": (ECC_CORRECTED, ECC_VOLATILE),
+              "volatile_uncorrected": (ECC_UNCORRECTED, ECC_VOLATILE),
+              "aggregate_corrected": (ECC_CORRECTED, ECC_AGGREGATE),
+              "aggregate_uncorrected": (ECC_UNCORRECTED, ECC_AGGREGATE)}
 
 
 class Counters:
@@ -89,14 +100,7 @@ class Counters:
             out = c.get_out("nvmlDeviceGetFanControlPolicy_v2", h, fan, gpu=index)
             policies.append(out[0] if out is not None else None)
         ecc_mode = get("nvmlDeviceGetEccMode")
-        ecc = None
-        if ecc_mode is not None and ecc_mode[0]:
-            ecc = EccCounts(
-                volatile_corrected=get("nvmlDeviceGetTotalEccErrors", ECC_CORRECTED, ECC_VOLATILE),
-                volatile_uncorrected=get("nvmlDeviceGetTotalEccErrors", ECC_UNCORRECTED, ECC_VOLATILE),
-                aggregate_corrected=get("nvmlDeviceGetTotalEccErrors", ECC_CORRECTED, ECC_AGGREGATE),
-                aggregate_uncorrected=get("nvmlDeviceGetTotalEccErrors", ECC_UNCORRECTED, ECC_AGGREGATE),
-            )
+        ecc, nvlink_errors = self._health_counters(index, h, info, ecc_mode is not None and bool(ecc_mode[0]))
         fields = SlowFields(  # in this order: the calls are made as the arguments are read
             ecc_mode=ecc_mode, ecc=ecc, sbe=get("nvmlDeviceGetRetiredPages", RETIRE_SBE),
             dbe=get("nvmlDeviceGetRetiredPages", RETIRE_DBE),
@@ -109,7 +113,7 @@ class Counters:
                                  for k in ("graphics", "memory")},
             pcie_width=get("nvmlDeviceGetCurrPcieLinkWidth"),
             clock_offsets={d: o for d in OFFSET_DOMAINS if (o := self._info.clock_offset_now(index, h, d)) is not None},
-            nvlink_errors=self._nvlink_errors(index, h, info), nvlinks=self._nvlinks(index, h),
+            nvlink_errors=nvlink_errors, nvlinks=self._nvlinks(index, h),
             violations=self._violations(index, h), nvlink_data=self.nvlink_data(index, h, info))
         self._slow[index] = (now, fields)
         return fields
@@ -180,13 +184,14 @@ class Counters:
                 out.append((int(v.scopeId), FI_NVLINK_DATA[int(v.fieldId)], got[0] * 1024))
         return tuple(out) if out else None
 
-    def field_values(self, index: int, h: Any, ids: list[Any], what: str, retry_s: float | None) -> Any:
+    def field_values(self, index: int, h: Any, ids: list[Any], what: str, retry_s: float | None
+                     ) -> ctypes.Array[FieldValue] | None:
         """One ``nvmlDeviceGetFieldValues`` call for ``ids``; None when it cannot be read. A GPU that
         answers every id Not Supported is not asked again for ``retry_s`` seconds (None: never)."""
         if time.monotonic() < self._fields_retry.get((index, what), 0.0):
             return None
         try:
-            values = self._c.call("nvmlDeviceGetFieldValues", h, ids, gpu=index)
+            values = self._c.field_values(h, ids, gpu=index)
         except (GpuLost, DriverNotLoaded, GpuUnusable):
             raise
         except NvmlError as err:
@@ -196,7 +201,7 @@ class Counters:
                 self._c.mark_gone("nvmlDeviceGetFieldValues")
                 self._fields_retry[(index, what)] = math.inf
             return None
-        if values is not None and all(int(v.nvmlReturn) == 3 for v in values):
+        if all(int(v.nvmlReturn) == 3 for v in values):
             self._fields_retry[(index, what)] = math.inf if retry_s is None else time.monotonic() + retry_s
             return None
         return values
@@ -205,12 +210,37 @@ class Counters:
         """Ask GPU ``index``'s field group ``what`` no more (one of its fields is Not Supported)."""
         self._fields_retry[(index, what)] = math.inf
 
-    def _nvlink_errors(self, index: int, h: Any, info: GpuInfo) -> tuple[tuple[int, str, int], ...] | None:
-        """Each link's error counters (``nvidia-smi nvlink -e``); None where the GPU gives none."""
+    def _health_counters(self, index: int, h: Any, info: GpuInfo, ecc_on: bool
+                         ) -> tuple[EccCounts | None, tuple[tuple[int, str, int], ...] | None]:
+        """The ECC totals (where ECC is on) and each NVLink's error counters (``nvidia-smi nvlink -e``; None where
+        the GPU gives none) in one ``nvmlDeviceGetFieldValues`` call, where they took 4 calls and 4 a link: a
+        bridged A6000's four links made 16 of them, 8.5 of the daemon's 82 calls a second on eight GPUs
+        (benchmarks/footprint.py). What no field answers (a link above 11, an id the driver does not know, a
+        driver without field values) is asked through its own call, as before."""
+        wanted: dict[int, tuple[str, Any]] = {f: ("ecc", name) for f, name in FI_ECC_TOTALS.items()} if ecc_on else {}
+        links = info.nvlink_count or 0
+        for link in range(min(links, FI_NVLINK_ERROR_LINKS)):
+            for name, (first, sixth) in FI_NVLINK_ERRORS.items():
+                wanted[first + link if link < 6 else sixth + link - 6] = ("nvlink", (link, name))
+        got: dict[tuple[str, Any], int] = {}
+        # every id Not Supported: a capability, not asked again (each counter's own call is, below)
+        for v in (self.field_values(index, h, list(wanted), "health", retry_s=None) if wanted else None) or ():
+            value = field_int(v)
+            if value is not None and int(v.fieldId) in wanted:
+                got[wanted[int(v.fieldId)]] = value[0]
+
+        def ask(key: tuple[str, Any], name: str, *args: Any) -> int | None:
+            if key in got:
+                return got[key]
+            n = self._c.get(name, h, *args, gpu=index)
+            return int(n) if n is not None else None
+
+        ecc = EccCounts(**{name: ask(("ecc", name), "nvmlDeviceGetTotalEccErrors", *ECC_TOTALS[name])
+                           for name in FI_ECC_TOTALS.values()}) if ecc_on else None
         out = []
-        for link in range(info.nvlink_count):
+        for link in range(links):
             for name, counter in NVLINK_ERROR_COUNTERS.items():
-                n = self._c.get("nvmlDeviceGetNvLinkErrorCounter", h, link, counter, gpu=index)
+                n = ask(("nvlink", (link, name)), "nvmlDeviceGetNvLinkErrorCounter", link, counter)
                 if n is not None:
-                    out.append((link, name, int(n)))
-        return tuple(out) if out else None
+                    out.append((link, name, n))
+        return ecc, tuple(out) if out else None

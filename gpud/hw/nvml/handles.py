@@ -13,6 +13,7 @@ import ctypes
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any, Callable
 
 from gpud.errors import (
@@ -35,6 +36,7 @@ from gpud.hw.nvml.constants import (
     _UNINITIALIZED,
     _UNUSABLE,
     CHANGING_SUPPORT,
+    FieldValue,
 )
 from gpud.hw.nvml.values import _hashable, _text
 from gpud.model import Versions
@@ -271,6 +273,19 @@ class NvmlClient:
             if err.code in (13, None):  # FUNCTION_NOT_FOUND, or not in these bindings: gone for good
                 self._gone.add(name)
         return None
+
+    def field_values(self, h: Any, ids: Sequence[int | tuple[int, int]], gpu: int) -> ctypes.Array[FieldValue]:
+        """``nvmlDeviceGetFieldValues`` for ``ids`` (a field id, or (id, scope): a link's field's link), each
+        answer in its own ``nvmlReturn``; gpud errors when the call fails whole. Through the C entry point
+        with gpud's struct (``FieldValue``): the bindings' reads each field through Python."""
+        values = (FieldValue * len(ids))()
+        for value, i in zip(values, ids, strict=True):
+            value.fieldId, value.scopeId = i if isinstance(i, tuple) else (i, 0)
+        name = "nvmlDeviceGetFieldValues"
+        with self.lock:
+            self.init()
+            self.c_check(self.c_call(self.c_function(name, gpu), h, ctypes.c_int(len(ids)), values), name, gpu)
+        return values
 
     def get_out(self, name: str, h: Any, *inputs: Any, outputs: int = 1, gpu: int,
                 signed: bool = False) -> tuple[int, ...] | None:

@@ -86,12 +86,15 @@ def _text(raw: Any) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
+# nvmlValueType_t → the union's member and its width in bits (the integer ones)
+FIELD_INTS = {1: ("uiVal", 32), 2: ("ulVal", 64), 3: ("ullVal", 64), 4: ("sllVal", 64), 5: ("siVal", 32)}
+
+
 def field_int(v: Any) -> tuple[int, int] | None:
     """(value, width in bits) of an integer ``nvmlFieldValue_t``; None when it failed or is no integer."""
     if v.nvmlReturn != 0:
         return None
-    kind = {1: ("uiVal", 32), 2: ("ulVal", 64), 3: ("ullVal", 64), 4: ("sllVal", 64), 5: ("siVal", 32)}.get(
-        int(v.valueType))
+    kind = FIELD_INTS.get(int(v.valueType))
     if kind is None:
         return None
     return int(getattr(v.value, kind[0])), kind[1]

@@ -8,6 +8,7 @@ from gpud.sim.entries import entry
 from gpud.sim.libnvml.handles import pci_info
 from gpud.sim.libnvml.library import SimLibrary, peer
 from gpud.sim.libnvml.returns import (
+    FI_NVLINK_ERRORS,
     INVALID_ARGUMENT,
     NOT_SUPPORTED,
     NVLINK_DEVICE_GPU,
@@ -36,8 +37,24 @@ def _nvlink_error_counter(lib: SimLibrary, i: int, link: int, counter: int) -> i
         fail(NOT_SUPPORTED)
     if not 0 <= int(link) < int(g.nvlinks) or int(counter) not in NVLINK_ERROR_COUNTERS.values():
         fail(INVALID_ARGUMENT)
+    return nvlink_errors(lib, i, int(link), int(counter))
+
+
+def nvlink_errors(lib: SimLibrary, i: int, link: int, counter: int) -> int:
+    """One link's errors of one kind (``nvmlNvLinkErrorCounter_t``), as its own call and its field value give them."""
     return sum(int(f.per_second * lib.sim.now()) for f in lib.sim.faults_of("nvlink_errors", i)
-               if f.link in (None, int(link)) and NVLINK_ERROR_COUNTERS[f.counter] == int(counter))
+               if f.link in (None, link) and NVLINK_ERROR_COUNTERS[f.counter] == counter)
+
+
+def nvlink_error_field(lib: SimLibrary, i: int, field_id: int) -> int | None:
+    """The count an NVLink error field id gives on GPU ``i`` (None: not one, or not a link it has)."""
+    for name, (first, sixth) in FI_NVLINK_ERRORS.items():
+        for base, link0 in ((first, 0), (sixth, 6)):
+            link = field_id - base + link0
+            if base <= field_id < base + 6:
+                return nvlink_errors(lib, i, link, NVLINK_ERROR_COUNTERS[name]) if link < int(lib.gpu(i).nvlinks or 0) \
+                    else None
+    return None
 
 
 @entry("nvmlDeviceGetNvLinkRemotePciInfo_v2")

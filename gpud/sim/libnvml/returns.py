@@ -53,6 +53,11 @@ VIOLATION_FIELDS_FROM_DRIVER = 580  # the first driver whose nvidia-smi prints "
 PERF_POLICIES = {0: "sw_power_cap", 1: "sw_thermal_slowdown", 2: "sync_boost"}
 # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/_RX (KiB, scopeId = link); RAW (140/141) is not modelled.
 FI_NVLINK_DATA_TX, FI_NVLINK_DATA_RX = 138, 139
+# NVML_FI_DEV_NVLINK_{REPLAY,RECOVERY,CRC_FLIT,CRC_DATA}_ERROR_COUNT_L0–L11: the ids of link 0 and link 6
+FI_NVLINK_ERRORS = {"replay": (46, 108), "recovery": (53, 114), "crc_flit": (32, 96), "crc_data": (39, 102)}
+# NVML_FI_DEV_ECC_{SBE,DBE}_{VOL,AGG}_TOTAL → (scope, kind) of the GPU's ECC counts
+FI_ECC_TOTALS = {3: ("volatile", "corrected"), 4: ("volatile", "uncorrected"), 5: ("aggregate", "corrected"),
+                 6: ("aggregate", "uncorrected")}
 PROCESS_SAMPLES_KEPT = 5  # samples per process in the driver's buffer (one per second): a model
 VALUE_TYPE_ULL = 3  # NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
 NVLINK_DEVICE_GPU, NVLINK_DEVICE_SWITCH = 0, 2

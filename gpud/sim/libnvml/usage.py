@@ -12,8 +12,10 @@ from gpud.sim.description import GpuSpec
 from gpud.sim.entries import entry
 from gpud.sim.jobs import Process, on_gpu
 from gpud.sim.libnvml.library import MigRef, SimLibrary, driver_major, driver_release, effective_uid
+from gpud.sim.libnvml.pairs import nvlink_error_field
 from gpud.sim.libnvml.returns import (
     ARGUMENT_VERSION_MISMATCH,
+    FI_ECC_TOTALS,
     FI_NVLINK_DATA_RX,
     FI_NVLINK_DATA_TX,
     FI_PCIE_COUNT_RX_BYTES,
@@ -222,6 +224,12 @@ def _field_values(lib: SimLibrary, i: int, count: Any, values: Any) -> None:
             v.valueType = VALUE_TYPE_ULL  # both directions alike: a GPU in a collective sends what it receives
             v.value.ullVal = lib.sim.nvlink_kib(i, int(v.scopeId)) & (2**64 - 1)
             v.nvmlReturn = SUCCESS
+        elif (errors := nvlink_error_field(lib, i, int(v.fieldId))) is not None:
+            v.valueType, v.value.ullVal, v.nvmlReturn = VALUE_TYPE_ULL, errors & (2**64 - 1), SUCCESS
+        elif v.fieldId in FI_ECC_TOTALS and lib.gpu(i).ecc_supported and lib.gpu(i).ecc_enabled:
+            scope, kind = FI_ECC_TOTALS[int(v.fieldId)]
+            count = int(getattr(lib.gpu(i), f"ecc_{scope}_{kind}"))
+            v.valueType, v.value.ullVal, v.nvmlReturn = VALUE_TYPE_ULL, count, SUCCESS
         elif v.fieldId in TLIMIT_FIELDS and lib.gpu(i).tlimit_thresholds:
             g = lib.gpu(i)  # the margin T.Limit shows when the threshold is reached: −2 for slowdown
             v.valueType = VALUE_TYPE_SIGNED_INT
