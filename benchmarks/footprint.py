@@ -18,8 +18,9 @@ and liveness probes, each every 10 s: daemonset.yaml), ``/status`` never (nothin
 it; ``gpud status`` does, once). ``--stress``: the load of earlier runs, Prometheus, ``/status`` and
 ``/healthz`` every 5 s. RSS is read from ``/proc/PID/status`` every second (``VmRSS``; ``VmHWM`` is the
 kernel's own peak), CPU from ``/proc/PID/stat`` (utime + stime) over the window after a 5 s settling
-time. ``gpud doctor`` (what Node Problem Detector's check runs) is measured once as a child: wall
-time and its peak RSS (``getrusage`` of the children). docs/deployment.md, "Resources", holds a run.
+time, which begins after Prometheus's first scrape (``wait_first_scrape``). ``gpud doctor`` (what Node
+Problem Detector's check runs) is measured once as a child: wall time and its peak RSS (``getrusage`` of the
+children). docs/deployment.md, "Resources", holds a run.
 
 The CPU split. The child is this script (``--child``), which runs gpud's own CLI (``gpud daemon``) in
 its main thread after wrapping each entry point of the simulated ``libnvidia-ml.so.1``
@@ -85,6 +86,23 @@ def proc_kib(pid: int, key: str) -> int:
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_first_scrape(prom_port: int, timeout: float) -> float:
+    """Seconds until Prometheus has scraped the daemon once (``up`` has a sample). The window starts after it:
+    the first ``/metrics`` renders every family (about 30 ms on 8 GPUs, ten times a later scrape's), a cost of
+    the daemon's start, not of its steady state, that fell inside or outside the window by the scrape's offset."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", prom_port, timeout=2)
+            c.request("GET", "/api/v1/query?query=up")
+            if json.loads(c.getresponse().read())["data"]["result"]:
+                return time.monotonic() - started
+        except (OSError, ValueError, KeyError):
+            pass  # not listening yet
+        time.sleep(0.2)
+    raise RuntimeError(f"Prometheus scraped nothing within {timeout:.0f} s")
 
 
 def get(port: int, path: str) -> int:
@@ -382,7 +400,7 @@ def main() -> int:
                                "daemon", "--config", str(work / "gpud.toml"), "--listen", f"127.0.0.1:{port}"],
                               env=env, stderr=subprocess.DEVNULL, cwd=REPO, pass_fds=(pipes.req_r, pipes.ans_w))
     pipes.after_start()
-    prom = None
+    prom, first_scrape_s = None, None
     try:
         wait_http(port, "/healthz")
         step = float(args.scrape_interval.rstrip("s"))
@@ -394,6 +412,7 @@ def main() -> int:
                                      f"--storage.tsdb.path={work / 'tsdb'}",
                                      f"--web.listen-address=127.0.0.1:{prom_port}"],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            first_scrape_s = wait_first_scrape(prom_port, timeout=2 * step + 30)
         time.sleep(5)  # settle: imports done, the first doctor run under way
         first = pipes.read()
         t0, c0 = time.monotonic(), cpu_seconds(daemon.pid)
@@ -434,7 +453,9 @@ def main() -> int:
     cpu = split(first, last, args.doctor_interval)
     out = {"simulate": args.simulate, "seconds": round(span, 1), "scrape_interval": args.scrape_interval,
            "healthz_interval_s": args.healthz_interval, "status_interval_s": args.status_interval,
-           "prometheus_up": up, "http_errors": errors, "load_average_1m_max": round(load, 2),
+           "prometheus_up": up,
+           "prometheus_first_scrape_s": None if first_scrape_s is None else round(first_scrape_s, 1),
+           "http_errors": errors, "load_average_1m_max": round(load, 2),
            "daemon_cpu_percent_of_a_core": round(100 * used / span, 2),
            "daemon_rss_mib_max_sampled": round(max(rss) / 1024, 1), "daemon_rss_mib_median": round(
                sorted(rss)[len(rss) // 2] / 1024, 1), "daemon_vmhwm_mib": round(hwm / 1024, 1),
