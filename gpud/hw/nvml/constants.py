@@ -57,6 +57,12 @@ FAN_POLICY_AUTO = 0
 COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
 ECC_CORRECTED, ECC_UNCORRECTED = 0, 1  # NVML_MEMORY_ERROR_TYPE_*
 ECC_VOLATILE, ECC_AGGREGATE = 0, 1  # NVML_*_ECC
+# Each ECC total: its field id (nvml.h NVML_FI_DEV_ECC_{SBE,DBE}_{VOL,AGG}_TOTAL: single-bit = corrected,
+# double-bit = uncorrected) and nvmlDeviceGetTotalEccErrors's (error type, counter type) for the same count.
+ECC_TOTALS = {"volatile_corrected": (3, ECC_CORRECTED, ECC_VOLATILE),
+              "volatile_uncorrected": (4, ECC_UNCORRECTED, ECC_VOLATILE),
+              "aggregate_corrected": (5, ECC_CORRECTED, ECC_AGGREGATE),
+              "aggregate_uncorrected": (6, ECC_UNCORRECTED, ECC_AGGREGATE)}
 RETIRE_SBE, RETIRE_DBE = 0, 1  # NVML_PAGE_RETIREMENT_CAUSE_*
 NVLINK_CAP_SLI_BRIDGE = 4
 AFFINITY_SCOPE_NODE = 0
@@ -104,10 +110,6 @@ NVLINK_ERROR_COUNTERS = {"replay": 0, "recovery": 1, "crc_flit": 2, "crc_data": 
 # DCGM's DCGM_FI_DEV_NVLINK_*_ERROR_COUNT_L* read these): (id of link 0, id of link 6), links 0–11 only.
 FI_NVLINK_ERRORS = {"replay": (46, 108), "recovery": (53, 114), "crc_flit": (32, 96), "crc_data": (39, 102)}
 FI_NVLINK_ERROR_LINKS = 12
-# The ECC totals as field values (nvml.h NVML_FI_DEV_ECC_{SBE,DBE}_{VOL,AGG}_TOTAL: single-bit = corrected,
-# double-bit = uncorrected), the counts nvmlDeviceGetTotalEccErrors gives.
-FI_ECC_TOTALS = {3: "volatile_corrected", 4: "volatile_uncorrected", 5: "aggregate_corrected",
-                 6: "aggregate_uncorrected"}
 # NVML's violation counters (ns in each clock-event reason since the driver loaded): field values
 # NVML_FI_DEV_CLOCKS_EVENT_REASON_*, else the deprecated nvmlDeviceGetViolationStatus per policy. 74 and 76
 # (the older PERF_POLICY ids) never moved; the three thermal ids were renumbered: nvml.h 12.9 and 13.0

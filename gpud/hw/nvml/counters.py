@@ -17,11 +17,7 @@ from gpud.errors import (
 )
 from gpud.hw.nvml.constants import (
     CLOCK_TYPES,
-    ECC_AGGREGATE,
-    ECC_CORRECTED,
-    ECC_UNCORRECTED,
-    ECC_VOLATILE,
-    FI_ECC_TOTALS,
+    ECC_TOTALS,
     FI_NVLINK_DATA,
     FI_NVLINK_ERROR_LINKS,
     FI_NVLINK_ERRORS,
@@ -43,12 +39,6 @@ from gpud.model import (
     GpuInfo,
     NvLinkInfo,
 )
-
-# nvmlDeviceGetTotalEccErrors's (error type, counter type) for each ECC total
-ECC_TOTALS = {"volatile_corrected": (ECC_CORRECTED, ECC_VOLATILE),
-              "volatile_uncorrected": (ECC_UNCORRECTED, ECC_VOLATILE),
-              "aggregate_corrected": (ECC_CORRECTED, ECC_AGGREGATE),
-              "aggregate_uncorrected": (ECC_UNCORRECTED, ECC_AGGREGATE)}
 
 
 class Counters:
@@ -217,16 +207,17 @@ class Counters:
         bridged A6000's four links made 16 of them, 8.5 of the daemon's 82 calls a second on eight GPUs
         (benchmarks/footprint.py). What no field answers (a link above 11, an id the driver does not know, a
         driver without field values) is asked through its own call, as before."""
-        wanted: dict[int, tuple[str, Any]] = {f: ("ecc", name) for f, name in FI_ECC_TOTALS.items()} if ecc_on else {}
+        wanted: dict[int, tuple[str, Any]] = {f: ("ecc", name) for name, (f, _, _) in ECC_TOTALS.items()
+                                              } if ecc_on else {}
         links = info.nvlink_count or 0
         for link in range(min(links, FI_NVLINK_ERROR_LINKS)):
             for name, (first, sixth) in FI_NVLINK_ERRORS.items():
                 wanted[first + link if link < 6 else sixth + link - 6] = ("nvlink", (link, name))
-        got: dict[tuple[str, Any], int] = {}
         # every id Not Supported: a capability, not asked again (each counter's own call is, below)
-        for v in (self.field_values(index, h, list(wanted), "health", retry_s=None) if wanted else None) or ():
-            value = field_int(v)
-            if value is not None and int(v.fieldId) in wanted:
+        values = self.field_values(index, h, list(wanted), "health", retry_s=None) if wanted else None
+        got: dict[tuple[str, Any], int] = {}
+        for v in values or ():
+            if (value := field_int(v)) is not None:
                 got[wanted[int(v.fieldId)]] = value[0]
 
         def ask(key: tuple[str, Any], name: str, *args: Any) -> int | None:
@@ -235,8 +226,8 @@ class Counters:
             n = self._c.get(name, h, *args, gpu=index)
             return int(n) if n is not None else None
 
-        ecc = EccCounts(**{name: ask(("ecc", name), "nvmlDeviceGetTotalEccErrors", *ECC_TOTALS[name])
-                           for name in FI_ECC_TOTALS.values()}) if ecc_on else None
+        ecc = EccCounts(**{name: ask(("ecc", name), "nvmlDeviceGetTotalEccErrors", error, counter)
+                           for name, (_, error, counter) in ECC_TOTALS.items()}) if ecc_on else None
         out = []
         for link in range(links):
             for name, counter in NVLINK_ERROR_COUNTERS.items():

@@ -185,7 +185,9 @@ class Info:
         call (nvidia-ml-py before 12.570) or the fields."""
         margin = self._c.optional(("nvmlDeviceGetMarginTemperature", index, ()), lambda: self._margin(h, index))
         temp = self.temperature(h, index)
-        values = self._c.get("nvmlDeviceGetFieldValues", h, list(FI_TLIMIT.values()), gpu=index)
+        ids = list(FI_TLIMIT.values())
+        values = self._c.optional(("nvmlDeviceGetFieldValues", index, tuple(ids)),
+                                  lambda: self._c.field_values(h, ids, gpu=index))
         if margin is None or temp is None or values is None:
             return {}
         out: dict[str, int | None] = {}
