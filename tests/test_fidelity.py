@@ -876,6 +876,23 @@ def test_violation_field_ids_follow_the_running_driver(tmp_path, monkeypatch) ->
         "sw_power_cap", "sync_boost", "sw_thermal_slowdown"}  # 251-253 Not Supported before 580 (nvidia-smi)
 
 
+def test_nvlink_error_fields_not_on_blackwell_where_each_counter_is_asked(tmp_path) -> None:
+    """NVML's field-value reference marks the per-link error counts (NVML_FI_DEV_NVLINK_*_ERROR_COUNT_L*)
+    unsupported from Blackwell; nvidia-resiliency-ext reads them on older GPUs only. There the counters come
+    from nvmlDeviceGetNvLinkErrorCounter, the same counts, one call each."""
+    older = open_machine(describe(tmp_path, name="hop", model="H200"))
+    newer = open_machine(describe(tmp_path, name="bw", model="H200", defaults='architecture = "blackwell"'))
+    errors, calls = [], []
+    for m in (older, newer):
+        m.simulation.machine.inject("nvlink_errors", gpu=0, link=3, counter="crc_data", per_second=7.0)
+        before = m.simulation.library.called["nvmlDeviceGetNvLinkErrorCounter"]
+        errors.append(m.nvml.sample(0).nvlink_errors or ())
+        calls.append(m.simulation.library.called["nvmlDeviceGetNvLinkErrorCounter"] - before)
+    assert calls == [6 * 4, 18 * 4]  # the fields name links 0-11: an H200's links 12-17 are asked one by one
+    assert [(link, kind) for link, kind, _ in errors[0]] == [(link, kind) for link, kind, _ in errors[1]]
+    assert {(link, kind) for link, kind, n in errors[1] if n} == {(3, "crc_data")}
+
+
 def test_a_field_value_call_that_fails_whole_is_asked_again(tmp_path) -> None:
     """nvml.h: each field value carries its own nvmlReturn; a call that fails whole says nothing about the
     fields, so it must not mark a group (violation counters, PCIe byte counters) unsupported for good."""

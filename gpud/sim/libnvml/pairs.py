@@ -8,6 +8,7 @@ from gpud.sim.entries import entry
 from gpud.sim.libnvml.handles import pci_info
 from gpud.sim.libnvml.library import SimLibrary, peer
 from gpud.sim.libnvml.returns import (
+    ARCH_CODES,
     FI_NVLINK_ERRORS,
     INVALID_ARGUMENT,
     NOT_SUPPORTED,
@@ -47,7 +48,10 @@ def nvlink_errors(lib: SimLibrary, i: int, link: int, counter: int) -> int:
 
 
 def nvlink_error_field(lib: SimLibrary, i: int, field_id: int) -> int | None:
-    """The count an NVLink error field id gives on GPU ``i`` (None: not one, or not a link it has)."""
+    """The count an NVLink error field id gives on GPU ``i`` (None: not one, not a link it has, or a Blackwell or
+    later GPU: NVML's field-value reference marks the per-link error counts unsupported there)."""
+    if ARCH_CODES.get(str(lib.gpu(i).architecture), 0) >= ARCH_CODES["blackwell"]:
+        return None
     for name, (first, sixth) in FI_NVLINK_ERRORS.items():
         for base, link0 in ((first, 0), (sixth, 6)):
             link = field_id - base + link0
