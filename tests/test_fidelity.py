@@ -158,15 +158,19 @@ def test_no_binding_exception_escapes_the_nvml_layer(tmp_path) -> None:
     mod = m.simulation.module
 
     def broken(*args: Any) -> Any:
-        raise TypeError("nvmlDeviceGetTemperature() missing 1 required positional argument")
+        raise TypeError("nvmlDeviceGetUtilizationRates() missing 1 required positional argument")
 
-    mod.nvmlDeviceGetTemperature = broken
+    mod.nvmlDeviceGetUtilizationRates = broken
     mod.nvmlDeviceSetPowerManagementLimit = broken
+    # a reading gpud calls through the C entry point itself (DIRECT_READINGS): a ctypes error there
+    m.simulation.library._functions["nvmlDeviceGetTemperature"] = broken
     s = m.snapshot().samples[0]
-    assert s.temperature_celsius is None and not s.lost
+    assert s.utilization_gpu_percent is None and s.temperature_celsius is None and not s.lost
+    assert s.power_watts is not None  # the others read on
     with pytest.raises(NvmlError) as exc:
         m.nvml.set_power_limit(0, 250)
     assert "TypeError" in str(exc.value)
+    assert m.nvml.client.errors["nvmlDeviceGetTemperature"] >= 1  # counted as the bindings' errors are
 
 
 def test_an_entry_point_the_library_lacks_is_function_not_found(tmp_path) -> None:

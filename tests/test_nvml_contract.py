@@ -6,7 +6,9 @@ whatever goes wrong comes out as a gpud error, never a pynvml one.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+from typing import Any
 
 import pynvml
 import pytest
@@ -254,3 +256,65 @@ def test_the_simulated_library_never_raises(name: str) -> None:
     m.topology(m.snapshot(pcie=True))
     m.snapshot()
     assert m.simulation.library.internal_errors == 0
+
+
+def _as_the_library_sees(arg: Any) -> Any:
+    """One argument of a C call as the library reads it: a pointer's target type (its size and fields), a
+    handle's device, a number's value (ctypes passes a Python int as the C int the wrapper's types hold)."""
+    target = getattr(arg, "_obj", None)  # byref(...)
+    if target is not None:
+        kind = type(target)
+        if issubclass(kind, ctypes.Structure):  # its layout: each field's name, type and offset
+            return ("out", ctypes.sizeof(kind), tuple((f[0], f[1]._type_, getattr(kind, f[0]).offset)
+                                                      for f in kind._fields_))
+        code = getattr(kind, "_type_", None)  # a simple type's letter ("I": unsigned int, "Q": unsigned long long)
+        return ("out", ctypes.sizeof(kind), code if isinstance(code, str) else kind.__name__)
+    if isinstance(arg, ctypes._Pointer):
+        return ("handle", ctypes.addressof(arg.contents))
+    return ("in", getattr(arg, "value", arg))
+
+
+def test_direct_readings_call_the_c_entry_point_as_the_bindings_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpud calls its most frequent readings (``DIRECT_READINGS``) through the C entry point itself: with each
+    the library must get what the installed bindings' wrapper gives it (the same inputs, an output of the same
+    size and kind), and gpud must read the same answer. Run again through the lowest nvidia-ml-py (.ci/run)."""
+    from gpud.hw.nvml.constants import CLOCK_TYPES, DIRECT_READINGS, TEMPERATURE_GPU
+    from gpud.sim.libnvml import library
+
+    seen: list[tuple[str, list[Any]]] = []
+    bind = library.SimLibrary._bind
+
+    def recording(self: Any, name: str, e: Any) -> Any:
+        f = bind(self, name, e)
+
+        def c_function(*args: Any) -> Any:
+            seen.append((name, [_as_the_library_sees(a) for a in args]))
+            return f(*args)
+
+        return c_function
+
+    monkeypatch.setattr(library.SimLibrary, "_bind", recording)
+    m = open_machine("z8-fury-4x-a6000")
+    mod, client = m.simulation.module, m.nvml.client
+    client.init()
+    h = client.handle(0)
+    inputs = {"nvmlDeviceGetFanSpeed_v2": (0,), "nvmlDeviceGetTargetFanSpeed": (0,),
+              "nvmlDeviceGetTemperature": (TEMPERATURE_GPU,), "nvmlDeviceGetClockInfo": (CLOCK_TYPES["memory"],)}
+    assert set(inputs) <= set(DIRECT_READINGS)
+    for name, (_, n) in DIRECT_READINGS.items():
+        args = inputs.get(name, ())
+        assert len(args) == n, name
+        seen.clear()
+        wrapped = getattr(mod, name)(h, *args)
+        by_gpud = [client.raw(name, h, *args, gpu=0), client.get(name, h, *args, gpu=0)]  # resolving, then resolved
+        calls = [s for s in seen if s[0] == name]
+        assert len(calls) == 3, (name, seen)
+        assert calls[1] == calls[0] and calls[2] == calls[0], name
+        for got in by_gpud:
+            if isinstance(wrapped, int):
+                assert type(got) is int, name
+                if name not in ("nvmlDeviceGetPowerUsage", "nvmlDeviceGetTemperature", "nvmlDeviceGetFanSpeed",
+                                "nvmlDeviceGetFanSpeed_v2", "nvmlDeviceGetTotalEnergyConsumption"):
+                    assert got == wrapped, name  # a setting or a state: the same at once (the others move)
+            else:
+                assert (got.total, got.free, got.used) == (wrapped.total, wrapped.free, wrapped.used), name

@@ -14,6 +14,7 @@ from gpud.daemon.service import Daemon
 from gpud.daemon.tick import WHOLE_EVERY_TICKS, Pace
 from gpud.daemon.wake import Stop
 from gpud.hw.machine import Machine
+from gpud.hw.nvml.constants import DIRECT_READINGS
 
 QUICK_CALLS = {"nvmlDeviceGetTemperature", "nvmlDeviceGetFanSpeed_v2", "nvmlDeviceGetPowerUsage"}
 
@@ -22,15 +23,23 @@ def counting(m: Machine) -> list[Counter[str]]:
     """Each NVML call the tick's thread makes (not the doctor run the first tick starts), by entry point, into
     the last Counter of the list returned."""
     ticks: list[Counter[str]] = [Counter()]
-    raw = m.nvml.client.raw
+    client = m.nvml.client
+    raw, c_reading = client.raw, client._c_reading
     me = threading.get_ident()
 
     def counted(name: str, *args: Any, gpu: int | None = None) -> Any:
-        if threading.get_ident() == me:
-            ticks[-1][name] += 1
+        direct = DIRECT_READINGS.get(name)
+        if threading.get_ident() == me and (direct is None or len(args) != 1 + direct[1]):
+            ticks[-1][name] += 1  # (a reading ``raw`` hands to the C entry point is counted there)
         return raw(name, *args, gpu=gpu)
 
-    m.nvml.client.raw = counted  # type: ignore[method-assign]
+    def counted_c(name: str, *args: Any) -> Any:  # DIRECT_READINGS, from ``raw`` or inline from ``get``
+        if threading.get_ident() == me:
+            ticks[-1][name] += 1
+        return c_reading(name, *args)
+
+    client.raw = counted  # type: ignore[method-assign]
+    client._c_reading = counted_c  # type: ignore[method-assign]
     return ticks
 
 
@@ -183,3 +192,4 @@ def test_a_throttle_episode_over_quick_ticks_is_journaled_once_with_its_length(s
     evs = journal.events(kinds=("throttle", "gpu_lost"))
     assert [(e.kind, e.gpu) for e in evs] == [("throttle", 0), ("gpu_lost", 2)]
     assert evs[0].data["seconds"] == 5.0 and evs[0].data["reasons"] == ["sw_thermal_slowdown"]
+

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from gpud.errors import (
     InsufficientPower,
@@ -151,6 +151,34 @@ class FieldValue(ctypes.Structure):
     _fields_ = [("fieldId", ctypes.c_uint), ("scopeId", ctypes.c_uint), ("timestamp", ctypes.c_longlong),
                 ("latencyUsec", ctypes.c_longlong), ("valueType", ctypes.c_int), ("nvmlReturn", ctypes.c_int),
                 ("value", FieldValueUnion)]
+
+
+class MemoryStruct(ctypes.Structure):
+    """nvml.h's ``nvmlMemory_t`` (bytes), gpud's own as ``FieldValue`` is: the bindings' struct reads each field
+    through Python."""
+
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+# The readings the daemon makes most (on 8 GPUs its tick and the rules' poll make about 60 a second), called
+# through the C entry point as nvidia-ml-py's wrapper of each calls it: the handle, the inputs as given, one
+# output cell of nvml.h's type. name → (the output's type, how many inputs after the handle). The wrapper's
+# own Python (a lookup of the function under the bindings' lock, its check of the return code) was 3.5 µs of
+# the 8 µs that a reading cost gpud beside the C call (docs/performance.md, "The tick's readings through the
+# C entry points"). A scalar reads as its value, a struct as itself; any other arity goes through the wrapper.
+DIRECT_READINGS: dict[str, tuple[type[ctypes._SimpleCData[Any]] | type[ctypes.Structure], int]] = {
+    "nvmlDeviceGetFanSpeed": (ctypes.c_uint, 0),
+    "nvmlDeviceGetFanSpeed_v2": (ctypes.c_uint, 1),  # fan
+    "nvmlDeviceGetTargetFanSpeed": (ctypes.c_uint, 1),  # fan
+    "nvmlDeviceGetPowerUsage": (ctypes.c_uint, 0),  # mW
+    "nvmlDeviceGetTemperature": (ctypes.c_uint, 1),  # sensor
+    "nvmlDeviceGetClockInfo": (ctypes.c_uint, 1),  # clock type
+    "nvmlDeviceGetEnforcedPowerLimit": (ctypes.c_uint, 0),  # mW
+    "nvmlDeviceGetTotalEnergyConsumption": (ctypes.c_ulonglong, 0),  # mJ
+    "nvmlDeviceGetCurrPcieLinkGeneration": (ctypes.c_uint, 0),
+    "nvmlDeviceGetCurrentClocksEventReasons": (ctypes.c_ulonglong, 0),
+    "nvmlDeviceGetMemoryInfo": (MemoryStruct, 0),  # v1; with a version (v2) through the wrapper
+}
 
 
 SENTINEL = 0xA5

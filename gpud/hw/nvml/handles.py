@@ -36,6 +36,7 @@ from gpud.hw.nvml.constants import (
     _UNINITIALIZED,
     _UNUSABLE,
     CHANGING_SUPPORT,
+    DIRECT_READINGS,
     FieldValue,
 )
 from gpud.hw.nvml.values import _hashable, _text
@@ -131,6 +132,8 @@ class NvmlClient:
         self._versions: Versions | None = None
         self._gone: set[str] = set()  # functions the driver or the bindings do not have
         self._unsupported: set[tuple[Any, ...]] = set()  # (function, GPU, arguments) that said NotSupported
+        # ``DIRECT_READINGS`` resolved (by ``raw``, once): name → (C entry point, output type, arguments, a struct)
+        self._direct: dict[str, tuple[Any, Any, int, bool]] = {}
         self._count: tuple[float, int] | None = None  # (monotonic, GPUs) as ``device_count`` last read
         self._renumbered: list[Callable[[], None]] = []  # the readers' caches keyed by a GPU's index
         self.calls = 0  # NVML calls made (for the benchmarks)
@@ -190,6 +193,9 @@ class NvmlClient:
         fn = getattr(self.module, name, None)
         if fn is None:
             raise Unsupported(f"{name}: not in these NVML bindings", call=name, gpu=gpu)
+        spec = DIRECT_READINGS.get(name)
+        if spec is not None and len(args) == 1 + spec[1]:
+            return self._c_reading(name, self._direct.get(name) or self._resolve(name, *spec, gpu), args, gpu)
         self.calls += 1
         try:
             return fn(*args)
@@ -197,11 +203,38 @@ class NvmlClient:
             self.errors[name] += 1
             raise self.translate(err, name, gpu) from err
         except Exception as err:  # noqa: BLE001 - the boundary: no binding exception escapes gpud.hw
+            raise self._binding_error(err, name, gpu) from err
+
+    def _resolve(self, name: str, out: Any, inputs: int, gpu: int | None) -> tuple[Any, Any, int, bool]:
+        """One of ``DIRECT_READINGS``: its C entry point (a function the library lacks is FUNCTION_NOT_FOUND,
+        Unsupported), kept."""
+        try:
+            fn = self.c_function(name, gpu)
+        except NvmlError:
             self.errors[name] += 1
-            where = f"GPU {gpu}: " if gpu is not None else ""
-            if type(err).__name__ == "NVMLLibraryMismatchError":
-                raise Unsupported(f"{where}{name}: {err}", call=name, gpu=gpu) from err
-            raise NvmlError(f"{where}{name}: {type(err).__name__}: {err}", call=name, gpu=gpu) from err
+            raise
+        got = self._direct[name] = (fn, out, 1 + inputs, issubclass(out, ctypes.Structure))
+        return got
+
+    def _c_reading(self, name: str, direct: tuple[Any, Any, int, bool], args: tuple[Any, ...], gpu: int | None) -> Any:
+        """A reading of ``DIRECT_READINGS`` as the bindings' wrapper makes it, errors as in ``raw``."""
+        fn, out, _, struct = direct
+        cell = out()
+        self.calls += 1
+        try:
+            ret = fn(*args, ctypes.byref(cell))
+        except Exception as err:  # noqa: BLE001 - the boundary, as in ``raw``
+            raise self._binding_error(err, name, gpu) from err
+        if ret:
+            self.c_check(ret, name, gpu)
+        return cell if struct else cell.value
+
+    def _binding_error(self, err: Exception, name: str, gpu: int | None) -> NvmlError:
+        self.errors[name] += 1
+        where = f"GPU {gpu}: " if gpu is not None else ""
+        if type(err).__name__ == "NVMLLibraryMismatchError":
+            return Unsupported(f"{where}{name}: {err}", call=name, gpu=gpu)
+        return NvmlError(f"{where}{name}: {type(err).__name__}: {err}", call=name, gpu=gpu)
 
     def init(self) -> None:
         """``nvmlInit`` once; raises DriverNotLoaded when there is no driver."""
@@ -245,10 +278,13 @@ class NvmlClient:
             key = (name, gpu, tuple(_hashable(a) for a in rest))
             if key in self._unsupported:
                 return None
+        direct = self._direct.get(name)
         try:
             with self.lock:  # ``call``, inline: this is every reading of every tick
                 if not self._initialized:
                     self.init()
+                if direct is not None and len(args) == direct[2]:  # ``raw``'s C entry point, inline too
+                    return self._c_reading(name, direct, args, gpu)
                 return self.raw(name, *args, gpu=gpu)
         except NvmlError as err:
             return self.not_read(key, err)
