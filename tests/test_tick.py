@@ -193,3 +193,26 @@ def test_a_throttle_episode_over_quick_ticks_is_journaled_once_with_its_length(s
     assert [(e.kind, e.gpu) for e in evs] == [("throttle", 0), ("gpu_lost", 2)]
     assert evs[0].data["seconds"] == 5.0 and evs[0].data["reasons"] == ["sw_thermal_slowdown"]
 
+
+def test_healthz_answers_ok_only_once_the_ticks_figures_are_served(state_dir, monkeypatch) -> None:
+    """The tick's timing ends before its observation is made and swapped in; ``/healthz`` judged by the timing
+    answered "ok" while ``/metrics`` still served the empty observation from before the first tick (under load,
+    the Kubernetes test's scrape found no GPU at all). It is judged by the observation served now."""
+    from gpud.daemon import tick
+
+    m = open_machine("z8-fury-4x-a6000")
+    d = Daemon(m, cfg.Config())
+    during: list[tuple[bool, str]] = []
+    observe = tick.observe
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        during.append(d.healthy())  # the tick's timing has ended; the observation is not made yet
+        return observe(*args, **kwargs)
+
+    monkeypatch.setattr(tick, "observe", watched)
+    assert d.healthy() == (False, "no tick yet")
+    d.tick()
+    assert during == [(False, "no tick yet")]
+    ok, why = d.healthy()
+    assert ok and why.startswith("ok: last tick"), why
+    assert d.observation.snapshot is not None and len(d.observation.snapshot.samples) == 4

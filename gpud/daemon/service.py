@@ -522,7 +522,10 @@ class Daemon:
         return self.report.metrics(self.observation)
 
     def healthy(self) -> tuple[bool, str]:
-        return self.ticker.timing.healthy(float(self.config.daemon.interval_seconds))
+        """``/healthz``, by the last tick whose observation ``/metrics`` and ``/status`` serve (swapped whole at the
+        tick's end), not by the tick's timing (ended before the observation is made): "ok" never answers before
+        the first tick's figures can be scraped."""
+        return self.ticker.timing.healthy(float(self.config.daemon.interval_seconds), self.observation.last_tick)
 
     def show_processes(self) -> bool:
         """Whether /status may name users and command lines: ``[daemon] status_processes``."""

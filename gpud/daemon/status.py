@@ -123,10 +123,11 @@ class TickTiming:
         t = self.stats
         return TickStats(list(t.counts), t.total, t.sum)
 
-    def healthy(self, interval: float) -> tuple[bool, str]:
-        if self.last is None:
+    def healthy(self, interval: float, last: float | None) -> tuple[bool, str]:
+        """``last``: when the tick whose observation the daemon serves began (None: none yet)."""
+        if last is None:
             return False, "no tick yet"
-        age = time.time() - self.last
+        age = time.time() - last
         limit = max(3 * interval, 5.0)
         if age > limit:
             return False, f"last tick {age:.1f} s ago (limit {limit:.0f} s)"
