@@ -318,3 +318,16 @@ def test_direct_readings_call_the_c_entry_point_as_the_bindings_do(monkeypatch: 
                     assert got == wrapped, name  # a setting or a state: the same at once (the others move)
             else:
                 assert (got.total, got.free, got.used) == (wrapped.total, wrapped.free, wrapped.used), name
+
+
+def test_a_direct_readings_error_keeps_the_bindings_error_as_its_cause(open_sim) -> None:
+    """Through the C entry point as through the bindings' wrapper: the gpud error by the code, the bindings' own
+    error as ``__cause__`` (docs/architecture.md, "The choke point")."""
+    m = open_sim("z8-fury-4x-a6000")
+    m.snapshot()
+    m.simulation.machine.inject("gpu_lost", gpu=1)
+    h = m.nvml.handle(1)
+    with pytest.raises(GpuLost) as exc:
+        m.nvml.client.get("nvmlDeviceGetPowerUsage", h, gpu=1)
+    assert isinstance(exc.value.__cause__, m.simulation.module.NVMLError)
+    assert exc.value.code == 15  # GPU_IS_LOST

@@ -447,4 +447,5 @@ class NvmlClient:
     def c_check(self, ret: int, name: str, gpu: int | None) -> None:
         if ret != 0:
             self.errors[name] += 1
-            raise self.translate(self.module.NVMLError(ret), name, gpu)
+            err = self.module.NVMLError(ret)
+            raise self.translate(err, name, gpu) from err  # the bindings' error as the cause, as in ``raw``
