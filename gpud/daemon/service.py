@@ -28,7 +28,7 @@ from gpud.daemon.recorder import Recorder
 from gpud.daemon.requests import REQUESTS
 from gpud.daemon.rules import ProfileRules
 from gpud.daemon.schedule import Schedule
-from gpud.daemon.status import Report
+from gpud.daemon.status import Report, healthy
 from gpud.daemon.systemd import notify, watchdog_seconds
 from gpud.daemon.tick import Pace, Ticker, TuningFacts
 from gpud.daemon.wake import Stop
@@ -525,7 +525,7 @@ class Daemon:
         """``/healthz``, by the last tick whose observation ``/metrics`` and ``/status`` serve (swapped whole at the
         tick's end), not by the tick's timing (ended before the observation is made): "ok" never answers before
         the first tick's figures can be scraped."""
-        return self.ticker.timing.healthy(float(self.config.daemon.interval_seconds), self.observation.last_tick)
+        return healthy(self.observation.last_tick, float(self.config.daemon.interval_seconds))
 
     def show_processes(self) -> bool:
         """Whether /status may name users and command lines: ``[daemon] status_processes``."""

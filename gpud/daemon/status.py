@@ -101,6 +101,17 @@ class One:
         yield self.family
 
 
+def healthy(last: float | None, interval: float) -> tuple[bool, str]:
+    """``/healthz``'s answer. ``last``: when the tick whose observation the daemon serves began (None: none yet)."""
+    if last is None:
+        return False, "no tick yet"
+    age = time.time() - last
+    limit = max(3 * interval, 5.0)
+    if age > limit:
+        return False, f"last tick {age:.1f} s ago (limit {limit:.0f} s)"
+    return True, f"ok: last tick {age:.2f} s ago"
+
+
 class TickTiming:
     """How many ticks, when the last one was, how long they take, how regular they come."""
 
@@ -122,16 +133,6 @@ class TickTiming:
     def copy(self) -> TickStats:
         t = self.stats
         return TickStats(list(t.counts), t.total, t.sum)
-
-    def healthy(self, interval: float, last: float | None) -> tuple[bool, str]:
-        """``last``: when the tick whose observation the daemon serves began (None: none yet)."""
-        if last is None:
-            return False, "no tick yet"
-        age = time.time() - last
-        limit = max(3 * interval, 5.0)
-        if age > limit:
-            return False, f"last tick {age:.1f} s ago (limit {limit:.0f} s)"
-        return True, f"ok: last tick {age:.2f} s ago"
 
     def summary(self, interval: float) -> dict[str, Any]:
         """Tick period error (actual start-to-start minus the interval): the jitter scrapers cause."""

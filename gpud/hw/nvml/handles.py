@@ -132,8 +132,7 @@ class NvmlClient:
         self._versions: Versions | None = None
         self._gone: set[str] = set()  # functions the driver or the bindings do not have
         self._unsupported: set[tuple[Any, ...]] = set()  # (function, GPU, arguments) that said NotSupported
-        # ``DIRECT_READINGS`` resolved (by ``raw``, once): name → (C entry point, output type, arguments, a struct)
-        self._direct: dict[str, tuple[Any, Any, int, bool]] = {}
+        self._direct: dict[str, Any] = {}  # ``DIRECT_READINGS``' C entry points, resolved by ``raw`` once
         self._count: tuple[float, int] | None = None  # (monotonic, GPUs) as ``device_count`` last read
         self._renumbered: list[Callable[[], None]] = []  # the readers' caches keyed by a GPU's index
         self.calls = 0  # NVML calls made (for the benchmarks)
@@ -195,7 +194,7 @@ class NvmlClient:
             raise Unsupported(f"{name}: not in these NVML bindings", call=name, gpu=gpu)
         spec = DIRECT_READINGS.get(name)
         if spec is not None and len(args) == 1 + spec[1]:
-            return self._c_reading(name, self._direct.get(name) or self._resolve(name, *spec, gpu), args, gpu)
+            return self._c_reading(name, self._direct.get(name) or self._resolve(name, gpu), spec[0], args, gpu)
         self.calls += 1
         try:
             return fn(*args)
@@ -205,20 +204,18 @@ class NvmlClient:
         except Exception as err:  # noqa: BLE001 - the boundary: no binding exception escapes gpud.hw
             raise self._binding_error(err, name, gpu) from err
 
-    def _resolve(self, name: str, out: Any, inputs: int, gpu: int | None) -> tuple[Any, Any, int, bool]:
+    def _resolve(self, name: str, gpu: int | None) -> Any:
         """One of ``DIRECT_READINGS``: its C entry point (a function the library lacks is FUNCTION_NOT_FOUND,
         Unsupported), kept."""
         try:
-            fn = self.c_function(name, gpu)
+            fn = self._direct[name] = self.c_function(name, gpu)
         except NvmlError:
             self.errors[name] += 1
             raise
-        got = self._direct[name] = (fn, out, 1 + inputs, issubclass(out, ctypes.Structure))
-        return got
+        return fn
 
-    def _c_reading(self, name: str, direct: tuple[Any, Any, int, bool], args: tuple[Any, ...], gpu: int | None) -> Any:
+    def _c_reading(self, name: str, fn: Any, out: Any, args: tuple[Any, ...], gpu: int | None) -> Any:
         """A reading of ``DIRECT_READINGS`` as the bindings' wrapper makes it, errors as in ``raw``."""
-        fn, out, _, struct = direct
         cell = out()
         self.calls += 1
         try:
@@ -227,7 +224,7 @@ class NvmlClient:
             raise self._binding_error(err, name, gpu) from err
         if ret:
             self.c_check(ret, name, gpu)
-        return cell if struct else cell.value
+        return cell if isinstance(cell, ctypes.Structure) else cell.value
 
     def _binding_error(self, err: Exception, name: str, gpu: int | None) -> NvmlError:
         self.errors[name] += 1
@@ -278,13 +275,15 @@ class NvmlClient:
             key = (name, gpu, tuple(_hashable(a) for a in rest))
             if key in self._unsupported:
                 return None
-        direct = self._direct.get(name)
+        fn = self._direct.get(name)
         try:
             with self.lock:  # ``call``, inline: this is every reading of every tick
                 if not self._initialized:
                     self.init()
-                if direct is not None and len(args) == direct[2]:  # ``raw``'s C entry point, inline too
-                    return self._c_reading(name, direct, args, gpu)
+                if fn is not None:  # ``raw``'s C entry point, inline too
+                    out, inputs = DIRECT_READINGS[name]
+                    if len(args) == 1 + inputs:
+                        return self._c_reading(name, fn, out, args, gpu)
                 return self.raw(name, *args, gpu=gpu)
         except NvmlError as err:
             return self.not_read(key, err)

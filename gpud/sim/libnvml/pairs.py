@@ -53,11 +53,12 @@ def nvlink_error_field(lib: SimLibrary, i: int, field_id: int) -> int | None:
     if ARCH_CODES.get(str(lib.gpu(i).architecture), 0) >= ARCH_CODES["blackwell"]:
         return None
     for name, (first, sixth) in FI_NVLINK_ERRORS.items():
-        for base, link0 in ((first, 0), (sixth, 6)):
-            link = field_id - base + link0
+        for base, link0 in ((first, 0), (sixth, 6)):  # links 0–5 from the first id, 6–11 from the second
             if base <= field_id < base + 6:
-                return nvlink_errors(lib, i, link, NVLINK_ERROR_COUNTERS[name]) if link < int(lib.gpu(i).nvlinks or 0) \
-                    else None
+                link = link0 + field_id - base
+                if link >= int(lib.gpu(i).nvlinks or 0):
+                    return None
+                return nvlink_errors(lib, i, link, NVLINK_ERROR_COUNTERS[name])
     return None
 
 
