@@ -1005,6 +1005,29 @@ def test_nvml_calls_serialise_on_the_rm_lock() -> None:
     assert waited >= 0.010
 
 
+def test_a_blocking_call_lasts_its_latency_asleep_and_a_plain_reading_spins_its_own() -> None:
+    """A blocking call (PCIe throughput, 20 ms) lasts at least its latency without costing the caller that
+    time in CPU: a thread blocked in the driver sleeps. A plain reading's 20 µs is spun (the ioctl's CPU). The
+    simulated library once spun the last 1 ms of each long wait: five calls cost 5 ms of CPU or more."""
+    import time
+
+    m = open_machine("z8-fury-4x-a6000")
+    mod = m.simulation.module
+    mod.nvmlInit()
+    h = mod.nvmlDeviceGetHandleByIndex(0)
+    mod.nvmlDeviceGetPcieThroughput(h, 0)  # the first call's set-up out of the figures
+    wall, cpu = time.perf_counter(), time.thread_time()
+    for _ in range(5):
+        mod.nvmlDeviceGetPcieThroughput(h, 0)
+    wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+    assert wall >= 5 * 0.020
+    assert cpu < 0.003, f"{cpu * 1e3:.2f} ms of CPU for 5 blocking calls"
+    lib = m.simulation.library
+    spent = lib.spent_s
+    mod.nvmlDeviceGetTemperature(h, 0)
+    assert lib.spent_s - spent >= lib.latency.default_s
+
+
 def test_without_persistence_the_first_lookup_initialises_the_gpu(tmp_path, monkeypatch) -> None:
     """nvml.h: the handle lookup "causes NVML to initialize the target GPU"; without persistence mode and with
     no other client holding it, that is the "order of 1-3 second startup cost per GPU due to ECC scrubbing" of

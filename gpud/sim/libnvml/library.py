@@ -81,14 +81,21 @@ def effective_uid() -> int:
     return int(value) if value.isdigit() else os.geteuid()
 
 
+SPIN_UP_TO_S = 2e-3  # a wait this short is spun: ``time.sleep`` overshoots it by a large part
+
+
 def wait_until(deadline: float) -> None:
-    """Sleep for long waits, spin for the last part (``time.sleep`` overshoots short waits)."""
-    while True:
-        left = deadline - time.perf_counter()
-        if left <= 0:
-            return
-        if left > 2e-3:
-            time.sleep(left - 1e-3)
+    """Spin through a short wait (a plain reading's 20 µs, the fan's 137 µs), which stands for the CPU
+    that NVML's ioctl costs; sleep through a long one (a blocking call's 4.5–20 ms, a GPU's start-up)
+    whole. The sleep's overshoot (the timer's slack, tens of µs) only lengthens the call, never shortens
+    it; a spun tail after the sleep would cost 1 ms of CPU a blocking call that no model calls for
+    (docs/simulation.md, "Call latency")."""
+    left = deadline - time.perf_counter()
+    if left > SPIN_UP_TO_S:
+        time.sleep(left)
+        return
+    while time.perf_counter() < deadline:
+        pass
 
 
 # Entry points a driver exports only from a release on (nvml.h of the first CUDA toolkit that declares them).
