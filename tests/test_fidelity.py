@@ -1006,9 +1006,9 @@ def test_nvml_calls_serialise_on_the_rm_lock() -> None:
 
 
 def test_a_blocking_call_lasts_its_latency_asleep_and_a_plain_reading_spins_its_own() -> None:
-    """A blocking call (PCIe throughput, 20 ms) lasts at least its latency without costing the caller that
-    time in CPU: a thread blocked in the driver sleeps. A plain reading's 20 µs is spun (the ioctl's CPU). The
-    simulated library once spun the last 1 ms of each long wait: five calls cost 5 ms of CPU or more."""
+    """A blocking call (PCIe throughput, 20 ms) lasts at least its latency, slept: no source gives its CPU
+    (docs/simulation.md, "Call latency"). A plain reading still lasts its 20 µs. The simulated library once
+    spun the last 1 ms of each long wait: five calls cost 5 ms of CPU or more."""
     import time
 
     m = open_machine("z8-fury-4x-a6000")

@@ -87,9 +87,8 @@ SPIN_UP_TO_S = 2e-3  # a wait this short is spun: ``time.sleep`` overshoots it b
 def wait_until(deadline: float) -> None:
     """Spin through a short wait (a plain reading's 20 µs, the fan's 137 µs), which stands for the CPU
     that NVML's ioctl costs; sleep through a long one (a blocking call's 4.5–20 ms, a GPU's start-up)
-    whole. The sleep's overshoot (the timer's slack, tens of µs) only lengthens the call, never shortens
-    it; a spun tail after the sleep would cost 1 ms of CPU a blocking call that no model calls for
-    (docs/simulation.md, "Call latency")."""
+    whole: the sources give those calls' time, not their CPU (docs/simulation.md, "Call latency"). The
+    sleep's overshoot (the timer's slack, tens of µs) only lengthens the call, never shortens it."""
     left = deadline - time.perf_counter()
     if left > SPIN_UP_TO_S:
         time.sleep(left)
