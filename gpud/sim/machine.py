@@ -251,6 +251,11 @@ class SimMachine(Physics):
                 out.append(f)
         return out
 
+    def fault_index(self) -> tuple[set[int], set[tuple[str, Any, Any]]]:
+        """(the lost GPUs, the refused (kind, call, GPU)) as the faults stand now: what every call checks."""
+        self._indexed()
+        return self._lost, self._refused
+
     def lost(self, gpu: int) -> bool:
         self._indexed()
         return gpu in self._lost

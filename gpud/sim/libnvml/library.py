@@ -11,7 +11,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +28,7 @@ from gpud.sim.libnvml.returns import (
     _is_handle,
     _target,
     fail,
-    store,
+    store_into,
     store_text,
     value_of,
 )
@@ -157,6 +156,9 @@ class SimLibrary:
 
     # -- the C calling convention ----------------------------------------------------------
     def _bind(self, name: str, e: Entry) -> Callable[..., int]:
+        names = {name, base_name(name)}  # a fault names the call with or without its _vN suffix
+        before_init = name in ("nvmlInitWithFlags", "nvmlInit_v2", "nvmlShutdown")
+
         def c_function(*args: Any) -> int:
             entered = time.perf_counter()
             latency = self.latency.of(name, args)
@@ -165,7 +167,7 @@ class SimLibrary:
             with self._lock:
                 start = time.perf_counter()
                 try:
-                    code = self._invoke(name, e, args)
+                    code = self._invoke(names, before_init, e, args)
                 finally:
                     wait_until(start + latency)
                     self.spent_s += time.perf_counter() - entered
@@ -176,18 +178,25 @@ class SimLibrary:
         c_function.__name__ = name
         return c_function
 
-    def _invoke(self, name: str, e: Entry, args: tuple[Any, ...]) -> int:
+    def _invoke(self, names: set[str], before_init: bool, e: Entry, args: tuple[Any, ...]) -> int:
         try:
-            if name not in ("nvmlInitWithFlags", "nvmlInit_v2", "nvmlShutdown") and self._init_count <= 0:
+            if not before_init and self._init_count <= 0:
                 fail(UNINITIALIZED)
-            gpus = [self._gpu_of(a) for a in args[: e.handles]]
-            self.guard(name, [parent(g) for g in gpus])
-            if not e.mig and any(isinstance(g, MigRef) for g in gpus):
-                fail(NOT_SUPPORTED)  # the GPU's reading, not a MIG device's
-            rest = args[e.handles:]
-            if e.setter and effective_uid() != 0:
-                fail(NO_PERMISSION)  # NVML's setters need root ("Requires root/admin permissions", nvml.h)
-            with self.sim.mutate() if e.setter else nullcontext():
+            n = e.handles
+            gpus = [self._gpu_of(a) for a in args[:n]] if n else []
+            if any(type(g) is MigRef for g in gpus):
+                self.guard(names, [parent(g) for g in gpus])
+                if not e.mig:
+                    fail(NOT_SUPPORTED)  # the GPU's reading, not a MIG device's
+            else:
+                self.guard(names, gpus)  # type: ignore[arg-type]
+            rest = args[n:] if n else args
+            if e.setter:
+                if effective_uid() != 0:
+                    fail(NO_PERMISSION)  # NVML's setters need root ("Requires root/admin permissions", nvml.h)
+                with self.sim.mutate():
+                    self._run(e, gpus, rest)
+            else:
                 self._run(e, gpus, rest)
             return SUCCESS
         except NvmlReturn as r:
@@ -207,12 +216,13 @@ class SimLibrary:
             inputs, ptrs = (rest[:-n], rest[-n:]) if n else (rest, ())
             if len(ptrs) != n:
                 fail(INVALID_ARGUMENT)
-            for p in ptrs:
-                _target(p)  # a NULL output pointer is INVALID_ARGUMENT before anything runs
+            targets = [_target(p) for p in ptrs]  # a NULL output pointer is INVALID_ARGUMENT before anything runs
             result = e.impl(self, *gpus, *map(value_of, inputs))
-            values = () if n == 0 else result if n > 1 else (result,)
-            for p, v in zip(ptrs, values, strict=True):
-                store(p, v)
+            if n == 1:
+                store_into(targets[0], result)
+            elif n:
+                for t, v in zip(targets, result, strict=True):
+                    store_into(t, v)
 
     def _gpu_of(self, handle: Any) -> int | MigRef:
         if not _is_handle(handle) or not handle:
@@ -226,15 +236,19 @@ class SimLibrary:
             return mig  # type: ignore[return-value]
         return index
 
-    def guard(self, name: str, gpus: list[int]) -> None:
-        """Lost GPUs, the injected NotSupported / NoPermission answers and crashes (matched on the name with
-        or without its ``_vN`` suffix)."""
+    def guard(self, names: set[str], gpus: list[int]) -> None:
+        """Lost GPUs, the injected NotSupported / NoPermission answers and crashes (matched on ``names``: the
+        call's name with and without its ``_vN`` suffix)."""
         self.sim.refresh()
-        for g in gpus:
-            if self.sim.lost(g):
-                fail(GPU_IS_LOST)
+        lost, refused = self.sim.fault_index()  # every call passes here: most machines have neither
+        if lost:
+            for g in gpus:
+                if g in lost:
+                    fail(GPU_IS_LOST)
+        if not refused:
+            return
         gpu = gpus[0] if gpus else None
-        for call in {name, base_name(name)}:
+        for call in names:
             if self.sim.refused("crash", call, gpu):
                 os.kill(os.getpid(), signal.SIGKILL)  # the process dies as it makes that call
             if self.sim.refused("unsupported", call, gpu):

@@ -98,7 +98,11 @@ def _target(p: Any) -> Any:
 
 
 def store(p: Any, value: Any) -> None:
-    t = _target(p)
+    store_into(_target(p), value)
+
+
+def store_into(t: Any, value: Any) -> None:
+    """``value`` into ``t``, what an output argument points at (``_target``)."""
     if isinstance(value, dict):
         for k, v in value.items():
             setattr(t, k, v)
