@@ -257,7 +257,7 @@ class ProfileRules:
     def profiles(self) -> tuple[tuple[int, str, str], ...]:
         """(gpu, profile, rule) per GPU with a profile: a rule's, else the base profile (rule "")."""
         state = self.enforcer.state
-        gpus = set(state.gpu_desired()) if state is not None else set()
+        gpus = state.gpu_indices() if state is not None else set()
         out = []
         for gpu in sorted(gpus | set(self.held)):
             choice = self.held.get(gpu)

@@ -126,6 +126,11 @@ class TuningState:
             out["applied_at"] = self.applied_at
         return out
 
+    def gpu_indices(self) -> set[int]:
+        """The GPUs the applied profile gives settings (``gpu_desired``'s keys, without copying its settings:
+        the daemon asks every tick)."""
+        return {int(k) for k in self.desired if k.isdigit()}
+
     def gpu_desired(self) -> dict[int, dict[str, Any]]:
         """What the applied profile asked for, per GPU index (the host's settings left out)."""
         return {t.index: want for t, want in by_target(self.desired).items() if isinstance(t, Gpu)}
