@@ -129,7 +129,7 @@ class TuningState:
     def gpu_indices(self) -> set[int]:
         """The GPUs the applied profile gives settings (``gpu_desired``'s keys, without copying its settings:
         the daemon asks every tick)."""
-        return {int(k) for k in self.desired if k.isdigit()}
+        return {t.index for k in self.desired if isinstance(t := target_keyed(k), Gpu)}
 
     def gpu_desired(self) -> dict[int, dict[str, Any]]:
         """What the applied profile asked for, per GPU index (the host's settings left out)."""

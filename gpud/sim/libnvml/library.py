@@ -182,15 +182,11 @@ class SimLibrary:
         try:
             if not before_init and self._init_count <= 0:
                 fail(UNINITIALIZED)
-            n = e.handles
-            gpus = [self._gpu_of(a) for a in args[:n]] if n else []
-            if any(type(g) is MigRef for g in gpus):
-                self.guard(names, [parent(g) for g in gpus])
-                if not e.mig:
-                    fail(NOT_SUPPORTED)  # the GPU's reading, not a MIG device's
-            else:
-                self.guard(names, gpus)  # type: ignore[arg-type]
-            rest = args[n:] if n else args
+            gpus = [self._gpu_of(a) for a in args[:e.handles]]
+            self.guard(names, [parent(g) for g in gpus])
+            if not e.mig and any(isinstance(g, MigRef) for g in gpus):
+                fail(NOT_SUPPORTED)  # the GPU's reading, not a MIG device's
+            rest = args[e.handles:]
             if e.setter:
                 if effective_uid() != 0:
                     fail(NO_PERMISSION)  # NVML's setters need root ("Requires root/admin permissions", nvml.h)
