@@ -613,6 +613,31 @@ def test_setters_need_root(tmp_path, monkeypatch) -> None:
     assert m.snapshot().samples[0].power_limit_watts == 300  # reading needs no privilege
 
 
+def test_each_call_answers_the_return_codes_of_nvml_h_through_its_c_entry_point(tmp_path, monkeypatch) -> None:
+    """nvml.h's return codes as every entry point gives them, called the C way (what gpud's direct readings
+    do): NVML_ERROR_UNINITIALIZED (1) before nvmlInit ("NVML was not first initialized with nvmlInit()");
+    NVML_ERROR_INVALID_ARGUMENT (2) for a handle that is none or a NULL output pointer ("A supplied argument
+    is invalid"); NVML_ERROR_GPU_IS_LOST (15) on a GPU fallen off the bus while its siblings answer;
+    NVML_ERROR_NO_PERMISSION (4) on a setter without root ("Requires root/admin permissions"). The simulated
+    library checks these on one common path for every call; a shortcut that skipped one would fail here."""
+    m = open_machine(describe(tmp_path))
+    lib, mod = m.simulation.library, m.simulation.module
+    temp = ctypes.c_uint()
+    device = ctypes.c_void_p  # any non-handle argument
+    assert lib.nvmlDeviceGetCount_v2(ctypes.byref(ctypes.c_uint())) == 1  # before nvmlInit
+    mod.nvmlInit()
+    h0, h1 = mod.nvmlDeviceGetHandleByIndex(0), mod.nvmlDeviceGetHandleByIndex(1)
+    assert lib.nvmlDeviceGetTemperature(h0, ctypes.c_uint(0), ctypes.byref(temp)) == 0 and temp.value > 0
+    assert lib.nvmlDeviceGetTemperature(device(0), ctypes.c_uint(0), ctypes.byref(temp)) == 2
+    assert lib.nvmlDeviceGetTemperature(h0, ctypes.c_uint(0), None) == 2
+    m.simulation.machine.inject("gpu_lost", gpu=1)
+    assert lib.nvmlDeviceGetTemperature(h1, ctypes.c_uint(0), ctypes.byref(temp)) == 15
+    assert lib.nvmlDeviceGetTemperature(h0, ctypes.c_uint(0), ctypes.byref(temp)) == 0
+    monkeypatch.setenv("GPUD_SIM_EUID", "1000")
+    assert lib.nvmlDeviceSetPowerManagementLimit(h0, ctypes.c_uint(250_000)) == 4
+    assert m.simulation.machine.state["writes"] == 0
+
+
 @pytest.mark.parametrize("entry", [24, 32])
 def test_process_lists_in_either_entry_layout(tmp_path, entry: int) -> None:
     """nvml.h's process entry is 24 bytes; early R535 drivers wrote 32; nvidia-ml-py 12.535 declares
