@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -137,6 +139,61 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                     grouped.add(item.nodeid)
     # Stable: otherwise as collected. A group counts as long: its tests run one after another.
     items.sort(key=lambda item: item.get_closest_marker("long") is None and item.nodeid not in grouped)
+
+
+# -- where the suite's CPU goes -----------------------------------------------------------------
+# On two cores the suite is CPU-bound (95 % of both busy over a whole run, 2026-12-07): its wall time is at least
+# its CPU time over the cores. The terminal summary splits that CPU by test file, into the test process's own
+# (gpud and its simulator in-process, fixtures included) and its child processes' (gpud's CLI, daemons, probe
+# ranks, torch's import in each): what a change must cut for the suite to finish sooner.
+_CPU: dict[str, list[float]] = {}
+
+
+def _cpu_now() -> tuple[float, float]:
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """Each test's CPU (set-up, call and tear-down), counted against its file. A child is counted once it is
+    reaped (waited for), with the children it reaped in turn."""
+    own0, kids0 = _cpu_now()
+    try:
+        return (yield)
+    finally:
+        own1, kids1 = _cpu_now()
+        got = _CPU.setdefault(item.nodeid.split("::")[0], [0.0, 0.0])
+        got[0] += own1 - own0
+        got[1] += kids1 - kids0
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:  # a pytest-xdist worker: its figures go to the controller (pytest_testnodedown)
+        output["gpud_cpu"] = json.dumps(_CPU)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    for path, (own, kids) in json.loads(getattr(node, "workeroutput", {}).get("gpud_cpu", "{}")).items():
+        got = _CPU.setdefault(path, [0.0, 0.0])
+        got[0] += own
+        got[1] += kids
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if hasattr(config, "workerinput") or not _CPU:
+        return
+    cores = len(os.sched_getaffinity(0))
+    own, kids = sum(v[0] for v in _CPU.values()), sum(v[1] for v in _CPU.values())
+    tr = terminalreporter
+    tr.section("CPU by test file")
+    tr.write_line(f"{own + kids:.0f} s of CPU: {own:.0f} s in the tests' processes, {kids:.0f} s in their children; "
+                  f"over {cores} CPU(s), at least {(own + kids) / cores:.0f} s of wall time")
+    tr.write_line(f"{'CPU s':>8} {'own':>7} {'children':>9}  file")
+    for path, (o, k) in sorted(_CPU.items(), key=lambda kv: -(kv[1][0] + kv[1][1]))[:15]:
+        tr.write_line(f"{o + k:8.1f} {o:7.1f} {k:9.1f}  {path}")
 
 
 def _add_group_to_nodeid(item: pytest.Item, group: str) -> None:
