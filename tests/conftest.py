@@ -163,9 +163,13 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return (yield)
     finally:
         own1, kids1 = _cpu_now()
-        got = _CPU.setdefault(item.nodeid.split("::")[0], [0.0, 0.0])
-        got[0] += own1 - own0
-        got[1] += kids1 - kids0
+        _count_cpu(item.nodeid.split("::")[0], own1 - own0, kids1 - kids0)
+
+
+def _count_cpu(path: str, own: float, kids: float) -> None:
+    got = _CPU.setdefault(path, [0.0, 0.0])
+    got[0] += own
+    got[1] += kids
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -177,9 +181,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: Any) -> None:
     for path, (own, kids) in json.loads(getattr(node, "workeroutput", {}).get("gpud_cpu", "{}")).items():
-        got = _CPU.setdefault(path, [0.0, 0.0])
-        got[0] += own
-        got[1] += kids
+        _count_cpu(path, own, kids)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
