@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import os
 import resource
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from gpud_runs import FORKED_CPU, run_gpud  # noqa: F401  (the tests import run_gpud from here)
 
 from gpud.backends import open_machine
 from gpud.hw.machine import Machine
@@ -24,7 +24,8 @@ def _hermetic_environment() -> None:
     environment whose ``python3`` has torch, ``CUDA_VISIBLE_DEVICES``, ``NCCL_*``, ``COLUMNS``, a locale,
     ``NO_COLOR``, a home with a gpud configuration, an installed ``/usr/local/bin/gpud`` first on PATH)
     changes no verdict. Kept from outside: ``CI`` (missing tools fail instead of skipping), pytest's own
-    variables, ``TMPDIR``, and OpenBLAS's processor settings (older builds crash without them). Then:
+    variables, ``TMPDIR``, OpenBLAS's processor settings (older builds crash without them), and
+    ``GPUD_TESTS_FORK`` (``0``: every gpud run a plain interpreter, ``tests/gpud_runs.py``). Then:
     PATH = this interpreter's directory and the system's; HOME a directory of the suite's own; the C
     locale in UTF-8; and doctor's training environment (``GPUD_PYTHON``) an interpreter the suite makes,
     which sees no site-packages (so no torch, whatever the caller has installed)."""
@@ -32,8 +33,8 @@ def _hermetic_environment() -> None:
     import shutil
     import tempfile
 
-    keep = {k: v for k, v in os.environ.items()
-            if k in ("CI", "TMPDIR", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") or k.startswith("PYTEST")}
+    outside = ("CI", "TMPDIR", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "GPUD_TESTS_FORK")
+    keep = {k: v for k, v in os.environ.items() if k in outside or k.startswith("PYTEST")}
     own = Path(tempfile.mkdtemp(prefix="gpud-tests-"))
     atexit.register(shutil.rmtree, own, True)
     (own / "home").mkdir()
@@ -151,7 +152,7 @@ _CPU: dict[str, list[float]] = {}
 
 def _cpu_now() -> tuple[float, float]:
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
+    return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime + FORKED_CPU[0]
 
 
 @pytest.hookimpl(wrapper=True)
@@ -243,14 +244,6 @@ def open_sim():
         return open_machine(name)
 
     return _open
-
-
-def run_gpud(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """Run the real command line in a child process, as a user would."""
-    full_env = {**os.environ, **(env or {})}
-    full_env.pop("GPUD_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "gpud", *args], capture_output=True, text=True,
-                          env=full_env, timeout=timeout, cwd=REPO)
 
 
 def write_description(path: Path, text: str) -> Path:
