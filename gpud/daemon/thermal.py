@@ -1,6 +1,9 @@
 """A short history of each GPU's cooling, filled on the tick from the snapshot it already took (no
 NVML call of its own): (time, temperature, fan duty, power draw) per GPU, for ``health.fans`` to judge
-a fan by the temperature's response over time (a stalled fan reads as the duty asked for)."""
+a fan by the temperature's response over time (a stalled fan reads as the duty asked for). The duty is the
+one the last whole snapshot read (every ``WHOLE_EVERY_S``, and at the tick after gpud writes one): what the
+fans are asked for changes only by such a write or the driver's policy, and the judgement asks only whether
+it fell over a stretch."""
 
 from __future__ import annotations
 

@@ -3,9 +3,10 @@ doctor/probe schedule → time accounting and health journal → one new ``Obser
 
 Not every tick reads everything. A whole snapshot (about 16 NVML calls a GPU) is read every
 ``WHOLE_EVERY_S`` (and at most every ``WHOLE_EVERY_TICKS``-th tick at sub-second intervals); the ticks
-between read what the fan loop steps on and the power figures (temperature, fans, power: 3 calls) over
-the last whole one (``Machine.snapshot(over=...)``). The applied profile is enforced on whole snapshots
-only: its settings (limits, clocks, modes) are compared with values read that tick, never with held ones."""
+between read what the fan loop steps on and the power figures (temperature and power: 2 calls; the fans'
+speeds, the slowest plain reading, come with the whole ones) over the last whole one
+(``Machine.snapshot(over=...)``). The applied profile is enforced on whole snapshots only: its settings
+(limits, clocks, modes) are compared with values read that tick, never with held ones."""
 
 from __future__ import annotations
 

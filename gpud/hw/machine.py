@@ -42,7 +42,7 @@ class Machine:
         20 ms per direction, and the driver serialises the calls) — one-shot commands; the daemon samples
         it off the tick instead. ``only``: these NVML indices alone (a partial snapshot: the prolog reads
         the GPUs it opened so far). ``over``: a whole snapshot taken before, for which ``quick_over`` said yes;
-        each GPU's quick readings (``Nvml.quick_sample``: temperature, fans, power) over its sample there, the
+        each GPU's quick readings (``Nvml.quick_sample``: temperature, power) over its sample there, the
         rest as it was then (the daemon's ticks between two whole ones); read whole if a GPU was lost or
         written to since.
         """

@@ -175,22 +175,19 @@ class Readings:
 
     def quick_sample(self, index: int, whole: GpuSample) -> GpuSample:
         """``whole`` (this GPU's latest ``sample``) with what the daemon's fan loop and the power figures
-        need each second read afresh: the temperature, each fan's speed, the power draw (3 plain calls
-        where ``sample`` makes about 16). The rest stays as ``whole`` read it; the daemon reads a whole
-        sample every few ticks (``gpud.daemon.tick.WHOLE_EVERY_S``). A lost GPU reads as in ``sample``."""
+        need each second read afresh: the temperature and the power draw (2 plain calls where ``sample``
+        makes about 16). The rest stays as ``whole`` read it, the fans' speeds included: a speed reading is
+        the slowest plain one (137 µs, docs/simulation.md, "Call latency") and says what the fan is asked
+        for (nvml.h, ``nvmlDeviceGetFanSpeed_v2``), which gpud's curve wrote itself (a write makes the next
+        tick whole) or the driver's policy sets; the daemon reads a whole sample every few ticks
+        (``gpud.daemon.tick.WHOLE_EVERY_S``). A lost GPU reads as in ``sample``."""
 
         c = self._c
 
         def read(i: int, info: GpuInfo, now: float) -> GpuSample:
             h = c.handle(i)
-            if info.fan_count is not None:
-                fans = tuple(FanReading(f.fan, c.get("nvmlDeviceGetFanSpeed_v2", h, f.fan, gpu=i), f.target_percent,
-                                        f.policy) for f in whole.fans)
-            else:
-                speed = c.get("nvmlDeviceGetFanSpeed", h, gpu=i)
-                fans = (FanReading(0, speed, None, None),) if speed is not None else ()
             power = c.get("nvmlDeviceGetPowerUsage", h, gpu=i)
-            return held_over(whole, timestamp=now, temperature_celsius=self._info.temperature(h, i), fans=fans,
+            return held_over(whole, timestamp=now, temperature_celsius=self._info.temperature(h, i),
                              power_watts=power / 1000.0 if power is not None else None)
 
         with c.lock:
