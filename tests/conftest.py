@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpud_runs import FORKED_CPU, run_gpud  # noqa: F401  (the tests import run_gpud from here)
+from gpud_runs import FORKED_CPU, RUNS, run_gpud  # noqa: F401  (the tests import run_gpud from here)
 
 from gpud.backends import open_machine
 from gpud.hw.machine import Machine
@@ -177,12 +177,16 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     output = getattr(session.config, "workeroutput", None)
     if output is not None:  # a pytest-xdist worker: its figures go to the controller (pytest_testnodedown)
         output["gpud_cpu"] = json.dumps(_CPU)
+        output["gpud_runs"] = json.dumps(RUNS)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: Any) -> None:
-    for path, (own, kids) in json.loads(getattr(node, "workeroutput", {}).get("gpud_cpu", "{}")).items():
+    output = getattr(node, "workeroutput", {})
+    for path, (own, kids) in json.loads(output.get("gpud_cpu", "{}")).items():
         _count_cpu(path, own, kids)
+    for way, n in json.loads(output.get("gpud_runs", "{}")).items():
+        RUNS[way] += n
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -194,6 +198,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     tr.section("CPU by test file")
     tr.write_line(f"{own + kids:.0f} s of CPU: {own:.0f} s in the tests' processes, {kids:.0f} s in their children; "
                   f"over {cores} CPU(s), at least {(own + kids) / cores:.0f} s of wall time")
+    tr.write_line(f"runs of gpud's command line (tests/gpud_runs.py): {RUNS['forked']} forked, "
+                  f"{RUNS['plain']} in a plain interpreter")
     tr.write_line(f"{'CPU s':>8} {'own':>7} {'children':>9}  file")
     for path, (o, k) in sorted(_CPU.items(), key=lambda kv: -(kv[1][0] + kv[1][1]))[:15]:
         tr.write_line(f"{o + k:8.1f} {o:7.1f} {k:9.1f}  {path}")

@@ -59,6 +59,7 @@ def _read_at_start(name: str) -> bool:
 
 
 FORKED_CPU = [0.0]  # CPU seconds of the runs the fork server started (reaped by it, not by this process)
+RUNS = {"forked": 0, "plain": 0}  # the runs of this process, each way (the suite's summary prints them)
 
 
 class _NotStarted(Exception):
@@ -163,7 +164,9 @@ def run_gpud(*args: str, env: dict[str, str] | None = None, timeout: float = 60)
     full_env.pop("GPUD_DEBUG", None)
     if _SERVER.usable(full_env) and _SERVER.lock.acquire(blocking=False):
         try:
-            return _SERVER.run(list(args), full_env, timeout)
+            done = _SERVER.run(list(args), full_env, timeout)
+            RUNS["forked"] += 1
+            return done
         except _NotStarted:
             _SERVER.broken = True  # the server is gone: this run and every later one start a plain interpreter
         except OSError:
@@ -171,6 +174,7 @@ def run_gpud(*args: str, env: dict[str, str] | None = None, timeout: float = 60)
             raise
         finally:
             _SERVER.lock.release()
+    RUNS["plain"] += 1
     return subprocess.run([sys.executable, "-m", "gpud", *args], capture_output=True, text=True,
                           env=full_env, timeout=timeout, cwd=REPO)
 
