@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -426,7 +427,13 @@ def test_tune_json_profile_and_report_then_the_profile_applies(tmp_path: Path,
     assert check(doc) == []
     assert doc["kind"] == "tune" and doc["figures"] == "model" and "model" in doc["figures_note"]
     assert doc["energy_saving_percent"] >= SAVING * 100 and doc["slowdown_percent"] <= 5
-    assert doc["search_trials"] < doc["linear_sweep_trials"] and doc["confirmed"] and doc["gain_excludes_zero"]
+    # The power stage's golden section against Zeus's linear sweep of the same limits (docs/tune.md). A GPU whose
+    # rank waited for the others in the baseline (the dies' spread, under noise) has its limit searched on its own
+    # too (``pergpu``, about 6 settings more), which the notes name: not a stage the sweep has.
+    stages = Counter(t["stage"] for t in doc["trials"])
+    assert stages["power"] < doc["linear_sweep_trials"] and doc["confirmed"] and doc["gain_excludes_zero"]
+    assert doc["search_trials"] == sum(n for stage, n in stages.items() if stage not in ("baseline", "confirm"))
+    assert not stages["pergpu"] or any("waited for the others" in note for note in doc["notes"]), doc["notes"]
     assert doc["energy_saving_ci_percent"] > 0 and doc["slowdown_ci_percent"] > 0  # the intervals
     for key in ("samples_per_second", "joules_per_sample", "settings"):
         assert doc["baseline"][key] and doc["chosen"][key]
