@@ -124,9 +124,9 @@ class _Server:
         for fd, _ in (out, err):
             os.close(fd)
         try:
-            self.sock.sendall((json.dumps({"argv": argv, "env": env, "cwd": str(REPO), "stdout": out[1],
-                                           "stderr": err[1]}) + "\n").encode())
             try:
+                self.sock.sendall((json.dumps({"argv": argv, "env": env, "cwd": str(REPO), "stdout": out[1],
+                                               "stderr": err[1]}) + "\n").encode())
                 pid = self._line(None)["pid"]  # type: ignore[index]
             except OSError as gone:  # before any fork: nothing of this run happened
                 raise _NotStarted from gone
@@ -169,8 +169,10 @@ def run_gpud(*args: str, env: dict[str, str] | None = None, timeout: float = 60)
             return done
         except _NotStarted:
             _SERVER.broken = True  # the server is gone: this run and every later one start a plain interpreter
-        except OSError:
-            _SERVER.broken = True
+        except subprocess.TimeoutExpired:
+            raise  # the run was killed and answered for: the server goes on
+        except BaseException:
+            _SERVER.broken = True  # cut off mid-run (Ctrl-C, the server gone): its next answer is not the next run's
             raise
         finally:
             _SERVER.lock.release()

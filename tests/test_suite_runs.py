@@ -62,3 +62,16 @@ def test_a_run_past_its_timeout_is_killed_and_raises_as_subprocess_run_does() ->
         run_gpud("status", "--watch", "--interval", "0.2", "--simulate", "z8-fury-4x-a6000", timeout=2)
     assert time.monotonic() - started < 30 and got.value.timeout == 2
     assert run_gpud("sim", "list").returncode == 0  # the server goes on
+
+
+def test_a_fork_server_that_is_gone_leaves_the_runs_to_plain_interpreters(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = gpud_runs._Server()
+    monkeypatch.setattr(gpud_runs, "_SERVER", server)  # this test's own server: the suite's goes on
+    assert run_gpud("sim", "list").returncode == 0 and server.proc is not None
+    server.proc.kill()
+    server.proc.wait()
+    plain = gpud_runs.RUNS["plain"]
+    r = run_gpud("sim", "list")
+    assert r.returncode == 0 and "z8-fury-4x-a6000" in r.stdout  # the run did not start there: it ran plain
+    assert server.broken and gpud_runs.RUNS["plain"] == plain + 1
+    assert run_gpud("sim", "list").returncode == 0 and gpud_runs.RUNS["plain"] == plain + 2
