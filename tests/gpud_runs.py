@@ -177,8 +177,13 @@ def run_gpud(*args: str, env: dict[str, str] | None = None, timeout: float = 60)
         finally:
             _SERVER.lock.release()
     RUNS["plain"] += 1
-    return subprocess.run([sys.executable, "-m", "gpud", *args], capture_output=True, text=True,
-                          env=full_env, timeout=timeout, cwd=REPO)
+    return plain(*args, env=full_env, timeout=timeout)
+
+
+def plain(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``python -m gpud ARGS`` in a plain interpreter, in ``env`` as given."""
+    return subprocess.run([sys.executable, "-m", "gpud", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd=REPO)
 
 
 # -- the fork server ---------------------------------------------------------------------------------

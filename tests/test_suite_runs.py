@@ -12,14 +12,9 @@ import time
 
 import gpud_runs
 import pytest
-from conftest import REPO, run_gpud
+from conftest import run_gpud
 
 pytestmark = pytest.mark.skipif(os.environ.get("GPUD_TESTS_FORK") == "0", reason="GPUD_TESTS_FORK=0: no fork server")
-
-
-def _plain(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpud", *args], capture_output=True, text=True, cwd=REPO,
-                          env={**os.environ, **(env or {})}, timeout=60)
 
 
 @pytest.mark.parametrize("args", [
@@ -29,7 +24,7 @@ def _plain(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
 def test_a_forked_run_prints_and_exits_as_a_plain_interpreters_run(args: tuple[str, ...]) -> None:
     before = gpud_runs.FORKED_CPU[0]
     env = {"COLUMNS": "100", "GPUD_SIM_NOISE": "0"}  # noise-free: the readings do not depend on when they are made
-    forked, plain = run_gpud(*args, env=env), _plain(*args, env=env)
+    forked, plain = run_gpud(*args, env=env), gpud_runs.plain(*args, env={**os.environ, **env})
     assert gpud_runs.FORKED_CPU[0] > before  # it went through the fork server, and its CPU was counted
     assert (forked.returncode, forked.stdout, forked.stderr) == (plain.returncode, plain.stdout, plain.stderr)
     assert forked.args == [sys.executable, "-m", "gpud", *args]

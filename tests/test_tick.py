@@ -43,7 +43,7 @@ def counting(m: Machine) -> list[Counter[str]]:
     return ticks
 
 
-def test_a_whole_snapshot_every_fifth_tick_and_three_calls_a_gpu_between(state_dir) -> None:
+def test_a_whole_snapshot_every_fifth_tick_and_two_calls_a_gpu_between(state_dir) -> None:
     m = open_machine("2s-8x-a6000")
     d = Daemon(m, cfg.Config())
     ticks = counting(m)
