@@ -158,14 +158,14 @@ def test_no_binding_exception_escapes_the_nvml_layer(tmp_path) -> None:
     mod = m.simulation.module
 
     def broken(*args: Any) -> Any:
-        raise TypeError("nvmlDeviceGetUtilizationRates() missing 1 required positional argument")
+        raise TypeError("nvmlDeviceGetEccMode() missing 1 required positional argument")
 
-    mod.nvmlDeviceGetUtilizationRates = broken
+    mod.nvmlDeviceGetEccMode = broken  # a reading gpud calls through the bindings' wrapper (two outputs)
     mod.nvmlDeviceSetPowerManagementLimit = broken
     # a reading gpud calls through the C entry point itself (DIRECT_READINGS): a ctypes error there
     m.simulation.library._functions["nvmlDeviceGetTemperature"] = broken
     s = m.snapshot().samples[0]
-    assert s.utilization_gpu_percent is None and s.temperature_celsius is None and not s.lost
+    assert s.ecc_enabled is None and s.temperature_celsius is None and not s.lost
     assert s.power_watts is not None  # the others read on
     with pytest.raises(NvmlError) as exc:
         m.nvml.set_power_limit(0, 250)

@@ -160,6 +160,12 @@ class MemoryStruct(ctypes.Structure):
     _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
 
 
+class UtilizationStruct(ctypes.Structure):
+    """nvml.h's ``nvmlUtilization_t`` (percent of the last sample period), as ``MemoryStruct``."""
+
+    _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+
 # The readings the daemon makes most (on 8 GPUs its tick and the rules' poll make about 60 a second), called
 # through the C entry point as nvidia-ml-py's wrapper of each calls it: the handle, the inputs as given, one
 # output cell of nvml.h's type. name → (the output's type, how many inputs after the handle). The wrapper's
@@ -178,6 +184,16 @@ DIRECT_READINGS: dict[str, tuple[type[ctypes._SimpleCData[Any]] | type[ctypes.St
     "nvmlDeviceGetCurrPcieLinkGeneration": (ctypes.c_uint, 0),
     "nvmlDeviceGetCurrentClocksEventReasons": (ctypes.c_ulonglong, 0),
     "nvmlDeviceGetMemoryInfo": (MemoryStruct, 0),  # v1; with a version (v2) through the wrapper
+    # A whole snapshot's other single-output readings (every 5 s, or the slow ones' 12.5 s; about 9 a second on
+    # 8 GPUs): the same wrapper cost on each, none of them blocking.
+    "nvmlDeviceGetUtilizationRates": (UtilizationStruct, 0),
+    "nvmlDeviceGetNvLinkState": (ctypes.c_uint, 1),  # link
+    "nvmlDeviceGetApplicationsClock": (ctypes.c_uint, 1),  # clock type
+    "nvmlDeviceGetPersistenceMode": (ctypes.c_uint, 0),
+    "nvmlDeviceGetComputeMode": (ctypes.c_uint, 0),
+    "nvmlDeviceGetPowerManagementLimit": (ctypes.c_uint, 0),  # mW
+    "nvmlDeviceGetCurrPcieLinkWidth": (ctypes.c_uint, 0),
+    "nvmlDeviceGetPcieReplayCounter": (ctypes.c_uint, 0),
 }
 
 
