@@ -708,6 +708,35 @@ def test_gpus_with_byte_counters_are_not_sampled_for_20_ms(tmp_path) -> None:
     assert m.simulation.library.called["nvmlDeviceGetPcieThroughput"] == before
 
 
+def test_the_samplers_rounds_read_pcie_throughput_every_15_s_and_a_one_shot_at_once(tmp_path, monkeypatch) -> None:
+    """Without byte counters (an A6000), the sampler's rounds (every OFFTICK_EVERY_S) take the two 20 ms samples
+    a GPU only when the last is PCIE_SAMPLE_EVERY_S old (half a round early at most), the process lists every
+    round; the value read between stays known to the tick; a one-shot read (``snapshot(pcie=True)``) samples now."""
+    from gpud.hw.nvml import readings
+    from gpud.hw.nvml.constants import OFFTICK_EVERY_S, PCIE_SAMPLE_EVERY_S
+
+    now = [1_000_000.0]
+    monkeypatch.setattr(readings.time, "time", lambda: now[0])
+    m = open_machine(describe(tmp_path, defaults="utilization_percent = 50\npower_watts = 250"))
+    m.snapshot()
+    lib = m.simulation.library
+    pcie, lists = "nvmlDeviceGetPcieThroughput", "nvmlDeviceGetGraphicsRunningProcesses_v3"
+    taken = []
+    for _ in range(7):  # rounds at 0, 5, … 30 s
+        before = (lib.called[pcie], lib.called[lists])
+        m.nvml.sample_pcie_all([0], processes=True, pcie_when_due=True)
+        taken.append((lib.called[pcie] - before[0], lib.called[lists] - before[1]))
+        s = m.nvml.readings.sample(0)
+        assert s.pcie_tx_bytes_per_second is not None and s.pcie_rx_bytes_per_second is not None
+        now[0] += OFFTICK_EVERY_S
+    every = round(PCIE_SAMPLE_EVERY_S / OFFTICK_EVERY_S)
+    assert [t[0] for t in taken] == [2 if k % every == 0 else 0 for k in range(7)], taken
+    assert [t[1] for t in taken] == [1] * 7
+    before = lib.called[pcie]
+    n = len(m.snapshot(pcie=True).samples)
+    assert lib.called[pcie] == before + 2 * n  # every GPU, now
+
+
 def test_a_descriptions_power_supply_reaches_doctor_through_smbios(tmp_path) -> None:
     """psu_watts is laid out as SMBIOS type 39 (Max Power Capacity), which host.psu reads first."""
     res = _doctor(describe(tmp_path, machine="psu_watts = 900"), "host.psu")[None]

@@ -96,6 +96,13 @@ FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES = 197, 198  # NVML_FI_DEV_PCIE_COUNT_{TX,RX}_
 # Readings that block (nvmlDeviceGetPcieThroughput: 20 ms each, NVML reference; the running-process
 # lists: milliseconds, docs/simulation.md) are read off the tick by the daemon, this often.
 OFFTICK_EVERY_S = 5.0
+# PCIe throughput where a GPU has no cumulative byte counters: two 20 ms samples a GPU, each holding the driver's
+# lock for its window (docs/simulation.md, "Call latency"): 320 ms of every round on 8 GPUs. Its readers are
+# the exporter, scraped every 15 s as shipped (deploy/kubernetes/podmonitor.yaml ``interval``, docs/deployment.md
+# ``scrape_interval``), and ``/status``; a 20 ms window says what the link carried then, not over the interval. A
+# sample every 15 s gives each scrape its own; every round gave each three, two of them never read. One-shot
+# commands (``snapshot(pcie=True)``) sample when they run.
+PCIE_SAMPLE_EVERY_S = 15.0
 # Compute processes: the newest entry point first; an old driver lacks _v3 (FUNCTION_NOT_FOUND).
 PROCESS_CALLS = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2")
 # Graphics processes (Xorg, a desktop, a visualisation): the same entry layout (nvml.h).

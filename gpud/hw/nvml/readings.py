@@ -21,6 +21,7 @@ from gpud.hw.nvml.constants import (
     FI_PCIE_TX_BYTES,
     OFFTICK_EVERY_S,
     PCIE_RX,
+    PCIE_SAMPLE_EVERY_S,
     PCIE_TX,
     log,
 )
@@ -37,6 +38,9 @@ from gpud.model import (
     decode_clock_events,
     held_over,
 )
+
+# A sampled PCIe throughput older than this reads as unknown: one sample missed, and a round's delay besides.
+PCIE_SAMPLE_STALE_S = 2 * PCIE_SAMPLE_EVERY_S + OFFTICK_EVERY_S
 
 
 class Readings:
@@ -224,7 +228,7 @@ class Readings:
             elif any(int(v.nvmlReturn) == 3 for v in values):  # one of the pair missing: no use either
                 self._counters.never_ask(index, "pcie_bytes")
         sampled = self._pcie_sampled.get(index)  # no counters, or no earlier count yet
-        if sampled is None or now - sampled[0] > 3 * OFFTICK_EVERY_S:
+        if sampled is None or now - sampled[0] > PCIE_SAMPLE_STALE_S:
             return None, None
         return sampled[1], sampled[2]
 
@@ -260,11 +264,18 @@ class Readings:
             rates.append(int(kbs) * 1024)
         self._pcie_sampled[index] = (time.time(), rates[0], rates[1])
 
-    def sample_offtick(self, index: int, processes: bool = False) -> None:
+    def pcie_due(self, index: int, now: float) -> bool:
+        """Whether the sampler's PCIe throughput of this GPU is due (``PCIE_SAMPLE_EVERY_S``, within half a round:
+        a round that finds it a little early takes it rather than the next, a round later)."""
+        sampled = self._pcie_sampled.get(index)
+        return sampled is None or not 0 <= now - sampled[0] < PCIE_SAMPLE_EVERY_S - OFFTICK_EVERY_S / 2
+
+    def sample_offtick(self, index: int, processes: bool = False, pcie_when_due: bool = False) -> None:
         """The blocking readings of one GPU, without gpud's lock: PCIe throughput where there are no
-        byte counters, and (``processes``) the process list. Never raises an NvmlError: the sampler runs it."""
+        byte counters (``pcie_when_due``, the sampler's rounds: only when ``pcie_due``; else now), and
+        (``processes``) the process list. Never raises an NvmlError: the sampler runs it."""
         try:
-            if self.needs_pcie_sampling(index):
+            if self.needs_pcie_sampling(index) and (not pcie_when_due or self.pcie_due(index, time.time())):
                 self.sample_pcie(index)
             if processes:
                 self._processes.read_offtick(index)
@@ -313,14 +324,14 @@ class Readings:
         events = get("nvmlDeviceGetCurrentClocksEventReasons")
         return events if events is not None else get("nvmlDeviceGetCurrentClocksThrottleReasons")
 
-    def sample_pcie_all(self, indices: list[int], processes: bool = False) -> None:
+    def sample_pcie_all(self, indices: list[int], processes: bool = False, pcie_when_due: bool = False) -> None:
         """Every GPU's blocking readings, one GPU after the other in the calling thread. The driver
         serialises NVML calls on its RM lock and ``TickGate`` lets one sampler call through at a time, so a
         thread per GPU bought no overlap (about 40 ms of PCIe throughput per GPU all the same): it cost a
         thread start per GPU per round and woke every waiting thread at each call's end."""
         for i in indices:
             try:
-                self.sample_offtick(i, processes)
+                self.sample_offtick(i, processes, pcie_when_due)
             except Exception:  # noqa: BLE001 - as a thread of its own did: this GPU's round lost, not the rest's
                 log.exception("off-tick readings of GPU %d failed", i)
 
@@ -330,7 +341,7 @@ class Readings:
 
         def round_() -> None:
             try:
-                self.sample_pcie_all(list(range(self._c.device_count())), processes=True)
+                self.sample_pcie_all(list(range(self._c.device_count())), processes=True, pcie_when_due=True)
             except NvmlError as err:
                 log.debug("off-tick sampler: %s", err)
                 return
