@@ -191,7 +191,7 @@ DIRECT_READINGS: dict[str, tuple[type[ctypes._SimpleCData[Any]] | type[ctypes.St
     "nvmlDeviceGetCurrPcieLinkGeneration": (ctypes.c_uint, 0),
     "nvmlDeviceGetCurrentClocksEventReasons": (ctypes.c_ulonglong, 0),
     "nvmlDeviceGetMemoryInfo": (MemoryStruct, 0),  # v1; with a version (v2) through the wrapper
-    # A whole snapshot's other single-output readings (every 5 s, or the slow ones' 12.5 s; about 9 a second on
+    # A whole snapshot's other single-output readings (every 5 s, the slow ones every SLOW_EVERY_S; about 9 a second on
     # 8 GPUs): the same wrapper cost on each, none of them blocking.
     "nvmlDeviceGetUtilizationRates": (UtilizationStruct, 0),
     "nvmlDeviceGetNvLinkState": (ctypes.c_uint, 1),  # link
