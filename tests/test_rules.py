@@ -424,3 +424,26 @@ def test_the_daemon_reads_each_identity_a_rule_matches_on_from_nvml_and_proc() -
     for keys, pid in (({"group": "dave"}, 7300), ({"pod": POD}, 7300), ({"unit": "jupyter"}, 7301),
                       ({"any_compute": True, "gpus": [1]}, 7301)):
         assert [j.pid for j in jobs.values() if matches(rule(**keys), j)] == [pid], keys
+
+
+def test_the_polls_memory_reading_gives_none_for_a_lost_gpu_and_asks_no_more_where_it_is_unsupported() -> None:
+    """``memory_in_use`` (the poll's cue, one pass through ``NvmlClient.read_each``): a GPU off the bus and one
+    whose memory reading NVML does not support read as None, and the other GPUs as the whole snapshot reads
+    them; what said it is not supported is not asked again (``get``'s rule)."""
+    from gpud.backends import open_machine
+
+    m = open_machine("z8-fury-4x-a6000")
+    sim = m.simulation.machine
+    m.snapshot()
+    used = {s.index: s.memory_used_bytes for s in m.snapshot().samples}
+    got = m.nvml.memory_in_use(range(4))
+    assert set(got) == {0, 1, 2, 3} and all(isinstance(v, int) for v in got.values())
+    # used (v1) is reserved + allocated: at least what v2 calls used
+    assert all(got[i] >= used[i] for i in range(4)), (got, used)
+    sim.inject("gpu_lost", gpu=1)
+    sim.inject("unsupported", call="nvmlDeviceGetMemoryInfo", gpu=3)
+    got = m.nvml.memory_in_use(range(4))
+    assert got[1] is None and got[3] is None and isinstance(got[0], int) and isinstance(got[2], int)
+    asked = m.simulation.library.called["nvmlDeviceGetMemoryInfo"]
+    assert m.nvml.memory_in_use(range(4))[3] is None
+    assert m.simulation.library.called["nvmlDeviceGetMemoryInfo"] == asked + 3  # GPUs 0 to 2 (a lost one is asked)

@@ -13,7 +13,7 @@ import ctypes
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Callable
 
 from gpud.errors import (
@@ -287,6 +287,34 @@ class NvmlClient:
                 return self.raw(name, *args, gpu=gpu)
         except NvmlError as err:
             return self.not_read(key, err)
+
+    def read_each(self, name: str, indices: Iterable[int]) -> dict[int, Any]:
+        """``get(name, handle)`` of each GPU in ``indices``, for one of ``DIRECT_READINGS`` that takes no input: one
+        pass with the entry point, the output's type and the handles looked up once, not per GPU through ``get``
+        and ``raw`` (the rules' poll reads each GPU's memory in use twice a second). As ``get``, but a lost GPU
+        or a missing driver reads as None here too, not raised."""
+        out: dict[int, Any] = {}
+        struct, inputs = DIRECT_READINGS[name]
+        assert inputs == 0, name
+        handles, unsupported = self._handles, self._unsupported
+        for index in indices:
+            key = (name, index, ())
+            if key in unsupported:
+                out[index] = None
+                continue
+            try:
+                h = handles.get(index) or self.handle(index)
+                fn = self._direct.get(name)
+                got = (self._c_reading(name, fn, struct, (h,), index) if fn is not None and self._initialized
+                       else self.raw(name, h, gpu=index))  # the first: resolves the entry point
+            except NvmlError as err:
+                got = None
+                try:
+                    self.not_read(key, err)  # remembered if not supported
+                except NvmlError:
+                    pass  # lost, or no driver
+            out[index] = got
+        return out
 
     def optional(self, key: tuple[Any, ...], read: Callable[[], Any]) -> Any:
         if key in self._unsupported:

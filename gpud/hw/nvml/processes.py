@@ -193,22 +193,9 @@ class Processes:
         the gate, 20 µs each): the profile rules' cue that a compute list changed, for a 20 µs reading
         instead of a 4.5 ms one (docs/simulation.md, "Call latency"). A CUDA context takes memory as it is
         created and gives it back at exit. None where it cannot be read, a lost GPU included."""
-        out: dict[int, int | None] = {}
-        name, c = "nvmlDeviceGetMemoryInfo", self._c
-        with c.gate.call():
-            for index in indices:
-                key = (name, index, ())
-                mem = None
-                if not c.unsupported(key):  # ``optional`` inline: this runs for every GPU twice a second
-                    try:
-                        mem = c.raw(name, c.handle(index), gpu=index)
-                    except NvmlError as err:
-                        try:
-                            c.not_read(key, err)
-                        except NvmlError:
-                            pass  # lost, or no driver: None
-                out[index] = None if mem is None else int(mem.used)
-        return out
+        with self._c.gate.call():
+            read = self._c.read_each("nvmlDeviceGetMemoryInfo", indices)
+        return {index: None if mem is None else int(mem.used) for index, mem in read.items()}
 
     def sampled_compute(self, index: int, after: float) -> tuple[float, tuple[int, ...]] | None:
         """(when, pids) of the GPU's compute list as the off-tick sampler last asked NVML for it itself, if it
