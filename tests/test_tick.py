@@ -196,24 +196,35 @@ def test_a_throttle_episode_over_quick_ticks_is_journaled_once_with_its_length(s
 
 
 def test_healthz_answers_ok_only_once_the_ticks_figures_are_served(state_dir, monkeypatch) -> None:
-    """The tick's timing ends before its observation is made and swapped in; ``/healthz`` judged by the timing
-    answered "ok" while ``/metrics`` still served the empty observation from before the first tick (under load,
-    the Kubernetes test's scrape found no GPU at all). It is judged by the observation served now."""
+    """``/healthz`` judged by the tick's timing answered "ok" while ``/metrics`` still served the empty observation
+    from before the first tick (under load, the Kubernetes test's scrape found no GPU at all). It is judged by
+    the tick whose figures are served: "no tick yet" until the tick has left what its observation is made of,
+    which the next scrape then shows. And it makes no observation itself (a kubelet asks every 5 s)."""
     from gpud.daemon import tick
 
     m = open_machine("z8-fury-4x-a6000")
     d = Daemon(m, cfg.Config())
     during: list[tuple[bool, str]] = []
-    observe = tick.observe
+    made: list[int] = []
+    observe, update = tick.observe, d.ticker.health.update
 
     def watched(*args: Any, **kwargs: Any) -> Any:
-        during.append(d.healthy())  # the tick's timing has ended; the observation is not made yet
+        during.append(d.healthy())  # the tick's last step before it swaps its figures in
+        return update(*args, **kwargs)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        made.append(1)
         return observe(*args, **kwargs)
 
-    monkeypatch.setattr(tick, "observe", watched)
+    monkeypatch.setattr(d.ticker.health, "update", watched)
+    monkeypatch.setattr(tick, "observe", counted)
     assert d.healthy() == (False, "no tick yet")
     d.tick()
     assert during == [(False, "no tick yet")]
     ok, why = d.healthy()
     assert ok and why.startswith("ok: last tick"), why
+    assert made == [], "healthz made an observation"
     assert d.observation.snapshot is not None and len(d.observation.snapshot.samples) == 4
+    assert d.observation is d.observation and made == [1], "made once for the tick, not for every reader"
+    d.tick()
+    assert d.observation.last_tick == d.ticker.last_tick and made == [1, 1]

@@ -522,10 +522,10 @@ class Daemon:
         return self.report.metrics(self.observation)
 
     def healthy(self) -> tuple[bool, str]:
-        """``/healthz``, by the last tick whose observation ``/metrics`` and ``/status`` serve (swapped whole at the
-        tick's end), not by the tick's timing (ended before the observation is made): "ok" never answers before
-        the first tick's figures can be scraped."""
-        return healthy(self.observation.last_tick, float(self.config.daemon.interval_seconds))
+        """``/healthz``, by the last tick whose readings ``/metrics`` and ``/status`` serve (left whole at the tick's
+        end, ``Ticker.last_tick``), not by the tick's timing: "ok" never answers before the first tick's figures
+        can be scraped. No observation is made for it (a kubelet asks every 5 s)."""
+        return healthy(self.ticker.last_tick, float(self.config.daemon.interval_seconds))
 
     def show_processes(self) -> bool:
         """Whether /status may name users and command lines: ``[daemon] status_processes``."""

@@ -1,5 +1,6 @@
 """The daemon's tick: one snapshot → fan loop and enforcement (the daemon's, under its tuning lock) →
-doctor/probe schedule → time accounting and health journal → one new ``Observation`` swapped whole.
+doctor/probe schedule → time accounting and health journal → what the next ``Observation`` is made of, swapped
+whole (the observation itself is made when a scrape or ``/status`` asks for it, not on every tick).
 
 Not every tick reads everything. A whole snapshot (about 16 NVML calls a GPU) is read every
 ``WHOLE_EVERY_S`` (and at most every ``WHOLE_EVERY_TICKS``-th tick at sub-second intervals); the ticks
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
 from typing import NamedTuple
@@ -20,10 +22,10 @@ from gpud.daemon.recorder import Recorder
 from gpud.daemon.schedule import Schedule
 from gpud.daemon.status import TickTiming
 from gpud.daemon.thermal import ThermalHistory
-from gpud.doctor.health import Tracker
+from gpud.doctor.health import Health, Tracker
 from gpud.errors import GpudError
 from gpud.hw.machine import Machine
-from gpud.model import Snapshot, XidEvent
+from gpud.model import CheckResult, Snapshot, XidEvent
 from gpud.observation import Counters, Observation
 from gpud.observe import Drift, Running, observe
 from gpud.probe import history
@@ -147,13 +149,34 @@ class Ticker:
         self.lost: set[int] = set()
         self.thermal = ThermalHistory()  # each GPU's recent cooling, for health.fans
         self.snapshot: Snapshot | None = None
-        self.observation = Observation(snapshot=None)
+        self.last_tick: float | None = None  # when the tick whose readings ``observation`` shows began
         self.health = Tracker()  # the health states, worked out again when their inputs change
+        # The observation is made when it is asked for (a scrape, /status), from what the last tick left in
+        # ``_made_of``, not on every tick: a scrape every 15 s, a tick every second. The lock covers what a
+        # making copies and the tick changes: ``_made_of``, the tick timing's and the accounting's figures.
+        self._lock = threading.Lock()
+        self._made_of: tuple[Snapshot | None, tuple[CheckResult, ...], tuple[XidEvent, ...], TuningFacts, Drift,
+                             tuple[Health, ...], float] | None = None
+        self._observation = Observation(snapshot=None)
+
+    @property
+    def observation(self) -> Observation:
+        """The observation of the last tick, made now if that tick's is not made yet (on the asking thread)."""
+        with self._lock:
+            made_of, self._made_of = self._made_of, None
+            if made_of is not None:
+                snap, checks, xids, facts, drift, health, now = made_of
+                self._observation = observe(
+                    self.machine, None, snapshot=snap, checks=checks, xids=xids, tuning=(facts.profile, drift),
+                    probe=self.probe, health=health,
+                    running=Running(counters=facts.counters, tick=self.timing.copy(), last_tick=now,
+                                    usage=self.accounting.frozen()),
+                    profiles=facts.profiles, previous=self._observation)
+            return self._observation
 
     def __call__(self) -> None:
         t0 = time.perf_counter()
         now = time.time()
-        self.timing.begin(now)
         whole = self._whole_due(now)
         try:
             snap = self.machine.snapshot(over=None if whole else self.snapshot)
@@ -173,21 +196,22 @@ class Ticker:
             drift = self._drive(snap, "", whole)
             self.thermal.add(snap)
             self.schedule.step(snap, now, self.thermal.points)
-            self.accounting.add(snap)
             recorder.snapshot(snap, whole)
         else:
             drift = ()
         facts = self._tuning()
         recorder.fan_failsafes(facts.counters.fan_failsafe_total)
-        self.timing.end(now, time.perf_counter() - t0)
+        took = time.perf_counter() - t0
         xids = self.kernel_log.read(now)
-        self.observation = observe(
-            self.machine, None, snapshot=self.snapshot, checks=self.schedule.checks, xids=xids,
-            tuning=(facts.profile, drift), probe=self.probe,
-            health=self.health.update(self.machine, self.schedule.config(), self.schedule.checks, self.snapshot,
-                                      xids, now),
-            running=Running(counters=facts.counters, tick=self.timing.copy(), last_tick=now,
-                            usage=self.accounting.frozen()), profiles=facts.profiles, previous=self.observation)
+        checks = self.schedule.checks
+        health = self.health.update(self.machine, self.schedule.config(), checks, self.snapshot, xids, now)
+        with self._lock:  # what the next observation is made of, swapped whole
+            if snap is not None:
+                self.accounting.add(snap)
+            self.timing.begin(now)
+            self.timing.end(now, took)
+            self._made_of = (self.snapshot, checks, xids, facts, drift, health, now)
+            self.last_tick = now
 
     def _whole_due(self, now: float) -> bool:
         last = self.snapshot
