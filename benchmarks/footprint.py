@@ -362,7 +362,7 @@ def split(a: dict[str, Any], b: dict[str, Any], doctor_interval: float) -> dict[
         "whole_percent": round(100 * whole, 3),
         "stand_in_percent": round(100 * lib, 3),
         "counting_percent": round(100 * counted / span, 3),
-        "counting_uncounted_us_per_call": round(1e6 * b.get("uncounted_s_per_call", 0.0), 2),
+        "counting_uncounted_us_per_call": round(1e6 * per_call, 2),
         "own_percent": round(100 * (whole - lib - counted / span), 3),
         # what the daemon would take if every call cost the CPU its whole modelled latency (an upper bound)
         "own_plus_modelled_percent": round(100 * (whole - lib - counted / span + steady_model / span), 3),

@@ -156,7 +156,7 @@ class Ticker:
         # making copies and the tick changes: ``_made_of``, the tick timing's and the accounting's figures.
         self._lock = threading.Lock()
         self._made_of: tuple[Snapshot | None, tuple[CheckResult, ...], tuple[XidEvent, ...], TuningFacts, Drift,
-                             tuple[Health, ...], float] | None = None
+                             tuple[Health, ...]] | None = None
         self._observation = Observation(snapshot=None)
 
     @property
@@ -165,11 +165,11 @@ class Ticker:
         with self._lock:
             made_of, self._made_of = self._made_of, None
             if made_of is not None:
-                snap, checks, xids, facts, drift, health, now = made_of
+                snap, checks, xids, facts, drift, health = made_of
                 self._observation = observe(
                     self.machine, None, snapshot=snap, checks=checks, xids=xids, tuning=(facts.profile, drift),
                     probe=self.probe, health=health,
-                    running=Running(counters=facts.counters, tick=self.timing.copy(), last_tick=now,
+                    running=Running(counters=facts.counters, tick=self.timing.copy(), last_tick=self.last_tick,
                                     usage=self.accounting.frozen()),
                     profiles=facts.profiles, previous=self._observation)
             return self._observation
@@ -210,7 +210,7 @@ class Ticker:
                 self.accounting.add(snap)
             self.timing.begin(now)
             self.timing.end(now, took)
-            self._made_of = (self.snapshot, checks, xids, facts, drift, health, now)
+            self._made_of = (self.snapshot, checks, xids, facts, drift, health)
             self.last_tick = now
 
     def _whole_due(self, now: float) -> bool:

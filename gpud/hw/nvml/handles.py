@@ -297,6 +297,7 @@ class NvmlClient:
         struct, inputs = DIRECT_READINGS[name]
         assert inputs == 0, name
         handles, unsupported = self._handles, self._unsupported
+        fn = self._direct.get(name)
         for index in indices:
             key = (name, index, ())
             if key in unsupported:
@@ -304,9 +305,11 @@ class NvmlClient:
                 continue
             try:
                 h = handles.get(index) or self.handle(index)
-                fn = self._direct.get(name)
-                got = (self._c_reading(name, fn, struct, (h,), index) if fn is not None and self._initialized
-                       else self.raw(name, h, gpu=index))  # the first: resolves the entry point
+                if fn is None or not self._initialized:
+                    got = self.raw(name, h, gpu=index)  # the first reading resolves the entry point
+                    fn = self._direct.get(name)
+                else:
+                    got = self._c_reading(name, fn, struct, (h,), index)
             except NvmlError as err:
                 got = None
                 try:
